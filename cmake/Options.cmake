@@ -1,0 +1,60 @@
+# Every build option of adaps, in one place.
+#
+#   ADAPS_CUDA      AUTO (default): build the CUDA target when a toolkit is found.
+#                   ON: build it, and fail at configure time when no toolkit is found.
+#                   OFF: never build it.
+#   ADAPS_SANITIZE  "" (default), "address,undefined" or "thread".
+#   ADAPS_BUILD_TESTS   build the GoogleTest suites (ON).
+#   ADAPS_BUILD_BENCH   build the Google Benchmark programs (ON).
+#   ADAPS_NATIVE    tune for the build machine (-march=native); OFF keeps binaries portable.
+#                   The hot loops dispatch to AVX2 at run time either way.
+
+set(ADAPS_CUDA "AUTO" CACHE STRING "Build CUDA kernels: AUTO, ON or OFF")
+set_property(CACHE ADAPS_CUDA PROPERTY STRINGS AUTO ON OFF)
+set(ADAPS_SANITIZE "" CACHE STRING "Sanitizers: empty, address,undefined or thread")
+option(ADAPS_BUILD_TESTS "Build tests" ON)
+option(ADAPS_BUILD_BENCH "Build benchmarks" ON)
+option(ADAPS_NATIVE "Compile with -march=native" OFF)
+
+string(TOUPPER "${ADAPS_CUDA}" ADAPS_CUDA)
+if(NOT ADAPS_CUDA MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "ADAPS_CUDA must be AUTO, ON or OFF (got '${ADAPS_CUDA}')")
+endif()
+
+set(ADAPS_WITH_CUDA OFF)
+if(NOT ADAPS_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(ADAPS_WITH_CUDA ON)
+    message(STATUS "adaps: CUDA toolkit found (${CMAKE_CUDA_COMPILER}); building the CUDA target")
+  elseif(ADAPS_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "ADAPS_CUDA=ON but no CUDA toolkit was found "
+                        "(looked for nvcc on PATH and in /usr/local/cuda/bin)")
+  else()
+    message(STATUS "adaps: no CUDA toolkit found; CUDA target not built")
+  endif()
+endif()
+
+if(ADAPS_SANITIZE)
+  if(ADAPS_SANITIZE STREQUAL "address,undefined" OR ADAPS_SANITIZE STREQUAL "undefined,address")
+    set(_adaps_san_flags -fsanitize=address,undefined -fno-sanitize-recover=undefined
+                         -fno-omit-frame-pointer)
+  elseif(ADAPS_SANITIZE STREQUAL "thread")
+    set(_adaps_san_flags -fsanitize=thread -fno-omit-frame-pointer)
+  else()
+    message(FATAL_ERROR "ADAPS_SANITIZE must be empty, 'address,undefined' or 'thread' "
+                        "(got '${ADAPS_SANITIZE}')")
+  endif()
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:${_adaps_san_flags}>)
+  add_link_options(${_adaps_san_flags})
+endif()
+
+if(ADAPS_NATIVE)
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+endif()

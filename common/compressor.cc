@@ -1,0 +1,334 @@
+#include "common/compressor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace adaps {
+namespace {
+
+absl::Status CheckLengths(absl::Span<const float> grad, const SliceState& state) {
+  if (grad.size() != state.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient has ", grad.size(),
+                                                   " elements but the slice has ", state.size()));
+  }
+  if (grad.size() > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slice of ", grad.size(), " elements is longer than 2^32-1"));
+  }
+  return absl::OkStatus();
+}
+
+// Step 1 of DESIGN.md section 1. Returns OK with `*send_nothing` set under kSendNothing.
+absl::Status CheckFinite(absl::Span<const float> grad, NonFinitePolicy policy,
+                         bool* send_nothing) {
+  *send_nothing = false;
+  if (AllFinite(grad)) return absl::OkStatus();
+  if (policy == NonFinitePolicy::kSendNothing) {
+    *send_nothing = true;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError("gradient holds NaN or Inf; residue left unchanged");
+}
+
+void AddInPlace(absl::Span<const float> grad, absl::Span<float> residue) {
+  float* r = residue.data();
+  const float* g = grad.data();
+  const size_t n = grad.size();
+  for (size_t i = 0; i < n; ++i) r[i] += g[i];
+}
+
+class DenseCompressor final : public Compressor {
+ public:
+  explicit DenseCompressor(const CompressorOptions& options) : options_(options) {}
+  const CompressorOptions& options() const override { return options_; }
+
+  absl::Status Compress(absl::Span<const float> grad, SliceState& state,
+                        CompressedUpdate& out) override {
+    ADAPS_RETURN_IF_ERROR(CheckLengths(grad, state));
+    bool nothing = false;
+    ADAPS_RETURN_IF_ERROR(CheckFinite(grad, options_.non_finite, &nothing));
+    out.Clear();
+    out.kind = CompressorKind::kDense;
+    out.length = static_cast<uint32_t>(grad.size());
+    if (nothing) {
+      out.values.assign(grad.size(), 0.0f);
+    } else {
+      out.values.assign(grad.begin(), grad.end());
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  CompressorOptions options_;
+};
+
+class AdaCompCompressor final : public Compressor {
+ public:
+  explicit AdaCompCompressor(const CompressorOptions& options) : options_(options) {}
+  const CompressorOptions& options() const override { return options_; }
+
+  absl::Status Compress(absl::Span<const float> grad, SliceState& state,
+                        CompressedUpdate& out) override {
+    ADAPS_RETURN_IF_ERROR(CheckLengths(grad, state));
+    bool nothing = false;
+    ADAPS_RETURN_IF_ERROR(CheckFinite(grad, options_.non_finite, &nothing));
+    if (nothing) {
+      out.Clear();
+      out.kind = CompressorKind::kAdaComp;
+      out.length = static_cast<uint32_t>(grad.size());
+      out.bin_size = options_.bin_size;
+      return absl::OkStatus();
+    }
+    internal::AdaCompCompressFinite(grad, state.residue(), options_.bin_size, gmax_, out);
+    if (!std::isfinite(out.scale)) {
+      // Only reachable when residue + gradient overflows float; the residue then holds Inf
+      // (never NaN: the fix-up was skipped).
+      return absl::OutOfRangeError("AdaComp residue overflowed the float range");
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  CompressorOptions options_;
+  std::vector<float> gmax_;
+};
+
+class TopKCompressor final : public Compressor {
+ public:
+  explicit TopKCompressor(const CompressorOptions& options) : options_(options) {}
+  const CompressorOptions& options() const override { return options_; }
+
+  absl::Status Compress(absl::Span<const float> grad, SliceState& state,
+                        CompressedUpdate& out) override {
+    ADAPS_RETURN_IF_ERROR(CheckLengths(grad, state));
+    bool nothing = false;
+    ADAPS_RETURN_IF_ERROR(CheckFinite(grad, options_.non_finite, &nothing));
+    out.Clear();
+    out.kind = CompressorKind::kTopK;
+    out.length = static_cast<uint32_t>(grad.size());
+    const size_t n = grad.size();
+    if (nothing || n == 0) return absl::OkStatus();
+
+    absl::Span<float> r = state.residue();
+    AddInPlace(grad, r);
+    size_t k = static_cast<size_t>(std::llround(options_.topk_fraction * static_cast<double>(n)));
+    k = std::clamp<size_t>(k, 1, n);
+
+    // Exact k: the k-th largest magnitude is the threshold; everything above it is sent,
+    // then ties at the threshold in index order until k are chosen.
+    mags_.resize(n);
+    for (size_t i = 0; i < n; ++i) mags_[i] = std::fabs(r[i]);
+    std::nth_element(mags_.begin(), mags_.begin() + (n - k), mags_.end());
+    const float threshold = mags_[n - k];
+    size_t above = 0;
+    for (size_t i = n - k + 1; i < n; ++i) above += mags_[i] > threshold ? 1 : 0;
+    size_t ties_left = k - above;
+
+    out.indices.reserve(k);
+    out.values.reserve(k);
+    for (size_t i = 0; i < n; ++i) {
+      const float m = std::fabs(r[i]);
+      if (m > threshold || (m == threshold && ties_left > 0)) {
+        if (m == threshold) --ties_left;
+        out.indices.push_back(static_cast<uint32_t>(i));
+        out.values.push_back(r[i]);
+        r[i] = 0.0f;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  CompressorOptions options_;
+  std::vector<float> mags_;
+};
+
+class SignCompressor final : public Compressor {
+ public:
+  explicit SignCompressor(const CompressorOptions& options) : options_(options) {}
+  const CompressorOptions& options() const override { return options_; }
+
+  absl::Status Compress(absl::Span<const float> grad, SliceState& state,
+                        CompressedUpdate& out) override {
+    ADAPS_RETURN_IF_ERROR(CheckLengths(grad, state));
+    bool nothing = false;
+    ADAPS_RETURN_IF_ERROR(CheckFinite(grad, options_.non_finite, &nothing));
+    out.Clear();
+    out.kind = CompressorKind::kSign;
+    const size_t n = grad.size();
+    out.length = static_cast<uint32_t>(n);
+    out.sign_bits.assign((n + 63) / 64, 0);
+    if (nothing || n == 0) return absl::OkStatus();
+
+    absl::Span<float> r = state.residue();
+    AddInPlace(grad, r);
+    double pos_sum = 0.0, neg_sum = 0.0;
+    size_t pos_count = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (r[i] >= 0.0f) {
+        pos_sum += r[i];
+        ++pos_count;
+      } else {
+        neg_sum += r[i];
+        out.sign_bits[i / 64] |= uint64_t{1} << (i % 64);
+      }
+    }
+    const size_t neg_count = n - pos_count;
+    out.scale = pos_count ? static_cast<float>(pos_sum / static_cast<double>(pos_count)) : 0.0f;
+    out.scale_neg = neg_count ? static_cast<float>(neg_sum / static_cast<double>(neg_count)) : 0.0f;
+    for (size_t i = 0; i < n; ++i) {
+      const bool neg = (out.sign_bits[i / 64] >> (i % 64)) & 1;
+      r[i] -= neg ? out.scale_neg : out.scale;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  CompressorOptions options_;
+};
+
+}  // namespace
+
+const char* CompressorKindName(CompressorKind kind) {
+  switch (kind) {
+    case CompressorKind::kDense:
+      return "dense";
+    case CompressorKind::kAdaComp:
+      return "adacomp";
+    case CompressorKind::kTopK:
+      return "topk";
+    case CompressorKind::kSign:
+      return "sign";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<CompressorKind> ParseCompressorKind(const std::string& name) {
+  for (CompressorKind k : {CompressorKind::kDense, CompressorKind::kAdaComp,
+                           CompressorKind::kTopK, CompressorKind::kSign}) {
+    if (name == CompressorKindName(k)) return k;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown compressor '", name, "' (expected dense, adacomp, topk or sign)"));
+}
+
+absl::Status ValidateOptions(const CompressorOptions& options) {
+  switch (options.kind) {
+    case CompressorKind::kDense:
+    case CompressorKind::kAdaComp:
+    case CompressorKind::kTopK:
+    case CompressorKind::kSign:
+      break;
+    default:
+      return absl::InvalidArgumentError("unknown compressor kind");
+  }
+  if (options.kind == CompressorKind::kAdaComp && options.bin_size == 0) {
+    return absl::InvalidArgumentError("AdaComp bin size must be at least 1");
+  }
+  if (options.kind == CompressorKind::kTopK &&
+      !(options.topk_fraction > 0.0 && options.topk_fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Top-k fraction must be in (0, 1], got ", options.topk_fraction));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Compressor>> MakeCompressor(const CompressorOptions& options) {
+  ADAPS_RETURN_IF_ERROR(ValidateOptions(options));
+  switch (options.kind) {
+    case CompressorKind::kDense:
+      return std::unique_ptr<Compressor>(new DenseCompressor(options));
+    case CompressorKind::kAdaComp:
+      return std::unique_ptr<Compressor>(new AdaCompCompressor(options));
+    case CompressorKind::kTopK:
+      return std::unique_ptr<Compressor>(new TopKCompressor(options));
+    case CompressorKind::kSign:
+      return std::unique_ptr<Compressor>(new SignCompressor(options));
+  }
+  return absl::InvalidArgumentError("unknown compressor kind");
+}
+
+size_t CompressedUpdate::SentElements() const {
+  switch (kind) {
+    case CompressorKind::kDense:
+    case CompressorKind::kSign:
+      return length;
+    case CompressorKind::kAdaComp:
+    case CompressorKind::kTopK:
+      return indices.size();
+  }
+  return 0;
+}
+
+void CompressedUpdate::Clear() {
+  length = 0;
+  bin_size = 0;
+  scale = 0.0f;
+  scale_neg = 0.0f;
+  indices.clear();
+  negative.clear();
+  values.clear();
+  sign_bits.clear();
+}
+
+absl::Status DecompressAdd(const CompressedUpdate& u, float factor, absl::Span<float> dst) {
+  if (dst.size() != u.length) {
+    return absl::InvalidArgumentError(absl::StrCat("update is for ", u.length,
+                                                   " elements, buffer has ", dst.size()));
+  }
+  auto check_indices = [&]() -> absl::Status {
+    int64_t prev = -1;
+    for (uint32_t i : u.indices) {
+      if (static_cast<int64_t>(i) <= prev || i >= u.length) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("update index ", i, " out of order or out of range ", u.length));
+      }
+      prev = i;
+    }
+    return absl::OkStatus();
+  };
+  float* d = dst.data();
+  switch (u.kind) {
+    case CompressorKind::kDense: {
+      if (u.values.size() != u.length) return absl::InvalidArgumentError("dense size mismatch");
+      for (size_t i = 0; i < u.length; ++i) d[i] += factor * u.values[i];
+      return absl::OkStatus();
+    }
+    case CompressorKind::kAdaComp: {
+      if (u.negative.size() != u.indices.size()) {
+        return absl::InvalidArgumentError("AdaComp update has mismatched indices and signs");
+      }
+      ADAPS_RETURN_IF_ERROR(check_indices());
+      const float pos = factor * u.scale;
+      for (size_t j = 0; j < u.indices.size(); ++j) d[u.indices[j]] += u.negative[j] ? -pos : pos;
+      return absl::OkStatus();
+    }
+    case CompressorKind::kTopK: {
+      if (u.values.size() != u.indices.size()) {
+        return absl::InvalidArgumentError("Top-k update has mismatched indices and values");
+      }
+      ADAPS_RETURN_IF_ERROR(check_indices());
+      for (size_t j = 0; j < u.indices.size(); ++j) d[u.indices[j]] += factor * u.values[j];
+      return absl::OkStatus();
+    }
+    case CompressorKind::kSign: {
+      if (u.sign_bits.size() != (static_cast<size_t>(u.length) + 63) / 64) {
+        return absl::InvalidArgumentError("sign update has the wrong number of sign words");
+      }
+      const float pos = factor * u.scale, neg = factor * u.scale_neg;
+      for (size_t i = 0; i < u.length; ++i) {
+        d[i] += ((u.sign_bits[i / 64] >> (i % 64)) & 1) ? neg : pos;
+      }
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError("unknown compressor kind");
+}
+
+}  // namespace adaps

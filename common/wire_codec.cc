@@ -1,0 +1,587 @@
+#include "common/wire_codec.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace adaps {
+namespace {
+
+constexpr uint32_t kRiceEscape = 32;  // unary prefix of this many ones: raw 32-bit gap follows
+
+// ---- byte-level writer and reader -------------------------------------------------------
+
+void PutU8(std::vector<uint8_t>* out, uint8_t v) { out->push_back(v); }
+
+void PutVarint(std::vector<uint8_t>* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<uint8_t>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<uint8_t>(v));
+}
+
+void PutU32(std::vector<uint8_t>* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+void PutF32(std::vector<uint8_t>* out, float f) {
+  uint32_t v;
+  std::memcpy(&v, &f, 4);
+  PutU32(out, v);
+}
+
+class ByteReader {
+ public:
+  explicit ByteReader(absl::Span<const uint8_t> b) : b_(b) {}
+  size_t remaining() const { return b_.size() - pos_; }
+  size_t pos() const { return pos_; }
+  const uint8_t* here() const { return b_.data() + pos_; }
+
+  absl::Status U8(uint8_t* v) {
+    if (remaining() < 1) return Truncated();
+    *v = b_[pos_++];
+    return absl::OkStatus();
+  }
+  absl::Status U32(uint32_t* v) {
+    if (remaining() < 4) return Truncated();
+    uint32_t r = 0;
+    for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>(b_[pos_ + i]) << (8 * i);
+    pos_ += 4;
+    *v = r;
+    return absl::OkStatus();
+  }
+  absl::Status F32(float* f) {
+    uint32_t v = 0;
+    ADAPS_RETURN_IF_ERROR(U32(&v));
+    std::memcpy(f, &v, 4);
+    return absl::OkStatus();
+  }
+  absl::Status Varint32(uint32_t* v) {
+    uint64_t r = 0;
+    for (int shift = 0; shift < 35; shift += 7) {
+      uint8_t byte = 0;
+      ADAPS_RETURN_IF_ERROR(U8(&byte));
+      r |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if (!(byte & 0x80)) {
+        if (r > std::numeric_limits<uint32_t>::max()) {
+          return absl::DataLossError("varint exceeds 32 bits");
+        }
+        *v = static_cast<uint32_t>(r);
+        return absl::OkStatus();
+      }
+    }
+    return absl::DataLossError("varint longer than 5 bytes");
+  }
+  absl::Status Skip(size_t n) {
+    if (remaining() < n) return Truncated();
+    pos_ += n;
+    return absl::OkStatus();
+  }
+  static absl::Status Truncated() { return absl::DataLossError("encoded update is truncated"); }
+
+ private:
+  absl::Span<const uint8_t> b_;
+  size_t pos_ = 0;
+};
+
+// ---- bit-level writer and reader (LSB first) -----------------------------------------------
+
+class BitWriter {
+ public:
+  explicit BitWriter(std::vector<uint8_t>* out) : out_(out) {}
+  // n <= 32
+  void Put(uint32_t bits, unsigned n) {
+    acc_ |= static_cast<uint64_t>(bits & (n == 32 ? 0xffffffffu : ((1u << n) - 1))) << fill_;
+    fill_ += n;
+    while (fill_ >= 8) {
+      out_->push_back(static_cast<uint8_t>(acc_));
+      acc_ >>= 8;
+      fill_ -= 8;
+    }
+  }
+  void Ones(unsigned n) {
+    while (n >= 16) {
+      Put(0xffff, 16);
+      n -= 16;
+    }
+    if (n) Put((1u << n) - 1, n);
+  }
+  void Flush() {
+    if (fill_) out_->push_back(static_cast<uint8_t>(acc_));
+    acc_ = 0;
+    fill_ = 0;
+  }
+
+ private:
+  std::vector<uint8_t>* out_;
+  uint64_t acc_ = 0;
+  unsigned fill_ = 0;
+};
+
+class BitReader {
+ public:
+  BitReader(const uint8_t* data, size_t bytes) : data_(data), bytes_(bytes) {}
+  uint64_t bits_left() const { return static_cast<uint64_t>(bytes_) * 8 - bit_pos_; }
+  // n <= 32
+  bool Get(unsigned n, uint32_t* v) {
+    if (bits_left() < n) return false;
+    uint64_t r = 0;
+    size_t byte = bit_pos_ >> 3;
+    unsigned off = bit_pos_ & 7;
+    // Up to 40 bits needed: read up to 5 bytes that exist.
+    const size_t need = (off + n + 7) / 8;
+    for (size_t i = 0; i < need; ++i) r |= static_cast<uint64_t>(data_[byte + i]) << (8 * i);
+    r >>= off;
+    *v = static_cast<uint32_t>(n == 32 ? r : (r & ((uint64_t{1} << n) - 1)));
+    bit_pos_ += n;
+    return true;
+  }
+  // Counts consecutive one-bits up to `limit`, consuming them and the terminating zero
+  // (not consumed when the limit is reached).
+  bool Unary(uint32_t limit, uint32_t* q) {
+    uint32_t c = 0;
+    while (c < limit) {
+      uint32_t bit;
+      if (!Get(1, &bit)) return false;
+      if (!bit) break;
+      ++c;
+    }
+    *q = c;
+    return true;
+  }
+  // Trailing bits of the last byte must be zero padding.
+  bool PaddingOk() const {
+    if (bits_left() >= 8) return false;
+    if ((bit_pos_ & 7) == 0) return true;
+    return (data_[bytes_ - 1] >> (bit_pos_ & 7)) == 0;
+  }
+  size_t bytes_used() const { return (bit_pos_ + 7) / 8; }
+
+ private:
+  const uint8_t* data_;
+  size_t bytes_;
+  uint64_t bit_pos_ = 0;
+};
+
+bool IsKnownKind(uint8_t k) { return k <= static_cast<uint8_t>(CompressorKind::kSign); }
+
+absl::Status CheckIndices(const std::vector<uint32_t>& idx, uint32_t length) {
+  int64_t prev = -1;
+  for (uint32_t i : idx) {
+    if (static_cast<int64_t>(i) <= prev || i >= length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("index ", i, " out of order or past the slice length ", length));
+    }
+    prev = i;
+  }
+  return absl::OkStatus();
+}
+
+// Total bits of Rice-coding the gaps of `idx` with parameter k.
+uint64_t RiceCost(const std::vector<uint32_t>& idx, unsigned k) {
+  uint64_t bits = 0;
+  int64_t prev = -1;
+  for (uint32_t i : idx) {
+    const uint32_t gap = static_cast<uint32_t>(static_cast<int64_t>(i) - prev - 1);
+    const uint32_t q = gap >> k;
+    bits += q >= kRiceEscape ? kRiceEscape + 32 : q + 1 + k;
+    prev = i;
+  }
+  return bits;
+}
+
+unsigned ChooseRiceK(const std::vector<uint32_t>& idx, uint32_t length) {
+  if (idx.empty()) return 0;
+  const double mean_gap = static_cast<double>(length - idx.size()) / static_cast<double>(idx.size());
+  int center = mean_gap > 1.0 ? static_cast<int>(std::log2(mean_gap)) : 0;
+  unsigned best_k = 0;
+  uint64_t best = std::numeric_limits<uint64_t>::max();
+  for (int k = std::max(0, center - 2); k <= std::min(31, center + 1); ++k) {
+    const uint64_t c = RiceCost(idx, static_cast<unsigned>(k));
+    if (c < best) {
+      best = c;
+      best_k = static_cast<unsigned>(k);
+    }
+  }
+  return best_k;
+}
+
+void PutRiceIndices(const CompressedUpdate& u, bool with_signs, std::vector<uint8_t>* out) {
+  const unsigned k = ChooseRiceK(u.indices, u.length);
+  PutU8(out, static_cast<uint8_t>(k));
+  BitWriter w(out);
+  int64_t prev = -1;
+  for (size_t j = 0; j < u.indices.size(); ++j) {
+    const uint32_t i = u.indices[j];
+    const uint32_t gap = static_cast<uint32_t>(static_cast<int64_t>(i) - prev - 1);
+    const uint32_t q = gap >> k;
+    if (q >= kRiceEscape) {
+      w.Ones(kRiceEscape);
+      w.Put(gap, 32);
+    } else {
+      w.Ones(q);
+      w.Put(0, 1);
+      if (k) w.Put(gap, k);
+    }
+    if (with_signs) w.Put(u.negative[j] ? 1 : 0, 1);
+    prev = i;
+  }
+  w.Flush();
+}
+
+void PutPlainIndices(const CompressedUpdate& u, bool with_signs, std::vector<uint8_t>* out) {
+  for (uint32_t i : u.indices) PutU32(out, i);
+  if (with_signs) {
+    BitWriter w(out);
+    for (uint8_t neg : u.negative) w.Put(neg ? 1 : 0, 1);
+    w.Flush();
+  }
+}
+
+// Walks an encoded index list, calling visit(index, negative) for each element. Validates
+// every index (in range, ascending) and the exact byte extent; `*consumed` gets the bytes
+// used. No allocation proportional to the claimed count happens before the data is seen.
+template <typename Visit>
+absl::Status WalkIndices(ByteReader& r, IndexCoding coding, uint32_t length, uint32_t count,
+                         bool with_signs, Visit&& visit) {
+  if (count > length) {
+    return absl::DataLossError(absl::StrCat("count ", count, " exceeds slice length ", length));
+  }
+  int64_t prev = -1;
+  if (coding == IndexCoding::kPlain32) {
+    const uint64_t idx_bytes = uint64_t{4} * count;
+    const uint64_t sign_bytes = with_signs ? (uint64_t{count} + 7) / 8 : 0;
+    if (r.remaining() < idx_bytes + sign_bytes) return ByteReader::Truncated();
+    const uint8_t* p = r.here();
+    const uint8_t* s = p + idx_bytes;
+    for (uint32_t j = 0; j < count; ++j) {
+      uint32_t i = 0;
+      for (int b = 0; b < 4; ++b) i |= static_cast<uint32_t>(p[4 * j + b]) << (8 * b);
+      if (static_cast<int64_t>(i) <= prev || i >= length) {
+        return absl::DataLossError(absl::StrCat("index ", i, " out of order or past ", length));
+      }
+      const bool neg = with_signs && ((s[j / 8] >> (j % 8)) & 1);
+      visit(i, neg);
+      prev = i;
+    }
+    if (with_signs && (count % 8) && (s[count / 8] >> (count % 8)) != 0) {
+      return absl::DataLossError("nonzero padding after sign bits");
+    }
+    return r.Skip(idx_bytes + sign_bytes);
+  }
+  uint8_t k8 = 0;
+  ADAPS_RETURN_IF_ERROR(r.U8(&k8));
+  if (k8 > 31) return absl::DataLossError(absl::StrCat("Rice parameter ", k8, " > 31"));
+  const unsigned k = k8;
+  // Each element takes at least k + 1 (+1 sign) bits: reject counts the data cannot hold.
+  const uint64_t min_bits = uint64_t{count} * (k + 1 + (with_signs ? 1 : 0));
+  if (min_bits > uint64_t{r.remaining()} * 8) return ByteReader::Truncated();
+  BitReader br(r.here(), r.remaining());
+  for (uint32_t j = 0; j < count; ++j) {
+    uint32_t q = 0, gap = 0, low = 0;
+    if (!br.Unary(kRiceEscape, &q)) return ByteReader::Truncated();
+    if (q >= kRiceEscape) {
+      if (!br.Get(32, &gap)) return ByteReader::Truncated();
+    } else {
+      if (k && !br.Get(k, &low)) return ByteReader::Truncated();
+      gap = (k >= 32) ? low : ((q << k) | low);
+      if (k && (q >> (32 - k)) != 0) return absl::DataLossError("Rice gap overflows 32 bits");
+    }
+    const int64_t i = prev + 1 + static_cast<int64_t>(gap);
+    if (i >= static_cast<int64_t>(length)) {
+      return absl::DataLossError(absl::StrCat("index ", i, " past the slice length ", length));
+    }
+    uint32_t neg = 0;
+    if (with_signs && !br.Get(1, &neg)) return ByteReader::Truncated();
+    visit(static_cast<uint32_t>(i), neg != 0);
+    prev = i;
+  }
+  if (!br.PaddingOk()) return absl::DataLossError("nonzero padding after the index stream");
+  return r.Skip(br.bytes_used());
+}
+
+absl::Status ReadHeader(ByteReader& r, WireHeader* h) {
+  uint8_t magic = 0, version = 0, kind = 0, coding = 0;
+  ADAPS_RETURN_IF_ERROR(r.U8(&magic));
+  if (magic != kWireMagic) return absl::DataLossError("not an adaps update (bad magic byte)");
+  ADAPS_RETURN_IF_ERROR(r.U8(&version));
+  if (version != kWireFormatVersion) {
+    return absl::DataLossError(absl::StrCat("update format version ", version,
+                                            " is not supported (this build reads version ",
+                                            kWireFormatVersion, ")"));
+  }
+  ADAPS_RETURN_IF_ERROR(r.U8(&kind));
+  if (!IsKnownKind(kind)) return absl::DataLossError(absl::StrCat("unknown update kind ", kind));
+  ADAPS_RETURN_IF_ERROR(r.U8(&coding));
+  if (coding > static_cast<uint8_t>(IndexCoding::kRice)) {
+    return absl::DataLossError(absl::StrCat("unknown index coding ", coding));
+  }
+  h->kind = static_cast<CompressorKind>(kind);
+  h->coding = static_cast<IndexCoding>(coding);
+  ADAPS_RETURN_IF_ERROR(r.Varint32(&h->length));
+  h->bin_size = 0;
+  h->count = h->length;
+  if (h->kind == CompressorKind::kAdaComp) {
+    ADAPS_RETURN_IF_ERROR(r.Varint32(&h->bin_size));
+    if (h->bin_size == 0) return absl::DataLossError("AdaComp bin size 0");
+  }
+  if (h->kind == CompressorKind::kAdaComp || h->kind == CompressorKind::kTopK) {
+    ADAPS_RETURN_IF_ERROR(r.Varint32(&h->count));
+    if (h->count > h->length) {
+      return absl::DataLossError(absl::StrCat("count ", h->count, " exceeds length ", h->length));
+    }
+  }
+  return absl::OkStatus();
+}
+
+float LoadF32(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+
+absl::Status NonFinite(const char* what) {
+  return absl::InvalidArgumentError(absl::StrCat("update carries a NaN or Inf ", what));
+}
+
+// Decodes `bytes`, calling the sinks for every element. Performs all checks, including the
+// exact end of the buffer. Used twice by DecodeAdd: once to validate, once to apply.
+struct Sinks {
+  // dense / sign: called once with the whole description.
+  virtual void Dense(const uint8_t* /*floats*/, uint32_t /*n*/) {}
+  virtual void Sign(const uint8_t* /*bits*/, uint32_t /*n*/, float /*pos*/, float /*neg*/) {}
+  virtual void Scale(float /*s*/) {}
+  virtual void Ternary(uint32_t /*i*/, bool /*neg*/) {}
+  virtual void TopK(uint32_t /*i*/, float /*v*/) {}
+  virtual ~Sinks() = default;
+};
+
+absl::Status Walk(absl::Span<const uint8_t> bytes, WireHeader* h, Sinks& sinks) {
+  ByteReader r(bytes);
+  ADAPS_RETURN_IF_ERROR(ReadHeader(r, h));
+  switch (h->kind) {
+    case CompressorKind::kDense: {
+      const uint64_t n = uint64_t{4} * h->length;
+      if (r.remaining() < n) return ByteReader::Truncated();
+      const uint8_t* p = r.here();
+      for (uint32_t i = 0; i < h->length; ++i) {
+        if (!std::isfinite(LoadF32(p + 4 * i))) return NonFinite("value");
+      }
+      sinks.Dense(p, h->length);
+      ADAPS_RETURN_IF_ERROR(r.Skip(n));
+      break;
+    }
+    case CompressorKind::kAdaComp: {
+      float s = 0.0f;
+      ADAPS_RETURN_IF_ERROR(r.F32(&s));
+      if (!std::isfinite(s)) return NonFinite("scale");
+      sinks.Scale(s);
+      ADAPS_RETURN_IF_ERROR(WalkIndices(r, h->coding, h->length, h->count, true,
+                                        [&](uint32_t i, bool neg) { sinks.Ternary(i, neg); }));
+      break;
+    }
+    case CompressorKind::kTopK: {
+      std::vector<uint32_t> idx;
+      // The index stream comes first; values follow. Validate the indices, then read the
+      // values in step.
+      ByteReader probe = r;
+      ADAPS_RETURN_IF_ERROR(WalkIndices(probe, h->coding, h->length, h->count, false,
+                                        [](uint32_t, bool) {}));
+      const uint64_t vbytes = uint64_t{4} * h->count;
+      if (probe.remaining() < vbytes) return ByteReader::Truncated();
+      const uint8_t* values = probe.here();
+      for (uint32_t j = 0; j < h->count; ++j) {
+        if (!std::isfinite(LoadF32(values + 4 * j))) return NonFinite("value");
+      }
+      uint32_t j = 0;
+      ADAPS_RETURN_IF_ERROR(WalkIndices(r, h->coding, h->length, h->count, false,
+                                        [&](uint32_t i, bool) {
+                                          sinks.TopK(i, LoadF32(values + 4 * j));
+                                          ++j;
+                                        }));
+      ADAPS_RETURN_IF_ERROR(r.Skip(vbytes));
+      break;
+    }
+    case CompressorKind::kSign: {
+      float pos = 0.0f, neg = 0.0f;
+      ADAPS_RETURN_IF_ERROR(r.F32(&pos));
+      ADAPS_RETURN_IF_ERROR(r.F32(&neg));
+      if (!std::isfinite(pos) || !std::isfinite(neg)) return NonFinite("scale");
+      const uint64_t nbytes = (uint64_t{h->length} + 7) / 8;
+      if (r.remaining() < nbytes) return ByteReader::Truncated();
+      const uint8_t* bits = r.here();
+      if ((h->length % 8) && (bits[h->length / 8] >> (h->length % 8)) != 0) {
+        return absl::DataLossError("nonzero padding after sign bits");
+      }
+      sinks.Sign(bits, h->length, pos, neg);
+      ADAPS_RETURN_IF_ERROR(r.Skip(nbytes));
+      break;
+    }
+  }
+  if (r.remaining() != 0) {
+    return absl::DataLossError(absl::StrCat(r.remaining(), " unexpected bytes after the update"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EncodeUpdate(const CompressedUpdate& u, IndexCoding coding,
+                          std::vector<uint8_t>* out) {
+  out->clear();
+  switch (u.kind) {
+    case CompressorKind::kDense:
+      if (u.values.size() != u.length) return absl::InvalidArgumentError("dense size mismatch");
+      break;
+    case CompressorKind::kAdaComp:
+      if (u.bin_size == 0) return absl::InvalidArgumentError("AdaComp bin size 0");
+      if (u.negative.size() != u.indices.size()) {
+        return absl::InvalidArgumentError("AdaComp indices and signs differ in number");
+      }
+      ADAPS_RETURN_IF_ERROR(CheckIndices(u.indices, u.length));
+      break;
+    case CompressorKind::kTopK:
+      if (u.values.size() != u.indices.size()) {
+        return absl::InvalidArgumentError("Top-k indices and values differ in number");
+      }
+      ADAPS_RETURN_IF_ERROR(CheckIndices(u.indices, u.length));
+      break;
+    case CompressorKind::kSign:
+      if (u.sign_bits.size() != (static_cast<size_t>(u.length) + 63) / 64) {
+        return absl::InvalidArgumentError("sign update has the wrong number of sign words");
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError("unknown compressor kind");
+  }
+  PutU8(out, kWireMagic);
+  PutU8(out, kWireFormatVersion);
+  PutU8(out, static_cast<uint8_t>(u.kind));
+  PutU8(out, static_cast<uint8_t>(coding));
+  PutVarint(out, u.length);
+  switch (u.kind) {
+    case CompressorKind::kDense: {
+      const size_t at = out->size();
+      out->resize(at + 4 * static_cast<size_t>(u.length));
+      std::memcpy(out->data() + at, u.values.data(), 4 * static_cast<size_t>(u.length));
+      break;
+    }
+    case CompressorKind::kAdaComp:
+      PutVarint(out, u.bin_size);
+      PutVarint(out, u.indices.size());
+      PutF32(out, u.scale);
+      if (coding == IndexCoding::kRice) {
+        PutRiceIndices(u, true, out);
+      } else {
+        PutPlainIndices(u, true, out);
+      }
+      break;
+    case CompressorKind::kTopK:
+      PutVarint(out, u.indices.size());
+      if (coding == IndexCoding::kRice) {
+        PutRiceIndices(u, false, out);
+      } else {
+        PutPlainIndices(u, false, out);
+      }
+      for (float v : u.values) PutF32(out, v);
+      break;
+    case CompressorKind::kSign: {
+      PutF32(out, u.scale);
+      PutF32(out, u.scale_neg);
+      const size_t nbytes = (static_cast<size_t>(u.length) + 7) / 8;
+      for (size_t b = 0; b < nbytes; ++b) {
+        out->push_back(static_cast<uint8_t>(u.sign_bits[b / 8] >> (8 * (b % 8))));
+      }
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WireHeader> PeekHeader(absl::Span<const uint8_t> bytes) {
+  ByteReader r(bytes);
+  WireHeader h;
+  ADAPS_RETURN_IF_ERROR(ReadHeader(r, &h));
+  return h;
+}
+
+absl::Status DecodeUpdate(absl::Span<const uint8_t> bytes, CompressedUpdate* out) {
+  struct Collect : Sinks {
+    CompressedUpdate* u;
+    void Dense(const uint8_t* p, uint32_t n) override {
+      u->values.resize(n);
+      std::memcpy(u->values.data(), p, 4 * static_cast<size_t>(n));
+    }
+    void Sign(const uint8_t* bits, uint32_t n, float pos, float neg) override {
+      u->scale = pos;
+      u->scale_neg = neg;
+      u->sign_bits.assign((static_cast<size_t>(n) + 63) / 64, 0);
+      for (size_t b = 0; b < (static_cast<size_t>(n) + 7) / 8; ++b) {
+        u->sign_bits[b / 8] |= static_cast<uint64_t>(bits[b]) << (8 * (b % 8));
+      }
+    }
+    void Scale(float s) override { u->scale = s; }
+    void Ternary(uint32_t i, bool neg) override {
+      u->indices.push_back(i);
+      u->negative.push_back(neg ? 1 : 0);
+    }
+    void TopK(uint32_t i, float v) override {
+      u->indices.push_back(i);
+      u->values.push_back(v);
+    }
+  } collect;
+  out->Clear();
+  collect.u = out;
+  WireHeader h;
+  absl::Status st = Walk(bytes, &h, collect);
+  if (!st.ok()) {
+    out->Clear();
+    return st;
+  }
+  out->kind = h.kind;
+  out->length = h.length;
+  out->bin_size = h.bin_size;
+  return absl::OkStatus();
+}
+
+absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span<float> dst) {
+  ADAPS_ASSIGN_OR_RETURN(WireHeader head, PeekHeader(bytes));
+  if (head.length != dst.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("update is for ", head.length,
+                                                   " elements, buffer has ", dst.size()));
+  }
+  Sinks validate;
+  WireHeader h;
+  ADAPS_RETURN_IF_ERROR(Walk(bytes, &h, validate));
+
+  struct Apply : Sinks {
+    float* d;
+    float factor;
+    float pos = 0.0f;
+    void Dense(const uint8_t* p, uint32_t n) override {
+      for (uint32_t i = 0; i < n; ++i) d[i] += factor * LoadF32(p + 4 * i);
+    }
+    void Sign(const uint8_t* bits, uint32_t n, float p, float q) override {
+      const float a = factor * p, b = factor * q;
+      for (uint32_t i = 0; i < n; ++i) d[i] += ((bits[i / 8] >> (i % 8)) & 1) ? b : a;
+    }
+    void Scale(float s) override { pos = factor * s; }
+    void Ternary(uint32_t i, bool neg) override { d[i] += neg ? -pos : pos; }
+    void TopK(uint32_t i, float v) override { d[i] += factor * v; }
+  } apply;
+  apply.d = dst.data();
+  apply.factor = factor;
+  return Walk(bytes, &h, apply);
+}
+
+double BitsPerSentElement(const CompressedUpdate& update, size_t encoded_bytes) {
+  const size_t sent = update.SentElements();
+  if (sent == 0) return std::numeric_limits<double>::infinity();
+  return 8.0 * static_cast<double>(encoded_bytes) / static_cast<double>(sent);
+}
+
+}  // namespace adaps

@@ -1,0 +1,76 @@
+// The wire encoding of one compressed slice update (the payload of a push and of a
+// recompressed pull). Layout, all little-endian (also documented in schemas/README.md):
+//
+//   u8 magic 0xAD | u8 format version (1) | u8 kind | u8 index coding | varint length
+//   dense:   length x f32
+//   adacomp: varint bin_size | varint count | f32 scale | body
+//   topk:    varint count | body, then count x f32 values
+//   sign:    f32 positive value | f32 negative value | ceil(length/8) bytes of sign bits
+//
+// Index coding applies to adacomp and topk bodies:
+//   kRice (compact): u8 rice parameter k, then a bit stream (LSB first) with, per element,
+//     the gap to the previous index (idx - prev - 1, prev starts at -1) as a Rice code --
+//     q = gap >> k in unary as q one-bits and a zero-bit, then the k low bits -- where
+//     q >= 32 is written as 32 one-bits followed by the gap in 32 bits; adacomp follows
+//     each gap with its sign bit (1 = negative). The stream is padded to a byte.
+//   kPlain32 (baseline): count x u32 indices; adacomp adds ceil(count/8) bytes of sign bits.
+//
+// Decoding is bounds-checked: a truncated, oversized or corrupt buffer, an index past the
+// slice, indices out of order, or another format version returns an error (kDataLoss for
+// damage, kInvalidArgument for a mismatched destination) and writes nothing.
+#ifndef ADAPS_COMMON_WIRE_CODEC_H_
+#define ADAPS_COMMON_WIRE_CODEC_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/compressor.h"
+
+namespace adaps {
+
+inline constexpr uint8_t kWireMagic = 0xAD;
+inline constexpr uint8_t kWireFormatVersion = 1;
+
+enum class IndexCoding : uint8_t {
+  kPlain32 = 0,
+  kRice = 1,
+};
+
+// What the fixed part of an encoded update says, read without decoding the body.
+struct WireHeader {
+  CompressorKind kind = CompressorKind::kDense;
+  IndexCoding coding = IndexCoding::kRice;
+  uint32_t length = 0;
+  uint32_t bin_size = 0;  // adacomp only
+  uint32_t count = 0;     // adacomp, topk: elements sent; dense, sign: length
+};
+
+// Replaces `*out` with the encoding of `update`. kInvalidArgument when the update is
+// inconsistent (sizes, unsorted or out-of-range indices).
+absl::Status EncodeUpdate(const CompressedUpdate& update, IndexCoding coding,
+                          std::vector<uint8_t>* out);
+
+// Reads and checks the header only.
+absl::StatusOr<WireHeader> PeekHeader(absl::Span<const uint8_t> bytes);
+
+// Decodes a whole buffer into `*out` (previous contents replaced). On error `*out` is left
+// cleared.
+absl::Status DecodeUpdate(absl::Span<const uint8_t> bytes, CompressedUpdate* out);
+
+// dst += factor * decompress(bytes), without building a dense copy. The whole buffer is
+// validated before anything is written, so on any error dst is unchanged.
+// kInvalidArgument when dst.size() differs from the encoded length; kDataLoss when the
+// buffer is damaged.
+absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span<float> dst);
+
+// Size of the encoding in bits divided by the number of elements sent (count). Infinity
+// when nothing is sent.
+double BitsPerSentElement(const CompressedUpdate& update, size_t encoded_bytes);
+
+}  // namespace adaps
+
+#endif  // ADAPS_COMMON_WIRE_CODEC_H_

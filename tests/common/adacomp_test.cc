@@ -1,0 +1,3 @@
+#include "common/compressor.h"
+#include "gtest/gtest.h"
+TEST(Compressor, Placeholder) {}
