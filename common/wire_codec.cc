@@ -153,11 +153,10 @@ class BitReader {
     *q = c;
     return true;
   }
-  // Trailing bits of the last byte must be zero padding.
+  // The unused high bits of the current byte must be zero padding.
   bool PaddingOk() const {
-    if (bits_left() >= 8) return false;
     if ((bit_pos_ & 7) == 0) return true;
-    return (data_[bytes_ - 1] >> (bit_pos_ & 7)) == 0;
+    return (data_[bit_pos_ >> 3] >> (bit_pos_ & 7)) == 0;
   }
   size_t bytes_used() const { return (bit_pos_ + 7) / 8; }
 
