@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Sets up (Debian packages), builds and runs every test of adaps. This is what CI runs
+# (.ci/run calls it and nothing else). Run as root from the repository root on Debian 12.
+#
+#   ADAPS_BUILD_DIR   build directory (default build)
+#   ADAPS_CTEST_ARGS  extra ctest arguments, e.g. "-L unit" or "-LE slow"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+build_dir=${ADAPS_BUILD_DIR:-build}
+
+echo "== build"
+bash deploy/build.sh
+
+echo "== ctest"
+# shellcheck disable=SC2086
+ctest --test-dir "$build_dir" --output-on-failure -j 2 --timeout 300 ${ADAPS_CTEST_ARGS:-}
+
+echo "== all tests passed in $(( $(date +%s) - start ))s"
