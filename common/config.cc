@@ -1,0 +1,113 @@
+#include "common/config.h"
+
+#include <cstdlib>
+#include <fstream>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+
+namespace adaps {
+
+absl::StatusOr<std::map<std::string, std::string>> ReadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read config file '", path, "'"));
+  std::map<std::string, std::string> values;
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    absl::string_view view = line;
+    size_t hash = view.find('#');
+    if (hash != absl::string_view::npos) view = view.substr(0, hash);
+    view = absl::StripAsciiWhitespace(view);
+    if (view.empty()) continue;
+    size_t eq = view.find('=');
+    if (eq == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", lineno, ": expected 'name = value'"));
+    }
+    absl::string_view name = absl::StripAsciiWhitespace(view.substr(0, eq));
+    absl::ConsumePrefix(&name, "--");
+    absl::string_view value = absl::StripAsciiWhitespace(view.substr(eq + 1));
+    if (name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", lineno, ": empty name"));
+    }
+    values[std::string(name)] = std::string(value);
+  }
+  return values;
+}
+
+namespace {
+
+absl::Status SetFlag(const std::string& name, const std::string& value,
+                     const std::string& source) {
+  absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  if (flag == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": unknown setting '", name, "'"));
+  }
+  std::string error;
+  if (!flag->ParseFrom(value, &error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": bad value '", value, "' for ", name, ": ", error));
+  }
+  return absl::OkStatus();
+}
+
+std::string FindConfigPath(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (absl::ConsumePrefix(&arg, "--config=") || absl::ConsumePrefix(&arg, "-config=")) {
+      return std::string(arg);
+    }
+    if ((arg == "--config" || arg == "-config") && i + 1 < argc) return argv[i + 1];
+  }
+  const char* env = std::getenv("ADAPS_CONFIG");
+  return env ? env : "";
+}
+
+}  // namespace
+
+absl::Status LoadLayeredFlags(int argc, char** argv, absl::Span<const std::string> flag_names,
+                              std::vector<std::string>* sources) {
+  const std::string path = FindConfigPath(argc, argv);
+  if (!path.empty()) {
+    auto values = ReadConfigFile(path);
+    if (!values.ok()) return values.status();
+    for (const auto& [name, value] : *values) {
+      if (name == "config") continue;
+      bool known = false;
+      for (const auto& n : flag_names) known = known || n == name;
+      if (!known) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config file ", path, ": unknown setting '", name, "'"));
+      }
+      if (auto s = SetFlag(name, value, absl::StrCat("config file ", path)); !s.ok()) return s;
+      if (sources) sources->push_back(absl::StrCat(name, "=", value, " (", path, ")"));
+    }
+  }
+  for (const auto& name : flag_names) {
+    const std::string var = absl::StrCat("ADAPS_", absl::AsciiStrToUpper(name));
+    const char* value = std::getenv(var.c_str());
+    if (value == nullptr) continue;
+    if (auto s = SetFlag(name, value, absl::StrCat("environment ", var)); !s.ok()) return s;
+    if (sources) sources->push_back(absl::StrCat(name, "=", value, " (", var, ")"));
+  }
+  return absl::OkStatus();
+}
+
+std::string DescribeFlags(absl::Span<const std::string> flag_names) {
+  std::vector<std::string> parts;
+  for (const auto& name : flag_names) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag) parts.push_back(absl::StrCat(name, "=", flag->CurrentValue()));
+  }
+  return absl::StrJoin(parts, " ");
+}
+
+}  // namespace adaps

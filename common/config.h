@@ -1,0 +1,39 @@
+// Layered configuration for adaps executables: defaults < config file < ADAPS_* environment
+// < command-line flags (DESIGN.md section 4). This is the only place that reads the
+// environment.
+//
+// Each executable declares its absl flags (the defaults), then calls LoadLayeredFlags
+// before absl::ParseCommandLine: it finds the config file (`--config=PATH` on the command
+// line, else ADAPS_CONFIG), applies its `name = value` lines to the named flags, then every
+// ADAPS_<NAME> variable (upper-case flag name), so that parsing the command line last gives
+// the flags the final word.
+#ifndef ADAPS_COMMON_CONFIG_H_
+#define ADAPS_COMMON_CONFIG_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace adaps {
+
+// Reads "name = value" lines ('#' starts a comment; blank lines ignored; a leading "--" on
+// the name is allowed). kNotFound when the file cannot be read, kInvalidArgument with the
+// line number for a malformed line.
+absl::StatusOr<std::map<std::string, std::string>> ReadConfigFile(const std::string& path);
+
+// Applies the config file and the environment to the flags named in `flag_names`.
+// kInvalidArgument for an unknown name in the file or a value a flag rejects (the message
+// names the source). `sources`, when given, gets one "name=value (source)" per value set.
+absl::Status LoadLayeredFlags(int argc, char** argv, absl::Span<const std::string> flag_names,
+                              std::vector<std::string>* sources = nullptr);
+
+// "name=value, name=value ..." for the named flags: the effective config, for the start log.
+std::string DescribeFlags(absl::Span<const std::string> flag_names);
+
+}  // namespace adaps
+
+#endif  // ADAPS_COMMON_CONFIG_H_

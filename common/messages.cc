@@ -1,0 +1,57 @@
+#include "common/messages.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace adaps {
+
+OutMessage MakeAck(const Sender& sender, uint64_t reply_to) {
+  flatbuffers::FlatBufferBuilder fbb(128);
+  auto body = msg::CreateAck(fbb);
+  return FinishEnvelope(fbb, sender, body, 0, reply_to);
+}
+
+OutMessage MakeError(const Sender& sender, uint64_t reply_to, const absl::Status& status) {
+  flatbuffers::FlatBufferBuilder fbb(256);
+  auto body = msg::CreateError(fbb, static_cast<int>(status.code()),
+                               fbb.CreateString(std::string(status.message())));
+  return FinishEnvelope(fbb, sender, body, 0, reply_to);
+}
+
+absl::StatusOr<const msg::Envelope*> VerifyEnvelope(absl::Span<const uint8_t> header) {
+  flatbuffers::Verifier verifier(header.data(), header.size(), /*max_depth=*/32,
+                                 /*max_tables=*/100000);
+  if (header.empty() || !msg::VerifyEnvelopeBuffer(verifier)) {
+    return absl::DataLossError(
+        absl::StrCat("message header of ", header.size(), " bytes failed verification"));
+  }
+  const msg::Envelope* env = msg::GetEnvelope(header.data());
+  if (env->version() != kProtocolVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("protocol version mismatch: peer speaks version ", env->version(),
+                     ", this build speaks version ", kProtocolVersion));
+  }
+  if (env->body_type() == msg::Body::NONE || env->body() == nullptr) {
+    return absl::DataLossError("message has no body");
+  }
+  return env;
+}
+
+absl::Status StatusFromError(const msg::Error* error) {
+  if (error == nullptr) return absl::UnknownError("malformed error reply");
+  int code = error->code();
+  if (code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    code = static_cast<int>(absl::StatusCode::kUnknown);
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code),
+                      error->message() ? error->message()->str() : "");
+}
+
+SharedBytes FloatsToBytes(absl::Span<const float> values) {
+  auto bytes = std::make_shared<Bytes>(values.size() * sizeof(float));
+  if (!values.empty()) std::memcpy(bytes->data(), values.data(), bytes->size());
+  return bytes;
+}
+
+}  // namespace adaps

@@ -1,0 +1,74 @@
+// Building and checking adaps messages (schemas/adaps.fbs).
+//
+// An OutMessage is a finished Envelope plus an optional shared payload (frame 1) that the
+// transport sends without copying. VerifyEnvelope runs the FlatBuffers Verifier and the
+// protocol-version check on every received header; nothing reads a header before it.
+// Thread-safety: plain values; OutMessage payloads are immutable and shareable.
+#ifndef ADAPS_COMMON_MESSAGES_H_
+#define ADAPS_COMMON_MESSAGES_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "flatbuffers/flatbuffers.h"
+#include "schemas/adaps_generated.h"
+
+namespace adaps {
+
+inline constexpr uint16_t kProtocolVersion = 1;
+
+using Bytes = std::vector<uint8_t>;
+using SharedBytes = std::shared_ptr<const Bytes>;
+
+// Who sends: put in every envelope.
+struct Sender {
+  msg::Role role = msg::Role::Unknown;
+  int rank = -1;
+};
+
+struct OutMessage {
+  flatbuffers::DetachedBuffer header;
+  SharedBytes payload;  // may be null: no frame 1
+};
+
+// Finishes `fbb` as an Envelope around `body`. `payload` (may be null) becomes frame 1 and
+// its size is recorded in the header.
+template <typename T>
+OutMessage FinishEnvelope(flatbuffers::FlatBufferBuilder& fbb, const Sender& sender,
+                          flatbuffers::Offset<T> body, uint64_t request_id, uint64_t reply_to,
+                          SharedBytes payload = nullptr) {
+  msg::EnvelopeBuilder eb(fbb);
+  eb.add_version(kProtocolVersion);
+  eb.add_sender_role(sender.role);
+  eb.add_sender_rank(sender.rank);
+  eb.add_request_id(request_id);
+  eb.add_reply_to(reply_to);
+  eb.add_payload_size(payload ? payload->size() : 0);
+  eb.add_body_type(msg::BodyTraits<T>::enum_value);
+  eb.add_body(body.Union());
+  fbb.Finish(eb.Finish());
+  return OutMessage{fbb.Release(), std::move(payload)};
+}
+
+// Convenience builders for the small bodies.
+OutMessage MakeAck(const Sender& sender, uint64_t reply_to);
+OutMessage MakeError(const Sender& sender, uint64_t reply_to, const absl::Status& status);
+
+// kDataLoss when the bytes are not a valid Envelope (Verifier) or carry no body;
+// kFailedPrecondition when the protocol version differs (the message names both).
+absl::StatusOr<const msg::Envelope*> VerifyEnvelope(absl::Span<const uint8_t> header);
+
+// The status an Error body stands for (never OK: a code of 0 becomes kUnknown).
+absl::Status StatusFromError(const msg::Error* error);
+
+// Copies floats into a new shared byte buffer (raw little-endian float32).
+SharedBytes FloatsToBytes(absl::Span<const float> values);
+
+}  // namespace adaps
+
+#endif  // ADAPS_COMMON_MESSAGES_H_
