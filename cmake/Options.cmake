@@ -15,6 +15,17 @@ set(ADAPS_SANITIZE "" CACHE STRING "Sanitizers: empty, address,undefined or thre
 option(ADAPS_BUILD_TESTS "Build tests" ON)
 option(ADAPS_BUILD_BENCH "Build benchmarks" ON)
 option(ADAPS_NATIVE "Compile with -march=native" OFF)
+# ADAPS_FUZZ builds the libFuzzer binaries of tests/fuzz (needs clang); every build has the
+# corpus replays as tests either way.
+option(ADAPS_FUZZ "Build libFuzzer targets (clang only)" OFF)
+if(ADAPS_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "ADAPS_FUZZ=ON needs clang (e.g. CXX=clang++-14)")
+  endif()
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link,address,undefined>)
+  add_link_options(-fsanitize=address,undefined)
+  set(ADAPS_BUILD_BENCH OFF CACHE BOOL "" FORCE)
+endif()
 
 string(TOUPPER "${ADAPS_CUDA}" ADAPS_CUDA)
 if(NOT ADAPS_CUDA MATCHES "^(AUTO|ON|OFF)$")

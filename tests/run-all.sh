@@ -4,6 +4,7 @@
 #
 #   ADAPS_BUILD_DIR   build directory (default build)
 #   ADAPS_CTEST_ARGS  extra ctest arguments, e.g. "-L unit" or "-LE slow"
+#   ADAPS_FUZZ_SECONDS  seconds of fuzzing per libFuzzer target (default 20)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -15,5 +16,8 @@ bash deploy/build.sh
 echo "== ctest"
 # shellcheck disable=SC2086
 ctest --test-dir "$build_dir" --output-on-failure -j 2 --timeout 300 ${ADAPS_CTEST_ARGS:-}
+
+echo "== fuzz (each target for ${ADAPS_FUZZ_SECONDS:-20}s)"
+bash tests/run-fuzz.sh
 
 echo "== all tests passed in $(( $(date +%s) - start ))s"

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -82,7 +84,11 @@ INSTANTIATE_TEST_SUITE_P(
     AllKinds, RoundTrip,
     ::testing::Combine(::testing::Values(CompressorKind::kDense, CompressorKind::kAdaComp,
                                          CompressorKind::kTopK, CompressorKind::kSign),
-                       ::testing::Values(IndexCoding::kRice, IndexCoding::kPlain32)));
+                       ::testing::Values(IndexCoding::kRice, IndexCoding::kPlain32)),
+    [](const ::testing::TestParamInfo<RoundTrip::ParamType>& info) {
+      return std::string(CompressorKindName(std::get<0>(info.param))) +
+             (std::get<1>(info.param) == IndexCoding::kRice ? "_rice" : "_plain32");
+    });
 
 TEST(WireCodec, RoundTripsExtremeGaps) {
   CompressedUpdate u;
