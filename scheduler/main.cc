@@ -1,0 +1,92 @@
+// adaps-scheduler: the cluster's rendezvous point. Thin: builds SchedulerConfig from
+// defaults < config file < ADAPS_* environment < flags, then runs a Scheduler.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "scheduler/scheduler.h"
+
+ABSL_FLAG(std::string, config, "", "Config file of 'name = value' lines (also ADAPS_CONFIG)");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on");
+ABSL_FLAG(int, port, 0, "TCP port; 0 lets the OS choose (see --port_file)");
+ABSL_FLAG(std::string, port_file, "", "Write the bound port here (atomically) once listening");
+ABSL_FLAG(int, num_servers, 1, "Servers to wait for");
+ABSL_FLAG(int, num_workers, 1, "Workers to wait for");
+ABSL_FLAG(int, heartbeat_ms, 1000, "Heartbeat interval told to every node");
+ABSL_FLAG(int, dead_timeout_ms, 5000, "A node silent this long is declared dead");
+ABSL_FLAG(uint64_t, split_threshold, 1 << 16,
+          "Tensors with at least this many elements are split over all servers");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical, off");
+
+namespace {
+
+volatile std::sig_atomic_t g_signal = 0;  // the one thing a signal handler may touch
+void OnSignal(int sig) { g_signal = sig; }
+
+int Fail(const std::string& reason) {
+  std::fprintf(stderr, "adaps-scheduler: %s\n", reason.c_str());
+  return 1;
+}
+
+bool WritePortFile(const std::string& path, const std::string& endpoint) {
+  const std::string port = endpoint.substr(endpoint.rfind(':') + 1);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!(out << port << "\n")) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "adaps-scheduler: waits for the servers and workers, assigns ranks and tensor slices, "
+      "runs barriers and heartbeats, and coordinates shutdown.");
+  const std::vector<std::string> names = {"host",         "port",           "port_file",
+                                          "num_servers",  "num_workers",    "heartbeat_ms",
+                                          "dead_timeout_ms", "split_threshold", "log_level"};
+  if (auto s = adaps::LoadLayeredFlags(argc, argv, names); !s.ok()) return Fail(s.ToString());
+  absl::ParseCommandLine(argc, argv);
+
+  adaps::SchedulerConfig config;
+  config.bind = absl::StrCat("tcp://", absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  config.num_servers = absl::GetFlag(FLAGS_num_servers);
+  config.num_workers = absl::GetFlag(FLAGS_num_workers);
+  config.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
+  config.dead_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_dead_timeout_ms));
+  config.split_threshold = absl::GetFlag(FLAGS_split_threshold);
+  config.log_level = absl::GetFlag(FLAGS_log_level);
+  if (auto s = adaps::ValidateSchedulerConfig(config); !s.ok()) return Fail(s.ToString());
+
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  adaps::Scheduler scheduler(config);
+  auto logger = adaps::MakeLogger("scheduler", 0, config.log_level);
+  logger->info("effective config: {}", adaps::DescribeFlags(names));
+  if (auto s = scheduler.Start(); !s.ok()) return Fail(s.ToString());
+  const std::string endpoint = scheduler.endpoint();
+  logger->info("bound {} port {}", endpoint, endpoint.substr(endpoint.rfind(':') + 1));
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty() && !WritePortFile(port_file, endpoint)) {
+    return Fail("cannot write port file " + port_file);
+  }
+  while (!scheduler.WaitForShutdown(absl::Milliseconds(200))) {
+    if (g_signal != 0) {
+      logger->info("signal {}: stopping", static_cast<int>(g_signal));
+      break;
+    }
+  }
+  // Give the final Shutdown messages a moment to leave.
+  absl::SleepFor(absl::Milliseconds(100));
+  scheduler.Stop();
+  return 0;
+}

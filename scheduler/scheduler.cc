@@ -1,0 +1,372 @@
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace adaps {
+
+absl::Status ValidateSchedulerConfig(const SchedulerConfig& c) {
+  ADAPS_RET_CHECK(c.num_servers >= 1, absl::StatusCode::kInvalidArgument,
+                  "num_servers must be at least 1");
+  ADAPS_RET_CHECK(c.num_workers >= 1, absl::StatusCode::kInvalidArgument,
+                  "num_workers must be at least 1");
+  ADAPS_RET_CHECK(c.heartbeat_interval > absl::ZeroDuration(),
+                  absl::StatusCode::kInvalidArgument, "heartbeat interval must be positive");
+  ADAPS_RET_CHECK(c.dead_timeout > c.heartbeat_interval, absl::StatusCode::kInvalidArgument,
+                  "dead timeout must exceed the heartbeat interval");
+  ADAPS_RET_CHECK(!c.bind.empty(), absl::StatusCode::kInvalidArgument, "empty bind address");
+  return ValidateLogLevel(c.log_level);
+}
+
+absl::StatusOr<std::vector<SliceLayout>> SplitTensor(uint64_t length, uint32_t bin_size,
+                                                     uint64_t split_threshold,
+                                                     std::vector<uint64_t>& load) {
+  ADAPS_RET_CHECK(length > 0, absl::StatusCode::kInvalidArgument, "tensor length is zero");
+  ADAPS_RET_CHECK(bin_size > 0, absl::StatusCode::kInvalidArgument, "bin size is zero");
+  ADAPS_RET_CHECK(!load.empty(), absl::StatusCode::kInvalidArgument, "no servers");
+  const uint64_t nbins = (length + bin_size - 1) / bin_size;
+  const size_t nservers = load.size();
+  std::vector<size_t> order(nservers);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return load[a] < load[b]; });
+  const uint64_t parts =
+      length >= split_threshold ? std::min<uint64_t>(nservers, nbins) : uint64_t{1};
+  std::vector<SliceLayout> slices;
+  uint64_t bin = 0;
+  for (uint64_t p = 0; p < parts; ++p) {
+    // The first (nbins % parts) slices, which go to the least-loaded servers, get a bin more.
+    const uint64_t bins = nbins / parts + (p < nbins % parts ? 1 : 0);
+    const uint64_t begin = bin * bin_size;
+    const uint64_t end = std::min(length, (bin + bins) * bin_size);
+    bin += bins;
+    ADAPS_RET_CHECK(end - begin <= UINT32_MAX, absl::StatusCode::kInvalidArgument,
+                    "slice longer than 2^32-1 elements");
+    SliceLayout s;
+    s.offset = begin;
+    s.length = static_cast<uint32_t>(end - begin);
+    s.server = static_cast<int>(order[p]);
+    load[order[p]] += uint64_t{s.length} * sizeof(float);
+    slices.push_back(s);
+  }
+  std::sort(slices.begin(), slices.end(),
+            [](const SliceLayout& a, const SliceLayout& b) { return a.offset < b.offset; });
+  return slices;
+}
+
+Scheduler::Scheduler(SchedulerConfig config, std::shared_ptr<TransportContext> context)
+    : config_(std::move(config)), log_("scheduler", config_.log_level) {
+  log_.SetRank(0);
+  TransportOptions topts;
+  topts.self = Sender{msg::Role::Scheduler, 0};
+  topts.bind_endpoint = config_.bind;
+  topts.context = std::move(context);
+  topts.logger = log_.get();
+  transport_ = std::make_unique<Transport>(std::move(topts),
+                                           [this](InMessage in) { Handle(std::move(in)); });
+  transport_->AddTimer(config_.heartbeat_interval / 2, [this] { CheckHeartbeats(); });
+  server_load_.assign(config_.num_servers, 0);
+}
+
+Scheduler::~Scheduler() { Stop(); }
+
+absl::Status Scheduler::Start() {
+  ADAPS_RETURN_IF_ERROR(ValidateSchedulerConfig(config_));
+  ADAPS_RETURN_IF_ERROR(transport_->Start());
+  log_.get()->info("listening on {} for {} servers and {} workers", transport_->bound_endpoint(),
+                   config_.num_servers, config_.num_workers);
+  return absl::OkStatus();
+}
+
+std::string Scheduler::endpoint() const { return transport_->bound_endpoint(); }
+
+bool Scheduler::WaitForShutdown(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
+  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+}
+
+void Scheduler::Stop() { transport_->Stop(); }
+
+Scheduler::Node* Scheduler::FindNode(msg::Role role, int rank) {
+  for (auto& n : nodes_) {
+    if (n.role == role && n.rank == rank && rank >= 0) return &n;
+  }
+  return nullptr;
+}
+
+int Scheduler::AliveWorkers() const {
+  int n = 0;
+  for (const auto& node : nodes_) {
+    n += node.role == msg::Role::Worker && node.alive && !node.left;
+  }
+  return n;
+}
+
+void Scheduler::Handle(InMessage in) {
+  const msg::Envelope* env = in.envelope();
+  switch (env->body_type()) {
+    case msg::Body::Register:
+      OnRegister(in);
+      break;
+    case msg::Body::Heartbeat:
+      OnHeartbeat(in);
+      break;
+    case msg::Body::Barrier:
+      OnBarrier(in);
+      break;
+    case msg::Body::DeclareTensor:
+      OnDeclare(in);
+      break;
+    case msg::Body::Leave:
+      OnLeave(in);
+      break;
+    case msg::Body::Shutdown:
+      if (env->request_id()) transport_->Reply(in, MakeAck(transport_->self(), env->request_id()));
+      ShutdownCluster("shutdown requested");
+      break;
+    default:
+      if (env->request_id()) {
+        transport_->Reply(in, MakeError(transport_->self(), env->request_id(),
+                                        absl::InvalidArgumentError(absl::StrCat(
+                                            "scheduler does not handle ",
+                                            msg::EnumNameBody(env->body_type())))));
+      }
+  }
+}
+
+void Scheduler::OnRegister(InMessage& in) {
+  const msg::Envelope* env = in.envelope();
+  const msg::Register* reg = env->body_as_Register();
+  auto fail = [&](absl::Status s) {
+    transport_->Reply(in, MakeError(transport_->self(), env->request_id(), s));
+  };
+  if (reg->role() != msg::Role::Server && reg->role() != msg::Role::Worker) {
+    return fail(absl::InvalidArgumentError("only servers and workers register"));
+  }
+  const std::string identity = reg->identity() ? reg->identity()->str() : "";
+  const std::string address = reg->address() ? reg->address()->str() : "";
+  if (reg->role() == msg::Role::Server && address.empty()) {
+    return fail(absl::InvalidArgumentError("a server must register its address"));
+  }
+  // A restarted node with a known identity gets its old rank back.
+  if (!identity.empty()) {
+    for (auto& n : nodes_) {
+      if (n.identity == identity && n.role == reg->role()) {
+        n.route = in.route();
+        n.address = address;
+        n.register_request = env->request_id();
+        n.last_seen = absl::Now();
+        const bool was_dead = !n.alive;
+        n.alive = true;
+        n.left = false;
+        if (formed_) {
+          log_.get()->info("{} '{}' re-registered with rank {}", msg::EnumNameRole(n.role),
+                           identity, n.rank);
+          SendView(n, env->request_id());
+          if (was_dead) BroadcastView();
+        }
+        return;
+      }
+    }
+  }
+  if (formed_) return fail(absl::FailedPreconditionError("cluster already complete"));
+  const int want =
+      reg->role() == msg::Role::Server ? config_.num_servers : config_.num_workers;
+  const int have = static_cast<int>(std::count_if(
+      nodes_.begin(), nodes_.end(), [&](const Node& n) { return n.role == reg->role(); }));
+  if (have >= want) {
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat("already have ", want, " ", msg::EnumNameRole(reg->role()), "s")));
+  }
+  Node node;
+  node.role = reg->role();
+  node.rank = have;
+  node.address = address;
+  node.identity = identity;
+  node.route = in.route();
+  node.register_request = env->request_id();
+  node.last_seen = absl::Now();
+  nodes_.push_back(node);
+  log_.get()->info("{} {} registered{}{}", msg::EnumNameRole(node.role), node.rank,
+                   address.empty() ? "" : " at ", address);
+  if (static_cast<int>(nodes_.size()) == config_.num_servers + config_.num_workers) {
+    formed_ = true;
+    epoch_ = 1;
+    log_.get()->info("cluster complete: {} servers, {} workers", config_.num_servers,
+                     config_.num_workers);
+    const absl::Time now = absl::Now();
+    for (auto& n : nodes_) {
+      n.last_seen = now;
+      SendView(n, n.register_request);
+    }
+  }
+}
+
+void Scheduler::SendView(const Node& node, uint64_t reply_to) {
+  flatbuffers::FlatBufferBuilder fbb(1024);
+  std::vector<flatbuffers::Offset<msg::NodeInfo>> infos;
+  for (const auto& n : nodes_) {
+    infos.push_back(msg::CreateNodeInfo(fbb, n.role, n.rank, fbb.CreateString(n.address),
+                                        fbb.CreateString(n.identity), n.alive && !n.left));
+  }
+  auto body = msg::CreateClusterView(
+      fbb, node.rank, config_.num_servers, config_.num_workers, epoch_,
+      fbb.CreateVector(infos),
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(config_.heartbeat_interval)));
+  transport_->SendRoute(node.route,
+                        FinishEnvelope(fbb, transport_->self(), body, 0, reply_to));
+}
+
+void Scheduler::BroadcastView() {
+  ++epoch_;
+  for (const auto& n : nodes_) {
+    if (n.alive && !n.left) SendView(n, 0);
+  }
+}
+
+void Scheduler::OnHeartbeat(InMessage& in) {
+  const msg::Envelope* env = in.envelope();
+  Node* node = FindNode(env->sender_role(), env->sender_rank());
+  if (node == nullptr || !node->alive) {
+    transport_->Reply(in, MakeError(transport_->self(), env->request_id(),
+                                    absl::FailedPreconditionError(
+                                        "unknown or dead node; register again")));
+    return;
+  }
+  node->last_seen = absl::Now();
+  node->route = in.route();
+  flatbuffers::FlatBufferBuilder fbb(64);
+  auto body = msg::CreateHeartbeatAck(fbb, epoch_);
+  transport_->Reply(in, FinishEnvelope(fbb, transport_->self(), body, 0, env->request_id()));
+}
+
+void Scheduler::CheckHeartbeats() {
+  if (!formed_) return;
+  const absl::Time now = absl::Now();
+  bool changed = false;
+  for (auto& n : nodes_) {
+    if (n.alive && !n.left && now - n.last_seen > config_.dead_timeout) {
+      n.alive = false;
+      changed = true;
+      log_.get()->warn("{} {} silent for {}: declared dead", msg::EnumNameRole(n.role), n.rank,
+                       absl::FormatDuration(now - n.last_seen));
+    }
+  }
+  if (changed) {
+    BroadcastView();
+    ReleaseBarriers();
+    MaybeShutdown();
+  }
+}
+
+void Scheduler::OnBarrier(InMessage& in) {
+  const msg::Envelope* env = in.envelope();
+  if (env->sender_role() != msg::Role::Worker || FindNode(msg::Role::Worker, env->sender_rank()) == nullptr) {
+    transport_->Reply(in, MakeError(transport_->self(), env->request_id(),
+                                    absl::FailedPreconditionError("barrier: not a known worker")));
+    return;
+  }
+  barriers_[env->body_as_Barrier()->seq()].push_back(
+      BarrierWaiter{in.route(), env->request_id(), env->sender_rank()});
+  ReleaseBarriers();
+}
+
+void Scheduler::ReleaseBarriers() {
+  for (auto it = barriers_.begin(); it != barriers_.end();) {
+    int arrived = 0;
+    for (const auto& n : nodes_) {
+      if (n.role != msg::Role::Worker || !n.alive || n.left) continue;
+      for (const auto& w : it->second) {
+        if (w.rank == n.rank) {
+          ++arrived;
+          break;
+        }
+      }
+    }
+    if (arrived >= AliveWorkers()) {
+      for (const auto& w : it->second) {
+        transport_->SendRoute(w.route, MakeAck(transport_->self(), w.request_id));
+      }
+      it = barriers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Scheduler::OnDeclare(InMessage& in) {
+  const msg::Envelope* env = in.envelope();
+  const msg::DeclareTensor* d = env->body_as_DeclareTensor();
+  auto fail = [&](absl::Status s) {
+    transport_->Reply(in, MakeError(transport_->self(), env->request_id(), s));
+  };
+  if (!formed_) return fail(absl::FailedPreconditionError("cluster not complete yet"));
+  if (d->name() == nullptr || d->name()->size() == 0) {
+    return fail(absl::InvalidArgumentError("tensor name is empty"));
+  }
+  const std::string name = d->name()->str();
+  auto it = layouts_.find(name);
+  if (it == layouts_.end()) {
+    auto slices = SplitTensor(d->length(), d->bin_size(), config_.split_threshold, server_load_);
+    if (!slices.ok()) return fail(slices.status());
+    Layout layout;
+    layout.tensor_id = static_cast<uint32_t>(layouts_.size());
+    layout.length = d->length();
+    layout.bin_size = d->bin_size();
+    layout.slices = *std::move(slices);
+    it = layouts_.emplace(name, std::move(layout)).first;
+    log_.get()->info("tensor '{}' ({} elements, bin {}) -> {} slice(s)", name, d->length(),
+                     d->bin_size(), it->second.slices.size());
+  } else if (it->second.length != d->length() || it->second.bin_size != d->bin_size()) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "' already declared with length ", it->second.length, " and bin size ",
+        it->second.bin_size, " (now ", d->length(), ", ", d->bin_size(), ")")));
+  }
+  const Layout& layout = it->second;
+  flatbuffers::FlatBufferBuilder fbb(256);
+  std::vector<msg::Slice> slices;
+  for (const auto& s : layout.slices) slices.emplace_back(s.offset, s.length, s.server);
+  auto body = msg::CreateTensorLayout(fbb, layout.tensor_id, fbb.CreateString(name),
+                                      layout.length, layout.bin_size,
+                                      fbb.CreateVectorOfStructs(slices));
+  transport_->Reply(in, FinishEnvelope(fbb, transport_->self(), body, 0, env->request_id()));
+}
+
+void Scheduler::OnLeave(InMessage& in) {
+  const msg::Envelope* env = in.envelope();
+  Node* node = FindNode(env->sender_role(), env->sender_rank());
+  if (node != nullptr) {
+    node->left = true;
+    log_.get()->info("{} {} left", msg::EnumNameRole(node->role), node->rank);
+  }
+  if (env->request_id()) transport_->Reply(in, MakeAck(transport_->self(), env->request_id()));
+  ReleaseBarriers();
+  MaybeShutdown();
+}
+
+void Scheduler::MaybeShutdown() {
+  if (!formed_ || AliveWorkers() > 0) return;
+  ShutdownCluster("every worker has left");
+}
+
+void Scheduler::ShutdownCluster(const std::string& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (done_) return;
+  }
+  log_.get()->info("shutting down the cluster: {}", reason);
+  for (const auto& n : nodes_) {
+    if (!n.alive) continue;
+    flatbuffers::FlatBufferBuilder fbb(128);
+    auto body = msg::CreateShutdown(fbb, fbb.CreateString(reason));
+    transport_->SendRoute(n.route, FinishEnvelope(fbb, transport_->self(), body, 0, 0));
+  }
+  absl::MutexLock lock(&mu_);
+  done_ = true;
+}
+
+}  // namespace adaps

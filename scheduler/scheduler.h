@@ -1,0 +1,129 @@
+// The adaps scheduler: rendezvous, cluster view, tensor layout, barriers, heartbeats and
+// coordinated shutdown (DESIGN.md section 2).
+//
+// Owns one Transport (ROUTER). All protocol state lives on the transport's I/O thread and
+// is touched only there; the public methods are thread-safe.
+//
+// Shutdown: when every worker has left (Leave) or died, the scheduler sends Shutdown to the
+// servers and WaitForShutdown returns.
+#ifndef ADAPS_SCHEDULER_SCHEDULER_H_
+#define ADAPS_SCHEDULER_SCHEDULER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/logging.h"
+#include "common/transport.h"
+
+namespace adaps {
+
+struct SchedulerConfig {
+  std::string bind = "tcp://127.0.0.1:0";  // port 0: the OS picks; see endpoint()
+  int num_servers = 1;
+  int num_workers = 1;
+  absl::Duration heartbeat_interval = absl::Seconds(1);  // told to every node
+  absl::Duration dead_timeout = absl::Seconds(5);        // silent this long: dead
+  // Tensors with at least this many elements are split over all servers; smaller ones go
+  // whole to the least-loaded server.
+  uint64_t split_threshold = 1 << 16;
+  std::string log_level = "info";
+};
+
+// kInvalidArgument naming the bad field.
+absl::Status ValidateSchedulerConfig(const SchedulerConfig& config);
+
+// One slice of a tensor as the scheduler lays it out.
+struct SliceLayout {
+  uint64_t offset = 0;
+  uint32_t length = 0;
+  int server = 0;
+};
+
+// Splits a tensor of `length` elements with bin size `bin_size` over servers with current
+// loads `load` (bytes; updated). Slice boundaries are multiples of `bin_size`. Exposed for
+// tests. kInvalidArgument for a zero length or bin size, or a slice longer than 2^32-1.
+absl::StatusOr<std::vector<SliceLayout>> SplitTensor(uint64_t length, uint32_t bin_size,
+                                                     uint64_t split_threshold,
+                                                     std::vector<uint64_t>& load);
+
+class Scheduler {
+ public:
+  explicit Scheduler(SchedulerConfig config, std::shared_ptr<TransportContext> context = nullptr);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Binds and starts. kUnavailable when the address is in use; kInvalidArgument for a bad
+  // config or endpoint.
+  absl::Status Start();
+  // The bound endpoint, e.g. tcp://127.0.0.1:40123.
+  std::string endpoint() const;
+  // Waits until the cluster has shut down. false when `timeout` passed first.
+  bool WaitForShutdown(absl::Duration timeout);
+  void Stop();
+
+ private:
+  struct Node {
+    msg::Role role = msg::Role::Unknown;
+    int rank = -1;
+    std::string address;
+    std::string identity;
+    std::string route;
+    uint64_t register_request = 0;
+    absl::Time last_seen;
+    bool alive = true;
+    bool left = false;
+  };
+  struct Layout {
+    uint32_t tensor_id = 0;
+    uint64_t length = 0;
+    uint32_t bin_size = 0;
+    std::vector<SliceLayout> slices;
+  };
+  struct BarrierWaiter {
+    std::string route;
+    uint64_t request_id;
+    int rank;
+  };
+
+  void Handle(InMessage in);
+  void OnRegister(InMessage& in);
+  void OnHeartbeat(InMessage& in);
+  void OnBarrier(InMessage& in);
+  void OnDeclare(InMessage& in);
+  void OnLeave(InMessage& in);
+  void CheckHeartbeats();
+  void SendView(const Node& node, uint64_t reply_to);
+  void BroadcastView();
+  void ReleaseBarriers();
+  void MaybeShutdown();
+  void ShutdownCluster(const std::string& reason);
+  Node* FindNode(msg::Role role, int rank);
+  int AliveWorkers() const;
+
+  const SchedulerConfig config_;
+  RoleLog log_;
+  std::unique_ptr<Transport> transport_;
+
+  // I/O thread only.
+  std::vector<Node> nodes_;
+  bool formed_ = false;
+  uint32_t epoch_ = 0;
+  std::map<std::string, Layout> layouts_;
+  std::vector<uint64_t> server_load_;
+  std::map<uint64_t, std::vector<BarrierWaiter>> barriers_;
+
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace adaps
+
+#endif  // ADAPS_SCHEDULER_SCHEDULER_H_
