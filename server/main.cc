@@ -1,0 +1,92 @@
+// adaps-server: one shard of the parameters. Thin: builds ServerConfig from defaults <
+// config file < ADAPS_* environment < flags, then runs a Server until the scheduler says
+// shutdown.
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "server/server.h"
+
+ABSL_FLAG(std::string, config, "", "Config file of 'name = value' lines (also ADAPS_CONFIG)");
+ABSL_FLAG(std::string, scheduler, "", "Scheduler address, e.g. tcp://127.0.0.1:5000");
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on for workers");
+ABSL_FLAG(int, port, 0, "TCP port; 0 lets the OS choose (the real one is registered)");
+ABSL_FLAG(std::string, advertise, "", "Address workers should use; empty: the bound one");
+ABSL_FLAG(std::string, identity, "", "Stable identity: a restarted server gets its rank back");
+ABSL_FLAG(std::string, mode, "sync", "sync (every worker per step) or async (apply on arrival)");
+ABSL_FLAG(std::string, optimizer, "sgd", "sum, sgd, momentum, nesterov or adam");
+ABSL_FLAG(double, learning_rate, 0.01, "Learning rate");
+ABSL_FLAG(double, momentum, 0.9, "Momentum (momentum, nesterov)");
+ABSL_FLAG(double, weight_decay, 0.0, "L2 weight decay");
+ABSL_FLAG(double, beta1, 0.9, "Adam beta1");
+ABSL_FLAG(double, beta2, 0.999, "Adam beta2");
+ABSL_FLAG(double, epsilon, 1e-8, "Adam epsilon");
+ABSL_FLAG(int, register_timeout_ms, 60000, "How long to wait for the cluster to form");
+ABSL_FLAG(std::string, checkpoint_dir, "", "Default directory for checkpoints");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical, off");
+
+namespace {
+
+volatile std::sig_atomic_t g_signal = 0;  // the one thing a signal handler may touch
+void OnSignal(int sig) { g_signal = sig; }
+
+int Fail(const std::string& reason) {
+  std::fprintf(stderr, "adaps-server: %s\n", reason.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "adaps-server: holds a shard of the parameters, aggregates pushes, applies the "
+      "optimizer and answers pulls.");
+  const std::vector<std::string> names = {
+      "scheduler", "host",      "port",         "advertise", "identity",
+      "mode",      "optimizer", "learning_rate", "momentum", "weight_decay",
+      "beta1",     "beta2",     "epsilon",      "register_timeout_ms", "checkpoint_dir",
+      "log_level"};
+  if (auto s = adaps::LoadLayeredFlags(argc, argv, names); !s.ok()) return Fail(s.ToString());
+  absl::ParseCommandLine(argc, argv);
+
+  adaps::ServerConfig config;
+  config.scheduler = absl::GetFlag(FLAGS_scheduler);
+  config.bind = absl::StrCat("tcp://", absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  config.advertise = absl::GetFlag(FLAGS_advertise);
+  config.identity = absl::GetFlag(FLAGS_identity);
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode != "sync" && mode != "async") return Fail("--mode must be sync or async");
+  config.sync = mode == "sync";
+  auto kind = adaps::ParseOptimizerKind(absl::GetFlag(FLAGS_optimizer));
+  if (!kind.ok()) return Fail(kind.status().ToString());
+  config.optimizer.kind = *kind;
+  config.optimizer.learning_rate = static_cast<float>(absl::GetFlag(FLAGS_learning_rate));
+  config.optimizer.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
+  config.optimizer.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
+  config.optimizer.beta1 = static_cast<float>(absl::GetFlag(FLAGS_beta1));
+  config.optimizer.beta2 = static_cast<float>(absl::GetFlag(FLAGS_beta2));
+  config.optimizer.epsilon = static_cast<float>(absl::GetFlag(FLAGS_epsilon));
+  config.register_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_register_timeout_ms));
+  config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  config.log_level = absl::GetFlag(FLAGS_log_level);
+  if (auto s = adaps::ValidateServerConfig(config); !s.ok()) return Fail(s.ToString());
+
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  adaps::MakeLogger("server", -1, config.log_level)
+      ->info("effective config: {}", adaps::DescribeFlags(names));
+  adaps::Server server(config);
+  if (auto s = server.Start(); !s.ok()) return Fail(s.ToString());
+  while (!server.WaitForShutdown(absl::Milliseconds(200))) {
+    if (g_signal != 0) break;
+  }
+  server.Stop();
+  if (!server.exit_status().ok()) return Fail(server.exit_status().ToString());
+  return 0;
+}
