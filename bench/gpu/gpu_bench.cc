@@ -1,0 +1,204 @@
+// adaps_gpu_bench: AdaComp compress throughput on the GPU, against a device-to-device copy of
+// the same bytes measured in the same run (bench/gpu-check.sh runs it; docs/gpu.md).
+//
+// The AdaComp pass reads the residue and the gradient and writes the residue: 8 bytes read and
+// 4 written per element. The reference is the time cudaMemcpy (device to device) takes to move
+// that many bytes: 12 bytes per element at the copy's bandwidth (bytes read + bytes written per
+// second). "fraction" = reference time / compress time; the target is >= 0.60.
+//
+// Usage: adaps_gpu_bench [--n=25000000] [--reps=50] [--bins=500,50]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/compressor.h"
+#include "common/cuda/cuda_compressor.h"
+
+namespace {
+
+using adaps::CompressedUpdate;
+using adaps::CompressorKind;
+using adaps::CompressorOptions;
+using adaps::cuda::CudaCompressor;
+using adaps::cuda::CudaSliceState;
+using adaps::cuda::DeviceBuffer;
+
+constexpr double kTarget = 0.60;
+
+void Die(const char* what, const absl::Status& s) {
+  std::fprintf(stderr, "adaps_gpu_bench: %s: %s\n", what, s.ToString().c_str());
+  std::exit(1);
+}
+
+#define CHECK_OK(expr)                       \
+  do {                                       \
+    const absl::Status s_ = (expr);          \
+    if (!s_.ok()) Die(#expr, s_);            \
+  } while (0)
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Runs `fn` `reps` times after `warm` warm-up calls and returns seconds per call (GPU time
+// dominated: the calls are asynchronous and the device is synchronised once at the end).
+template <typename Fn>
+double TimePerCall(int warm, int reps, Fn fn) {
+  for (int i = 0; i < warm; ++i) fn(i);
+  CHECK_OK(adaps::cuda::CudaSynchronize());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) fn(i);
+  CHECK_OK(adaps::cuda::CudaSynchronize());
+  return Seconds(t0, std::chrono::steady_clock::now()) / reps;
+}
+
+std::vector<float> Gradient(size_t n, uint32_t seed) {
+  // Normal values with a heavy-tailed per-block scale, like layer gradients.
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> g(n);
+  float scale = 1e-3f;
+  for (size_t i = 0; i < n; ++i) {
+    if (i % 4096 == 0) scale = 1e-3f * std::exp(normal(rng));
+    g[i] = scale * normal(rng);
+  }
+  return g;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t n = 25'000'000;
+  int reps = 50;
+  std::vector<uint32_t> bins = {500, 50};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--n=", 0) == 0) {
+      n = std::strtoull(a.c_str() + 4, nullptr, 10);
+    } else if (a.rfind("--reps=", 0) == 0) {
+      reps = std::max(1, std::atoi(a.c_str() + 7));
+    } else if (a.rfind("--bins=", 0) == 0) {
+      bins.clear();
+      const char* p = a.c_str() + 7;
+      while (*p != '\0') {
+        char* end = nullptr;
+        bins.push_back(static_cast<uint32_t>(std::strtoul(p, &end, 10)));
+        p = (*end == ',') ? end + 1 : end;
+        if (end == p && *p != '\0') break;
+      }
+    } else {
+      std::fprintf(stderr, "usage: %s [--n=25000000] [--reps=50] [--bins=500,50]\n", argv[0]);
+      return 2;
+    }
+  }
+
+  const absl::Status avail = adaps::cuda::CudaAvailable();
+  if (!avail.ok()) {
+    std::printf("NO GPU: %s\nadaps_gpu_bench: nothing measured.\n", avail.ToString().c_str());
+    return 3;
+  }
+  auto desc = adaps::cuda::CudaDeviceDescription();
+  std::printf("GPU: %s\n", desc.ok() ? desc->c_str() : desc.status().ToString().c_str());
+  std::printf("n = %zu floats, %d timed calls each\n\n", n, reps);
+
+  std::printf("generating gradients on the host...\n");
+  const std::vector<float> h0 = Gradient(n, 1), h1 = Gradient(n, 2);
+  auto g0 = DeviceBuffer::FromHost(h0);
+  auto g1 = DeviceBuffer::FromHost(h1);
+  if (!g0.ok()) Die("upload", g0.status());
+  if (!g1.ok()) Die("upload", g1.status());
+  const float* grads[2] = {g0->floats(), g1->floats()};
+
+  // Reference: device-to-device copy of 4n bytes; bandwidth counts bytes read + written.
+  auto copy_dst = DeviceBuffer::Allocate(n * sizeof(float));
+  if (!copy_dst.ok()) Die("allocate", copy_dst.status());
+  const double t_copy = TimePerCall(3, reps, [&](int) {
+    CHECK_OK(adaps::cuda::CopyDeviceToDevice(copy_dst->data(), grads[0], n * sizeof(float)));
+  });
+  const double copy_bw = 2.0 * n * sizeof(float) / t_copy;  // bytes/s
+  const double t_ref = 12.0 * n / copy_bw;                  // 8 B read + 4 B written / element
+  std::printf("cudaMemcpy D2D: %.1f GB/s (read+write); reference for 12 B/element: %.1f us\n\n",
+              copy_bw / 1e9, t_ref * 1e6);
+
+  std::printf("%-44s %5s %10s %10s %9s %9s\n", "operation", "T", "us/call", "Gelem/s",
+              "fraction", "density");
+  bool all_met = true;
+  std::vector<std::string> verdicts;
+  for (uint32_t t : bins) {
+    CompressorOptions o;
+    o.kind = CompressorKind::kAdaComp;
+    o.bin_size = t;
+    for (bool defer : {true, false}) {
+      auto c = adaps::cuda::MakeCudaAdaComp(o, defer);
+      if (!c.ok()) Die("MakeCudaAdaComp", c.status());
+      auto st = CudaSliceState::Create(n);
+      if (!st.ok()) Die("CudaSliceState::Create", st.status());
+      CudaCompressor& comp = **c;
+      const double tc = TimePerCall(4, reps, [&](int i) {
+        CHECK_OK(comp.Enqueue(grads[i & 1], n, **st));
+      });
+      CompressedUpdate u;
+      CHECK_OK(comp.Fetch(u));
+      const double frac = t_ref / tc;
+      const double density = static_cast<double>(u.indices.size()) / static_cast<double>(n);
+      std::printf("%-44s %5u %10.1f %10.2f %9.3f %9.4f\n",
+                  defer ? "compress, device-resident (deferred fix-up)"
+                        : "compress, device-resident (eager fix-up)",
+                  t, tc * 1e6, n / tc / 1e9, frac, density);
+      if (defer) {
+        const bool met = frac >= kTarget;
+        all_met = all_met && met;
+        char line[160];
+        std::snprintf(line, sizeof line,
+                      "T=%u: %.2f G elements/s = %.0f%% of the D2D copy of the same bytes -> %s",
+                      t, n / tc / 1e9, 100.0 * frac, met ? "target met" : "BELOW the 60% target");
+        verdicts.push_back(line);
+
+        // Compress into a host CompressedUpdate (adds the device-to-host copy of the update).
+        const double th = TimePerCall(1, std::max(3, reps / 5), [&](int i) {
+          CHECK_OK(comp.Compress(grads[i & 1], n, **st, u));
+        });
+        std::printf("%-44s %5u %10.1f %10.2f %9.3f %9.4f\n", "compress to host CompressedUpdate",
+                    t, th * 1e6, n / th / 1e9, t_ref / th,
+                    static_cast<double>(u.indices.size()) / static_cast<double>(n));
+        // Decompress-and-add of the last update, on the device.
+        auto dst = DeviceBuffer::Allocate(n * sizeof(float));
+        if (!dst.ok()) Die("allocate", dst.status());
+        CHECK_OK(dst->Zero());
+        const double td = TimePerCall(3, reps, [&](int) {
+          CHECK_OK(comp.DecompressAddLast(1.0f, dst->floats()));
+        });
+        std::printf("%-44s %5u %10.1f %10.2f %9s %9.4f\n", "decompress-add (device, last update)",
+                    t, td * 1e6, n / td / 1e9, "-",
+                    static_cast<double>(u.indices.size()) / static_cast<double>(n));
+      }
+    }
+  }
+  {
+    adaps::cuda::CudaCompressorOptions o;
+    o.base.kind = CompressorKind::kDense;
+    auto c = adaps::cuda::MakeCudaCompressor(o);
+    if (!c.ok()) Die("MakeCudaCompressor", c.status());
+    auto st = CudaSliceState::Create(n);
+    if (!st.ok()) Die("CudaSliceState::Create", st.status());
+    const double tc = TimePerCall(3, reps, [&](int i) {
+      CHECK_OK((*c)->Enqueue(grads[i & 1], n, **st));
+    });
+    std::printf("%-44s %5s %10.1f %10.2f %9s %9s\n", "dense baseline (check + D2D copy)", "-",
+                tc * 1e6, n / tc / 1e9, "-", "1");
+  }
+
+  std::printf("\nSUMMARY (n = %zu, target >= 60%% of the copy):\n", n);
+  for (const std::string& v : verdicts) std::printf("  %s\n", v.c_str());
+  std::printf("  overall: %s\n", all_met ? "TARGET MET" : "TARGET NOT MET");
+  return 0;
+}

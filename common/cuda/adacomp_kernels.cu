@@ -1,0 +1,515 @@
+// AdaComp kernels (DESIGN.md section 1; design notes in docs/gpu.md).
+//
+// Fused pass (bin size T <= kTileCap): one thread block per tile of K whole bins (K*T <= 2048
+// elements). The block streams the residue and the gradient once (coalesced: thread t owns
+// element t of each of 8 rows of 256), applies the previous step's deferred fix-up, adds the
+// gradient, writes the residue back, takes the per-bin maxima in shared memory (warp
+// reductions, one shared atomic per warp row and bin), selects with ballots, and compacts the
+// selected indices in ascending order: per-row/warp counts, a block scan, and a decoupled
+// look-back across tiles (tile ids handed out in launch order) give each tile its output
+// offset, so the indices are scattered in one pass. Each tile also sums its bin maxima in a
+// fixed tree order; the last block to finish sums those and writes the scale. The fix-up of the
+// new selection is recorded as a bitmask (one bit per element, the warp ballots) and applied by
+// the next pass (or by ApplyPending).
+//
+// General path (T > kTileCap): one kernel updates the residue and takes bin maxima with global
+// atomics; a second selects and compacts exactly like the fused kernel, reading the maxima from
+// global memory.
+//
+// Floating point: only adds, comparisons and maxima touch the data, each rounded exactly as on
+// the CPU (IEEE, no fused multiply-add is possible; denormals are kept: no fast-math).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/cuda/adacomp_kernels.h"
+
+namespace adaps {
+namespace cuda {
+namespace kernels {
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+static_assert(kRows * kWarps % 32 == 0, "the block scan gives each lane of warp 0 whole counts");
+
+struct KernelArgs {
+  PassArgs p;
+  uint64_t bin_magic;  // ceil(2^32 / T): (e * magic) >> 32 == e / T for e * T < 2^32
+};
+
+__device__ __forceinline__ bool IsNonFinite(float x) {
+  return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;
+}
+
+__device__ __forceinline__ void StoreStatus(unsigned long long* status, uint32_t tile,
+                                            unsigned flag, unsigned value) {
+  *reinterpret_cast<volatile unsigned long long*>(status + tile) =
+      (static_cast<unsigned long long>(flag) << 32) | value;
+}
+
+__device__ __forceinline__ unsigned long long LoadStatus(const unsigned long long* status,
+                                                         uint32_t tile) {
+  return *reinterpret_cast<const volatile unsigned long long*>(status + tile);
+}
+
+// Sum of `x` over the block in a fixed order (shuffle tree per warp, then warps in order).
+// The result is valid in thread 0. Every thread must call it.
+__device__ double BlockSumFixedOrder(double x, double* s_red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x += __shfl_down_sync(kFull, x, off);
+  if (lane == 0) s_red[warp] = x;
+  __syncthreads();
+  double total = 0.0;
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kWarps; ++w) total += s_red[w];
+  }
+  return total;
+}
+
+// Loads the tile's gradient and residue, applies the pending fix-up, adds the gradient and
+// stores the new residue. v[k], g[k] hold element k * kBlock + threadIdx.x of the tile.
+__device__ __forceinline__ void LoadUpdateStore(const PassArgs& p, uint32_t lo, uint32_t cnt,
+                                                const uint32_t* bits, float (&v)[kRows],
+                                                float (&g)[kRows]) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const float sp = *p.pending_scale;
+  float r[kRows];
+  unsigned old[kRows];
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    const uint32_t e = k * kBlock + tid;
+    g[k] = 0.0f;
+    r[k] = 0.0f;
+    old[k] = 0u;
+    if (e < cnt) {
+      g[k] = __ldcs(p.grad + lo + e);
+      r[k] = p.residue[lo + e];
+    }
+    if (static_cast<uint32_t>(k * kBlock + warp * 32) < cnt) old[k] = bits[k * kWarps + warp];
+  }
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    const uint32_t e = k * kBlock + tid;
+    float x = r[k];
+    if ((old[k] >> lane) & 1u) x = x < 0.0f ? __fadd_rn(x, sp) : __fsub_rn(x, sp);
+    v[k] = __fadd_rn(x, g[k]);
+    if (e < cnt) p.residue[lo + e] = v[k];
+  }
+}
+
+// The maximum of |v| over the lanes of one warp row, per bin, into gmax[] (shared or global).
+// `b` is this lane's bin, `b0` lane 0's; the row spans at most two bins when T >= 32.
+__device__ __forceinline__ void RowMax(unsigned* gmax, uint32_t b, uint32_t b0, unsigned a,
+                                       uint32_t bin_size) {
+  const int lane = threadIdx.x & 31;
+  if (__all_sync(kFull, b == b0)) {
+    const unsigned m = __reduce_max_sync(kFull, a);
+    if (lane == 0 && m != 0u) atomicMax(gmax + b0, m);
+  } else if (bin_size >= 32) {
+    const unsigned m0 = __reduce_max_sync(kFull, b == b0 ? a : 0u);
+    const unsigned m1 = __reduce_max_sync(kFull, b != b0 ? a : 0u);
+    if (lane == 0) {
+      if (m0 != 0u) atomicMax(gmax + b0, m0);
+      if (m1 != 0u) atomicMax(gmax + b0 + 1, m1);
+    }
+  } else if (a != 0u) {
+    atomicMax(gmax + b, a);
+  }
+}
+
+template <bool kFused>
+__global__ void __launch_bounds__(kBlock, 4) PassKernel(KernelArgs ka) {
+  const PassArgs& p = ka.p;
+  __shared__ unsigned s_gmax[kFused ? kTileCap : 1];
+  __shared__ unsigned s_off[kRows * kWarps];
+  __shared__ double s_red[kWarps];
+  __shared__ uint32_t s_tile, s_prefix, s_last;
+
+  if (p.header->nonfinite != 0u) return;  // uniform: set by the kernel before this one
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const uint32_t T = p.bin_size;
+  if (tid == 0) s_tile = atomicAdd(&p.header->tile_counter, 1u);
+  if constexpr (kFused) {
+    for (uint32_t j = tid; j < p.layout.bins_per_tile; j += kBlock) s_gmax[j] = 0u;
+  }
+  __syncthreads();
+  const uint32_t tile = s_tile;
+  const uint32_t E = p.layout.tile_elems;
+  const uint32_t lo = tile * E;
+  const uint32_t cnt = min(E, p.n - lo);
+  uint32_t* bits = p.bits + static_cast<size_t>(tile) * kWordsPerTile;
+
+  float v[kRows], g[kRows];
+  if constexpr (kFused) {
+    LoadUpdateStore(p, lo, cnt, bits, v, g);
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const uint32_t row = k * kBlock + warp * 32;
+      if (row >= cnt) continue;  // warp-uniform
+      const uint32_t e = row + lane;
+      const uint32_t b0 = static_cast<uint32_t>((row * ka.bin_magic) >> 32);
+      const bool valid = e < cnt;
+      const uint32_t b = valid ? static_cast<uint32_t>((e * ka.bin_magic) >> 32) : b0;
+      const unsigned a = valid ? __float_as_uint(fabsf(v[k])) : 0u;
+      RowMax(s_gmax, b, b0, a, T);
+    }
+    __syncthreads();
+  } else {
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const uint32_t e = k * kBlock + tid;
+      v[k] = 0.0f;
+      g[k] = 0.0f;
+      if (e < cnt) {
+        v[k] = p.residue[lo + e];
+        g[k] = __ldcs(p.grad + lo + e);
+      }
+    }
+  }
+
+  // Selection: gmax[b] > 0, G != 0, |G + g| >= gmax[b].
+  unsigned ball[kRows];
+  const uint32_t gbin_lo = kFused ? 0u : lo / T;
+  const uint64_t gnext = (static_cast<uint64_t>(gbin_lo) + 1u) * T;
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    const uint32_t e = k * kBlock + tid;
+    bool sel = false;
+    if (e < cnt) {
+      float m;
+      if constexpr (kFused) {
+        m = __uint_as_float(s_gmax[static_cast<uint32_t>((e * ka.bin_magic) >> 32)]);
+      } else {
+        const uint32_t b = (static_cast<uint64_t>(lo) + e >= gnext) ? gbin_lo + 1 : gbin_lo;
+        m = __uint_as_float(__ldg(p.gmax + b));
+      }
+      sel = m > 0.0f && v[k] != 0.0f && fabsf(__fadd_rn(v[k], g[k])) >= m;
+    }
+    ball[k] = __ballot_sync(kFull, sel);
+    if (lane == 0) {
+      s_off[k * kWarps + warp] = __popc(ball[k]);
+      bits[k * kWarps + warp] = ball[k];
+    }
+  }
+  __syncthreads();
+
+  // Block scan of the kRows * kWarps row/warp counts (in index order), then the decoupled
+  // look-back across tiles.
+  if (warp == 0) {
+    constexpr int kPer = kRows * kWarps / 32;
+    unsigned c[kPer];
+    unsigned sum = 0u;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      c[j] = s_off[kPer * lane + j];
+      sum += c[j];
+    }
+    unsigned incl = sum;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const unsigned t = __shfl_up_sync(kFull, incl, off);
+      if (lane >= off) incl += t;
+    }
+    unsigned run = incl - sum;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      s_off[kPer * lane + j] = run;
+      run += c[j];
+    }
+    const unsigned total = __shfl_sync(kFull, incl, 31);
+    unsigned prefix = 0u;
+    if (tile == 0) {
+      if (lane == 0) StoreStatus(p.status, 0, 2u, total);
+    } else {
+      if (lane == 0) StoreStatus(p.status, tile, 1u, total);
+      int pred = static_cast<int>(tile) - 1;
+      while (true) {
+        const int idx = pred - lane;
+        unsigned long long w = 2ull << 32;  // before tile 0: an inclusive prefix of 0
+        if (idx >= 0) {
+          do {
+            w = LoadStatus(p.status, static_cast<uint32_t>(idx));
+          } while ((w >> 32) == 0ull);
+        }
+        const unsigned flag = static_cast<unsigned>(w >> 32);
+        const unsigned val = static_cast<unsigned>(w);
+        const unsigned incl_mask = __ballot_sync(kFull, flag == 2u);
+        if (incl_mask != 0u) {
+          const int first = __ffs(incl_mask) - 1;
+          prefix += __reduce_add_sync(kFull, lane <= first ? val : 0u);
+          break;
+        }
+        prefix += __reduce_add_sync(kFull, val);
+        pred -= 32;
+      }
+      if (lane == 0) StoreStatus(p.status, tile, 2u, prefix + total);
+    }
+    if (lane == 0) s_prefix = prefix;
+  }
+
+  // This tile's share of the scale: its bin maxima, summed in a fixed order.
+  double part = 0.0;
+  if constexpr (kFused) {
+    const uint32_t nbins = (cnt + T - 1) / T;
+    for (uint32_t j = tid; j < nbins; j += kBlock) part += static_cast<double>(__uint_as_float(s_gmax[j]));
+  }
+  const double tile_sum = BlockSumFixedOrder(part, s_red);  // also publishes s_off, s_prefix
+  if (kFused && tid == 0) p.tile_sums[tile] = tile_sum;
+
+  // Scatter, ascending.
+  const unsigned base = s_prefix;
+  const unsigned lt = (1u << lane) - 1u;
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    if ((ball[k] >> lane) & 1u) {
+      const unsigned pos = base + s_off[k * kWarps + warp] + __popc(ball[k] & lt);
+      p.out_indices[pos] = lo + k * kBlock + tid;
+      p.out_negative[pos] = v[k] < 0.0f ? 1 : 0;
+    }
+  }
+
+  // The last block to finish writes the count and the scale.
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) s_last = atomicAdd(&p.header->done_counter, 1u) == p.layout.num_tiles - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  double acc = 0.0;
+  if constexpr (kFused) {
+    for (uint32_t j = tid; j < p.layout.num_tiles; j += kBlock) acc += __ldcg(p.tile_sums + j);
+  } else {
+    for (uint32_t j = tid; j < p.layout.num_bins; j += kBlock) {
+      acc += static_cast<double>(__uint_as_float(__ldcg(p.gmax + j)));
+    }
+  }
+  const double gsum = BlockSumFixedOrder(acc, s_red);
+  if (tid == 0) {
+    const float s = static_cast<float>(gsum / static_cast<double>(p.layout.num_bins));
+    p.header->count = static_cast<unsigned>(LoadStatus(p.status, p.layout.num_tiles - 1));
+    p.header->scale = s;
+    // A non-finite scale means overflow: like the CPU, no fix-up (a fix-up by 0 is none).
+    *p.pending_scale = isfinite(s) ? s : 0.0f;
+  }
+}
+
+// General path, first kernel: residue update and bin maxima with global atomics (T > kTileCap,
+// so a tile meets at most two bins).
+__global__ void __launch_bounds__(kBlock, 4) UpdateMaxKernel(KernelArgs ka) {
+  const PassArgs& p = ka.p;
+  if (p.header->nonfinite != 0u) return;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const uint32_t tile = blockIdx.x;
+  const uint32_t lo = tile * static_cast<uint32_t>(kTileCap);
+  const uint32_t cnt = min(static_cast<uint32_t>(kTileCap), p.n - lo);
+  const uint32_t* bits = p.bits + static_cast<size_t>(tile) * kWordsPerTile;
+  float v[kRows], g[kRows];
+  LoadUpdateStore(p, lo, cnt, bits, v, g);
+  const uint32_t T = p.bin_size;
+  const uint32_t bin_lo = lo / T;
+  const uint64_t next = (static_cast<uint64_t>(bin_lo) + 1u) * T;
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    const uint32_t row = k * kBlock + warp * 32;
+    if (row >= cnt) continue;
+    const uint32_t e = row + lane;
+    const uint32_t b0 = (static_cast<uint64_t>(lo) + row >= next) ? bin_lo + 1 : bin_lo;
+    const bool valid = e < cnt;
+    const uint32_t b =
+        valid ? ((static_cast<uint64_t>(lo) + e >= next) ? bin_lo + 1 : bin_lo) : b0;
+    const unsigned a = valid ? __float_as_uint(fabsf(v[k])) : 0u;
+    RowMax(p.gmax, b, b0, a, T);
+  }
+}
+
+__global__ void CheckFiniteKernel(const float* g, size_t n, Header* header) {
+  const size_t misalign = (reinterpret_cast<uintptr_t>(g) & 15u) / 4u;
+  size_t head = misalign == 0 ? 0 : 4 - misalign;
+  if (head > n) head = n;
+  const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  bool bad = false;
+  if (tid < head) bad = IsNonFinite(g[tid]);
+  const float4* g4 = reinterpret_cast<const float4*>(g + head);
+  const size_t n4 = (n - head) / 4;
+#pragma unroll 4
+  for (size_t i = tid; i < n4; i += stride) {
+    const float4 x = g4[i];
+    bad |= IsNonFinite(x.x) | IsNonFinite(x.y) | IsNonFinite(x.z) | IsNonFinite(x.w);
+  }
+  for (size_t i = head + n4 * 4 + tid; i < n; i += stride) bad |= IsNonFinite(g[i]);
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(&header->nonfinite, 1u);
+}
+
+__global__ void ApplyPendingKernel(float* r, uint32_t tile_elems, uint32_t num_words,
+                                   uint32_t* bits, const float* pending_scale) {
+  const uint32_t wi = blockIdx.x * blockDim.x + threadIdx.x;
+  if (wi >= num_words) return;
+  unsigned w = bits[wi];
+  if (w == 0u) return;
+  const float s = *pending_scale;
+  const size_t base = static_cast<size_t>(wi / kWordsPerTile) * tile_elems +
+                      static_cast<size_t>(wi % kWordsPerTile) * 32u;
+  while (w != 0u) {
+    const int b = __ffs(w) - 1;
+    const float x = r[base + b];
+    r[base + b] = x < 0.0f ? __fadd_rn(x, s) : __fsub_rn(x, s);
+    w &= w - 1u;
+  }
+  bits[wi] = 0u;
+}
+
+__global__ void AdaCompAddKernel(const uint32_t* idx, const uint8_t* neg, uint32_t count,
+                                 float scale, const Header* header, float factor, float* dst) {
+  if (header != nullptr) {
+    if (header->nonfinite != 0u) return;
+    count = header->count;
+    scale = header->scale;
+  }
+  const float pos = __fmul_rn(factor, scale);
+  for (size_t j = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < count;
+       j += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint32_t i = idx[j];
+    dst[i] = __fadd_rn(dst[i], neg[j] ? -pos : pos);
+  }
+}
+
+__global__ void DenseAddKernel(const float* values, size_t n, const Header* header, float factor,
+                               float* dst) {
+  if (header != nullptr && header->nonfinite != 0u) return;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    dst[i] = __fadd_rn(dst[i], __fmul_rn(factor, values[i]));
+  }
+}
+
+__global__ void SparseAddKernel(const uint32_t* idx, const float* values, size_t count,
+                                float factor, float* dst) {
+  for (size_t j = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < count;
+       j += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    dst[idx[j]] = __fadd_rn(dst[idx[j]], __fmul_rn(factor, values[j]));
+  }
+}
+
+__global__ void SignAddKernel(const uint64_t* sign_bits, size_t n, float scale, float scale_neg,
+                              float factor, float* dst) {
+  const float pos = __fmul_rn(factor, scale), negv = __fmul_rn(factor, scale_neg);
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    dst[i] = __fadd_rn(dst[i], ((sign_bits[i / 64] >> (i % 64)) & 1u) ? negv : pos);
+  }
+}
+
+unsigned Gcd(unsigned a, unsigned b) {
+  while (b != 0u) {
+    const unsigned t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+unsigned GridFor(size_t work, int sm_count, int per_sm) {
+  const size_t blocks = (work + kBlock - 1) / kBlock;
+  const size_t cap = static_cast<size_t>(sm_count > 0 ? sm_count : 1) * per_sm;
+  return static_cast<unsigned>(blocks < cap ? (blocks == 0 ? 1 : blocks) : cap);
+}
+
+}  // namespace
+
+Layout MakeLayout(uint32_t n, uint32_t bin_size) {
+  Layout l;
+  const uint32_t t = bin_size;
+  l.num_bins = n == 0 ? 0 : (n - 1) / t + 1;
+  if (t <= static_cast<uint32_t>(kTileCap)) {
+    const uint32_t kmax = kTileCap / t;
+    // Prefer tiles that start on a 32-byte sector, unless that wastes over 1/8 of a tile.
+    const uint32_t step = 8u / Gcd(t, 8u);
+    uint32_t k = (kmax / step) * step;
+    if (k == 0 || static_cast<uint64_t>(k) * 8u < static_cast<uint64_t>(kmax) * 7u) k = kmax;
+    l.fused = true;
+    l.bins_per_tile = k;
+    l.tile_elems = k * t;
+  } else {
+    l.fused = false;
+    l.bins_per_tile = 0;
+    l.tile_elems = kTileCap;
+  }
+  l.num_tiles = n == 0 ? 0 : (n - 1) / l.tile_elems + 1;
+  return l;
+}
+
+int MultiProcessorCount() {
+  int dev = 0, count = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 1;
+  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    return 1;
+  }
+  return count;
+}
+
+cudaError_t LaunchCheckFinite(const float* grad, size_t n, Header* header, int sm_count) {
+  if (n == 0) return cudaSuccess;
+  CheckFiniteKernel<<<GridFor((n + 3) / 4, sm_count, 8), kBlock>>>(grad, n, header);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAdaCompPass(const PassArgs& args) {
+  if (args.layout.num_tiles == 0) return cudaSuccess;
+  KernelArgs ka;
+  ka.p = args;
+  ka.bin_magic = ((uint64_t{1} << 32) + args.bin_size - 1) / args.bin_size;
+  if (args.layout.fused) {
+    PassKernel<true><<<args.layout.num_tiles, kBlock>>>(ka);
+  } else {
+    UpdateMaxKernel<<<args.layout.num_tiles, kBlock>>>(ka);
+    PassKernel<false><<<args.layout.num_tiles, kBlock>>>(ka);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchApplyPending(float* residue, uint32_t tile_elems, uint32_t num_tiles,
+                               uint32_t* bits, const float* pending_scale) {
+  const uint32_t words = num_tiles * static_cast<uint32_t>(kWordsPerTile);
+  if (words == 0) return cudaSuccess;
+  ApplyPendingKernel<<<(words + kBlock - 1) / kBlock, kBlock>>>(residue, tile_elems, words,
+                                                                bits, pending_scale);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAdaCompAdd(const uint32_t* indices, const uint8_t* negative, uint32_t count,
+                             float scale, const Header* header, float factor, float* dst,
+                             int sm_count) {
+  const unsigned grid = header != nullptr ? static_cast<unsigned>(sm_count > 0 ? sm_count : 1) * 4
+                                          : GridFor(count, sm_count, 4);
+  if (header == nullptr && count == 0) return cudaSuccess;
+  AdaCompAddKernel<<<grid, kBlock>>>(indices, negative, count, scale, header, factor, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDenseAdd(const float* values, size_t n, const Header* header, float factor,
+                           float* dst, int sm_count) {
+  if (n == 0) return cudaSuccess;
+  DenseAddKernel<<<GridFor(n, sm_count, 8), kBlock>>>(values, n, header, factor, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSparseAdd(const uint32_t* indices, const float* values, size_t count,
+                            float factor, float* dst, int sm_count) {
+  if (count == 0) return cudaSuccess;
+  SparseAddKernel<<<GridFor(count, sm_count, 4), kBlock>>>(indices, values, count, factor, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSignAdd(const uint64_t* sign_bits, size_t n, float scale, float scale_neg,
+                          float factor, float* dst, int sm_count) {
+  if (n == 0) return cudaSuccess;
+  SignAddKernel<<<GridFor(n, sm_count, 8), kBlock>>>(sign_bits, n, scale, scale_neg, factor,
+                                                      dst);
+  return cudaGetLastError();
+}
+
+}  // namespace kernels
+}  // namespace cuda
+}  // namespace adaps

@@ -1,0 +1,600 @@
+// Conformance of the CUDA compressors with the CPU oracle (common/compressor.h): same indices,
+// same signs, same residue, scale equal (or, in the rare case documented in
+// cuda_compressor.h, one float ulp apart). Every test that needs a GPU skips with the reason
+// when none is usable.
+#include "common/cuda/cuda_compressor.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/compressor.h"
+#include "gtest/gtest.h"
+
+namespace adaps {
+namespace cuda {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                  \
+  do {                                                                      \
+    const absl::Status gpu_status = CudaAvailable();                        \
+    if (!gpu_status.ok()) GTEST_SKIP() << "no usable GPU: " << gpu_status;  \
+  } while (0)
+
+CompressorOptions AdaCompOptions(uint32_t bin_size,
+                                 NonFinitePolicy policy = NonFinitePolicy::kReject) {
+  CompressorOptions o;
+  o.kind = CompressorKind::kAdaComp;
+  o.bin_size = bin_size;
+  o.non_finite = policy;
+  return o;
+}
+
+uint32_t FloatBits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+// Distance in units in the last place between two finite floats of the same sign.
+int64_t UlpDistance(float a, float b) {
+  return std::llabs(static_cast<int64_t>(FloatBits(a)) - static_cast<int64_t>(FloatBits(b)));
+}
+
+// Bitwise comparison of two float vectors; reports the first few differences.
+::testing::AssertionResult SameFloats(const std::vector<float>& want,
+                                      const std::vector<float>& got) {
+  if (want.size() != got.size()) {
+    return ::testing::AssertionFailure() << "sizes " << want.size() << " vs " << got.size();
+  }
+  size_t bad = 0;
+  std::string first;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (FloatBits(want[i]) != FloatBits(got[i]) && !(want[i] == 0.0f && got[i] == 0.0f)) {
+      if (++bad <= 5) absl::StrAppend(&first, " [", i, "] cpu ", want[i], " gpu ", got[i], ";");
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << want.size() << " differ:" << first;
+}
+
+template <typename T>
+::testing::AssertionResult SameVector(const char* what, const std::vector<T>& want,
+                                      const std::vector<T>& got) {
+  if (want == got) return ::testing::AssertionSuccess();
+  size_t i = 0;
+  while (i < want.size() && i < got.size() && want[i] == got[i]) ++i;
+  auto at = [](const std::vector<T>& v, size_t j) {
+    return j < v.size() ? std::to_string(static_cast<int64_t>(v[j])) : std::string("(end)");
+  };
+  return ::testing::AssertionFailure()
+         << what << ": cpu has " << want.size() << ", gpu " << got.size()
+         << "; first difference at " << i << ": cpu " << at(want, i) << " gpu " << at(got, i);
+}
+
+// A CPU compressor and a GPU compressor fed the same gradients, compared after every step.
+class Pair {
+ public:
+  Pair(size_t n, CompressorOptions options, bool defer = true) : n_(n), cpu_state_(n) {
+    auto cpu = MakeCompressor(options);
+    EXPECT_TRUE(cpu.ok()) << cpu.status();
+    cpu_ = std::move(cpu).value();
+    auto gpu = MakeCudaAdaComp(options, defer);
+    EXPECT_TRUE(gpu.ok()) << gpu.status();
+    gpu_ = std::move(gpu).value();
+    auto st = CudaSliceState::Create(n);
+    EXPECT_TRUE(st.ok()) << st.status();
+    gpu_state_ = std::move(st).value();
+  }
+
+  // One step; returns the CPU's status after checking the GPU agrees on everything.
+  absl::Status Step(const std::vector<float>& grad, const std::string& where) {
+    SCOPED_TRACE(where);
+    auto dev = DeviceBuffer::FromHost(grad);
+    EXPECT_TRUE(dev.ok()) << dev.status();
+    const absl::Status cs = cpu_->Compress(grad, cpu_state_, cpu_out_);
+    const absl::Status gs = gpu_->Compress(dev->floats(), grad.size(), *gpu_state_, gpu_out_);
+    EXPECT_EQ(cs.code(), gs.code()) << "cpu: " << cs << " gpu: " << gs;
+    if (cs.ok() || cs.code() == absl::StatusCode::kOutOfRange) {
+      EXPECT_EQ(gpu_out_.kind, cpu_out_.kind);
+      EXPECT_EQ(gpu_out_.length, cpu_out_.length);
+      EXPECT_EQ(gpu_out_.bin_size, cpu_out_.bin_size);
+      EXPECT_TRUE(SameVector("indices", cpu_out_.indices, gpu_out_.indices));
+      EXPECT_TRUE(SameVector("negative", cpu_out_.negative, gpu_out_.negative));
+    }
+    const bool same_scale = FloatBits(cpu_out_.scale) == FloatBits(gpu_out_.scale);
+    if (cs.ok() && !same_scale) {
+      // Documented: the deterministic tree sum may round to the neighbouring float.
+      EXPECT_LE(UlpDistance(cpu_out_.scale, gpu_out_.scale), 1)
+          << "cpu " << cpu_out_.scale << " gpu " << gpu_out_.scale;
+    }
+    std::vector<float> gpu_residue(n_);
+    const absl::Status ds = gpu_state_->DownloadResidue(absl::MakeSpan(gpu_residue));
+    EXPECT_TRUE(ds.ok()) << ds;
+    const std::vector<float> cpu_residue(cpu_state_.residue().begin(),
+                                         cpu_state_.residue().end());
+    if (same_scale || !cs.ok()) {
+      EXPECT_TRUE(SameFloats(cpu_residue, gpu_residue));
+    } else {
+      // Resynchronise so that later steps compare like with like.
+      const absl::Status us = gpu_state_->UploadResidue(cpu_residue);
+      EXPECT_TRUE(us.ok()) << us;
+    }
+    return cs;
+  }
+
+  void SetResidue(const std::vector<float>& r) {
+    std::copy(r.begin(), r.end(), cpu_state_.residue().begin());
+    const absl::Status s = gpu_state_->UploadResidue(r);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+
+  const CompressedUpdate& cpu_out() const { return cpu_out_; }
+  const CompressedUpdate& gpu_out() const { return gpu_out_; }
+  CudaCompressor& gpu() { return *gpu_; }
+  CudaSliceState& gpu_state() { return *gpu_state_; }
+  SliceState& cpu_state() { return cpu_state_; }
+
+ private:
+  size_t n_;
+  std::unique_ptr<Compressor> cpu_;
+  std::unique_ptr<CudaCompressor> gpu_;
+  SliceState cpu_state_;
+  std::unique_ptr<CudaSliceState> gpu_state_;
+  CompressedUpdate cpu_out_, gpu_out_;
+};
+
+std::vector<float> Normal(size_t n, float sigma, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, sigma);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Heavy tails, exact zeros, repeated values and denormals: the shapes real gradients take.
+std::vector<float> Adversarial(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> pick(0, 9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::cauchy_distribution<float> cauchy(0.0f, 1e-3f);
+  std::vector<float> v(n);
+  for (float& x : v) {
+    switch (pick(rng)) {
+      case 0: case 1: x = 0.0f; break;
+      case 2: x = 0.25f; break;
+      case 3: x = -0.25f; break;
+      case 4: x = std::numeric_limits<float>::denorm_min() * 7; break;
+      case 5: {
+        const float c = cauchy(rng);
+        x = std::isfinite(c) && std::fabs(c) < 1e30f ? c : 1.0f;
+        break;
+      }
+      default: x = normal(rng) * 1e-2f; break;
+    }
+  }
+  return v;
+}
+
+// ------------------------------------------------------------------------------------------
+// Without a GPU.
+
+TEST(CudaAvailability, GivesAReasonWhenNoDeviceIsUsable) {
+  const absl::Status s = CudaAvailable();
+  const auto count = CudaDeviceCount();
+  if (s.ok()) {
+    ASSERT_TRUE(count.ok()) << count.status();
+    EXPECT_GE(*count, 1);
+    auto desc = CudaDeviceDescription();
+    ASSERT_TRUE(desc.ok()) << desc.status();
+    EXPECT_FALSE(desc->empty());
+    std::printf("GPU: %s\n", desc->c_str());
+  } else {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_FALSE(s.message().empty());
+    std::printf("no GPU: %s\n", std::string(s.message()).c_str());
+  }
+}
+
+TEST(CudaCompressorOptions, InvalidOptionsAreRejectedBeforeTheDeviceIsTouched) {
+  CudaCompressorOptions o;
+  o.base.kind = CompressorKind::kAdaComp;
+  o.base.bin_size = 0;
+  EXPECT_EQ(MakeCudaCompressor(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.base.bin_size = 50;
+  o.base.kind = CompressorKind::kTopK;
+  EXPECT_EQ(MakeCudaCompressor(o).status().code(), absl::StatusCode::kUnimplemented);
+  o.base.kind = CompressorKind::kSign;
+  EXPECT_EQ(MakeCudaCompressor(o).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+// ------------------------------------------------------------------------------------------
+// Against the CPU oracle, over bin sizes and lengths around multiples of the bin size.
+
+enum class LengthCase { kOne, kBinMinusOne, kBin, kBinPlusOne, kSevenBinsPlus3, kLarge };
+
+std::string LengthName(LengthCase c) {
+  switch (c) {
+    case LengthCase::kOne: return "N1";
+    case LengthCase::kBinMinusOne: return "NTminus1";
+    case LengthCase::kBin: return "NT";
+    case LengthCase::kBinPlusOne: return "NTplus1";
+    case LengthCase::kSevenBinsPlus3: return "N7Tplus3";
+    case LengthCase::kLarge: return "NLarge";
+  }
+  return "?";
+}
+
+size_t Length(LengthCase c, uint32_t t) {
+  switch (c) {
+    case LengthCase::kOne: return 1;
+    case LengthCase::kBinMinusOne: return t > 1 ? t - 1 : 1;
+    case LengthCase::kBin: return t;
+    case LengthCase::kBinPlusOne: return t + 1;
+    case LengthCase::kSevenBinsPlus3: return 7 * static_cast<size_t>(t) + 3;
+    case LengthCase::kLarge: return (size_t{1} << 20) + 13;
+  }
+  return 1;
+}
+
+using ConformanceParam = std::tuple<uint32_t, LengthCase, bool>;
+
+class CudaAdaCompConformance : public ::testing::TestWithParam<ConformanceParam> {};
+
+TEST_P(CudaAdaCompConformance, MatchesTheCpuOnRandomGradientsOverSteps) {
+  SKIP_WITHOUT_GPU();
+  const auto [t, lc, defer] = GetParam();
+  const size_t n = Length(lc, t);
+  Pair pair(n, AdaCompOptions(t), defer);
+  for (uint32_t step = 0; step < 5; ++step) {
+    const float sigma = step == 3 ? 1e-6f : 1.0f / static_cast<float>(1 + step);
+    ASSERT_TRUE(pair.Step(Normal(n, sigma, 1000 * t + step), absl::StrCat("step ", step)).ok());
+  }
+}
+
+TEST_P(CudaAdaCompConformance, MatchesTheCpuOnAdversarialGradients) {
+  SKIP_WITHOUT_GPU();
+  const auto [t, lc, defer] = GetParam();
+  const size_t n = Length(lc, t);
+  Pair pair(n, AdaCompOptions(t), defer);
+  for (uint32_t step = 0; step < 4; ++step) {
+    ASSERT_TRUE(pair.Step(Adversarial(n, 77 * t + step), absl::StrCat("step ", step)).ok());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BinSizesAndLengths, CudaAdaCompConformance,
+    ::testing::Combine(::testing::Values(1u, 3u, 50u, 500u, 2048u, 2049u, 5000u),
+                       ::testing::Values(LengthCase::kOne, LengthCase::kBinMinusOne,
+                                         LengthCase::kBin, LengthCase::kBinPlusOne,
+                                         LengthCase::kSevenBinsPlus3, LengthCase::kLarge),
+                       ::testing::Bool()),
+    [](const ::testing::TestParamInfo<ConformanceParam>& info) {
+      return absl::StrCat("T", std::get<0>(info.param), "_", LengthName(std::get<1>(info.param)),
+                          std::get<2>(info.param) ? "_deferred" : "_eager");
+    });
+
+// ------------------------------------------------------------------------------------------
+// Hand-made inputs.
+
+TEST(CudaAdaComp, AllZeroBinsSendNothing) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t t = 50;
+  const size_t n = 20 * t + 7;
+  std::vector<float> g = Normal(n, 1.0f, 3);
+  for (size_t b = 0; b < 20; b += 2) {
+    for (size_t i = b * t; i < (b + 1) * t; ++i) g[i] = 0.0f;
+  }
+  Pair pair(n, AdaCompOptions(t));
+  ASSERT_TRUE(pair.Step(g, "one step").ok());
+  for (uint32_t i : pair.gpu_out().indices) EXPECT_EQ((i / t) % 2, 1u) << "index " << i;
+  // The same bins zero again: the residue there is still zero, so still nothing is sent.
+  ASSERT_TRUE(pair.Step(g, "second step").ok());
+  for (uint32_t i : pair.gpu_out().indices) EXPECT_EQ((i / t) % 2, 1u) << "index " << i;
+}
+
+TEST(CudaAdaComp, AllZeroGradientSendsNothingAndScaleIsZero) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 12345;
+  Pair pair(n, AdaCompOptions(500));
+  ASSERT_TRUE(pair.Step(std::vector<float>(n, 0.0f), "zeros").ok());
+  EXPECT_TRUE(pair.gpu_out().indices.empty());
+  EXPECT_EQ(pair.gpu_out().scale, 0.0f);
+}
+
+TEST(CudaAdaComp, TiesWithTheBinMaximumAreAllSelected) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t t = 50;
+  const size_t n = 10 * t;
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) g[i] = (i % 3 == 0) ? -0.5f : 0.5f;  // every |g| ties
+  Pair pair(n, AdaCompOptions(t));
+  ASSERT_TRUE(pair.Step(g, "ties").ok());
+  EXPECT_EQ(pair.gpu_out().indices.size(), n);
+  ASSERT_TRUE(pair.Step(g, "ties again").ok());
+}
+
+TEST(CudaAdaComp, SignsFollowTheResidue) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 4;
+  Pair pair(n, AdaCompOptions(4));
+  ASSERT_TRUE(pair.Step({1.0f, -3.0f, 0.5f, 3.0f}, "step").ok());
+  // Bin max 3: |2g| >= 3 for -3, 3 (and 1 -> |2| < 3 no).
+  EXPECT_EQ(pair.gpu_out().indices, (std::vector<uint32_t>{1, 3}));
+  EXPECT_EQ(pair.gpu_out().negative, (std::vector<uint8_t>{1, 0}));
+}
+
+TEST(CudaAdaComp, NonFiniteGradientIsRejectedAndLeavesResidueAndPendingFixupUntouched) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t t = 50;
+  const size_t n = 40 * t + 11;
+  Pair pair(n, AdaCompOptions(t));
+  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 5), "before").ok());
+  const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(),
+                              std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()};
+  const size_t bad_positions[] = {0, n / 2, n - 1};
+  for (float bad : bad_values) {
+    for (size_t pos : bad_positions) {
+      std::vector<float> g = Normal(n, 1.0f, 6);
+      g[pos] = bad;
+      EXPECT_EQ(pair.Step(g, absl::StrCat("bad ", bad, " at ", pos)).code(),
+                absl::StatusCode::kInvalidArgument);
+    }
+  }
+  // Both skipped the bad steps: the next good one must still agree.
+  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 7), "after").ok());
+}
+
+TEST(CudaAdaComp, NonFiniteGradientWithSendNothingGivesAnEmptyUpdate) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 1000;
+  Pair pair(n, AdaCompOptions(50, NonFinitePolicy::kSendNothing));
+  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 8), "before").ok());
+  std::vector<float> g = Normal(n, 1.0f, 9);
+  g[123] = std::numeric_limits<float>::quiet_NaN();
+  ASSERT_TRUE(pair.Step(g, "nan").ok());
+  EXPECT_TRUE(pair.gpu_out().indices.empty());
+  EXPECT_EQ(pair.gpu_out().length, n);
+  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 10), "after").ok());
+}
+
+TEST(CudaAdaComp, ResidueOverflowIsOutOfRangeLikeTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 100;
+  Pair pair(n, AdaCompOptions(10));
+  std::vector<float> r = Normal(n, 1.0f, 20);
+  r[15] = 3e38f;
+  pair.SetResidue(r);
+  std::vector<float> g = Normal(n, 1.0f, 21);
+  g[15] = 3e38f;  // residue + gradient overflows to +Inf in bin 1
+  EXPECT_EQ(pair.Step(g, "overflow").code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST(CudaAdaComp, UnalignedGradientPointerIsHandled) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 1001;
+  for (size_t offset = 0; offset < 4; ++offset) {
+    SCOPED_TRACE(absl::StrCat("offset ", offset));
+    std::vector<float> host(n + 4, 0.0f);
+    const std::vector<float> g = Normal(n, 1.0f, 11);
+    std::copy(g.begin(), g.end(), host.begin() + offset);
+    host[offset + n - 1] = std::numeric_limits<float>::quiet_NaN();  // last element only
+    auto dev = DeviceBuffer::FromHost(host);
+    ASSERT_TRUE(dev.ok()) << dev.status();
+    auto gpu = MakeCudaAdaComp(AdaCompOptions(50));
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    auto st = CudaSliceState::Create(n);
+    ASSERT_TRUE(st.ok()) << st.status();
+    CompressedUpdate out;
+    EXPECT_EQ((*gpu)->Compress(dev->floats() + offset, n, **st, out).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(CudaAdaComp, ChangingTheBinSizeOnOneSliceMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 100003;
+  SliceState cpu_state(n);
+  auto gpu_state = CudaSliceState::Create(n);
+  ASSERT_TRUE(gpu_state.ok()) << gpu_state.status();
+  uint32_t step = 0;
+  for (uint32_t t : {50u, 5000u, 500u, 500u, 1u, 50u}) {
+    SCOPED_TRACE(absl::StrCat("T ", t));
+    auto cpu = MakeCompressor(AdaCompOptions(t));
+    auto gpu = MakeCudaAdaComp(AdaCompOptions(t));
+    ASSERT_TRUE(cpu.ok() && gpu.ok());
+    const std::vector<float> g = Normal(n, 1.0f, 500 + step++);
+    auto dev = DeviceBuffer::FromHost(g);
+    ASSERT_TRUE(dev.ok());
+    CompressedUpdate cu, gu;
+    ASSERT_TRUE((*cpu)->Compress(g, cpu_state, cu).ok());
+    ASSERT_TRUE((*gpu)->Compress(dev->floats(), n, **gpu_state, gu).ok());
+    EXPECT_TRUE(SameVector("indices", cu.indices, gu.indices));
+    EXPECT_TRUE(SameVector("negative", cu.negative, gu.negative));
+    if (FloatBits(cu.scale) == FloatBits(gu.scale)) {
+      std::vector<float> r(n);
+      ASSERT_TRUE((*gpu_state)->DownloadResidue(absl::MakeSpan(r)).ok());
+      EXPECT_TRUE(SameFloats(std::vector<float>(cpu_state.residue().begin(),
+                                                cpu_state.residue().end()),
+                             r));
+    } else {
+      ASSERT_TRUE((*gpu_state)
+                      ->UploadResidue(std::vector<float>(cpu_state.residue().begin(),
+                                                         cpu_state.residue().end()))
+                      .ok());
+    }
+  }
+}
+
+TEST(CudaAdaComp, EmptySliceGivesAnEmptyUpdate) {
+  SKIP_WITHOUT_GPU();
+  Pair pair(0, AdaCompOptions(50));
+  ASSERT_TRUE(pair.Step({}, "empty").ok());
+  EXPECT_EQ(pair.gpu_out().length, 0u);
+  EXPECT_TRUE(pair.gpu_out().indices.empty());
+}
+
+TEST(CudaAdaComp, WrongLengthIsInvalidArgumentAndFetchNeedsEnqueue) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = MakeCudaAdaComp(AdaCompOptions(50));
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto st = CudaSliceState::Create(100);
+  ASSERT_TRUE(st.ok());
+  auto dev = DeviceBuffer::FromHost(std::vector<float>(101, 1.0f));
+  ASSERT_TRUE(dev.ok());
+  CompressedUpdate out;
+  EXPECT_EQ((*gpu)->Fetch(out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*gpu)->Compress(dev->floats(), 101, **st, out).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*gpu)->Compress(nullptr, 100, **st, out).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CudaAdaComp, ResetZeroesTheResidueAndDropsThePendingFixup) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 5000;
+  Pair pair(n, AdaCompOptions(50));
+  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 12), "step").ok());
+  ASSERT_TRUE(pair.gpu_state().Reset().ok());
+  pair.cpu_state().Reset();
+  EXPECT_FALSE(pair.gpu_state().fixup_pending());
+  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 13), "after reset").ok());
+}
+
+// ------------------------------------------------------------------------------------------
+// Decompression and the invariant G_before + g == G_after + decompress(msg).
+
+TEST(CudaAdaComp, DecompressAddLastEqualsTheCpuDecompressionAndConservesMass) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t t = 500;
+  const size_t n = 200 * t + 99;
+  Pair pair(n, AdaCompOptions(t));
+  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 14), "warm-up").ok());
+  std::vector<float> before(n);
+  ASSERT_TRUE(pair.gpu_state().DownloadResidue(absl::MakeSpan(before)).ok());
+  const std::vector<float> g = Normal(n, 0.5f, 15);
+  ASSERT_TRUE(pair.Step(g, "step").ok());
+  std::vector<float> after(n);
+  ASSERT_TRUE(pair.gpu_state().DownloadResidue(absl::MakeSpan(after)).ok());
+
+  const std::vector<float> base = Normal(n, 1.0f, 16);
+  auto dst = DeviceBuffer::FromHost(base);
+  ASSERT_TRUE(dst.ok());
+  ASSERT_TRUE(pair.gpu().DecompressAddLast(0.5f, dst->floats()).ok());
+  std::vector<float> got(n);
+  ASSERT_TRUE(dst->Download(got.data(), n * sizeof(float)).ok());
+  std::vector<float> want = base;
+  ASSERT_TRUE(DecompressAdd(pair.gpu_out(), 0.5f, absl::MakeSpan(want)).ok());
+  EXPECT_TRUE(SameFloats(want, got));
+
+  std::vector<float> dec(n, 0.0f);
+  ASSERT_TRUE(DecompressAdd(pair.gpu_out(), 1.0f, absl::MakeSpan(dec)).ok());
+  for (size_t i = 0; i < n; ++i) {
+    const float lhs = before[i] + g[i], rhs = after[i] + dec[i];
+    ASSERT_NEAR(lhs, rhs, 1e-6f * (1.0f + std::fabs(lhs)) + 2e-7f * pair.gpu_out().scale)
+        << "element " << i;
+  }
+}
+
+TEST(CudaDecompress, AddToDeviceEqualsTheCpuForEveryKind) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 3 * 4096 + 17;
+  const std::vector<float> g = Normal(n, 1.0f, 17);
+  const std::vector<float> base = Normal(n, 1.0f, 18);
+  for (CompressorKind kind : {CompressorKind::kDense, CompressorKind::kAdaComp,
+                              CompressorKind::kTopK, CompressorKind::kSign}) {
+    SCOPED_TRACE(CompressorKindName(kind));
+    CompressorOptions o;
+    o.kind = kind;
+    o.bin_size = 50;
+    o.topk_fraction = 0.01;
+    auto cpu = MakeCompressor(o);
+    ASSERT_TRUE(cpu.ok());
+    SliceState st(n);
+    CompressedUpdate u;
+    ASSERT_TRUE((*cpu)->Compress(g, st, u).ok());
+    std::vector<float> want = base;
+    ASSERT_TRUE(DecompressAdd(u, -0.75f, absl::MakeSpan(want)).ok());
+    auto dst = DeviceBuffer::FromHost(base);
+    ASSERT_TRUE(dst.ok());
+    ASSERT_TRUE(DecompressAddToDevice(u, -0.75f, dst->floats(), n).ok());
+    std::vector<float> got(n);
+    ASSERT_TRUE(dst->Download(got.data(), n * sizeof(float)).ok());
+    EXPECT_TRUE(SameFloats(want, got));
+  }
+}
+
+TEST(CudaDecompress, MalformedUpdateIsRejectedAndTheBufferUnchanged) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 100;
+  CompressedUpdate u;
+  u.kind = CompressorKind::kAdaComp;
+  u.length = n;
+  u.scale = 1.0f;
+  u.indices = {5, 3};
+  u.negative = {0, 1};
+  const std::vector<float> base(n, 2.0f);
+  auto dst = DeviceBuffer::FromHost(base);
+  ASSERT_TRUE(dst.ok());
+  EXPECT_EQ(DecompressAddToDevice(u, 1.0f, dst->floats(), n).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecompressAddToDevice(u, 1.0f, dst->floats(), n + 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  u.indices = {3, 100};
+  EXPECT_EQ(DecompressAddToDevice(u, 1.0f, dst->floats(), n).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<float> got(n);
+  ASSERT_TRUE(dst->Download(got.data(), n * sizeof(float)).ok());
+  EXPECT_TRUE(SameFloats(base, got));
+}
+
+// ------------------------------------------------------------------------------------------
+// The dense baseline.
+
+TEST(CudaDense, MatchesTheCpuAndRejectsNonFinite) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 7777;
+  CudaCompressorOptions o;
+  o.base.kind = CompressorKind::kDense;
+  auto gpu = MakeCudaCompressor(o);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto cpu = MakeCompressor(o.base);
+  ASSERT_TRUE(cpu.ok());
+  auto gst = CudaSliceState::Create(n);
+  ASSERT_TRUE(gst.ok());
+  SliceState cst(n);
+  std::vector<float> g = Normal(n, 1.0f, 19);
+  auto dev = DeviceBuffer::FromHost(g);
+  ASSERT_TRUE(dev.ok());
+  CompressedUpdate cu, gu;
+  ASSERT_TRUE((*cpu)->Compress(g, cst, cu).ok());
+  ASSERT_TRUE((*gpu)->Compress(dev->floats(), n, **gst, gu).ok());
+  EXPECT_EQ(gu.kind, CompressorKind::kDense);
+  EXPECT_TRUE(SameFloats(cu.values, gu.values));
+
+  auto dst = DeviceBuffer::FromHost(std::vector<float>(n, 1.0f));
+  ASSERT_TRUE(dst.ok());
+  ASSERT_TRUE((*gpu)->DecompressAddLast(2.0f, dst->floats()).ok());
+  std::vector<float> want(n, 1.0f), got(n);
+  ASSERT_TRUE(DecompressAdd(cu, 2.0f, absl::MakeSpan(want)).ok());
+  ASSERT_TRUE(dst->Download(got.data(), n * sizeof(float)).ok());
+  EXPECT_TRUE(SameFloats(want, got));
+
+  g[n / 3] = std::numeric_limits<float>::infinity();
+  auto bad = DeviceBuffer::FromHost(g);
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ((*gpu)->Compress(bad->floats(), n, **gst, gu).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace adaps
