@@ -1,0 +1,102 @@
+#include "adaps/adaps_c.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "adaps/worker.h"
+
+struct adaps_worker {
+  std::unique_ptr<adaps::Worker> worker;
+  mutable absl::Mutex mu;
+  std::string last_error ABSL_GUARDED_BY(mu);
+
+  int Record(const absl::Status& status) {
+    if (!status.ok()) {
+      absl::MutexLock lock(&mu);
+      last_error = status.ToString();
+    }
+    return static_cast<int>(status.code());
+  }
+};
+
+extern "C" {
+
+adaps_worker* adaps_worker_create(const char* scheduler, int request_timeout_ms, char* error,
+                                  size_t error_size) {
+  adaps::WorkerOptions options;
+  options.scheduler = scheduler ? scheduler : "";
+  if (request_timeout_ms > 0) options.request_timeout = absl::Milliseconds(request_timeout_ms);
+  auto worker = adaps::Worker::Create(options);
+  if (!worker.ok()) {
+    if (error != nullptr && error_size > 0) {
+      std::strncpy(error, worker.status().ToString().c_str(), error_size - 1);
+      error[error_size - 1] = '\0';
+    }
+    return nullptr;
+  }
+  auto* handle = new adaps_worker;
+  handle->worker = *std::move(worker);
+  return handle;
+}
+
+void adaps_worker_destroy(adaps_worker* worker) {
+  if (worker == nullptr) return;
+  worker->worker->Stop().IgnoreError();
+  delete worker;
+}
+
+int adaps_worker_rank(const adaps_worker* worker) { return worker->worker->rank(); }
+int adaps_worker_num_workers(const adaps_worker* worker) { return worker->worker->num_workers(); }
+
+const char* adaps_worker_last_error(const adaps_worker* worker) {
+  absl::MutexLock lock(&worker->mu);
+  return worker->last_error.c_str();
+}
+
+int adaps_worker_declare(adaps_worker* worker, const adaps_tensor_spec* spec, float* values,
+                         size_t count) {
+  if (spec == nullptr || spec->name == nullptr || (spec->ndim > 0 && spec->shape == nullptr)) {
+    return worker->Record(absl::InvalidArgumentError("null tensor spec"));
+  }
+  if (spec->compression < 0 || spec->compression > 3 || spec->pull_format < 0 ||
+      spec->pull_format > 1) {
+    return worker->Record(absl::InvalidArgumentError("bad compression or pull format"));
+  }
+  adaps::TensorSpec s;
+  s.name = spec->name;
+  s.shape.assign(spec->shape, spec->shape + spec->ndim);
+  s.bin_size = spec->bin_size;
+  s.compression = static_cast<adaps::Compression>(spec->compression);
+  s.topk_fraction = spec->topk_fraction;
+  s.pull = static_cast<adaps::PullFormat>(spec->pull_format);
+  return worker->Record(worker->worker->Declare(s, absl::MakeSpan(values, count)));
+}
+
+int adaps_worker_push_pull(adaps_worker* worker, const char* name, const float* grad, float* out,
+                           size_t count) {
+  if (name == nullptr) return worker->Record(absl::InvalidArgumentError("null name"));
+  return worker->Record(worker->worker
+                            ->PushPull(name, absl::MakeConstSpan(grad, count),
+                                       absl::MakeSpan(out, count))
+                            .get());
+}
+
+int adaps_worker_barrier(adaps_worker* worker) { return worker->Record(worker->worker->Barrier()); }
+
+int adaps_worker_set_hyper(adaps_worker* worker, const char* name, double value) {
+  if (name == nullptr) return worker->Record(absl::InvalidArgumentError("null name"));
+  return worker->Record(worker->worker->SetHyper({{name, value}}));
+}
+
+int adaps_worker_traffic(const adaps_worker* worker, const char* name, uint64_t* wire_bytes,
+                         uint64_t* dense_bytes) {
+  auto t = worker->worker->Traffic(name ? name : "");
+  if (!t.ok()) return const_cast<adaps_worker*>(worker)->Record(t.status());
+  if (wire_bytes) *wire_bytes = t->push_wire_bytes + t->pull_wire_bytes;
+  if (dense_bytes) *dense_bytes = t->push_dense_bytes + t->pull_dense_bytes;
+  return 0;
+}
+
+}  // extern "C"

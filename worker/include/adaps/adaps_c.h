@@ -1,0 +1,55 @@
+/* C API of the adaps worker library, for other languages (Python ctypes, Julia, ...).
+ *
+ * Every function returns an absl::StatusCode value (0 = OK; 3 invalid argument, 4 deadline
+ * exceeded, 9 failed precondition, 14 unavailable, 15 data loss). The message of the last
+ * error on a handle is kept per handle: adaps_worker_last_error. Operations are blocking
+ * (push-pull waits for its answer); thread-safety as adaps::Worker. Never aborts. */
+#ifndef ADAPS_C_H_
+#define ADAPS_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct adaps_worker adaps_worker;
+
+/* compression: 0 dense, 1 adacomp, 2 topk, 3 sign. pull_format: 0 dense, 1 recompressed. */
+typedef struct {
+  const char* name;
+  const int64_t* shape;
+  size_t ndim;
+  uint32_t bin_size;
+  int compression;
+  double topk_fraction;
+  int pull_format;
+} adaps_tensor_spec;
+
+/* Connects to the scheduler. On failure returns NULL and, when `error` is not NULL, writes
+ * a NUL-terminated message of at most error_size bytes. */
+adaps_worker* adaps_worker_create(const char* scheduler, int request_timeout_ms,
+                                  char* error, size_t error_size);
+/* Stops (leaves the cluster) and frees. NULL is allowed. */
+void adaps_worker_destroy(adaps_worker* worker);
+
+int adaps_worker_rank(const adaps_worker* worker);
+int adaps_worker_num_workers(const adaps_worker* worker);
+const char* adaps_worker_last_error(const adaps_worker* worker);
+
+int adaps_worker_declare(adaps_worker* worker, const adaps_tensor_spec* spec, float* values,
+                         size_t count);
+int adaps_worker_push_pull(adaps_worker* worker, const char* name, const float* grad,
+                           float* out, size_t count);
+int adaps_worker_barrier(adaps_worker* worker);
+int adaps_worker_set_hyper(adaps_worker* worker, const char* name, double value);
+/* Traffic of one tensor: bytes on the wire and dense-equivalent bytes, pushes and pulls. */
+int adaps_worker_traffic(const adaps_worker* worker, const char* name, uint64_t* wire_bytes,
+                         uint64_t* dense_bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ADAPS_C_H_ */

@@ -1,0 +1,133 @@
+// adaps::Worker: the client side of the adaps parameter server, linked into a trainer.
+//
+// A Worker registers with the scheduler, learns its rank and the servers, and then pushes
+// compressed gradients and pulls parameters for the tensors it declared. It keeps one
+// compression residue per tensor slice (the error feedback of AdaComp, Top-k and sign).
+//
+// Ownership: the caller owns every buffer it passes. PushPull/Push/Pull return futures; the
+// buffers must stay alive and untouched until the future is ready (the library reads the
+// gradient before returning, and writes `out` before the future becomes ready).
+// Thread-safety: all methods are thread-safe; operations on one tensor must not overlap
+// (wait for the previous future of that tensor); different tensors may be in flight at once.
+// Failure: every method returns a status; the library never aborts the process. Codes:
+// kInvalidArgument (unknown tensor, wrong length, bad option), kUnavailable (server or
+// scheduler gone), kDeadlineExceeded (no answer in time, e.g. a missing worker in sync
+// mode), kFailedPrecondition (stopped, or wrong order of calls), kDataLoss (bad message).
+//
+// Several Workers may live in one process (no globals).
+#ifndef ADAPS_WORKER_H_
+#define ADAPS_WORKER_H_
+
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace adaps {
+
+class TransportContext;  // common/transport.h; only for in-process (inproc://) clusters
+
+enum class Compression { kDense = 0, kAdaComp = 1, kTopK = 2, kSign = 3 };
+enum class PullFormat { kDense = 0, kRecompressed = 1 };
+
+struct WorkerOptions {
+  std::string scheduler;  // e.g. tcp://127.0.0.1:5000
+  std::string identity;   // optional stable identity (a restarted worker keeps its rank)
+  // Waiting for the whole cluster to register.
+  absl::Duration register_timeout = absl::Seconds(60);
+  // Every push, pull, declare and barrier request.
+  absl::Duration request_timeout = absl::Seconds(30);
+  // Compact (Rice) index coding on the wire; false sends plain 32-bit indices.
+  bool compact_indices = true;
+  std::string log_level = "info";
+  std::shared_ptr<TransportContext> context;  // null: the worker makes its own
+};
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;  // the number of elements is the product
+  uint32_t bin_size = 500;     // AdaComp bin size T (~50 conv, ~500 fully-connected)
+  Compression compression = Compression::kAdaComp;
+  double topk_fraction = 0.001;
+  PullFormat pull = PullFormat::kDense;
+};
+
+// Traffic of one tensor since it was declared. Wire bytes count every frame (FlatBuffers
+// header and payload); dense bytes are what uncompressed float32 would have been.
+struct TrafficCounters {
+  uint64_t pushes = 0;
+  uint64_t pulls = 0;
+  uint64_t push_wire_bytes = 0;
+  uint64_t pull_wire_bytes = 0;
+  uint64_t push_dense_bytes = 0;
+  uint64_t pull_dense_bytes = 0;
+};
+
+// Where one slice of a tensor lives.
+struct SliceInfo {
+  uint64_t offset = 0;
+  uint32_t length = 0;
+  int server = 0;
+};
+
+class Worker {
+ public:
+  // Connects and registers; returns once the cluster view arrived. kUnavailable when the
+  // scheduler is unreachable, kDeadlineExceeded when the cluster did not form in time,
+  // kInvalidArgument for bad options.
+  static absl::StatusOr<std::unique_ptr<Worker>> Create(const WorkerOptions& options);
+  ~Worker();  // Stop()
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  int rank() const;
+  int num_workers() const;
+  int num_servers() const;
+
+  // Collective: every worker declares the same tensors in the same order. Rank 0's
+  // `values` become the initial parameters; on return `values` holds them on every worker.
+  // kInvalidArgument for a bad spec or a conflicting earlier declaration.
+  absl::Status Declare(const TensorSpec& spec, absl::Span<float> values);
+
+  // Compresses `grad` (with the residues), pushes it, then pulls the parameters of the next
+  // step into `out` (sync mode: after every worker pushed). The future holds the status.
+  std::future<absl::Status> PushPull(absl::string_view name, absl::Span<const float> grad,
+                                     absl::Span<float> out);
+  // The two halves: Push sends step s; Pull waits for the parameters after the last push.
+  std::future<absl::Status> Push(absl::string_view name, absl::Span<const float> grad);
+  std::future<absl::Status> Pull(absl::string_view name, absl::Span<float> out);
+
+  // Waits until every live worker reached the barrier.
+  absl::Status Barrier();
+  // Sets optimizer hyper-parameters on every server (learning_rate, momentum, weight_decay,
+  // beta1, beta2, epsilon).
+  absl::Status SetHyper(const std::vector<std::pair<std::string, double>>& params);
+  // Asks every server to write its shard under `directory` (server-side path).
+  absl::Status Checkpoint(const std::string& directory);
+
+  // kInvalidArgument for an undeclared tensor.
+  absl::StatusOr<TrafficCounters> Traffic(absl::string_view name) const;
+  absl::StatusOr<std::vector<SliceInfo>> Slices(absl::string_view name) const;
+  std::vector<std::string> TensorNames() const;
+
+  // Tells the scheduler this worker is done and closes the connections. Idempotent.
+  absl::Status Stop();
+
+  class Impl;
+
+ private:
+  explicit Worker(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace adaps
+
+#endif  // ADAPS_WORKER_H_

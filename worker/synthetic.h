@@ -1,0 +1,32 @@
+// The synthetic mode of adaps-worker: declares tensors of given sizes and pushes and pulls
+// them as fast as it can, reporting step time, bytes on the wire and compression rate.
+#ifndef ADAPS_WORKER_SYNTHETIC_H_
+#define ADAPS_WORKER_SYNTHETIC_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "adaps/worker.h"
+
+namespace adaps {
+
+struct SyntheticConfig {
+  uint64_t total_params = 25'000'000;
+  int layers = 10;
+  int steps = 20;
+  int warmup = 2;  // steps not timed
+  TensorSpec layer;  // template: compression, bin size, top-k fraction, pull format
+  uint64_t seed = 1;
+};
+
+// "25M", "1.5K", "1000", "2G" (decimal). kInvalidArgument otherwise.
+absl::StatusOr<uint64_t> ParseCount(const std::string& text);
+
+// Runs the benchmark; rank 0 prints per-step lines and a final "SUMMARY ..." line to stdout.
+absl::Status RunSynthetic(Worker& worker, const SyntheticConfig& config);
+
+}  // namespace adaps
+
+#endif  // ADAPS_WORKER_SYNTHETIC_H_
