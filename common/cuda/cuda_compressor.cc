@@ -278,8 +278,7 @@ class CudaCompressorBase : public CudaCompressor {
  protected:
   k::Header* header() const { return static_cast<k::Header*>(scratch_.data()); }
 
-  // Reads the header of the last enqueue (blocks). Returns true in *nonfinite when the
-  // gradient held NaN/Inf; the status then already reflects the policy.
+  // Reads the header of the last enqueue (blocks until the kernels are done).
   absl::Status ReadHeader(k::Header* h) {
     return scratch_.Download(h, sizeof(k::Header));
   }
@@ -375,6 +374,10 @@ class CudaAdaComp final : public CudaCompressorBase {
     k::Header h;
     ADAPS_RETURN_IF_ERROR(ReadHeader(&h));
     if (h.nonfinite != 0u) return NonFiniteResult(out, CompressorKind::kAdaComp);
+    if (h.count > last_n_) {
+      return absl::InternalError(absl::StrCat("AdaComp kernel reported ", h.count,
+                                              " selected elements of ", last_n_));
+    }
     out.Clear();
     out.kind = CompressorKind::kAdaComp;
     out.length = static_cast<uint32_t>(last_n_);

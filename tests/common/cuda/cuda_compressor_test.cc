@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <tuple>
@@ -232,6 +233,8 @@ std::string LengthName(LengthCase c) {
   }
   return "?";
 }
+
+void PrintTo(LengthCase c, std::ostream* os) { *os << LengthName(c); }
 
 size_t Length(LengthCase c, uint32_t t) {
   switch (c) {
