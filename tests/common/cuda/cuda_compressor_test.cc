@@ -96,8 +96,11 @@ class Pair {
     gpu_state_ = std::move(st).value();
   }
 
-  // One step; returns the CPU's status after checking the GPU agrees on everything.
-  absl::Status Step(const std::vector<float>& grad, const std::string& where) {
+  // One step; returns the CPU's status after checking the GPU agrees on the update and, when
+  // `compare_residue`, on the residue. Downloading the residue applies a deferred fix-up, so
+  // steps that skip the comparison exercise the fix-up inside the next pass.
+  absl::Status Step(const std::vector<float>& grad, const std::string& where,
+                    bool compare_residue = true) {
     SCOPED_TRACE(where);
     auto dev = DeviceBuffer::FromHost(grad);
     EXPECT_TRUE(dev.ok()) << dev.status();
@@ -112,22 +115,22 @@ class Pair {
       EXPECT_TRUE(SameVector("negative", cpu_out_.negative, gpu_out_.negative));
     }
     const bool same_scale = FloatBits(cpu_out_.scale) == FloatBits(gpu_out_.scale);
+    const std::vector<float> cpu_residue(cpu_state_.residue().begin(),
+                                         cpu_state_.residue().end());
     if (cs.ok() && !same_scale) {
       // Documented: the deterministic tree sum may round to the neighbouring float.
       EXPECT_LE(UlpDistance(cpu_out_.scale, gpu_out_.scale), 1)
           << "cpu " << cpu_out_.scale << " gpu " << gpu_out_.scale;
-    }
-    std::vector<float> gpu_residue(n_);
-    const absl::Status ds = gpu_state_->DownloadResidue(absl::MakeSpan(gpu_residue));
-    EXPECT_TRUE(ds.ok()) << ds;
-    const std::vector<float> cpu_residue(cpu_state_.residue().begin(),
-                                         cpu_state_.residue().end());
-    if (same_scale || !cs.ok()) {
-      EXPECT_TRUE(SameFloats(cpu_residue, gpu_residue));
-    } else {
       // Resynchronise so that later steps compare like with like.
       const absl::Status us = gpu_state_->UploadResidue(cpu_residue);
       EXPECT_TRUE(us.ok()) << us;
+      return cs;
+    }
+    if (compare_residue) {
+      std::vector<float> gpu_residue(n_);
+      const absl::Status ds = gpu_state_->DownloadResidue(absl::MakeSpan(gpu_residue));
+      EXPECT_TRUE(ds.ok()) << ds;
+      EXPECT_TRUE(SameFloats(cpu_residue, gpu_residue));
     }
     return cs;
   }
@@ -259,7 +262,11 @@ TEST_P(CudaAdaCompConformance, MatchesTheCpuOnRandomGradientsOverSteps) {
   Pair pair(n, AdaCompOptions(t), defer);
   for (uint32_t step = 0; step < 5; ++step) {
     const float sigma = step == 3 ? 1e-6f : 1.0f / static_cast<float>(1 + step);
-    ASSERT_TRUE(pair.Step(Normal(n, sigma, 1000 * t + step), absl::StrCat("step ", step)).ok());
+    // Residue compared after steps 2 and 4 only: steps 1, 3 and 4 apply the deferred fix-up
+    // of the step before inside the pass.
+    ASSERT_TRUE(pair.Step(Normal(n, sigma, 1000 * t + step), absl::StrCat("step ", step),
+                          step == 2 || step == 4)
+                    .ok());
   }
 }
 
@@ -269,7 +276,8 @@ TEST_P(CudaAdaCompConformance, MatchesTheCpuOnAdversarialGradients) {
   const size_t n = Length(lc, t);
   Pair pair(n, AdaCompOptions(t), defer);
   for (uint32_t step = 0; step < 4; ++step) {
-    ASSERT_TRUE(pair.Step(Adversarial(n, 77 * t + step), absl::StrCat("step ", step)).ok());
+    ASSERT_TRUE(
+        pair.Step(Adversarial(n, 77 * t + step), absl::StrCat("step ", step), step == 3).ok());
   }
 }
 
@@ -340,7 +348,8 @@ TEST(CudaAdaComp, NonFiniteGradientIsRejectedAndLeavesResidueAndPendingFixupUnto
   const uint32_t t = 50;
   const size_t n = 40 * t + 11;
   Pair pair(n, AdaCompOptions(t));
-  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 5), "before").ok());
+  // No residue download after "before": its fix-up stays pending through the rejected steps.
+  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 5), "before", false).ok());
   const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(),
                               std::numeric_limits<float>::infinity(),
                               -std::numeric_limits<float>::infinity()};
@@ -349,7 +358,7 @@ TEST(CudaAdaComp, NonFiniteGradientIsRejectedAndLeavesResidueAndPendingFixupUnto
     for (size_t pos : bad_positions) {
       std::vector<float> g = Normal(n, 1.0f, 6);
       g[pos] = bad;
-      EXPECT_EQ(pair.Step(g, absl::StrCat("bad ", bad, " at ", pos)).code(),
+      EXPECT_EQ(pair.Step(g, absl::StrCat("bad ", bad, " at ", pos), pos == n - 1).code(),
                 absl::StatusCode::kInvalidArgument);
     }
   }
@@ -361,7 +370,7 @@ TEST(CudaAdaComp, NonFiniteGradientWithSendNothingGivesAnEmptyUpdate) {
   SKIP_WITHOUT_GPU();
   const size_t n = 1000;
   Pair pair(n, AdaCompOptions(50, NonFinitePolicy::kSendNothing));
-  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 8), "before").ok());
+  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 8), "before", false).ok());
   std::vector<float> g = Normal(n, 1.0f, 9);
   g[123] = std::numeric_limits<float>::quiet_NaN();
   ASSERT_TRUE(pair.Step(g, "nan").ok());
@@ -423,7 +432,10 @@ TEST(CudaAdaComp, ChangingTheBinSizeOnOneSliceMatchesTheCpu) {
     ASSERT_TRUE((*gpu)->Compress(dev->floats(), n, **gpu_state, gu).ok());
     EXPECT_TRUE(SameVector("indices", cu.indices, gu.indices));
     EXPECT_TRUE(SameVector("negative", cu.negative, gu.negative));
+    // The residue is downloaded (materialized) after every other step only, so the next bin
+    // size meets a pending fix-up of another tile layout half of the time.
     if (FloatBits(cu.scale) == FloatBits(gu.scale)) {
+      if (step % 2 == 1) continue;
       std::vector<float> r(n);
       ASSERT_TRUE((*gpu_state)->DownloadResidue(absl::MakeSpan(r)).ok());
       EXPECT_TRUE(SameFloats(std::vector<float>(cpu_state.residue().begin(),
