@@ -1,0 +1,250 @@
+// In-process tests of the server over inproc://: a Scheduler, a Server and a Worker share a
+// TransportContext; a raw client sends hostile messages and the state must not change.
+#include <thread>
+
+#include "adaps/worker.h"
+#include "common/transport.h"
+#include "common/wire_codec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "scheduler/scheduler.h"
+#include "server/server.h"
+
+namespace adaps {
+namespace {
+
+constexpr size_t kLen = 100;
+constexpr uint64_t kKey = 0;  // tensor 0, slice 0
+
+class ServerInproc : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    context_ = std::make_shared<TransportContext>(1);
+    SchedulerConfig sc;
+    sc.bind = "inproc://scheduler";
+    sc.heartbeat_interval = absl::Milliseconds(100);
+    sc.dead_timeout = absl::Seconds(3);
+    sc.log_level = "warn";
+    scheduler_ = std::make_unique<Scheduler>(sc, context_);
+    ASSERT_TRUE(scheduler_->Start().ok());
+    ServerConfig vc;
+    vc.scheduler = "inproc://scheduler";
+    vc.bind = "inproc://server0";
+    vc.optimizer.kind = OptimizerKind::kSumOnly;
+    vc.log_level = "warn";
+    server_ = std::make_unique<Server>(vc, context_);
+    absl::Status server_status;
+    std::thread start([&] { server_status = server_->Start(); });
+    WorkerOptions wo;
+    wo.scheduler = "inproc://scheduler";
+    wo.context = context_;
+    wo.request_timeout = absl::Seconds(2);
+    wo.log_level = "warn";
+    auto worker = Worker::Create(wo);
+    start.join();
+    ASSERT_TRUE(server_status.ok()) << server_status;
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    worker_ = *std::move(worker);
+    std::vector<float> init(kLen);
+    for (size_t i = 0; i < kLen; ++i) init[i] = static_cast<float>(i);
+    ASSERT_TRUE(worker_->Declare({"t", {kLen}, 10, Compression::kAdaComp}, absl::MakeSpan(init))
+                    .ok());
+
+    TransportOptions to;
+    to.self = Sender{msg::Role::Worker, 0};
+    to.context = context_;
+    client_ = std::make_unique<Transport>(to, nullptr);
+    ASSERT_TRUE(client_->Start().ok());
+    ASSERT_EQ(*client_->Connect("inproc://server0"), 0);
+  }
+
+  void TearDown() override {
+    if (client_) client_->Stop();
+    if (worker_) {
+      EXPECT_TRUE(worker_->Stop().ok());
+    }
+    if (scheduler_) {
+      EXPECT_TRUE(scheduler_->WaitForShutdown(absl::Seconds(5)));
+    }
+    if (server_) {
+      EXPECT_TRUE(server_->WaitForShutdown(absl::Seconds(5)));
+    }
+  }
+
+  absl::StatusOr<InMessage> Call(OutMessage m, uint64_t id,
+                                 absl::Duration timeout = absl::Seconds(2)) {
+    std::promise<absl::StatusOr<InMessage>> p;
+    auto f = p.get_future();
+    client_->Request(0, id, std::move(m), absl::Now() + timeout,
+                     [&p](absl::StatusOr<InMessage> r) { p.set_value(std::move(r)); });
+    return f.get();
+  }
+
+  absl::Status Push(uint64_t key, SharedBytes payload, uint64_t step = 0) {
+    flatbuffers::FlatBufferBuilder fbb;
+    auto body = msg::CreatePush(fbb, key, step, msg::PayloadKind::Dense);
+    const uint64_t id = client_->NewRequestId();
+    return Call(FinishEnvelope(fbb, client_->self(), body, id, 0, std::move(payload)), id)
+        .status();
+  }
+
+  SharedBytes DenseUpdate(size_t length, float value) {
+    CompressedUpdate u;
+    u.kind = CompressorKind::kDense;
+    u.length = static_cast<uint32_t>(length);
+    u.values.assign(length, value);
+    auto bytes = std::make_shared<Bytes>();
+    EXPECT_TRUE(EncodeUpdate(u, IndexCoding::kRice, bytes.get()).ok());
+    return bytes;
+  }
+
+  void ExpectUnchanged() {
+    std::vector<float> out(kLen, -1.0f);
+    ASSERT_TRUE(worker_->Pull("t", absl::MakeSpan(out)).get().ok());
+    for (size_t i = 0; i < kLen; ++i) ASSERT_EQ(out[i], static_cast<float>(i)) << i;
+  }
+
+  std::shared_ptr<TransportContext> context_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<Worker> worker_;
+  std::unique_ptr<Transport> client_;
+};
+
+TEST_F(ServerInproc, WrongLengthPushIsRejectedAndChangesNothing) {
+  absl::Status s = Push(kKey, DenseUpdate(kLen - 1, 1.0f));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("99 elements"));
+  ExpectUnchanged();
+}
+
+TEST_F(ServerInproc, PushToUndeclaredSliceIsRejected) {
+  absl::Status s = Push(12345, DenseUpdate(kLen, 1.0f));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("undeclared"));
+  ExpectUnchanged();
+}
+
+TEST_F(ServerInproc, CorruptPayloadIsDataLossAndChangesNothing) {
+  auto bytes = std::make_shared<Bytes>(*DenseUpdate(kLen, 1.0f));
+  bytes->resize(bytes->size() - 5);  // truncated body
+  absl::Status s = Push(kKey, bytes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  ExpectUnchanged();
+}
+
+TEST_F(ServerInproc, PushForAnotherStepIsAFailedPrecondition) {
+  absl::Status s = Push(kKey, DenseUpdate(kLen, 1.0f), /*step=*/5);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  ExpectUnchanged();
+}
+
+TEST_F(ServerInproc, OtherProtocolVersionGetsAClearError) {
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = msg::CreatePullRequest(fbb, kKey, 0, 0, msg::PullFormat::Dense);
+  msg::EnvelopeBuilder eb(fbb);
+  const uint64_t id = client_->NewRequestId();
+  eb.add_version(kProtocolVersion + 7);
+  eb.add_request_id(id);
+  eb.add_body_type(msg::Body::PullRequest);
+  eb.add_body(body.Union());
+  fbb.Finish(eb.Finish());
+  absl::Status s = Call(OutMessage{fbb.Release(), nullptr}, id).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("protocol version"));
+}
+
+TEST_F(ServerInproc, PayloadSizeOtherThanTheHeaderSaysIsDropped) {
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = msg::CreatePush(fbb, kKey, 0, msg::PayloadKind::Dense);
+  msg::EnvelopeBuilder eb(fbb);
+  const uint64_t id = client_->NewRequestId();
+  eb.add_version(kProtocolVersion);
+  eb.add_sender_role(msg::Role::Worker);
+  eb.add_sender_rank(0);
+  eb.add_request_id(id);
+  eb.add_payload_size(4000);  // but the frame is shorter
+  eb.add_body_type(msg::Body::Push);
+  eb.add_body(body.Union());
+  fbb.Finish(eb.Finish());
+  absl::Status s = Call(OutMessage{fbb.Release(), DenseUpdate(kLen, 1.0f)}, id,
+                        absl::Milliseconds(300))
+                       .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;  // dropped, no answer
+  ExpectUnchanged();
+}
+
+TEST_F(ServerInproc, GarbageFramesAreDroppedAndTheServerKeepsAnswering) {
+  zmq::socket_t raw(context_->get(), zmq::socket_type::dealer);
+  raw.connect("inproc://server0");
+  const char junk[] = "definitely not a flatbuffer";
+  for (int i = 0; i < 10; ++i) (void)raw.send(zmq::buffer(junk, sizeof(junk)));
+  zmq::message_t a("x", 1), b("y", 1), c("z", 1);
+  (void)raw.send(a, zmq::send_flags::sndmore);
+  (void)raw.send(b, zmq::send_flags::sndmore);
+  (void)raw.send(c, zmq::send_flags::none);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.close();
+  ExpectUnchanged();
+  // A well-formed push still works afterwards (sum-only: params += 1).
+  ASSERT_TRUE(Push(kKey, DenseUpdate(kLen, 1.0f)).ok());
+  std::vector<float> out(kLen);
+  ASSERT_TRUE(worker_->Pull("t", absl::MakeSpan(out)).get().ok());
+  EXPECT_EQ(out[3], 4.0f);
+}
+
+TEST(Transport, RequestToAbsentPeerIsUnavailableWithinItsDeadline) {
+  TransportOptions to;
+  to.self = Sender{msg::Role::Worker, 0};
+  Transport t(to, nullptr);
+  ASSERT_TRUE(t.Start().ok());
+  ASSERT_TRUE(t.Connect("tcp://127.0.0.1:1").ok());
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = msg::CreateBarrier(fbb, 0);
+  const uint64_t id = t.NewRequestId();
+  std::promise<absl::Status> p;
+  const absl::Time start = absl::Now();
+  t.Request(0, id, FinishEnvelope(fbb, t.self(), body, id, 0), start + absl::Milliseconds(200),
+            [&](absl::StatusOr<InMessage> r) { p.set_value(r.status()); });
+  absl::Status s = p.get_future().get();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  t.Stop();
+}
+
+TEST(Transport, BindingAnAddressInUseIsUnavailable) {
+  TransportOptions a;
+  a.bind_endpoint = "tcp://127.0.0.1:0";
+  Transport first(a, nullptr);
+  ASSERT_TRUE(first.Start().ok());
+  TransportOptions b;
+  b.bind_endpoint = first.bound_endpoint();
+  Transport second(b, nullptr);
+  absl::Status s = second.Start();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("address in use"));
+}
+
+TEST(Optimizer, NesterovAndAdamFollowTheirFormulas) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kNesterov;
+  c.learning_rate = 0.5f;
+  c.momentum = 0.5f;
+  std::vector<float> p = {1.0f}, m, v, g = {1.0f};
+  uint64_t t = 0;
+  ApplyOptimizer(c, g, absl::MakeSpan(p), m, v, t);  // m = 1; p -= 0.5 * (1 + 0.5)
+  EXPECT_FLOAT_EQ(p[0], 0.25f);
+  c.kind = OptimizerKind::kAdam;
+  c.learning_rate = 0.1f;
+  p = {1.0f};
+  m.clear();
+  v.clear();
+  t = 0;
+  ApplyOptimizer(c, g, absl::MakeSpan(p), m, v, t);  // first Adam step moves by ~lr
+  EXPECT_NEAR(p[0], 0.9f, 1e-6f);
+  EXPECT_EQ(SetHyperParam(c, "nope", 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetHyperParam(c, "momentum", 1.5).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace adaps
