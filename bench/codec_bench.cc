@@ -10,8 +10,14 @@
 // 1% of the elements at T=500 and about 4% at T=50. kSteps consecutive steps are generated
 // up front and cycled; residues are warmed up before timing so the density is the steady one.
 //
+// Also measured: the NaN/Inf pre-scan alone, exact Top-k at 0.1%, the wire encodings
+// (encode, DecodeAdd, bits per sent element), and prototype kernels (namespace proto below:
+// candidate replacements for common/adacomp_kernel.cc, checked bit for bit against it).
+//
 // After Google Benchmark's own output, a summary table with the targets of issue 2.
-// Extra flag (before or after benchmark flags): --elements=N (default 25000000).
+// Extra flags (mixed freely with --benchmark_* flags):
+//   --elements=N    slice length (default 25000000)
+//   --diagnostics   also the one-change-at-a-time prototype variants (attribution)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -25,6 +31,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "bench/gradient_stream.h"
 #include "benchmark/benchmark.h"
 #include "common/compressor.h"
@@ -316,6 +323,93 @@ __attribute__((target("avx2,bmi,bmi2,popcnt"))) void OnePass(const float* g, flo
   Emit(s, cnt, n, t, scale, out);
 }
 
+bool SupportedAvx512() {
+  return Supported() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+// GCC 12's AVX-512 headers seed results with _mm512_undefined_ps(), which trips
+// -Wmaybe-uninitialized in every intrinsic that uses it; the warning is not about our code.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// AVX-512 one-pass with the deferred fix-up: 16 lanes, mask registers for the bin tails, and
+// a register compress (vpcompressd) to append the selected indices without a branch per
+// element or a shuffle table.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,bmi,bmi2,popcnt"))) void OnePass512(
+    const float* g, float* r, uint32_t n, uint32_t t, Scratch& s, CompressedUpdate& out) {
+  const uint32_t nb = (n - 1) / t + 1;
+  s.Reserve(n + 8);
+  s.gmax.resize(nb);
+  uint32_t* idx = s.idx.get();
+  uint8_t* neg = s.neg.get();
+  size_t cnt = 0;
+  const uint32_t* pidx = s.pidx.get();
+  const uint8_t* pneg = s.pneg.get();
+  const size_t pcnt = s.pcnt;
+  const float ps = s.pscale;
+  const __m512i lane_ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 zero = _mm512_setzero_ps();
+  const uint32_t chunk_bins = std::max(1u, 2048u / t);
+  size_t pp = 0;
+  uint32_t b = 0;
+  for (uint32_t lo = 0; lo < n; lo += t, ++b) {
+    const uint32_t hi = (n - lo > t) ? lo + t : n;
+    const uint32_t vec_end = lo + ((hi - lo) & ~15u);
+    const __mmask16 tail = static_cast<__mmask16>((1u << ((hi - lo) & 15u)) - 1u);
+    if (b % chunk_bins == 0) {
+      const uint32_t chunk_hi =
+          static_cast<uint32_t>(std::min<uint64_t>(n, uint64_t{lo} + uint64_t{chunk_bins} * t));
+      for (; pp < pcnt && pidx[pp] < chunk_hi; ++pp) {
+        const uint32_t i = pidx[pp];
+        r[i] = pneg[pp] ? r[i] + ps : r[i] - ps;
+      }
+    }
+    __m512 mv = zero;
+    uint32_t i = lo;
+    for (; i < vec_end; i += 16) {
+      const __m512 v = _mm512_add_ps(_mm512_loadu_ps(r + i), _mm512_loadu_ps(g + i));
+      _mm512_storeu_ps(r + i, v);
+      mv = _mm512_max_ps(mv, _mm512_abs_ps(v));
+    }
+    if (tail) {
+      const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(tail, r + i),
+                                     _mm512_maskz_loadu_ps(tail, g + i));
+      _mm512_mask_storeu_ps(r + i, tail, v);
+      mv = _mm512_max_ps(mv, _mm512_abs_ps(v));
+    }
+    // (_mm512_reduce_max_ps trips -Wmaybe-uninitialized in GCC 12's header.)
+    const float m =
+        HMax(_mm256_max_ps(_mm512_castps512_ps256(mv), _mm512_extractf32x8_ps(mv, 1)));
+    s.gmax[b] = m;
+    if (!(m > 0.0f)) continue;
+    const __m512 thr = _mm512_set1_ps(m);
+    for (i = lo; i < hi; i += 16) {
+      const __mmask16 lanes = i == vec_end ? tail : static_cast<__mmask16>(0xffff);
+      const __m512 v = _mm512_maskz_loadu_ps(lanes, r + i);
+      const __m512 h = _mm512_abs_ps(_mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes, g + i)));
+      const __mmask16 sel = _mm512_mask_cmp_ps_mask(
+          _mm512_cmp_ps_mask(v, zero, _CMP_NEQ_OQ), h, thr, _CMP_GE_OQ);
+      if (sel) {
+        const __m512i ids = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(i)), lane_ids);
+        _mm512_storeu_si512(idx + cnt, _mm512_maskz_compress_epi32(sel, ids));
+        const unsigned negs = _pext_u32(_mm512_movepi32_mask(_mm512_castps_si512(v)), sel);
+        const uint64_t lo8 = _pdep_u64(negs & 0xff, 0x0101010101010101ull);
+        const uint64_t hi8 = _pdep_u64(negs >> 8, 0x0101010101010101ull);
+        std::memcpy(neg + cnt, &lo8, 8);
+        std::memcpy(neg + cnt + 8, &hi8, 8);
+        cnt += static_cast<size_t>(_mm_popcnt_u32(sel));
+      }
+    }
+  }
+  const float scale = Scale(s.gmax, nb);
+  Emit(s, cnt, n, t, scale, out);
+  s.pcnt = std::isfinite(scale) ? cnt : 0;
+  s.pscale = scale;
+  std::swap(s.idx, s.pidx);
+  std::swap(s.neg, s.pneg);
+}
+#pragma GCC diagnostic pop
+
 // Returns false (residue untouched) when g holds NaN or Inf.
 __attribute__((target("avx2,bmi,bmi2,popcnt"))) bool TwoPass(const float* g, float* r,
                                                              uint32_t n, uint32_t t,
@@ -396,6 +490,7 @@ __attribute__((target("avx2,bmi,bmi2,popcnt"))) bool TwoPass(const float* g, flo
 }
 #else
 bool Supported() { return false; }
+bool SupportedAvx512() { return false; }
 #endif
 
 }  // namespace proto
@@ -450,6 +545,21 @@ void BM_PlainPass(benchmark::State& state) {
              u.Clear();
              return true;
            });
+}
+
+// The NaN/Inf pre-scan of Compress on its own (reads 4 B per element).
+void BM_AllFinite(benchmark::State& state) {
+  Data& d = GetData();
+  size_t k = 0;
+  for (auto _ : state) {
+    if (!AllFinite(d.grads[k++ % kSteps])) {
+      state.SkipWithError("unexpected NaN");
+      return;
+    }
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(d.n));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(d.n) *
+                          4);
 }
 
 void BM_AdaCompCompress(benchmark::State& state, uint32_t t) {
@@ -555,6 +665,23 @@ void BM_ProtoOnePass(benchmark::State& state, uint32_t t, ProtoVariant v) {
       [&] { scratch.pcnt = 0; });
 }
 
+void BM_ProtoAvx512(benchmark::State& state, uint32_t t, bool scan) {
+  if (!proto::SupportedAvx512()) {
+    state.SkipWithError("this CPU has no AVX-512");
+    return;
+  }
+  proto::Scratch scratch;
+  RunSteps(
+      state, GetData().per_bin[t].snapshot,
+      [&](const std::vector<float>& g, SliceState& r, CompressedUpdate& u) {
+        if (scan && !AllFinite(g)) return false;
+        proto::OnePass512(g.data(), r.residue().data(), static_cast<uint32_t>(g.size()), t,
+                          scratch, u);
+        return true;
+      },
+      [&] { scratch.pcnt = 0; });
+}
+
 void BM_ProtoTwoPass(benchmark::State& state, uint32_t t) {
   if (!proto::Supported()) {
     state.SkipWithError("this CPU has no AVX2/BMI2");
@@ -585,9 +712,10 @@ std::string CheckPrototypes() {
   for (size_t n : {size_t{1}, size_t{7}, size_t{49}, size_t{501}, size_t{100'003}}) {
     for (uint32_t t : kBinSizes) {
       bench::GradientStream stream(bench::GradientStream::Tuned1Percent(n, 7 + n));
-      std::vector<float> g(n), ra(n, 0.0f), rb(n, 0.0f), rc(n, 0.0f), rd(n, 0.0f), gmax;
-      CompressedUpdate ua, ub, uc, ud;
-      proto::Scratch sb, sc, sd;
+      std::vector<float> g(n), ra(n, 0.0f), rb(n, 0.0f), rc(n, 0.0f), rd(n, 0.0f),
+          re(n, 0.0f), gmax;
+      CompressedUpdate ua, ub, uc, ud, ue;
+      proto::Scratch sb, sc, sd, se;
       for (int step = 0; step < 6; ++step) {
         stream.Next(absl::MakeSpan(g));
         internal::AdaCompCompressFinite(g, absl::MakeSpan(ra), t, gmax, ua);
@@ -614,6 +742,20 @@ std::string CheckPrototypes() {
         copy.Flush(flushed.data());
         if (!SameUpdate(ua, ud) || !SameResidue(ra, flushed)) {
           return absl::StrCat("MISMATCH deferred n=", n, " T=", t, " step ", step);
+        }
+        if (proto::SupportedAvx512()) {
+          proto::OnePass512(g.data(), re.data(), static_cast<uint32_t>(n), t, se, ue);
+          std::vector<float> fe = re;
+          proto::Scratch c2;
+          c2.Reserve(n);
+          c2.pcnt = se.pcnt;
+          c2.pscale = se.pscale;
+          std::memcpy(c2.pidx.get(), se.pidx.get(), se.pcnt * sizeof(uint32_t));
+          std::memcpy(c2.pneg.get(), se.pneg.get(), se.pcnt);
+          c2.Flush(fe.data());
+          if (!SameUpdate(ua, ue) || !SameResidue(ra, fe)) {
+            return absl::StrCat("MISMATCH avx512 n=", n, " T=", t, " step ", step);
+          }
         }
       }
       g[n / 2] = std::nanf("");
@@ -659,6 +801,7 @@ const char* CodingName(IndexCoding c) { return c == IndexCoding::kRice ? "rice" 
 
 void RegisterAll() {
   benchmark::RegisterBenchmark("plain_pass", BM_PlainPass)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("nan_scan", BM_AllFinite)->Unit(benchmark::kMillisecond);
   for (uint32_t t : kBinSizes) {
     const std::string ts = absl::StrCat("/T:", t);
     benchmark::RegisterBenchmark(("adacomp_compress" + ts).c_str(), BM_AdaCompCompress, t)
@@ -671,9 +814,9 @@ void RegisterAll() {
   }
   for (uint32_t t : kBinSizes) {
     const std::string ts = absl::StrCat("/T:", t);
-    // The proposed kernel: deferred fix-up, prefetch, branch-free pack at small T.
+    // The proposed AVX2 kernel: deferred fix-up, masked tails, prefetch at large T.
     ProtoVariant best;
-    best.branchless = t < 128;
+    best.prefetch = t >= 128 ? kProtoPrefetch : 0;
     ProtoVariant best_scan = best;
     best_scan.scan = true;
     benchmark::RegisterBenchmark(("proto_onepass" + ts).c_str(), BM_ProtoOnePass, t, best)
@@ -710,6 +853,10 @@ void RegisterAll() {
       v.select = false;
       reg("noselect(wrong)", v);
     }
+    benchmark::RegisterBenchmark(("proto512_onepass" + ts).c_str(), BM_ProtoAvx512, t, false)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("proto512_compress" + ts).c_str(), BM_ProtoAvx512, t, true)
+        ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("proto_twopass" + ts).c_str(), BM_ProtoTwoPass, t)
         ->Unit(benchmark::kMillisecond);
   }
@@ -737,11 +884,15 @@ void PrintSummary(const SummaryReporter& rep, const std::string& proto_check) {
   auto row = [&](const std::string& label, const std::string& name) {
     const double v = rep.Get(name, "items_per_second");
     if (std::isnan(v)) return;
-    const double density = rep.Get(name, "density");
-    std::printf("%-32s %8.3f %9.2f %9.1f %8.3f%%\n", label.c_str(), v / 1e9, v / plain,
-                v / topk, 100.0 * (std::isnan(density) ? 0.001 : density));
+    double density = rep.Get(name, "density");
+    if (name.rfind("topk", 0) == 0) density = kTopKFraction;
+    const std::string dens =
+        std::isnan(density) || density == 0.0 ? "-" : absl::StrFormat("%.3f%%", 100.0 * density);
+    std::printf("%-32s %8.3f %9.2f %9.1f %9s\n", label.c_str(), v / 1e9, v / plain, v / topk,
+                dens.c_str());
   };
   row("plain pass r+=g (12 B/el)", "plain_pass");
+  row("NaN/Inf scan alone (4 B/el)", "nan_scan");
   row("top-k 0.1% (exact, nth_element)", "topk/0.1%");
   for (uint32_t t : kBinSizes) {
     const std::string ts = absl::StrCat("/T:", t);
@@ -751,6 +902,8 @@ void PrintSummary(const SummaryReporter& rep, const std::string& proto_check) {
     row("proto one-pass (no scan)" + ts, "proto_onepass" + ts);
     row("proto Compress (+NaN scan)" + ts, "proto_compress" + ts);
     row("proto two-pass (+NaN check)" + ts, "proto_twopass" + ts);
+    row("proto AVX-512 (no scan)" + ts, "proto512_onepass" + ts);
+    row("proto AVX-512 (+NaN scan)" + ts, "proto512_compress" + ts);
     for (const char* diag : {"base", "pf512", "pf2048", "pf8192", "branchless", "deferred",
                              "nofixup(wrong)", "noselect(wrong)"}) {
       row(absl::StrCat("  diag ", diag, ts), absl::StrCat("diag_", diag, ts));
