@@ -18,6 +18,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "bench/gradient_stream.h"
 #include "common/compressor.h"
@@ -165,6 +167,12 @@ int main(int argc, char** argv) {
       "Compresses a synthetic gradient stream with AdaComp, layer by layer, and prints the "
       "density, bits per sent element, compression rate and total saving.\n"
       "Usage: adaps-codec-demo [--steps=100] [--seed=1]");
+  // --help lists the flags of this file (absl matches on the binary's name by default).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::StrContains(path, "codec_demo");
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   return adaps::Run();
 }
