@@ -29,6 +29,8 @@ ABSL_FLAG(int, workers, 4, "number of simulated data-parallel workers");
 ABSL_FLAG(int, epochs, 3, "passes over the training data");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the initial weights, the sharding and the batch order");
 ABSL_FLAG(double, lr, 0.05, "server learning rate (SGD with momentum)");
+ABSL_FLAG(std::string, lr_schedule, "cosine",
+          "constant, or cosine: from --lr down to 0 over the whole run");
 ABSL_FLAG(double, momentum, 0.9, "server momentum");
 ABSL_FLAG(int, batch, 32, "batch size per worker and step");
 ABSL_FLAG(uint32_t, bin_size_conv, 50, "AdaComp bin size for conv layers");
@@ -52,6 +54,7 @@ struct Config {
   int train_limit;
   std::string data_dir;
   std::string csv;
+  bool cosine;
 };
 
 absl::StatusOr<Config> LoadConfig() {
@@ -72,6 +75,12 @@ absl::StatusOr<Config> LoadConfig() {
   c.train_limit = absl::GetFlag(FLAGS_train_limit);
   c.data_dir = absl::GetFlag(FLAGS_data_dir);
   c.csv = absl::GetFlag(FLAGS_csv);
+  const std::string schedule = absl::GetFlag(FLAGS_lr_schedule);
+  if (schedule != "constant" && schedule != "cosine") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown --lr_schedule '", schedule,
+                                                   "' (constant or cosine)"));
+  }
+  c.cosine = schedule == "cosine";
   if (c.sim.workers < 1 || c.epochs < 1 || c.batch < 1 || c.train_limit < 0) {
     return absl::InvalidArgumentError("--workers, --epochs and --batch must be >= 1, "
                                       "--train_limit >= 0");
@@ -91,10 +100,10 @@ absl::Status Run() {
   const CompressionConfig& comp = cfg.sim.compression;
   spdlog::info(
       "[adaps-train-sim] model={} compressor={} workers={} epochs={} seed={} lr={} momentum={} "
-      "batch={} bin_size_conv={} bin_size_fc={} topk_fraction={} compress_bias={} "
+      "lr_schedule={} batch={} bin_size_conv={} bin_size_fc={} topk_fraction={} compress_bias={} "
       "train_limit={} data_dir={} csv={} header_bytes_per_push={}",
       ModelKindName(cfg.model), CompressorKindName(comp.kind), cfg.sim.workers, cfg.epochs,
-      cfg.seed, cfg.sim.learning_rate, cfg.sim.momentum, cfg.batch, comp.bin_size_conv,
+      cfg.seed, cfg.sim.learning_rate, cfg.sim.momentum, cfg.cosine ? "cosine" : "constant", cfg.batch, comp.bin_size_conv,
       comp.bin_size_fc, comp.topk_fraction, comp.compress_bias, cfg.train_limit, cfg.data_dir,
       cfg.csv.empty() ? "-" : cfg.csv, cfg.sim.message_header_bytes);
 
@@ -113,6 +122,7 @@ absl::Status Run() {
                                                    " images hold no full batch of ", cfg.batch));
   }
 
+  if (cfg.cosine) cfg.sim.decay_steps = static_cast<int64_t>(steps) * cfg.epochs;
   std::vector<std::unique_ptr<Model>> models;
   for (int w = 0; w < cfg.sim.workers; ++w) models.push_back(Model::Create(cfg.model, cfg.seed));
   ADAPS_ASSIGN_OR_RETURN(auto cluster, SimulatedCluster::Create(cfg.sim, models[0]->params()));

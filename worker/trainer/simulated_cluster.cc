@@ -1,6 +1,7 @@
 #include "worker/trainer/simulated_cluster.h"
 
 #include <chrono>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -139,7 +140,12 @@ absl::Status SimulatedCluster::AggregateLocked() {
       ADAPS_RETURN_IF_ERROR(DecodeAdd(pushes_[w][i], inv, absl::MakeSpan(p.grad)));
     }
     std::vector<float>& v = velocity_[i];
-    const float mu = options_.momentum, lr = options_.learning_rate;
+    float lr = options_.learning_rate;
+    if (options_.decay_steps > 0) {
+      const double t = std::min<double>(1.0, static_cast<double>(step_) / options_.decay_steps);
+      lr = static_cast<float>(0.5 * options_.learning_rate * (1.0 + std::cos(M_PI * t)));
+    }
+    const float mu = options_.momentum;
     for (size_t j = 0; j < p.size(); ++j) {
       v[j] = mu * v[j] + p.grad[j];
       p.value[j] -= lr * v[j];

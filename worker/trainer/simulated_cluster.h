@@ -47,6 +47,9 @@ struct SimulationOptions {
   CompressionConfig compression;
   float learning_rate = 0.05f;
   float momentum = 0.9f;
+  // When > 0, the learning rate follows a cosine from learning_rate at step 0 down to 0 at
+  // step decay_steps (and stays 0 after); otherwise it is constant.
+  int64_t decay_steps = 0;
   IndexCoding coding = IndexCoding::kRice;
   size_t message_header_bytes = kMessageHeaderBytes;
   // How long a worker waits at the barrier for the others before giving up.
