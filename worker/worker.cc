@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "common/transport.h"
 #include "common/wire_codec.h"
+#include "worker/dense_wire.h"
 
 namespace adaps {
 namespace {
@@ -46,6 +47,31 @@ struct Op {
   bool finished ABSL_GUARDED_BY(mu) = false;
   std::promise<absl::Status> promise;
 };
+
+}  // namespace
+
+// The wire encoding of a dense update (common/wire_codec.h: magic, format version, kind,
+// index coding, varint length, then the floats), written straight from the gradient: one
+// copy instead of two (Compress, then EncodeUpdate). Tested against EncodeUpdate.
+SharedBytes EncodeDenseDirect(absl::Span<const float> grad, IndexCoding coding) {
+  auto out = std::make_shared<Bytes>();
+  out->reserve(16 + grad.size() * sizeof(float));
+  out->push_back(kWireMagic);
+  out->push_back(kWireFormatVersion);
+  out->push_back(static_cast<uint8_t>(CompressorKind::kDense));
+  out->push_back(static_cast<uint8_t>(coding));
+  uint64_t v = grad.size();
+  while (v >= 0x80) {
+    out->push_back(static_cast<uint8_t>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<uint8_t>(v));
+  const uint8_t* begin = reinterpret_cast<const uint8_t*>(grad.data());
+  out->insert(out->end(), begin, begin + grad.size() * sizeof(float));
+  return out;
+}
+
+namespace {
 
 std::future<absl::Status> Ready(absl::Status status) {
   std::promise<absl::Status> p;
@@ -284,6 +310,11 @@ class Worker::Impl {
     const uint64_t step = t.pushed_steps;
     std::vector<std::pair<SharedBytes, size_t>> encoded;
     for (auto& rt : t.slices) {
+      if (t.spec.compression == Compression::kDense) {
+        encoded.emplace_back(
+            EncodeDenseDirect(grad.subspan(rt.info.offset, rt.info.length), coding), 0);
+        continue;
+      }
       ADAPS_RETURN_IF_ERROR(t.compressor->Compress(grad.subspan(rt.info.offset, rt.info.length),
                                                    *rt.residue, t.update));
       auto bytes = std::make_shared<Bytes>();

@@ -1,8 +1,7 @@
 #include "worker/trainer/idx_reader.h"
 
-#include <zlib.h>
-
 #include <sys/stat.h>
+#include <zlib.h>
 
 #include <cerrno>
 #include <cstring>
@@ -64,8 +63,8 @@ uint32_t ReadBigEndian32(const uint8_t* p) {
 absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
   ADAPS_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadWholeFile(path));
   if (bytes.size() < 4) {
-    return absl::DataLossError(absl::StrCat(path, ": too short for an IDX header (", bytes.size(),
-                                            " bytes)"));
+    return absl::DataLossError(
+        absl::StrCat(path, ": too short for an IDX header (", bytes.size(), " bytes)"));
   }
   if (bytes[0] != 0 || bytes[1] != 0) {
     return absl::DataLossError(absl::StrCat(path, ": bad IDX magic (first two bytes must be 0)"));
@@ -98,8 +97,8 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
                                             " bytes, file holds ", have));
   }
   if (have > total) {
-    return absl::DataLossError(absl::StrCat(path, ": ", have - total,
-                                            " trailing bytes after the IDX data"));
+    return absl::DataLossError(
+        absl::StrCat(path, ": ", have - total, " trailing bytes after the IDX data"));
   }
   out.data.assign(bytes.begin() + header, bytes.end());
   return out;
@@ -110,12 +109,12 @@ absl::StatusOr<Dataset> LoadIdxPair(const std::string& images_path,
   ADAPS_ASSIGN_OR_RETURN(IdxArray images, ReadIdxFile(images_path));
   ADAPS_ASSIGN_OR_RETURN(IdxArray labels, ReadIdxFile(labels_path));
   if (images.dims.size() != 3) {
-    return absl::DataLossError(absl::StrCat(images_path, ": images file must have 3 dimensions, has ",
-                                            images.dims.size()));
+    return absl::DataLossError(absl::StrCat(
+        images_path, ": images file must have 3 dimensions, has ", images.dims.size()));
   }
   if (labels.dims.size() != 1) {
-    return absl::DataLossError(absl::StrCat(labels_path, ": labels file must have 1 dimension, has ",
-                                            labels.dims.size()));
+    return absl::DataLossError(
+        absl::StrCat(labels_path, ": labels file must have 1 dimension, has ", labels.dims.size()));
   }
   if (images.dims[0] != labels.dims[0]) {
     return absl::InvalidArgumentError(absl::StrCat(images_path, " holds ", images.dims[0],

@@ -32,15 +32,14 @@ struct Dataset {
   int count = 0;
   int rows = 0;
   int cols = 0;
-  std::vector<float> images;   // count x (rows*cols), row-major
-  std::vector<uint8_t> labels; // count, each in [0, 9]
+  std::vector<float> images;    // count x (rows*cols), row-major
+  std::vector<uint8_t> labels;  // count, each in [0, 9]
   int image_size() const { return rows * cols; }
   const float* image(int i) const { return images.data() + static_cast<size_t>(i) * image_size(); }
 };
 
 // Builds a Dataset from an images file (3 dimensions) and a labels file (1 dimension).
-absl::StatusOr<Dataset> LoadIdxPair(const std::string& images_path,
-                                    const std::string& labels_path);
+absl::StatusOr<Dataset> LoadIdxPair(const std::string& images_path, const std::string& labels_path);
 
 // Loads `train-*` or `t10k-*` from `dir`, taking `<name>` or else `<name>.gz`.
 absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train);

@@ -98,8 +98,7 @@ void ConvLayer::Forward(const Matrix& in, Matrix* out, bool /*training*/) {
   for (int b = 0; b < batch; ++b) {
     for (int oc = 0; oc < s_.out_channels; ++oc) {
       out->row(b).segment(static_cast<Eigen::Index>(oc) * area, area) =
-          prod_.row(oc).segment(static_cast<Eigen::Index>(b) * area, area).array() +
-          bias.value[oc];
+          prod_.row(oc).segment(static_cast<Eigen::Index>(b) * area, area).array() + bias.value[oc];
     }
   }
 }

@@ -13,11 +13,10 @@
 #ifndef ADAPS_WORKER_TRAINER_LAYERS_H_
 #define ADAPS_WORKER_TRAINER_LAYERS_H_
 
+#include <Eigen/Core>
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <Eigen/Core>
 
 namespace adaps::trainer {
 
@@ -115,8 +114,7 @@ class ConvLayer : public Layer {
 // 2x2 max pooling with stride 2 over C channels of H x W (H and W even).
 class MaxPoolLayer : public Layer {
  public:
-  MaxPoolLayer(int channels, int height, int width)
-      : c_(channels), h_(height), w_(width) {}
+  MaxPoolLayer(int channels, int height, int width) : c_(channels), h_(height), w_(width) {}
   int input_size() const override { return c_ * h_ * w_; }
   int output_size() const override { return c_ * (h_ / 2) * (w_ / 2); }
   void Forward(const Matrix& in, Matrix* out, bool training) override;

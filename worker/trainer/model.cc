@@ -52,9 +52,9 @@ std::unique_ptr<Model> Model::Create(ModelKind kind, uint64_t seed) {
     dense("fc3", 128, 10, false);
   } else {
     auto conv = [&](const std::string& name, ConvShape s) {
-      const int w = m->AddParam(name + ".weight", LayerKind::kConv,
-                                {s.out_channels, s.in_channels, s.kernel, s.kernel},
-                                s.patch_size(), seed);
+      const int w =
+          m->AddParam(name + ".weight", LayerKind::kConv,
+                      {s.out_channels, s.in_channels, s.kernel, s.kernel}, s.patch_size(), seed);
       const int b = m->AddParam(name + ".bias", LayerKind::kBias, {s.out_channels}, 1, seed);
       m->layers_.push_back(std::make_unique<ConvLayer>(&m->params_, w, b, s));
       const int out = s.out_channels * s.out_height() * s.out_width();
@@ -102,8 +102,8 @@ absl::StatusOr<float> Model::ComputeGradients(const Matrix& images,
 
 absl::Status Model::Logits(const Matrix& images, Matrix* logits) {
   if (images.cols() != input_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("images have ", images.cols(),
-                                                   " values; model takes ", input_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("images have ", images.cols(), " values; model takes ", input_size()));
   }
   Matrix a = images, b;
   for (auto& layer : layers_) {
@@ -129,8 +129,8 @@ void GatherBatch(const Dataset& data, absl::Span<const uint32_t> indices, Matrix
 absl::StatusOr<EvalResult> Evaluate(Model& model, const Dataset& data, int batch_size) {
   if (data.count == 0) return absl::InvalidArgumentError("empty evaluation set");
   if (data.image_size() != model.input_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("images of ", data.image_size(),
-                                                   " pixels; model takes ", model.input_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("images of ", data.image_size(), " pixels; model takes ", model.input_size()));
   }
   Matrix batch, logits;
   std::vector<uint8_t> labels;

@@ -56,8 +56,7 @@ class Model {
 
  private:
   explicit Model(ModelKind kind) : kind_(kind) {}
-  int AddParam(std::string name, LayerKind kind, std::vector<int> shape, int fan_in,
-               uint64_t seed);
+  int AddParam(std::string name, LayerKind kind, std::vector<int> shape, int fan_in, uint64_t seed);
 
   ModelKind kind_;
   std::vector<ParamTensor> params_;

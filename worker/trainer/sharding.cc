@@ -22,7 +22,7 @@ void Shuffle(std::vector<uint32_t>& v, uint64_t seed) {
 }  // namespace
 
 absl::StatusOr<std::vector<std::vector<uint32_t>>> ShardIndices(size_t n, int workers,
-                                                                 uint64_t seed, size_t limit) {
+                                                                uint64_t seed, size_t limit) {
   if (workers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("worker count must be >= 1, got ", workers));
   }
@@ -32,8 +32,8 @@ absl::StatusOr<std::vector<std::vector<uint32_t>>> ShardIndices(size_t n, int wo
   Shuffle(all, seed ^ 0x9e3779b97f4a7c15ULL);
   if (limit > 0 && limit < n) all.resize(limit);
   if (all.size() < static_cast<size_t>(workers)) {
-    return absl::InvalidArgumentError(absl::StrCat(all.size(), " images cannot be split over ",
-                                                   workers, " workers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(all.size(), " images cannot be split over ", workers, " workers"));
   }
   std::vector<std::vector<uint32_t>> shards(workers);
   const size_t base = all.size() / workers;

@@ -19,7 +19,7 @@ namespace adaps::trainer {
 // elements when 0 < limit < n, split into `workers` contiguous parts whose sizes differ by
 // at most one.
 absl::StatusOr<std::vector<std::vector<uint32_t>>> ShardIndices(size_t n, int workers,
-                                                                 uint64_t seed, size_t limit = 0);
+                                                                uint64_t seed, size_t limit = 0);
 
 // One worker's share and its per-epoch order.
 class ShardSampler {

@@ -77,13 +77,14 @@ absl::StatusOr<Config> LoadConfig() {
   c.csv = absl::GetFlag(FLAGS_csv);
   const std::string schedule = absl::GetFlag(FLAGS_lr_schedule);
   if (schedule != "constant" && schedule != "cosine") {
-    return absl::InvalidArgumentError(absl::StrCat("unknown --lr_schedule '", schedule,
-                                                   "' (constant or cosine)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown --lr_schedule '", schedule, "' (constant or cosine)"));
   }
   c.cosine = schedule == "cosine";
   if (c.sim.workers < 1 || c.epochs < 1 || c.batch < 1 || c.train_limit < 0) {
-    return absl::InvalidArgumentError("--workers, --epochs and --batch must be >= 1, "
-                                      "--train_limit >= 0");
+    return absl::InvalidArgumentError(
+        "--workers, --epochs and --batch must be >= 1, "
+        "--train_limit >= 0");
   }
   return c;
 }
@@ -103,9 +104,9 @@ absl::Status Run() {
       "lr_schedule={} batch={} bin_size_conv={} bin_size_fc={} topk_fraction={} compress_bias={} "
       "train_limit={} data_dir={} csv={} header_bytes_per_push={}",
       ModelKindName(cfg.model), CompressorKindName(comp.kind), cfg.sim.workers, cfg.epochs,
-      cfg.seed, cfg.sim.learning_rate, cfg.sim.momentum, cfg.cosine ? "cosine" : "constant", cfg.batch, comp.bin_size_conv,
-      comp.bin_size_fc, comp.topk_fraction, comp.compress_bias, cfg.train_limit, cfg.data_dir,
-      cfg.csv.empty() ? "-" : cfg.csv, cfg.sim.message_header_bytes);
+      cfg.seed, cfg.sim.learning_rate, cfg.sim.momentum, cfg.cosine ? "cosine" : "constant",
+      cfg.batch, comp.bin_size_conv, comp.bin_size_fc, comp.topk_fraction, comp.compress_bias,
+      cfg.train_limit, cfg.data_dir, cfg.csv.empty() ? "-" : cfg.csv, cfg.sim.message_header_bytes);
 
   ADAPS_ASSIGN_OR_RETURN(Dataset train, LoadFashionMnist(cfg.data_dir, /*train=*/true));
   ADAPS_ASSIGN_OR_RETURN(Dataset test, LoadFashionMnist(cfg.data_dir, /*train=*/false));
@@ -118,8 +119,8 @@ absl::Status Run() {
   }
   const int steps = StepsPerEpoch(smallest, cfg.batch);
   if (steps < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("shards of ", smallest,
-                                                   " images hold no full batch of ", cfg.batch));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shards of ", smallest, " images hold no full batch of ", cfg.batch));
   }
 
   if (cfg.cosine) cfg.sim.decay_steps = static_cast<int64_t>(steps) * cfg.epochs;
@@ -132,10 +133,11 @@ absl::Status Run() {
                           ShardSampler(shards[w], cfg.seed, w), cfg.batch);
   }
 
-  std::printf("%s: %zu parameters in %zu tensors; %zu training images over %d workers "
-              "(%d steps of %d per worker per epoch), %d test images\n",
-              ModelKindName(cfg.model), models[0]->num_parameters(), models[0]->params().size(),
-              total, cfg.sim.workers, steps, cfg.batch, test.count);
+  std::printf(
+      "%s: %zu parameters in %zu tensors; %zu training images over %d workers "
+      "(%d steps of %d per worker per epoch), %d test images\n",
+      ModelKindName(cfg.model), models[0]->num_parameters(), models[0]->params().size(), total,
+      cfg.sim.workers, steps, cfg.batch, test.count);
   for (size_t i = 0; i < models[0]->params().size(); ++i) {
     const ParamTensor& p = models[0]->params()[i];
     const CompressorOptions& o = cluster->tensor_options()[i];
@@ -175,7 +177,8 @@ absl::Status Run() {
     {
       std::vector<std::thread> threads;
       for (int w = 0; w < cfg.sim.workers; ++w) {
-        threads.emplace_back([&, w] { results[w] = trainers[w].RunEpoch(epoch, steps, &steps_at[w]); });
+        threads.emplace_back(
+            [&, w] { results[w] = trainers[w].RunEpoch(epoch, steps, &steps_at[w]); });
       }
       for (std::thread& t : threads) t.join();
     }
@@ -193,12 +196,13 @@ absl::Status Run() {
     const TrafficCounters& fc = t.by_kind[static_cast<int>(LayerKind::kFullyConnected)];
     const TrafficCounters& bias = t.by_kind[static_cast<int>(LayerKind::kBias)];
     const TrafficCounters all = t.Total();
-    std::printf("epoch %d/%d  loss %.4f  test_acc %.4f  step %.1f ms  pushed %s (dense %s)  "
-                "pulled %s  rate: conv %s  fc %s  bias %s  total %.1fx\n",
-                epoch + 1, cfg.epochs, loss, eval.accuracy, 1e3 * seconds / steps,
-                Megabytes(all.sent_bytes).c_str(), Megabytes(all.dense_bytes).c_str(),
-                Megabytes(t.pulled_bytes).c_str(), RateText(conv, false).c_str(),
-                RateText(fc, false).c_str(), RateText(bias, bias_dense).c_str(), all.rate());
+    std::printf(
+        "epoch %d/%d  loss %.4f  test_acc %.4f  step %.1f ms  pushed %s (dense %s)  "
+        "pulled %s  rate: conv %s  fc %s  bias %s  total %.1fx\n",
+        epoch + 1, cfg.epochs, loss, eval.accuracy, 1e3 * seconds / steps,
+        Megabytes(all.sent_bytes).c_str(), Megabytes(all.dense_bytes).c_str(),
+        Megabytes(t.pulled_bytes).c_str(), RateText(conv, false).c_str(),
+        RateText(fc, false).c_str(), RateText(bias, bias_dense).c_str(), all.rate());
     std::fflush(stdout);
     if (csv != nullptr) {
       auto payload_rate = [](const TrafficCounters& c) {
@@ -207,8 +211,9 @@ absl::Status Run() {
       auto density = [](const TrafficCounters& c) {
         return c.elements ? static_cast<double>(c.sent_elements) / c.elements : 0.0;
       };
-      std::fprintf(csv, "%s,%s,%d,%llu,%d,%.6f,%.6f,%.6f,%.3f,%llu,%llu,%llu,%.3f,%.3f,%.3f,%.3f,"
-                        "%.3f,%.3f,%.7f,%.7f,%.2f\n",
+      std::fprintf(csv,
+                   "%s,%s,%d,%llu,%d,%.6f,%.6f,%.6f,%.3f,%llu,%llu,%llu,%.3f,%.3f,%.3f,%.3f,"
+                   "%.3f,%.3f,%.7f,%.7f,%.2f\n",
                    ModelKindName(cfg.model), CompressorKindName(comp.kind), cfg.sim.workers,
                    static_cast<unsigned long long>(cfg.seed), epoch + 1, loss, eval.loss,
                    eval.accuracy, 1e3 * seconds / steps,
@@ -222,12 +227,12 @@ absl::Status Run() {
   }
   if (csv != nullptr) std::fclose(csv);
   const TrafficCounters all = cluster->traffic().Total();
-  std::printf("final: model %s compressor %s workers %d epochs %d  test_acc %.4f  "
-              "pushed %s instead of %s dense (%.1fx less, %s saved)  train time %.1f s\n",
-              ModelKindName(cfg.model), CompressorKindName(comp.kind), cfg.sim.workers,
-              cfg.epochs, eval.accuracy, Megabytes(all.sent_bytes).c_str(),
-              Megabytes(all.dense_bytes).c_str(), all.rate(),
-              Megabytes(all.dense_bytes - all.sent_bytes).c_str(), total_seconds);
+  std::printf(
+      "final: model %s compressor %s workers %d epochs %d  test_acc %.4f  "
+      "pushed %s instead of %s dense (%.1fx less, %s saved)  train time %.1f s\n",
+      ModelKindName(cfg.model), CompressorKindName(comp.kind), cfg.sim.workers, cfg.epochs,
+      eval.accuracy, Megabytes(all.sent_bytes).c_str(), Megabytes(all.dense_bytes).c_str(),
+      all.rate(), Megabytes(all.dense_bytes - all.sent_bytes).c_str(), total_seconds);
   return absl::OkStatus();
 }
 

@@ -48,9 +48,8 @@ class SimulatedCluster::Endpoint final : public GradientExchange {
   absl::Status Exchange(int64_t step, std::vector<ParamTensor>& params) override {
     const std::vector<ParamTensor>& server = cluster_->server_;
     if (params.size() != server.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("exchange of ", params.size(),
-                                                     " tensors; the cluster holds ",
-                                                     server.size()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "exchange of ", params.size(), " tensors; the cluster holds ", server.size()));
     }
     for (TrafficCounters& c : counted_) c = TrafficCounters{};
     std::vector<std::vector<uint8_t>>& out = cluster_->pushes_[worker_];
@@ -160,13 +159,12 @@ absl::Status SimulatedCluster::Arrive(int w, int64_t step,
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (!failure_.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("cluster failed earlier: ",
-                                                        failure_.message()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cluster failed earlier: ", failure_.message()));
     }
     if (step != step_) {
-      failure_ = absl::FailedPreconditionError(absl::StrCat("worker ", w, " pushed step ", step,
-                                                            " while the server is at step ",
-                                                            step_));
+      failure_ = absl::FailedPreconditionError(absl::StrCat(
+          "worker ", w, " pushed step ", step, " while the server is at step ", step_));
       cv_.notify_all();
       return failure_;
     }
@@ -193,13 +191,14 @@ absl::Status SimulatedCluster::Arrive(int w, int64_t step,
       cv_.notify_all();
     } else {
       const uint64_t gen = generation_;
-      const bool released = cv_.wait_for(
-          lock, absl::ToChronoNanoseconds(options_.barrier_timeout),
-          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return generation_ != gen || !failure_.ok(); });
+      const bool released = cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.barrier_timeout),
+                                         [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                                           return generation_ != gen || !failure_.ok();
+                                         });
       if (!released) {
-        failure_ = absl::DeadlineExceededError(absl::StrCat(
-            "worker ", w, " waited ", absl::FormatDuration(options_.barrier_timeout),
-            " for the other workers at step ", step));
+        failure_ = absl::DeadlineExceededError(
+            absl::StrCat("worker ", w, " waited ", absl::FormatDuration(options_.barrier_timeout),
+                         " for the other workers at step ", step));
         cv_.notify_all();
         return failure_;
       }

@@ -102,7 +102,7 @@ class SimulatedCluster {
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   // pushes_[w][i]: worker w's encoded update of tensor i for the current step.
   std::vector<std::vector<std::vector<uint8_t>>> pushes_;
-  std::vector<ParamTensor> server_;      // values only; grad holds the averaged update
+  std::vector<ParamTensor> server_;  // values only; grad holds the averaged update
   std::vector<std::vector<float>> velocity_;
   std::vector<size_t> dense_message_bytes_;
 

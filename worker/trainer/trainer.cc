@@ -24,10 +24,10 @@ absl::StatusOr<EpochStats> Trainer::RunEpoch(int epoch, int steps, int64_t* glob
   double loss_sum = 0.0;
   for (int s = 0; s < steps; ++s) {
     const absl::Time t0 = absl::Now();
-    GatherBatch(*train_,
-                absl::MakeConstSpan(order).subspan(static_cast<size_t>(s) * batch_size_,
-                                                   batch_size_),
-                &batch_, &labels_);
+    GatherBatch(
+        *train_,
+        absl::MakeConstSpan(order).subspan(static_cast<size_t>(s) * batch_size_, batch_size_),
+        &batch_, &labels_);
     ADAPS_ASSIGN_OR_RETURN(float loss, model_->ComputeGradients(batch_, labels_));
     loss_sum += loss;
     const absl::Time t1 = absl::Now();

@@ -20,10 +20,10 @@ namespace adaps::trainer {
 
 struct EpochStats {
   int steps = 0;
-  double mean_loss = 0.0;        // mean training loss over this worker's batches
-  double seconds = 0.0;          // wall time of the epoch
-  double compute_seconds = 0.0;  // forward and backward passes
-  double exchange_seconds = 0.0; // compress, push, wait, pull
+  double mean_loss = 0.0;         // mean training loss over this worker's batches
+  double seconds = 0.0;           // wall time of the epoch
+  double compute_seconds = 0.0;   // forward and backward passes
+  double exchange_seconds = 0.0;  // compress, push, wait, pull
 };
 
 // Steps per epoch when the smallest share has `smallest_shard` images: every worker must
@@ -34,7 +34,10 @@ class Trainer {
  public:
   Trainer(Model* model, GradientExchange* exchange, const Dataset* train, ShardSampler sampler,
           int batch_size)
-      : model_(model), exchange_(exchange), train_(train), sampler_(std::move(sampler)),
+      : model_(model),
+        exchange_(exchange),
+        train_(train),
+        sampler_(std::move(sampler)),
         batch_size_(batch_size) {}
 
   // Runs `steps` steps of epoch `epoch` (batches in that epoch's order of the shard),
