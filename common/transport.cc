@@ -374,7 +374,7 @@ void Transport::Dispatch(std::vector<zmq::message_t>& frames, size_t first, std:
         out.deadline = absl::Now() + options_.send_timeout;
         outbox_.push_back(std::move(out));
       }
-      if (options_.logger) options_.logger->warn("{}", env.status().ToString());
+      if (options_.log) options_.log->get()->warn("{}", env.status().ToString());
     }
     ++local_stats_.dropped_invalid;
     return;
@@ -382,8 +382,8 @@ void Transport::Dispatch(std::vector<zmq::message_t>& frames, size_t first, std:
   const uint64_t expected = (*env)->payload_size();
   if ((n == 2) != (expected > 0) || (n == 2 && in.payload_.size() != expected)) {
     ++local_stats_.dropped_invalid;
-    if (options_.logger) {
-      options_.logger->warn("dropped message: payload frame of {} bytes, header says {}",
+    if (options_.log) {
+      options_.log->get()->warn("dropped message: payload frame of {} bytes, header says {}",
                             n == 2 ? in.payload_.size() : 0, expected);
     }
     return;
@@ -478,7 +478,7 @@ void Transport::Run() {
     try {
       zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout_ms));
     } catch (const zmq::error_t& e) {
-      if (e.num() != EINTR && options_.logger) options_.logger->error("poll: {}", e.what());
+      if (e.num() != EINTR && options_.log) options_.log->get()->error("poll: {}", e.what());
       continue;
     }
     size_t idx = 0;

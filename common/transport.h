@@ -36,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/logging.h"
 #include "common/messages.h"
 #include "spdlog/spdlog.h"
 #include "zmq.hpp"
@@ -92,7 +93,7 @@ struct TransportOptions {
   Sender self;
   std::string bind_endpoint;                 // empty: no ROUTER
   std::shared_ptr<TransportContext> context;  // null: the transport makes its own
-  std::shared_ptr<spdlog::logger> logger;     // null: no logging
+  const RoleLog* log = nullptr;               // null: no logging; must outlive the transport
   // How long a fire-and-forget message may wait for its peer before being dropped.
   absl::Duration send_timeout = absl::Seconds(5);
 };

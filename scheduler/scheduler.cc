@@ -64,7 +64,7 @@ Scheduler::Scheduler(SchedulerConfig config, std::shared_ptr<TransportContext> c
   topts.self = Sender{msg::Role::Scheduler, 0};
   topts.bind_endpoint = config_.bind;
   topts.context = std::move(context);
-  topts.logger = log_.get();
+  topts.log = &log_;
   transport_ = std::make_unique<Transport>(std::move(topts),
                                            [this](InMessage in) { Handle(std::move(in)); });
   transport_->AddTimer(config_.heartbeat_interval / 2, [this] { CheckHeartbeats(); });

@@ -120,7 +120,7 @@ Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context)
   topts.self = Sender{msg::Role::Server, -1};
   topts.bind_endpoint = config_.bind;
   topts.context = std::move(context);
-  topts.logger = log_.get();
+  topts.log = &log_;
   transport_ = std::make_unique<Transport>(std::move(topts),
                                            [this](InMessage in) { Handle(std::move(in)); });
   transport_->AddTimer(absl::Milliseconds(100), [this] { Heartbeat(); });

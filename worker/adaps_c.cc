@@ -27,7 +27,10 @@ adaps_worker* adaps_worker_create(const char* scheduler, int request_timeout_ms,
                                   size_t error_size) {
   adaps::WorkerOptions options;
   options.scheduler = scheduler ? scheduler : "";
-  if (request_timeout_ms > 0) options.request_timeout = absl::Milliseconds(request_timeout_ms);
+  if (request_timeout_ms > 0) {
+    options.request_timeout = absl::Milliseconds(request_timeout_ms);
+    options.register_timeout = options.request_timeout;
+  }
   auto worker = adaps::Worker::Create(options);
   if (!worker.ok()) {
     if (error != nullptr && error_size > 0) {

@@ -117,14 +117,15 @@ absl::Status RunSynthetic(Worker& worker, const SyntheticConfig& config) {
     std::printf(
         "SUMMARY compressor=%s pull=%s params=%llu layers=%d workers=%d servers=%d "
         "step_ms=%.2f push_wire_bytes=%.0f pull_wire_bytes=%.0f push_rate=%.1fx "
-        "total_rate=%.2fx effective_GBps=%.3f wire_GBps=%.3f\n",
+        "total_rate=%.2fx effective_GBps=%.3f wire_GBps=%.3f cluster_effective_GBps=%.3f\n",
         CompressorKindName(static_cast<CompressorKind>(config.layer.compression)),
         config.layer.pull == PullFormat::kDense ? "dense" : "recompressed",
         static_cast<unsigned long long>(config.total_params), n, worker.num_workers(),
         worker.num_servers(), step_s * 1e3, push_wire, pull_wire,
         push_wire > 0 ? push_dense / push_wire : 0.0,
         push_wire + pull_wire > 0 ? (push_dense + pull_dense) / (push_wire + pull_wire) : 0.0,
-        (push_dense + pull_dense) / step_s / 1e9, (push_wire + pull_wire) / step_s / 1e9);
+        (push_dense + pull_dense) / step_s / 1e9, (push_wire + pull_wire) / step_s / 1e9,
+        (push_dense + pull_dense) * worker.num_workers() / step_s / 1e9);
     std::fflush(stdout);
   }
   return absl::OkStatus();

@@ -106,7 +106,7 @@ class Worker::Impl {
     TransportOptions topts;
     topts.self = Sender{msg::Role::Worker, -1};
     topts.context = options_.context;
-    topts.logger = log_.get();
+    topts.log = &log_;
     transport_ = std::make_unique<Transport>(std::move(topts),
                                              [this](InMessage in) { Handle(std::move(in)); });
     transport_->AddTimer(absl::Milliseconds(100), [this] { Heartbeat(); });

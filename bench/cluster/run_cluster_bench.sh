@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cluster benchmark: adaps-worker synthetic mode on loopback beside raw ZeroMQ throughput.
 #   bench/cluster/run_cluster_bench.sh BUILD_DIR [SERVERS WORKERS PARAMS LAYERS STEPS]
-# Prints one RAW_ZMQ line and one SUMMARY line per compressor (dense, adacomp, topk).
+# Prints one RAW_ZMQ line and one SUMMARY line per configuration (dense, adacomp, topk with
+# dense pulls; adacomp with recompressed pulls).
 set -euo pipefail
 build=${1:?build dir}
 servers=${2:-1}
@@ -18,7 +19,9 @@ trap cleanup EXIT
 per_layer=$(python3 -c "import sys;s='$params';m={'K':1e3,'M':1e6,'G':1e9};v=float(s[:-1])*m[s[-1]] if s[-1] in m else float(s);print(int(v/$layers*4))")
 "$build/worker/adaps-zmq-raw-bench" --bytes="$per_layer" --messages=50 --window="$layers"
 
-for compressor in dense adacomp topk; do
+for config in dense:dense adacomp:dense topk:dense adacomp:recompressed; do
+  compressor=${config%%:*}
+  pull=${config##*:}
   rm -f "$tmp/port"
   "$build/scheduler/adaps-scheduler" --num_servers="$servers" --num_workers="$workers" \
       --port_file="$tmp/port" --log_level=warn --dead_timeout_ms=60000 &
@@ -32,7 +35,7 @@ for compressor in dense adacomp topk; do
   wpids=()
   for w in $(seq "$workers"); do
     "$build/worker/adaps-worker" --scheduler="$addr" --tensors="$params" --layers="$layers" \
-        --steps="$steps" --warmup=1 --compressor="$compressor" --topk_fraction=0.01 \
+        --steps="$steps" --warmup=1 --compressor="$compressor" --pull="$pull" --topk_fraction=0.01 \
         --log_level=warn > "$tmp/worker$w.out" &
     wpids+=($!)
   done

@@ -27,7 +27,8 @@ typedef struct {
   int pull_format;
 } adaps_tensor_spec;
 
-/* Connects to the scheduler. On failure returns NULL and, when `error` is not NULL, writes
+/* Connects to the scheduler. request_timeout_ms > 0 bounds every request and the wait for
+ * the cluster to form (default 30 s / 60 s). On failure returns NULL and, when `error` is not NULL, writes
  * a NUL-terminated message of at most error_size bytes. */
 adaps_worker* adaps_worker_create(const char* scheduler, int request_timeout_ms,
                                   char* error, size_t error_size);
