@@ -344,6 +344,8 @@ void Scheduler::OnLeave(InMessage& in) {
     log_.get()->info("{} {} left", msg::EnumNameRole(node->role), node->rank);
   }
   if (env->request_id()) transport_->Reply(in, MakeAck(transport_->self(), env->request_id()));
+  // Servers stop waiting for a worker that left (sync mode).
+  if (node != nullptr && AliveWorkers() > 0) BroadcastView();
   ReleaseBarriers();
   MaybeShutdown();
 }

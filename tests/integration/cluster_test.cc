@@ -2,6 +2,7 @@
 // OS-assigned ports, and four workers (threads using the worker library, or adaps-worker
 // processes).
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -347,6 +348,49 @@ TEST(Cluster, WorkerProcessesRunSyntheticModeAndShutDownCleanly) {
   }
   EXPECT_TRUE(summary);
   ExpectCleanExit(cluster);
+}
+
+TEST(Cluster, SilentWorkerIsDeclaredDeadAndTheOthersCarryOn) {
+  ClusterOptions c = SgdCluster();
+  c.scheduler_args.push_back("--dead_timeout_ms=800");
+  LocalCluster cluster(c);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  // One adaps-worker process (synthetic mode: two dense layers of 2000, endless steps) and
+  // three library workers doing the same declarations; the process is killed mid-run.
+  Process victim(ADAPS_WORKER_BIN,
+                 {"--scheduler=" + cluster.scheduler_address(), "--tensors=4000", "--layers=2",
+                  "--steps=1000000", "--warmup=0", "--compressor=dense", "--log_level=warn"},
+                 cluster.dir() + "/victim.log");
+  std::once_flag kill_once;
+  std::atomic<int> finished{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWorkers - 1; ++i) {
+    threads.emplace_back([&] {
+      auto worker = Worker::Create(Options(cluster, absl::Seconds(8)));
+      ASSERT_TRUE(worker.ok()) << worker.status();
+      Worker& w = **worker;
+      std::vector<std::vector<float>> params(2, std::vector<float>(2000));
+      for (int l = 0; l < 2; ++l) {
+        TensorSpec spec{absl::StrCat("layer", l), {2000}, 500, Compression::kDense};
+        ASSERT_TRUE(w.Declare(spec, absl::MakeSpan(params[l])).ok());
+      }
+      ASSERT_TRUE(w.Barrier().ok());
+      std::vector<float> g(2000, 0.25f);
+      for (int step = 0; step < 12; ++step) {
+        if (step == 5) std::call_once(kill_once, [&] { victim.Kill(); });
+        auto f0 = w.PushPull("layer0", g, absl::MakeSpan(params[0]));
+        auto f1 = w.PushPull("layer1", g, absl::MakeSpan(params[1]));
+        absl::Status s0 = f0.get(), s1 = f1.get();
+        ASSERT_TRUE(s0.ok() && s1.ok()) << "step " << step << ": " << s0 << " / " << s1;
+      }
+      ++finished;
+      EXPECT_TRUE(w.Stop().ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(finished.load(), kWorkers - 1);
+  ExpectCleanExit(cluster);
+  EXPECT_THAT(cluster.scheduler().Log(), ::testing::HasSubstr("declared dead"));
 }
 
 TEST(Executables, FatalErrorsExitNonZeroWithOneLineReason) {
