@@ -5,6 +5,8 @@
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -99,6 +101,16 @@ absl::Status LoadLayeredFlags(int argc, char** argv, absl::Span<const std::strin
     if (sources) sources->push_back(absl::StrCat(name, "=", value, " (", var, ")"));
   }
   return absl::OkStatus();
+}
+
+void InstallUsage(const std::string& usage) {
+  absl::SetProgramUsageMessage(usage);
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "main.cc");
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  absl::SetFlagsUsageConfig(config);
 }
 
 std::string DescribeFlags(absl::Span<const std::string> flag_names) {

@@ -31,6 +31,10 @@ absl::StatusOr<std::map<std::string, std::string>> ReadConfigFile(const std::str
 absl::Status LoadLayeredFlags(int argc, char** argv, absl::Span<const std::string> flag_names,
                               std::vector<std::string>* sources = nullptr);
 
+// Sets the program's usage message and makes --help list the flags defined in files named
+// main.cc (absl would otherwise look for a file named after the program).
+void InstallUsage(const std::string& usage);
+
 // "name=value, name=value ..." for the named flags: the effective config, for the start log.
 std::string DescribeFlags(absl::Span<const std::string> flag_names);
 

@@ -48,7 +48,7 @@ bool WritePortFile(const std::string& path, const std::string& endpoint) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  adaps::InstallUsage(
       "adaps-scheduler: waits for the servers and workers, assigns ranks and tensor slices, "
       "runs barriers and heartbeats, and coordinates shutdown.");
   const std::vector<std::string> names = {"host",         "port",           "port_file",

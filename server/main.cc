@@ -28,7 +28,10 @@ ABSL_FLAG(double, beta1, 0.9, "Adam beta1");
 ABSL_FLAG(double, beta2, 0.999, "Adam beta2");
 ABSL_FLAG(double, epsilon, 1e-8, "Adam epsilon");
 ABSL_FLAG(int, register_timeout_ms, 60000, "How long to wait for the cluster to form");
-ABSL_FLAG(std::string, checkpoint_dir, "", "Default directory for checkpoints");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Directory of server-<rank>.ckpt: default for Checkpoint requests, the timer, restore");
+ABSL_FLAG(int, checkpoint_interval_s, 0, "Write a checkpoint this often (0: only on request)");
+ABSL_FLAG(bool, restore, true, "Restore from checkpoint_dir at start when a checkpoint exists");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical, off");
 
 namespace {
@@ -44,14 +47,14 @@ int Fail(const std::string& reason) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  adaps::InstallUsage(
       "adaps-server: holds a shard of the parameters, aggregates pushes, applies the "
       "optimizer and answers pulls.");
   const std::vector<std::string> names = {
       "scheduler", "host",      "port",         "advertise", "identity",
       "mode",      "optimizer", "learning_rate", "momentum", "weight_decay",
       "beta1",     "beta2",     "epsilon",      "register_timeout_ms", "checkpoint_dir",
-      "log_level"};
+      "checkpoint_interval_s", "restore", "log_level"};
   if (auto s = adaps::LoadLayeredFlags(argc, argv, names); !s.ok()) return Fail(s.ToString());
   absl::ParseCommandLine(argc, argv);
 
@@ -74,6 +77,8 @@ int main(int argc, char** argv) {
   config.optimizer.epsilon = static_cast<float>(absl::GetFlag(FLAGS_epsilon));
   config.register_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_register_timeout_ms));
   config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  config.checkpoint_interval = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
+  config.restore = absl::GetFlag(FLAGS_restore);
   config.log_level = absl::GetFlag(FLAGS_log_level);
   if (auto s = adaps::ValidateServerConfig(config); !s.ok()) return Fail(s.ToString());
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
 #include "common/wire_codec.h"
 
@@ -179,6 +180,19 @@ absl::Status Server::Start() {
   }
   log_.get()->info("registered as server {} of a cluster with {} workers", transport_->rank(),
                    num_workers_);
+  if (config_.restore && !config_.checkpoint_dir.empty()) {
+    absl::Status restored;
+    absl::Notification done;
+    transport_->Post([&] {
+      restored = ReadCheckpoint(config_.checkpoint_dir);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    if (!restored.ok()) {
+      transport_->Stop();
+      return restored;
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -240,6 +254,15 @@ void Server::Heartbeat() {
     if (done_) return;
   }
   const absl::Time now = absl::Now();
+  if (config_.checkpoint_interval > absl::ZeroDuration() && !config_.checkpoint_dir.empty()) {
+    if (last_checkpoint_ == absl::Time()) last_checkpoint_ = now;
+    if (now - last_checkpoint_ >= config_.checkpoint_interval) {
+      last_checkpoint_ = now;
+      if (auto st = WriteCheckpoint(config_.checkpoint_dir); !st.ok()) {
+        log_.get()->error("timed checkpoint failed: {}", st.ToString());
+      }
+    }
+  }
   if (now - last_heartbeat_sent_ < heartbeat_interval_) return;
   last_heartbeat_sent_ = now;
   if (now - last_heartbeat_ok_ > std::max(5 * heartbeat_interval_, absl::Seconds(2))) {
@@ -311,6 +334,15 @@ void Server::OnDeclare(InMessage& in) {
     s.agg.assign(s.length, 0.0f);
     s.published.assign(s.length, 0.0f);
     s.down_residue = std::make_unique<SliceState>(s.length);
+    auto saved = restored_.find(d->key());
+    if (saved != restored_.end() && saved->second.params.size() == s.length) {
+      s.params = std::move(saved->second.params);
+      s.published = s.params;
+      s.version = s.down_base = s.down_version = saved->second.version;
+      restored_.erase(saved);
+      s.restored = true;
+      log_.get()->info("slice '{}' restored at step {}", s.name, s.version);
+    }
     it = slices_.emplace(d->key(), std::move(s)).first;
   } else if (it->second.length != d->length() || it->second.bin_size != d->bin_size()) {
     return ReplyError(in, absl::InvalidArgumentError(absl::StrCat(
@@ -318,7 +350,7 @@ void Server::OnDeclare(InMessage& in) {
                               " and bin size ", it->second.bin_size)));
   }
   Slice& s = it->second;
-  if (d->has_init() && s.version == 0 && s.pushed.empty()) {
+  if (d->has_init() && s.version == 0 && s.pushed.empty() && !s.restored) {
     std::memcpy(s.params.data(), in.payload().data(), in.payload().size());
     s.published = s.params;
     s.dense_version = UINT64_MAX;
@@ -511,6 +543,36 @@ absl::Status Server::WriteCheckpoint(const std::string& dir) {
     return absl::UnavailableError(absl::StrCat("cannot rename ", tmp));
   }
   log_.get()->info("checkpoint of {} slices written to {}", slices_.size(), path);
+  return absl::OkStatus();
+}
+
+absl::Status Server::ReadCheckpoint(const std::string& dir) {
+  const std::string path = absl::StrCat(dir, "/server-", transport_->rank(), ".ckpt");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    log_.get()->info("no checkpoint at {}; starting fresh", path);
+    return absl::OkStatus();
+  }
+  auto damaged = [&] { return absl::DataLossError(absl::StrCat("checkpoint ", path, " is damaged")); };
+  uint64_t count = 0;
+  if (!in.read(reinterpret_cast<char*>(&count), sizeof(count)) || count > (1u << 24)) {
+    return damaged();
+  }
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t header[3];
+    if (!in.read(reinterpret_cast<char*>(header), sizeof(header)) || header[1] > UINT32_MAX) {
+      return damaged();
+    }
+    Saved saved;
+    saved.version = header[2];
+    saved.params.resize(header[1]);
+    if (!in.read(reinterpret_cast<char*>(saved.params.data()),
+                 static_cast<std::streamsize>(header[1] * sizeof(float)))) {
+      return damaged();
+    }
+    restored_[header[0]] = std::move(saved);
+  }
+  log_.get()->info("checkpoint {} read: {} slices", path, count);
   return absl::OkStatus();
 }
 

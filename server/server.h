@@ -65,7 +65,12 @@ struct ServerConfig {
   bool sync = true;
   OptimizerConfig optimizer;
   absl::Duration register_timeout = absl::Seconds(60);
-  std::string checkpoint_dir;                // default directory for Checkpoint requests
+  // Checkpoints: Checkpoint requests without a directory, the timer, and the restore at
+  // start all use `checkpoint_dir/server-<rank>.ckpt`. A restored slice (same key and
+  // length: tensors declared in the same order) starts from the saved parameters and step.
+  std::string checkpoint_dir;
+  absl::Duration checkpoint_interval = absl::ZeroDuration();  // zero: no timer
+  bool restore = true;
   std::string log_level = "info";
 };
 
@@ -115,6 +120,7 @@ class Server {
     std::unique_ptr<SliceState> down_residue;
     SharedBytes down_bytes;        // change from down_base to down_version
     uint64_t down_base = 0, down_version = 0;
+    bool restored = false;  // parameters came from a checkpoint; ignore initial values
   };
 
   void Handle(InMessage in);
@@ -129,6 +135,7 @@ class Server {
   void AnswerHeld(Slice& slice);
   absl::Status AnswerPull(Slice& slice, const HeldPull& pull);
   absl::Status WriteCheckpoint(const std::string& dir);
+  absl::Status ReadCheckpoint(const std::string& dir);
   void Finish(absl::Status status);
   void ReplyError(const InMessage& in, const absl::Status& status);
 
@@ -148,6 +155,12 @@ class Server {
   std::unique_ptr<Compressor> down_compressor_;
   std::vector<float> scratch_;
   CompressedUpdate update_;
+  struct Saved {
+    uint64_t version = 0;
+    std::vector<float> params;
+  };
+  std::map<uint64_t, Saved> restored_;  // from the checkpoint, used at DeclareSlice
+  absl::Time last_checkpoint_;
 
   mutable absl::Mutex mu_;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;

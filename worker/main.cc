@@ -42,7 +42,7 @@ int Fail(const std::string& reason) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  adaps::InstallUsage(
       "adaps-worker: a worker of an adaps cluster (synthetic benchmark or trainer).");
   const std::vector<std::string> names = {
       "scheduler", "identity",      "mode",       "tensors",         "layers",

@@ -1,5 +1,6 @@
 // In-process tests of the server over inproc://: a Scheduler, a Server and a Worker share a
 // TransportContext; a raw client sends hostile messages and the state must not change.
+#include <cstdio>
 #include <thread>
 
 #include "adaps/worker.h"
@@ -206,6 +207,62 @@ TEST_F(ServerInproc, GarbageFramesAreDroppedAndTheServerKeepsAnswering) {
   std::vector<float> out(kLen);
   ASSERT_TRUE(worker_->Pull("t", absl::MakeSpan(out)).get().ok());
   EXPECT_EQ(out[3], 4.0f);
+}
+
+// One scheduler, one server (sum-only, checkpoints in `dir`) and one worker, in process.
+struct MiniCluster {
+  explicit MiniCluster(const std::string& dir) {
+    SchedulerConfig sc;
+    sc.log_level = "warn";
+    scheduler = std::make_unique<Scheduler>(sc);
+    EXPECT_TRUE(scheduler->Start().ok());
+    ServerConfig vc;
+    vc.scheduler = scheduler->endpoint();
+    vc.optimizer.kind = OptimizerKind::kSumOnly;
+    vc.checkpoint_dir = dir;
+    vc.log_level = "warn";
+    server = std::make_unique<Server>(vc);
+    absl::Status status;
+    std::thread start([&] { status = server->Start(); });
+    WorkerOptions wo;
+    wo.scheduler = scheduler->endpoint();
+    wo.log_level = "warn";
+    auto w = Worker::Create(wo);
+    start.join();
+    EXPECT_TRUE(status.ok()) << status;
+    EXPECT_TRUE(w.ok()) << w.status();
+    if (w.ok()) worker = *std::move(w);
+  }
+  ~MiniCluster() {
+    if (worker) worker->Stop().IgnoreError();
+    scheduler->WaitForShutdown(absl::Seconds(5));
+    server->WaitForShutdown(absl::Seconds(5));
+  }
+  std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<Server> server;
+  std::unique_ptr<Worker> worker;
+};
+
+TEST(Checkpoint, RestartedServerResumesFromItsCheckpoint) {
+  const std::string dir = ::testing::TempDir();
+  std::remove((dir + "/server-0.ckpt").c_str());
+  std::vector<float> g = {1, 2, 3, 4};
+  {
+    MiniCluster c(dir);
+    ASSERT_TRUE(c.worker);
+    std::vector<float> v = {10, 20, 30, 40};
+    ASSERT_TRUE(c.worker->Declare({"t", {4}, 2, Compression::kDense}, absl::MakeSpan(v)).ok());
+    ASSERT_TRUE(c.worker->PushPull("t", g, absl::MakeSpan(v)).get().ok());
+    EXPECT_EQ(v, (std::vector<float>{11, 22, 33, 44}));
+    ASSERT_TRUE(c.worker->Checkpoint("").ok());
+  }
+  MiniCluster c(dir);
+  ASSERT_TRUE(c.worker);
+  std::vector<float> v = {0, 0, 0, 0};
+  ASSERT_TRUE(c.worker->Declare({"t", {4}, 2, Compression::kDense}, absl::MakeSpan(v)).ok());
+  EXPECT_EQ(v, (std::vector<float>{11, 22, 33, 44}));  // not the new initial values
+  ASSERT_TRUE(c.worker->PushPull("t", g, absl::MakeSpan(v)).get().ok());  // step 1 goes on
+  EXPECT_EQ(v, (std::vector<float>{12, 24, 36, 48}));
 }
 
 TEST(Transport, RequestToAbsentPeerIsUnavailableWithinItsDeadline) {
