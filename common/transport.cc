@@ -162,14 +162,12 @@ void Transport::Enqueue(Outgoing out) {
     return;
   }
   auto shared = std::make_shared<Outgoing>(std::move(out));
-  if (!Post([this, shared] {
-        outbox_.push_back(std::move(*shared));
-        FlushOutbox();
-      })) {
-    if (shared->request_id != 0) {
-      // Not running: the request never got a pending entry; nothing to complete there.
-    }
-  }
+  // Not running: a fire-and-forget message has nowhere to go (requests go through Request,
+  // which reports that to its callback).
+  Post([this, shared] {
+    outbox_.push_back(std::move(*shared));
+    FlushOutbox();
+  });
 }
 
 void Transport::Send(int peer, OutMessage message) {

@@ -352,7 +352,7 @@ TEST(Cluster, WorkerProcessesRunSyntheticModeAndShutDownCleanly) {
 
 TEST(Cluster, SilentWorkerIsDeclaredDeadAndTheOthersCarryOn) {
   ClusterOptions c = SgdCluster();
-  c.scheduler_args.push_back("--dead_timeout_ms=800");
+  c.scheduler_args.push_back("--dead_timeout_ms=1500");
   LocalCluster cluster(c);
   ASSERT_FALSE(cluster.scheduler_address().empty());
   // One adaps-worker process (synthetic mode: two dense layers of 2000, endless steps) and
