@@ -393,6 +393,31 @@ TEST(Cluster, SilentWorkerIsDeclaredDeadAndTheOthersCarryOn) {
   EXPECT_THAT(cluster.scheduler().Log(), ::testing::HasSubstr("declared dead"));
 }
 
+TEST(Cluster, DeadServerGivesUnavailableToWorkers) {
+  ClusterOptions c = SgdCluster();
+  c.scheduler_args.push_back("--dead_timeout_ms=1000");
+  LocalCluster cluster(c);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  std::atomic<int> unavailable{0};
+  std::once_flag kill_once;
+  RunWorkers(cluster, absl::Seconds(20), [&](Worker& w) {
+    TensorSpec spec{"fc", {20000}, 50, Compression::kAdaComp};
+    std::vector<float> params(20000, 0.0f), g(20000, 0.1f);
+    ASSERT_TRUE(w.Declare(spec, absl::MakeSpan(params)).ok());
+    ASSERT_TRUE(w.PushPull("fc", g, absl::MakeSpan(params)).get().ok());
+    ASSERT_TRUE(w.Barrier().ok());
+    std::call_once(kill_once, [&] { cluster.server(1).Kill(); });
+    const absl::Time start = absl::Now();
+    absl::Status s = w.PushPull("fc", g, absl::MakeSpan(params)).get();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "waited for the request deadline";
+    if (s.code() == absl::StatusCode::kUnavailable) ++unavailable;
+  });
+  EXPECT_EQ(unavailable.load(), kWorkers);
+  EXPECT_EQ(cluster.scheduler().WaitExit(absl::Seconds(10)), 0) << cluster.scheduler().Log();
+  EXPECT_EQ(cluster.server(0).WaitExit(absl::Seconds(10)), 0) << cluster.server(0).Log();
+}
+
 TEST(Executables, FatalErrorsExitNonZeroWithOneLineReason) {
   const std::string dir = adaps::testing::MakeTempDir();
   {
