@@ -1,6 +1,7 @@
 // Integration tests: the real adaps-scheduler and adaps-server executables on loopback with
 // OS-assigned ports, and four workers (threads using the worker library, or adaps-worker
 // processes).
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -454,6 +455,44 @@ TEST(Executables, FatalErrorsExitNonZeroWithOneLineReason) {
     unsetenv("ADAPS_NUM_SERVERS");
     EXPECT_EQ(p.WaitExit(absl::Seconds(10)), 1);
     EXPECT_THAT(p.Log(), ::testing::HasSubstr("num_servers must be at least 1"));
+  }
+}
+
+TEST(Executables, ConfigFileThenEnvironmentThenFlagsTakePrecedence) {
+  const std::string dir = adaps::testing::MakeTempDir();
+  {
+    std::ofstream cfg(dir + "/sched.conf");
+    cfg << "# scheduler settings\nnum_servers = 0\nlog_level = warn\n";
+  }
+  {  // file alone: its bad value is used
+    Process p(ADAPS_SCHEDULER_BIN, {"--config=" + dir + "/sched.conf"}, dir + "/file.log");
+    EXPECT_EQ(p.WaitExit(absl::Seconds(10)), 1);
+    EXPECT_THAT(p.Log(), ::testing::HasSubstr("num_servers must be at least 1"));
+  }
+  {  // the environment beats the file: starts and writes its port
+    setenv("ADAPS_NUM_SERVERS", "2", 1);
+    Process p(ADAPS_SCHEDULER_BIN,
+              {"--config=" + dir + "/sched.conf", "--port_file=" + dir + "/port"},
+              dir + "/env.log");
+    unsetenv("ADAPS_NUM_SERVERS");
+    EXPECT_FALSE(adaps::testing::WaitForPortFile(dir + "/port", absl::Seconds(10)).empty())
+        << p.Log();
+    p.Kill();
+  }
+  {  // a flag beats the environment
+    setenv("ADAPS_NUM_SERVERS", "2", 1);
+    Process p(ADAPS_SCHEDULER_BIN, {"--config=" + dir + "/sched.conf", "--num_servers=0"},
+              dir + "/flag.log");
+    unsetenv("ADAPS_NUM_SERVERS");
+    EXPECT_EQ(p.WaitExit(absl::Seconds(10)), 1);
+  }
+  {  // an unknown setting in the file is a clear error
+    std::ofstream cfg(dir + "/bad.conf");
+    cfg << "no_such_setting = 1\n";
+    cfg.close();
+    Process p(ADAPS_SCHEDULER_BIN, {"--config=" + dir + "/bad.conf"}, dir + "/bad.log");
+    EXPECT_EQ(p.WaitExit(absl::Seconds(10)), 1);
+    EXPECT_THAT(p.Log(), ::testing::HasSubstr("unknown setting 'no_such_setting'"));
   }
 }
 
