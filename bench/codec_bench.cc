@@ -689,6 +689,44 @@ void BM_AdaCompCompress(benchmark::State& state, uint32_t t) {
            });
 }
 
+// Compress with the library, but the 25M-element tensor cut into slices of `slice` elements
+// (a multiple of T, as DESIGN.md section 1 allows: same bins, one scale per slice), each with
+// its own SliceState. The NaN pre-scan of a slice then leaves its gradient in L2 for the pass.
+void BM_AdaCompCompressSliced(benchmark::State& state, uint32_t t, size_t slice) {
+  Data& d = GetData();
+  const std::vector<float>& snapshot = d.per_bin[t].snapshot;
+  CompressorOptions o;
+  o.bin_size = t;
+  std::unique_ptr<Compressor> c = *MakeCompressor(o);
+  std::vector<SliceState> states;
+  for (size_t lo = 0; lo < d.n; lo += slice) states.emplace_back(std::min(slice, d.n - lo));
+  CompressedUpdate u;
+  size_t k = 0;
+  double sent = 0;
+  for (auto _ : state) {
+    if (k % kSteps == 0) {
+      state.PauseTiming();
+      for (size_t j = 0; j < states.size(); ++j) {
+        std::copy_n(snapshot.begin() + static_cast<std::ptrdiff_t>(j * slice),
+                    states[j].size(), states[j].residue().begin());
+      }
+      state.ResumeTiming();
+    }
+    const std::vector<float>& g = d.grads[k++ % kSteps];
+    for (size_t j = 0; j < states.size(); ++j) {
+      const absl::Span<const float> part(g.data() + j * slice, states[j].size());
+      if (!c->Compress(part, states[j], u).ok()) {
+        state.SkipWithError("compress failed");
+        return;
+      }
+      sent += static_cast<double>(u.SentElements());
+    }
+  }
+  SetElementCounters(state, d.n);
+  state.counters["density"] =
+      sent / (static_cast<double>(state.iterations()) * static_cast<double>(d.n));
+}
+
 void BM_AdaCompFused(benchmark::State& state, uint32_t t, bool portable) {
   if (!portable && !internal::AdaCompHasAvx2()) {
     state.SkipWithError("this CPU has no AVX2");
@@ -979,6 +1017,9 @@ void RegisterAll() {
     const std::string ts = absl::StrCat("/T:", t);
     benchmark::RegisterBenchmark(("adacomp_compress" + ts).c_str(), BM_AdaCompCompress, t)
         ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("adacomp_compress_sliced250k" + ts).c_str(),
+                                 BM_AdaCompCompressSliced, t, size_t{250'000})
+        ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("adacomp_fused_avx2" + ts).c_str(), BM_AdaCompFused, t, false)
         ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("adacomp_fused_portable" + ts).c_str(), BM_AdaCompFused, t,
@@ -1076,6 +1117,7 @@ void PrintSummary(const SummaryReporter& rep, const std::string& proto_check,
   for (uint32_t t : kBinSizes) {
     const std::string ts = absl::StrCat("/T:", t);
     row("adacomp Compress (+NaN scan)" + ts, "adacomp_compress" + ts);
+    row("adacomp Compress, 250k slices" + ts, "adacomp_compress_sliced250k" + ts);
     row("adacomp fused AVX2" + ts, "adacomp_fused_avx2" + ts);
     row("adacomp fused portable" + ts, "adacomp_fused_portable" + ts);
     row("proto one-pass (no scan)" + ts, "proto_onepass" + ts);
