@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# The main job, in one command: sets up (Debian packages), builds, and runs adaps locally.
-# For now this is the codec demo: it compresses a realistic gradient stream with AdaComp and
-# prints what it saved. Arguments are passed to the demo (see --help).
+# The main job, in one command: sets up (Debian packages), builds, starts a local cluster
+# (1 scheduler, 2 servers, 4 workers) and trains the Fashion-MNIST MLP with AdaComp for a
+# few epochs, then prints the final test accuracy and the bytes saved against dense.
+#
+# Arguments go to every adaps-worker and override the defaults below, e.g.
+#   bash deploy/run-local.sh --compressor=dense
+#   bash deploy/run-local.sh --model=cnn --epochs=2
+# ADAPS_SERVER_ARGS overrides the servers' flags (default: momentum SGD).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+echo "run-local: setting up and building (log: /tmp/adaps-build.log)"
 bash deploy/build.sh >/tmp/adaps-build.log 2>&1 || { tail -50 /tmp/adaps-build.log; exit 1; }
-exec "${ADAPS_BUILD_DIR:-build}/bench/adaps-codec-demo" "$@"
+exec bash deploy/launch.sh --servers 2 --workers 4 --bin "${ADAPS_BUILD_DIR:-build}" \
+  --server-args "${ADAPS_SERVER_ARGS:---optimizer=momentum --momentum=0.9 --log_level=warn}" \
+  -- --mode=train --model=mlp --compressor=adacomp --epochs=3 --log_level=warn "$@"

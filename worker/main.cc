@@ -1,7 +1,7 @@
 // adaps-worker: a worker process. Thin: builds the config from defaults < config file <
 // ADAPS_* environment < flags, creates an adaps::Worker and runs a mode:
 //   --mode=synthetic  push and pull tensors of given sizes (benchmark; worker/synthetic.h)
-//   --mode=train      the Fashion-MNIST trainer (worker/trainer/, wired in a later issue)
+//   --mode=train      the Fashion-MNIST trainer (worker/train_mode.h over worker/trainer/)
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -14,6 +14,7 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "worker/synthetic.h"
+#include "worker/train_mode.h"
 
 ABSL_FLAG(std::string, config, "", "Config file of 'name = value' lines (also ADAPS_CONFIG)");
 ABSL_FLAG(std::string, scheduler, "", "Scheduler address, e.g. tcp://127.0.0.1:5000");
@@ -31,6 +32,20 @@ ABSL_FLAG(bool, compact_indices, true, "Rice-coded indices (false: plain 32-bit)
 ABSL_FLAG(int, register_timeout_ms, 60000, "How long to wait for the cluster to form");
 ABSL_FLAG(int, request_timeout_ms, 30000, "Deadline of every request");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical, off");
+ABSL_FLAG(std::string, model, "mlp", "train: mlp or cnn");
+ABSL_FLAG(int, epochs, 3, "train: passes over the training data");
+ABSL_FLAG(int, batch, 32, "train: batch size per worker and step");
+ABSL_FLAG(uint64_t, seed, 1, "train: seed of the initial weights, the sharding and the order");
+ABSL_FLAG(double, lr, 0.05, "train: learning rate the servers apply (rank 0 sets it)");
+ABSL_FLAG(std::string, lr_schedule, "cosine", "train: constant, or cosine from --lr to 0");
+ABSL_FLAG(int, train_limit, 0, "train: use a seeded subset of this many images (0: all)");
+ABSL_FLAG(int, test_limit, 0, "train: evaluate on the first N test images (0: all 10,000)");
+ABSL_FLAG(int, max_steps, 0, "train: stop after this many steps (0: whole epochs)");
+ABSL_FLAG(int, bin_size_conv, 50, "train: AdaComp bin size of conv layers");
+ABSL_FLAG(int, bin_size_fc, 500, "train: AdaComp bin size of fully-connected layers");
+ABSL_FLAG(bool, compress_bias, false, "train: compress biases too (default: sent dense)");
+ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
+          "train: directory of the Fashion-MNIST IDX files");
 
 namespace {
 
@@ -47,7 +62,10 @@ int main(int argc, char** argv) {
   const std::vector<std::string> names = {
       "scheduler", "identity",      "mode",       "tensors",         "layers",
       "steps",     "warmup",        "compressor", "bin_size",        "topk_fraction",
-      "pull",      "compact_indices", "register_timeout_ms", "request_timeout_ms", "log_level"};
+      "pull",      "compact_indices", "register_timeout_ms", "request_timeout_ms", "log_level",
+      "model",     "epochs",        "batch",      "seed",            "lr",
+      "lr_schedule", "train_limit", "test_limit", "max_steps",       "bin_size_conv",
+      "bin_size_fc", "compress_bias", "data_dir"};
   if (auto s = adaps::LoadLayeredFlags(argc, argv, names); !s.ok()) return Fail(s.ToString());
   absl::ParseCommandLine(argc, argv);
 
@@ -62,16 +80,17 @@ int main(int argc, char** argv) {
   if (auto s = adaps::ValidateLogLevel(options.log_level); !s.ok()) return Fail(s.ToString());
 
   const std::string mode = absl::GetFlag(FLAGS_mode);
+  auto kind = adaps::ParseCompressorKind(absl::GetFlag(FLAGS_compressor));
+  if (!kind.ok()) return Fail(kind.status().ToString());
+  const std::string pull = absl::GetFlag(FLAGS_pull);
+  if (pull != "dense" && pull != "recompressed") {
+    return Fail("--pull must be dense or recompressed");
+  }
   adaps::SyntheticConfig synthetic;
+  adaps::TrainConfig train;
   if (mode == "synthetic") {
     auto total = adaps::ParseCount(absl::GetFlag(FLAGS_tensors));
     if (!total.ok()) return Fail(total.status().ToString());
-    auto kind = adaps::ParseCompressorKind(absl::GetFlag(FLAGS_compressor));
-    if (!kind.ok()) return Fail(kind.status().ToString());
-    const std::string pull = absl::GetFlag(FLAGS_pull);
-    if (pull != "dense" && pull != "recompressed") {
-      return Fail("--pull must be dense or recompressed");
-    }
     synthetic.total_params = *total;
     synthetic.layers = absl::GetFlag(FLAGS_layers);
     synthetic.steps = absl::GetFlag(FLAGS_steps);
@@ -82,7 +101,28 @@ int main(int argc, char** argv) {
     synthetic.layer.pull =
         pull == "dense" ? adaps::PullFormat::kDense : adaps::PullFormat::kRecompressed;
   } else if (mode == "train") {
-    return Fail("--mode=train is not built into this adaps-worker yet");
+    train.model = absl::GetFlag(FLAGS_model);
+    train.epochs = absl::GetFlag(FLAGS_epochs);
+    train.batch = absl::GetFlag(FLAGS_batch);
+    train.seed = absl::GetFlag(FLAGS_seed);
+    train.learning_rate = absl::GetFlag(FLAGS_lr);
+    const std::string schedule = absl::GetFlag(FLAGS_lr_schedule);
+    if (schedule != "constant" && schedule != "cosine") {
+      return Fail("--lr_schedule must be constant or cosine");
+    }
+    train.cosine = schedule == "cosine";
+    train.train_limit = absl::GetFlag(FLAGS_train_limit);
+    train.test_limit = absl::GetFlag(FLAGS_test_limit);
+    train.steps_limit = absl::GetFlag(FLAGS_max_steps);
+    train.data_dir = absl::GetFlag(FLAGS_data_dir);
+    const int conv = absl::GetFlag(FLAGS_bin_size_conv), fc = absl::GetFlag(FLAGS_bin_size_fc);
+    if (conv < 1 || fc < 1) return Fail("--bin_size_conv and --bin_size_fc must be >= 1");
+    train.compression.kind = *kind;
+    train.compression.bin_size_conv = static_cast<uint32_t>(conv);
+    train.compression.bin_size_fc = static_cast<uint32_t>(fc);
+    train.compression.topk_fraction = absl::GetFlag(FLAGS_topk_fraction);
+    train.compression.compress_bias = absl::GetFlag(FLAGS_compress_bias);
+    train.pull = pull == "dense" ? adaps::PullFormat::kDense : adaps::PullFormat::kRecompressed;
   } else {
     return Fail("--mode must be synthetic or train");
   }
@@ -91,7 +131,8 @@ int main(int argc, char** argv) {
       ->info("effective config: {}", adaps::DescribeFlags(names));
   auto worker = adaps::Worker::Create(options);
   if (!worker.ok()) return Fail(worker.status().ToString());
-  absl::Status status = adaps::RunSynthetic(**worker, synthetic);
+  absl::Status status = mode == "train" ? adaps::RunTraining(**worker, train)
+                                         : adaps::RunSynthetic(**worker, synthetic);
   absl::Status stop = (*worker)->Stop();
   if (!status.ok()) return Fail(status.ToString());
   if (!stop.ok()) return Fail(stop.ToString());

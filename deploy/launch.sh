@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Starts a whole adaps cluster -- 1 scheduler, S servers, W workers -- on this machine or on
+# a list of hosts over ssh, streams every process's output with a role/index prefix, and
+# stops them all on Ctrl-C, when one fails, or when the workers are done.
+#
+#   deploy/launch.sh [options] [-- worker flags...]
+#     --servers S          servers (default 2)
+#     --workers W          workers (default 4)
+#     --hosts h1,h2,...    run over ssh on these hosts (scheduler on the first, servers and
+#                          workers round-robin); default: everything local, no ssh
+#     --bin DIR            directory holding scheduler/ server/ worker/ executables as built
+#                          (default: build, relative to the repository); on remote hosts the
+#                          same path must exist (same checkout or image)
+#     --port P             scheduler port (default: local 0 = chosen by the OS, hosts 5510)
+#     --scheduler-args A   extra flags for adaps-scheduler (one string)
+#     --server-args A      extra flags for every adaps-server (one string)
+#     --timeout SECONDS    stop everything after this long (default 3600)
+#   Everything after -- goes to every adaps-worker, e.g. -- --mode=train --model=mlp.
+#
+# Exit status: 0 when every worker finished with 0; 1 otherwise (the failing process is named).
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+servers=2 workers=4 hosts="" bin="$repo/build" port="" sched_args="" server_args="" timeout=3600
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --servers) servers=$2; shift 2 ;;
+    --workers) workers=$2; shift 2 ;;
+    --hosts) hosts=$2; shift 2 ;;
+    --bin) bin=$(cd "$2" && pwd) || exit 1; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    --scheduler-args) sched_args=$2; shift 2 ;;
+    --server-args) server_args=$2; shift 2 ;;
+    --timeout) timeout=$2; shift 2 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --) shift; break ;;
+    *) echo "launch: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+worker_args=("$@")
+[[ $servers =~ ^[1-9][0-9]*$ && $workers =~ ^[1-9][0-9]*$ ]] ||
+  { echo "launch: --servers and --workers must be positive integers" >&2; exit 2; }
+for exe in scheduler/adaps-scheduler server/adaps-server worker/adaps-worker; do
+  [[ -x "$bin/$exe" ]] || { echo "launch: $bin/$exe not found; build first (deploy/build.sh)" >&2; exit 2; }
+done
+
+IFS=, read -r -a host_list <<<"${hosts:-}"
+remote=$([[ ${#host_list[@]} -gt 0 ]] && echo 1 || echo 0)
+run_dir=$(mktemp -d /tmp/adaps-launch.XXXXXX)
+pids=() names=()
+
+# start NAME HOST COMMAND...: runs the command (locally or over ssh) with prefixed output.
+start() {
+  local name=$1 host=$2
+  shift 2
+  if [[ $remote == 1 ]]; then
+    # -tt gives the remote command a terminal, so it dies when the connection drops.
+    ssh -tt -o BatchMode=yes -o ConnectTimeout=10 "$host" "$(printf '%q ' "$@")" \
+      > >(sed -u "s/^/[$name] /") 2>&1 &
+  else
+    "$@" > >(sed -u "s/^/[$name] /") 2>&1 &
+  fi
+  pids+=($!)
+  names+=("$name")
+}
+
+stop_all() {
+  trap - INT TERM EXIT
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  sleep 1
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$run_dir"
+}
+trap 'echo "launch: interrupted, stopping everything" >&2; stop_all; exit 130' INT TERM
+trap stop_all EXIT
+
+sched_host=${host_list[0]:-127.0.0.1}
+if [[ $remote == 1 ]]; then
+  port=${port:-5510}
+  # shellcheck disable=SC2086
+  start scheduler "$sched_host" "$bin/scheduler/adaps-scheduler" --host=0.0.0.0 --port="$port" \
+    --num_servers="$servers" --num_workers="$workers" $sched_args
+else
+  port_file="$run_dir/scheduler.port"
+  # shellcheck disable=SC2086
+  start scheduler local "$bin/scheduler/adaps-scheduler" --host=127.0.0.1 --port="${port:-0}" \
+    --port_file="$port_file" --num_servers="$servers" --num_workers="$workers" $sched_args
+  for _ in $(seq 100); do [[ -s $port_file ]] && break; sleep 0.1; done
+  [[ -s $port_file ]] || { echo "launch: the scheduler did not start listening" >&2; exit 1; }
+  port=$(cat "$port_file")
+fi
+scheduler="tcp://$sched_host:$port"
+echo "launch: scheduler at $scheduler, $servers servers, $workers workers" >&2
+
+nhosts=${#host_list[@]}
+for ((i = 0; i < servers; i++)); do
+  if [[ $remote == 1 ]]; then
+    h=${host_list[$(( (i + 1) % nhosts ))]}
+    # shellcheck disable=SC2086
+    start "server $i" "$h" "$bin/server/adaps-server" --scheduler="$scheduler" --host=0.0.0.0 \
+      --advertise="$h" --port=0 $server_args
+  else
+    # shellcheck disable=SC2086
+    start "server $i" local "$bin/server/adaps-server" --scheduler="$scheduler" --port=0 $server_args
+  fi
+done
+first_worker=${#pids[@]}
+for ((i = 0; i < workers; i++)); do
+  h=local
+  [[ $remote == 1 ]] && h=${host_list[$(( (servers + 1 + i) % nhosts ))]}
+  start "worker $i" "$h" "$bin/worker/adaps-worker" --scheduler="$scheduler" "${worker_args[@]}"
+done
+
+# Wait: the first process to fail stops everything; all workers done is success.
+deadline=$(( $(date +%s) + timeout ))
+declare -A done_ok=()
+while true; do
+  for idx in "${!pids[@]}"; do
+    pid=${pids[$idx]}
+    [[ -n ${done_ok[$idx]:-} ]] && continue
+    if ! kill -0 "$pid" 2>/dev/null; then
+      wait "$pid"; rc=$?
+      if [[ $rc -ne 0 ]]; then
+        echo "launch: ${names[$idx]} exited with status $rc; stopping everything" >&2
+        exit 1
+      fi
+      done_ok[$idx]=1
+    fi
+  done
+  finished=0
+  for ((i = first_worker; i < ${#pids[@]}; i++)); do [[ -n ${done_ok[$i]:-} ]] && ((finished++)); done
+  if [[ $finished -eq $workers ]]; then
+    echo "launch: all $workers workers finished" >&2
+    exit 0
+  fi
+  if [[ $(date +%s) -ge $deadline ]]; then
+    echo "launch: timed out after ${timeout}s; stopping everything" >&2
+    exit 1
+  fi
+  sleep 0.2
+done
