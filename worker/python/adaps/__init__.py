@@ -1,0 +1,66 @@
+"""adaps: the worker side of the adaps parameter server, for Python and PyTorch trainers.
+
+    import adaps
+    w = adaps.Worker(scheduler="tcp://127.0.0.1:5000")      # or adaps.worker_from_env()
+    w.declare("w", values)                                    # float32 array/CPU tensor
+    w.push_pull("w", grad, values).wait()                     # raises adaps.Error
+
+Worker(scheduler, identity="", register_timeout=60.0, request_timeout=30.0,
+       compact_indices=True, log_level="warn")
+    Registers with the scheduler and returns once the cluster formed.
+    .rank, .num_workers, .num_servers
+    .declare(name, values, shape=None, bin_size=500, compression="adacomp",
+             topk_fraction=0.001, pull="dense")
+        Collective (every worker, same order). Rank 0's `values` become the initial
+        parameters; `values` is overwritten in place with them on every worker.
+        compression: dense, adacomp, topk, sign. pull: dense, recompressed.
+    .push_pull(name, grad, out) / .push(name, grad) / .pull(name, out) -> Handle
+        Asynchronous; the library reads `grad` before the call returns and writes `out`
+        before the handle is done. Handle.wait(timeout=None) raises adaps.Error.
+    .barrier(), .set_hyper([("learning_rate", 0.1), ...]), .checkpoint(dir)
+    .traffic(name) -> dict of pushes, pulls, push/pull wire and dense bytes
+    .slices(name), .tensor_names(), .stop()
+
+Arrays: NumPy float32 arrays and PyTorch CPU tensors are used in place (no copy) when
+C-contiguous float32; gradients of another dtype or layout are converted (one copy).
+
+Errors: adaps.Error (a RuntimeError) with .code (absl status code number) and .code_name
+("INVALID_ARGUMENT", "UNAVAILABLE", "DEADLINE_EXCEEDED", ...); str(e) is the message.
+"""
+import os
+
+from adaps._core import Error, Handle, Worker
+
+__all__ = ["Error", "Handle", "Worker", "worker_from_env", "INVALID_ARGUMENT",
+           "DEADLINE_EXCEEDED", "FAILED_PRECONDITION", "UNAVAILABLE", "DATA_LOSS"]
+
+INVALID_ARGUMENT = 3
+DEADLINE_EXCEEDED = 4
+FAILED_PRECONDITION = 9
+UNAVAILABLE = 14
+DATA_LOSS = 15
+
+
+def worker_from_env(**overrides):
+    """A Worker configured from the environment `python3 -m adaps.launch` sets.
+
+    ADAPS_SCHEDULER (required), ADAPS_IDENTITY, ADAPS_REGISTER_TIMEOUT_S,
+    ADAPS_REQUEST_TIMEOUT_S, ADAPS_LOG_LEVEL; keyword arguments win over the environment.
+    """
+    env = os.environ
+    kwargs = {}
+    if "ADAPS_SCHEDULER" in env:
+        kwargs["scheduler"] = env["ADAPS_SCHEDULER"]
+    if "ADAPS_IDENTITY" in env:
+        kwargs["identity"] = env["ADAPS_IDENTITY"]
+    if "ADAPS_REGISTER_TIMEOUT_S" in env:
+        kwargs["register_timeout"] = float(env["ADAPS_REGISTER_TIMEOUT_S"])
+    if "ADAPS_REQUEST_TIMEOUT_S" in env:
+        kwargs["request_timeout"] = float(env["ADAPS_REQUEST_TIMEOUT_S"])
+    if "ADAPS_LOG_LEVEL" in env:
+        kwargs["log_level"] = env["ADAPS_LOG_LEVEL"]
+    kwargs.update(overrides)
+    if "scheduler" not in kwargs:
+        raise Error("ADAPS_SCHEDULER is not set: start the script with "
+                    "`python3 -m adaps.launch` or pass scheduler=...")
+    return Worker(**kwargs)

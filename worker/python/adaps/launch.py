@@ -1,0 +1,194 @@
+"""Runs N copies of a training script against a local adaps cluster.
+
+    /usr/bin/python3 -m adaps.launch -n 2 [--servers 1] [--server-optimizer sum]
+        [--compression adacomp] script.py [script args...]
+
+Starts adaps-scheduler (OS-assigned port, read back from its --port_file) and the
+servers on 127.0.0.1, then N copies of `script.py` with this environment:
+
+  ADAPS_SCHEDULER         tcp://127.0.0.1:<port>   (adaps.worker_from_env() reads it)
+  ADAPS_SERVER_OPTIMIZER  the servers' --optimizer (adaps.torch picks its mode from it)
+  ADAPS_COMPRESSION       --compression, for scripts that honour it
+  ADAPS_LOCAL_RANK, ADAPS_NUM_WORKERS, OMP_NUM_THREADS (cores / N unless set)
+
+Every output line is forwarded with a prefix ([w0], [s0], [sched]). When a worker fails
+or a server/the scheduler dies, everything is stopped and the exit code is the failure's;
+Ctrl-C stops everything (exit 130). Executables: --bin-dir, else $ADAPS_BIN_DIR, else PATH.
+"""
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+
+def _find_bin(name, bin_dir):
+    for d in (bin_dir, os.environ.get("ADAPS_BIN_DIR")):
+        if d:
+            for sub in ("", "scheduler", "server", "worker", "bin"):
+                p = os.path.join(d, sub, name)
+                if os.path.isfile(p) and os.access(p, os.X_OK):
+                    return p
+    p = shutil.which(name)
+    if p:
+        return p
+    sys.exit("adaps.launch: %s not found (use --bin-dir, ADAPS_BIN_DIR or PATH)" % name)
+
+
+class _Proc:
+    def __init__(self, tag, argv, env, out_lock):
+        self.tag = tag
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        self._lock = out_lock
+        self._thread = threading.Thread(target=self._forward, daemon=True)
+        self._thread.start()
+
+    def _forward(self):
+        for raw in iter(self.proc.stdout.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            with self._lock:
+                sys.stdout.write("[%s] %s\n" % (self.tag, line))
+                sys.stdout.flush()
+
+    def poll(self):
+        return self.proc.poll()
+
+    def signal(self, sig):
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def join_output(self, timeout=2.0):
+        self._thread.join(timeout)
+
+
+def _stop_all(procs, grace=3.0):
+    for p in procs:
+        p.signal(signal.SIGTERM)
+    end = time.time() + grace
+    for p in procs:
+        while p.poll() is None and time.time() < end:
+            time.sleep(0.05)
+        p.signal(signal.SIGKILL)
+        p.proc.wait()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python3 -m adaps.launch", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", "--workers", type=int, required=True, help="training processes")
+    ap.add_argument("--servers", type=int, default=1, help="server shards (default 1)")
+    ap.add_argument("--server-optimizer", default="sgd",
+                    help="servers' --optimizer: sum, sgd, momentum, nesterov, adam "
+                         "(default sgd; sum = the local torch optimizer steps)")
+    ap.add_argument("--compression", "--compressor", default="adacomp",
+                    help="exported as ADAPS_COMPRESSION (default adacomp)")
+    ap.add_argument("--mode", default="sync", help="servers' --mode: sync or async")
+    ap.add_argument("--server-arg", action="append", default=[],
+                    help="extra adaps-server flag, e.g. --server-arg=--learning_rate=0.1")
+    ap.add_argument("--bin-dir", default=None, help="where adaps-scheduler/-server are")
+    ap.add_argument("--log-level", default="warn", help="scheduler and server log level")
+    ap.add_argument("--python", default=sys.executable, help="interpreter for the script")
+    ap.add_argument("script")
+    ap.add_argument("args", nargs=argparse.REMAINDER)
+    a = ap.parse_args(argv)
+    if a.workers < 1 or a.servers < 1:
+        ap.error("-n and --servers must be at least 1")
+
+    scheduler_bin = _find_bin("adaps-scheduler", a.bin_dir)
+    server_bin = _find_bin("adaps-server", a.bin_dir)
+    tmp = tempfile.mkdtemp(prefix="adaps-launch-")
+    port_file = os.path.join(tmp, "port")
+    lock = threading.Lock()
+    procs = []
+    interrupted = []
+
+    def on_signal(signum, frame):
+        interrupted.append(signum)
+
+    old_int = signal.signal(signal.SIGINT, on_signal)
+    old_term = signal.signal(signal.SIGTERM, on_signal)
+    code = 0
+    try:
+        env = dict(os.environ)
+        procs.append(_Proc("sched", [scheduler_bin, "--num_servers=%d" % a.servers,
+                                     "--num_workers=%d" % a.workers,
+                                     "--port_file=" + port_file,
+                                     "--log_level=" + a.log_level], env, lock))
+        end = time.time() + 15
+        port = ""
+        while not port and time.time() < end and procs[0].poll() is None and not interrupted:
+            if os.path.exists(port_file):
+                with open(port_file) as f:
+                    port = f.read().strip()
+            time.sleep(0.02)
+        if not port:
+            sys.stderr.write("adaps.launch: the scheduler did not start\n")
+            return 1
+        address = "tcp://127.0.0.1:" + port
+        for s in range(a.servers):
+            procs.append(_Proc("s%d" % s, [server_bin, "--scheduler=" + address,
+                                           "--optimizer=" + a.server_optimizer,
+                                           "--mode=" + a.mode,
+                                           "--log_level=" + a.log_level] + a.server_arg,
+                               env, lock))
+        threads = str(max(1, (os.cpu_count() or 1) // a.workers))
+        workers = []
+        for r in range(a.workers):
+            wenv = dict(os.environ)
+            wenv.update({"ADAPS_SCHEDULER": address,
+                         "ADAPS_SERVER_OPTIMIZER": a.server_optimizer,
+                         "ADAPS_COMPRESSION": a.compression,
+                         "ADAPS_LOCAL_RANK": str(r),
+                         "ADAPS_NUM_WORKERS": str(a.workers),
+                         "PYTHONUNBUFFERED": "1"})
+            wenv.setdefault("OMP_NUM_THREADS", threads)
+            w = _Proc("w%d" % r, [a.python, a.script] + a.args, wenv, lock)
+            workers.append(w)
+            procs.append(w)
+        infra = procs[:1 + a.servers]
+        while True:
+            if interrupted:
+                sys.stderr.write("adaps.launch: interrupted, stopping everything\n")
+                code = 130
+                break
+            failed = [w for w in workers if w.poll() not in (None, 0)]
+            if failed:
+                w = failed[0]
+                sys.stderr.write("adaps.launch: %s exited with %d, stopping everything\n"
+                                 % (w.tag, w.poll()))
+                code = w.poll() if w.poll() > 0 else 128 - w.poll()
+                break
+            if all(w.poll() == 0 for w in workers):
+                # The scheduler and servers shut down once every worker left.
+                end = time.time() + 10
+                while time.time() < end and any(p.poll() is None for p in infra):
+                    time.sleep(0.05)
+                break
+            dead = [p for p in infra if p.poll() is not None]
+            if dead:
+                sys.stderr.write("adaps.launch: %s exited with %d while workers ran, "
+                                 "stopping everything\n" % (dead[0].tag, dead[0].poll()))
+                code = 1
+                break
+            time.sleep(0.05)
+    finally:
+        _stop_all(procs)
+        for p in procs:
+            p.join_output()
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
