@@ -373,6 +373,11 @@ void Server::OnPush(InMessage& in) {
   }
   auto header = PeekHeader(in.payload());
   if (!header.ok()) return ReplyError(in, header.status());
+  if (static_cast<uint8_t>(header->kind) != static_cast<uint8_t>(p->kind())) {
+    return ReplyError(in, absl::InvalidArgumentError(absl::StrCat(
+                              "push says payload kind ", msg::EnumNamePayloadKind(p->kind()),
+                              " but carries ", CompressorKindName(header->kind))));
+  }
   if (header->length != s.length) {
     return ReplyError(in, absl::InvalidArgumentError(absl::StrCat(
                               "push of ", header->length, " elements to slice '", s.name,

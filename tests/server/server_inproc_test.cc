@@ -149,6 +149,17 @@ TEST_F(ServerInproc, CorruptPayloadIsDataLossAndChangesNothing) {
   ExpectUnchanged();
 }
 
+TEST_F(ServerInproc, PayloadOfAnotherKindThanTheHeaderSaysIsRejected) {
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = msg::CreatePush(fbb, kKey, 0, msg::PayloadKind::SparseTernary);
+  const uint64_t id = client_->NewRequestId();
+  absl::Status s =
+      Call(FinishEnvelope(fbb, client_->self(), body, id, 0, DenseUpdate(kLen, 1.0f)), id)
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  ExpectUnchanged();
+}
+
 TEST_F(ServerInproc, PushForAnotherStepIsAFailedPrecondition) {
   absl::Status s = Push(kKey, DenseUpdate(kLen, 1.0f), /*step=*/5);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
