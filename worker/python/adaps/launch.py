@@ -173,7 +173,9 @@ def main(argv=None):
                 while time.time() < end and any(p.poll() is None for p in infra):
                     time.sleep(0.05)
                 break
-            dead = [p for p in infra if p.poll() is not None]
+            # Exit 0 is the orderly shutdown once every worker left (a worker process may
+            # still be exiting); anything else is a crash.
+            dead = [p for p in infra if p.poll() not in (None, 0)]
             if dead:
                 sys.stderr.write("adaps.launch: %s exited with %d while workers ran, "
                                  "stopping everything\n" % (dead[0].tag, dead[0].poll()))

@@ -1,0 +1,83 @@
+"""The adaps Python module over a real local cluster: buffers, results, errors."""
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import adaps
+
+
+def test_pushes_numpy_and_torch_buffers_and_writes_out_in_place(cluster):
+    c = cluster(1, server_args=["--optimizer=sgd", "--learning_rate=1"])
+    w = adaps.Worker(c.address, request_timeout=10)
+    assert (w.rank, w.num_workers, w.num_servers) == (0, 1, 1)
+    values = np.arange(6, dtype=np.float32).reshape(2, 3)
+    w.declare("x", values, bin_size=50, compression="dense")
+    grad = torch.ones(2, 3)
+    out = torch.zeros(2, 3)
+    ptr = out.data_ptr()
+    w.push_pull("x", grad, out).wait()
+    assert out.data_ptr() == ptr
+    assert torch.equal(out, torch.arange(6, dtype=torch.float32).view(2, 3) - 1)
+    # A non-contiguous float64 gradient is converted; the out array is written in place.
+    w.push_pull("x", np.ones((3, 2)).T, values).wait()
+    np.testing.assert_array_equal(values, np.arange(6).reshape(2, 3) - 2)
+    t = w.traffic("x")
+    assert t["pushes"] == 2 and t["push_dense_bytes"] == 2 * 6 * 4
+    w.stop()
+
+
+def test_wrong_shape_is_an_exception_with_the_status_message(cluster):
+    c = cluster(1)
+    w = adaps.Worker(c.address, request_timeout=10)
+    w.declare("x", np.zeros(6, np.float32))
+    with pytest.raises(adaps.Error) as e:
+        w.push_pull("x", np.ones(5, np.float32), np.zeros(6, np.float32)).wait()
+    assert e.value.code == adaps.INVALID_ARGUMENT
+    assert e.value.code_name == "INVALID_ARGUMENT"
+    assert "6 elements" in str(e.value)
+    with pytest.raises(adaps.Error) as e:
+        w.push_pull("nope", np.ones(6, np.float32), np.zeros(6, np.float32)).wait()
+    assert "not declared" in str(e.value)
+    with pytest.raises(adaps.Error, match="float32"):
+        w.pull("x", np.zeros(6))  # float64 out cannot be written in place
+    with pytest.raises(adaps.Error) as e:
+        w.declare("x", np.zeros(7, np.float32))  # conflicts with the first declaration
+    assert e.value.code == adaps.INVALID_ARGUMENT
+    w.stop()
+    with pytest.raises(adaps.Error) as e:
+        w.push("x", np.zeros(6, np.float32))
+    assert e.value.code == adaps.FAILED_PRECONDITION
+
+
+def test_unreachable_scheduler_is_an_exception_not_a_hang():
+    start = time.time()
+    with pytest.raises(adaps.Error) as e:
+        adaps.Worker("tcp://127.0.0.1:1", register_timeout=0.5, request_timeout=0.5)
+    assert e.value.code in (adaps.UNAVAILABLE, adaps.DEADLINE_EXCEEDED)
+    assert str(e.value)
+    assert time.time() - start < 10
+
+
+def test_killed_server_is_an_exception_from_wait(cluster):
+    c = cluster(1)
+    w = adaps.Worker(c.address, request_timeout=2)
+    w.declare("x", np.zeros(100, np.float32), compression="adacomp", bin_size=10)
+    w.push_pull("x", np.ones(100, np.float32), np.zeros(100, np.float32)).wait()
+    c.servers[0].kill()
+    c.servers[0].wait()
+    with pytest.raises(adaps.Error) as e:
+        w.push_pull("x", np.ones(100, np.float32), np.zeros(100, np.float32)).wait()
+    assert e.value.code in (adaps.UNAVAILABLE, adaps.DEADLINE_EXCEEDED), e.value
+    assert str(e.value)
+
+
+def test_non_float32_values_are_rejected_with_a_reason(cluster):
+    c = cluster(1)
+    w = adaps.Worker(c.address, request_timeout=10)
+    with pytest.raises(adaps.Error, match="float32"):
+        w.declare("i", np.zeros(4, np.int32))
+    with pytest.raises(adaps.Error, match="expected a float32"):
+        w.declare("l", [0.0, 1.0])
+    w.stop()
