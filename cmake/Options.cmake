@@ -62,7 +62,9 @@ if(ADAPS_SANITIZE)
     message(FATAL_ERROR "ADAPS_SANITIZE must be empty, 'address,undefined' or 'thread' "
                         "(got '${ADAPS_SANITIZE}')")
   endif()
-  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:${_adaps_san_flags}>)
+  foreach(flag IN LISTS _adaps_san_flags)
+    add_compile_options($<$<COMPILE_LANGUAGE:CXX>:${flag}>)
+  endforeach()
   add_link_options(${_adaps_san_flags})
 endif()
 
