@@ -1,0 +1,94 @@
+// End to end through real processes: adaps-scheduler, one adaps-server and two adaps-worker
+// processes train the Fashion-MNIST MLP on a subset of the data for a bounded number of
+// steps. With AdaComp the test accuracy must reach 0.80 while the fully-connected layers
+// send at least 100x fewer bytes than dense; the same run with dense must reach the same
+// accuracy within tolerance.
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster_harness.h"
+
+namespace adaps::testing {
+namespace {
+
+constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
+
+struct TrainResult {
+  bool ok = false;
+  double test_acc = 0.0;
+  double fc_rate = 0.0;
+  std::string log;
+};
+
+TrainResult Train(const std::string& compressor) {
+  TrainResult result;
+  ClusterOptions options;
+  options.num_servers = 1;
+  options.num_workers = 2;
+  options.server_args = {"--optimizer=momentum", "--momentum=0.9"};
+  LocalCluster cluster(options);
+  if (cluster.scheduler_address().empty()) {
+    result.log = "scheduler did not start: " + cluster.scheduler().Log();
+    return result;
+  }
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int w = 0; w < 2; ++w) {
+    workers.push_back(std::make_unique<Process>(
+        ADAPS_WORKER_BIN,
+        std::vector<std::string>{"--scheduler=" + cluster.scheduler_address(), "--mode=train",
+                                 "--model=mlp", "--compressor=" + compressor,
+                                 "--train_limit=16000", "--epochs=2", "--batch=32",
+                                 "--lr=0.05", "--log_level=warn",
+                                 absl::StrCat("--data_dir=", kDataDir)},
+        absl::StrCat(cluster.dir(), "/worker", w, ".log")));
+  }
+  bool all_ok = true;
+  for (auto& w : workers) {
+    const int code = w->WaitExit(absl::Seconds(240));
+    if (code != 0) all_ok = false;
+  }
+  for (auto& w : workers) result.log += w->Log();
+  const std::regex final_line(R"(final: .* test_acc ([0-9.]+) .* rate: fc ([0-9.]+)x)");
+  std::smatch m;
+  if (all_ok && std::regex_search(result.log, m, final_line)) {
+    result.ok = true;
+    result.test_acc = std::stod(m[1]);
+    result.fc_rate = std::stod(m[2]);
+  }
+  return result;
+}
+
+class TrainEndToEnd : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(std::string(kDataDir))) {
+      GTEST_SKIP() << "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist)";
+    }
+  }
+};
+
+TEST_F(TrainEndToEnd, AdaCompReachesAccuracyWithHundredfoldLessTrafficAndMatchesDense) {
+  const TrainResult ada = Train("adacomp");
+  ASSERT_TRUE(ada.ok) << ada.log;
+  EXPECT_GE(ada.test_acc, 0.80) << ada.log;
+  EXPECT_GE(ada.fc_rate, 100.0) << "fully-connected layers were not compressed enough\n"
+                                << ada.log;
+
+  const TrainResult dense = Train("dense");
+  ASSERT_TRUE(dense.ok) << dense.log;
+  EXPECT_LT(dense.fc_rate, 1.5) << "dense must send every element";
+  EXPECT_NEAR(ada.test_acc, dense.test_acc, 0.03)
+      << "AdaComp " << ada.test_acc << " vs dense " << dense.test_acc;
+  RecordProperty("adacomp_test_acc", std::to_string(ada.test_acc));
+  RecordProperty("dense_test_acc", std::to_string(dense.test_acc));
+  RecordProperty("adacomp_fc_rate", std::to_string(ada.fc_rate));
+}
+
+}  // namespace
+}  // namespace adaps::testing
