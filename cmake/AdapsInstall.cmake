@@ -2,7 +2,8 @@
 # worker/CMakeLists.txt:
 #   - adaps_worker_shared: libadaps_worker.so, the same sources as the static adaps_worker,
 #     with the static internals (adaps_net, adaps_common, schemas) linked in and hidden
-#     (--exclude-libs), so only adaps::Worker and the C API are exported.
+#     (--exclude-libs, cmake/adaps_worker.map), so only adaps::Worker and the C API are
+#     exported.
 #   - headers under include/adaps/, a CMake package (find_package(adaps) -> adaps::worker),
 #     pkg-config file adaps.pc, and the executables adaps-scheduler/-server/-worker.
 include(GNUInstallDirs)
@@ -18,7 +19,10 @@ target_include_directories(adaps_worker_shared PUBLIC
 target_link_libraries(adaps_worker_shared PUBLIC absl::status absl::statusor absl::time
                       absl::span absl::strings
                       PRIVATE adaps_net)
-target_link_options(adaps_worker_shared PRIVATE -Wl,--exclude-libs,ALL -Wl,--no-undefined)
+target_link_options(adaps_worker_shared PRIVATE -Wl,--exclude-libs,ALL -Wl,--no-undefined
+                    -Wl,--version-script=${PROJECT_SOURCE_DIR}/cmake/adaps_worker.map)
+set_property(TARGET adaps_worker_shared APPEND PROPERTY LINK_DEPENDS
+             ${PROJECT_SOURCE_DIR}/cmake/adaps_worker.map)
 set_target_properties(adaps_worker_shared PROPERTIES
   OUTPUT_NAME adaps_worker
   EXPORT_NAME worker

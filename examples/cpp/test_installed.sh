@@ -33,9 +33,10 @@ fi
 cmake -S "$src/examples/cpp" -B "$tmp/ex" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
   > "$tmp/configure.log" 2>&1 || fail "configure the example"
 cmake --build "$tmp/ex" > "$tmp/build.log" 2>&1 || fail "build the example"
-# pkg-config finds the same library.
-PKG_CONFIG_PATH=$libdir/pkgconfig pkg-config --libs adaps | grep -q -- "-ladaps_worker" \
-  || fail "pkg-config --libs adaps"
+# pkg-config alone is enough too.
+c++ -std=c++17 "$src/examples/cpp/push_pull.cc" -o "$tmp/push_pull_pc" \
+  $(PKG_CONFIG_PATH=$libdir/pkgconfig pkg-config --cflags --libs adaps) -Wl,-rpath,"$libdir" \
+  > "$tmp/pkgconfig.log" 2>&1 || fail "build the example with pkg-config"
 
 "$prefix/bin/adaps-scheduler" --num_servers=1 --num_workers=2 --port_file="$tmp/port" \
   --log_level=warn > "$tmp/scheduler.log" 2>&1 & pids+=($!)
@@ -45,7 +46,7 @@ addr=tcp://127.0.0.1:$(cat "$tmp/port")
 "$prefix/bin/adaps-server" --scheduler="$addr" --log_level=warn > "$tmp/server.log" 2>&1 &
 pids+=($!)
 "$tmp/ex/adaps-example-push-pull" "$addr" 5 > "$tmp/w0.log" 2>&1 & w0=$!
-"$tmp/ex/adaps-example-push-pull" "$addr" 5 > "$tmp/w1.log" 2>&1 & w1=$!
+"$tmp/push_pull_pc" "$addr" 5 > "$tmp/w1.log" 2>&1 & w1=$!
 pids+=("$w0" "$w1")
 wait "$w0" || fail "worker 0"
 wait "$w1" || fail "worker 1"
