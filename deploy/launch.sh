@@ -8,10 +8,15 @@
 #     --workers W          workers (default 4)
 #     --hosts h1,h2,...    run over ssh on these hosts (scheduler on the first, servers and
 #                          workers round-robin); default: everything local, no ssh
+#     --via PREFIX         how to run a command on a host: a command prefix where {host} is
+#                          the host and {index} its position in --hosts (default:
+#                          "ssh -tt -o BatchMode=yes -o ConnectTimeout=10 {host}"; the
+#                          namespace test uses "ip netns exec adaps-h{index}")
 #     --bin DIR            directory holding scheduler/ server/ worker/ executables as built
 #                          (default: build, relative to the repository); on remote hosts the
 #                          same path must exist (same checkout or image)
-#     --port P             scheduler port (default: local 0 = chosen by the OS, hosts 5510)
+#     --port P             scheduler port (default: local 0 = chosen by the OS; hosts: 5510,
+#                          and server i listens on P+1+i)
 #     --scheduler-args A   extra flags for adaps-scheduler (one string)
 #     --server-args A      extra flags for every adaps-server (one string)
 #     --timeout SECONDS    stop everything after this long (default 3600)
@@ -21,17 +26,20 @@
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 servers=2 workers=4 hosts="" bin="$repo/build" port="" sched_args="" server_args="" timeout=3600
+# -tt gives the remote command a terminal, so it dies when the connection drops.
+via="ssh -tt -o BatchMode=yes -o ConnectTimeout=10 {host}"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --servers) servers=$2; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
     --hosts) hosts=$2; shift 2 ;;
+    --via) via=$2; shift 2 ;;
     --bin) bin=$(cd "$2" && pwd) || exit 1; shift 2 ;;
     --port) port=$2; shift 2 ;;
     --scheduler-args) sched_args=$2; shift 2 ;;
     --server-args) server_args=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) echo "launch: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -48,14 +56,22 @@ remote=$([[ ${#host_list[@]} -gt 0 ]] && echo 1 || echo 0)
 run_dir=$(mktemp -d /tmp/adaps-launch.XXXXXX)
 pids=() names=()
 
-# start NAME HOST COMMAND...: runs the command (locally or over ssh) with prefixed output.
+# start NAME HOST_INDEX COMMAND...: runs the command (locally, or on host HOST_INDEX through
+# the --via prefix) with prefixed output.
 start() {
-  local name=$1 host=$2
+  local name=$1 idx=$2
   shift 2
   if [[ $remote == 1 ]]; then
-    # -tt gives the remote command a terminal, so it dies when the connection drops.
-    ssh -tt -o BatchMode=yes -o ConnectTimeout=10 "$host" "$(printf '%q ' "$@")" \
-      > >(sed -u "s/^/[$name] /") 2>&1 &
+    local host=${host_list[$idx]} prefix
+    prefix=${via//\{host\}/$host}
+    prefix=${prefix//\{index\}/$idx}
+    read -r -a prefix_words <<<"$prefix"
+    if [[ ${prefix_words[0]} == ssh ]]; then
+      # One quoted string: ssh hands it to the remote shell.
+      "${prefix_words[@]}" "$(printf '%q ' "$@")" > >(sed -u "s/^/[$name] /") 2>&1 &
+    else
+      "${prefix_words[@]}" "$@" > >(sed -u "s/^/[$name] /") 2>&1 &
+    fi
   else
     "$@" > >(sed -u "s/^/[$name] /") 2>&1 &
   fi
@@ -78,12 +94,12 @@ sched_host=${host_list[0]:-127.0.0.1}
 if [[ $remote == 1 ]]; then
   port=${port:-5510}
   # shellcheck disable=SC2086
-  start scheduler "$sched_host" "$bin/scheduler/adaps-scheduler" --host=0.0.0.0 --port="$port" \
+  start scheduler 0 "$bin/scheduler/adaps-scheduler" --host=0.0.0.0 --port="$port" \
     --num_servers="$servers" --num_workers="$workers" $sched_args
 else
   port_file="$run_dir/scheduler.port"
   # shellcheck disable=SC2086
-  start scheduler local "$bin/scheduler/adaps-scheduler" --host=127.0.0.1 --port="${port:-0}" \
+  start scheduler 0 "$bin/scheduler/adaps-scheduler" --host=127.0.0.1 --port="${port:-0}" \
     --port_file="$port_file" --num_servers="$servers" --num_workers="$workers" $sched_args
   for _ in $(seq 100); do [[ -s $port_file ]] && break; sleep 0.1; done
   [[ -s $port_file ]] || { echo "launch: the scheduler did not start listening" >&2; exit 1; }
@@ -95,20 +111,22 @@ echo "launch: scheduler at $scheduler, $servers servers, $workers workers" >&2
 nhosts=${#host_list[@]}
 for ((i = 0; i < servers; i++)); do
   if [[ $remote == 1 ]]; then
-    h=${host_list[$(( (i + 1) % nhosts ))]}
+    hi=$(( (i + 1) % nhosts ))
+    h=${host_list[$hi]}
+    sport=$((port + 1 + i))
     # shellcheck disable=SC2086
-    start "server $i" "$h" "$bin/server/adaps-server" --scheduler="$scheduler" --host=0.0.0.0 \
-      --advertise="$h" --port=0 $server_args
+    start "server $i" "$hi" "$bin/server/adaps-server" --scheduler="$scheduler" --host=0.0.0.0 \
+      --port="$sport" --advertise="tcp://$h:$sport" $server_args
   else
     # shellcheck disable=SC2086
-    start "server $i" local "$bin/server/adaps-server" --scheduler="$scheduler" --port=0 $server_args
+    start "server $i" 0 "$bin/server/adaps-server" --scheduler="$scheduler" --port=0 $server_args
   fi
 done
 first_worker=${#pids[@]}
 for ((i = 0; i < workers; i++)); do
-  h=local
-  [[ $remote == 1 ]] && h=${host_list[$(( (servers + 1 + i) % nhosts ))]}
-  start "worker $i" "$h" "$bin/worker/adaps-worker" --scheduler="$scheduler" "${worker_args[@]}"
+  hi=0
+  [[ $remote == 1 ]] && hi=$(( (servers + 1 + i) % nhosts ))
+  start "worker $i" "$hi" "$bin/worker/adaps-worker" --scheduler="$scheduler" "${worker_args[@]}"
 done
 
 # Wait: the first process to fail stops everything; all workers done is success.

@@ -14,4 +14,4 @@ bash deploy/build.sh >/tmp/adaps-build.log 2>&1 || { tail -50 /tmp/adaps-build.l
 exec bash deploy/launch.sh --servers 2 --workers 4 --bin "${ADAPS_BUILD_DIR:-build}" \
   --scheduler-args "--log_level=warn" \
   --server-args "${ADAPS_SERVER_ARGS:---optimizer=momentum --momentum=0.9 --log_level=warn}" \
-  -- --mode=train --model=mlp --compressor=adacomp --epochs=3 --log_level=warn "$@"
+  -- --mode=train --model=mlp --compressor=adacomp --pull=recompressed --epochs=3 --log_level=warn "$@"

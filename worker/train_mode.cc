@@ -79,7 +79,7 @@ class ClusterExchange final : public trainer::GradientExchange {
 };
 
 struct KindTraffic {
-  uint64_t wire = 0, dense = 0, pulled = 0;
+  uint64_t wire = 0, dense = 0, pulled = 0, pulled_dense = 0;
   bool any = false;
   double rate() const { return wire ? static_cast<double>(dense) / static_cast<double>(wire) : 0.0; }
 };
@@ -94,6 +94,7 @@ absl::StatusOr<std::array<KindTraffic, kLayerKinds>> TrafficByKind(
     k.wire += c.push_wire_bytes;
     k.dense += c.push_dense_bytes;
     k.pulled += c.pull_wire_bytes;
+    k.pulled_dense += c.pull_dense_bytes;
   }
   return out;
 }
@@ -179,6 +180,7 @@ absl::Status RunTraining(Worker& worker, const TrainConfig& cfg) {
 
   int64_t global_step = 0;
   double train_seconds = 0.0;
+  const absl::Time start = absl::Now();
   trainer::EvalResult eval;
   for (int epoch = 0; epoch < epochs; ++epoch) {
     ADAPS_ASSIGN_OR_RETURN(trainer::EpochStats stats, loop.RunEpoch(epoch, steps, &global_step));
@@ -193,25 +195,32 @@ absl::Status RunTraining(Worker& worker, const TrainConfig& cfg) {
       pulled += k.pulled;
     }
     std::printf("epoch %d/%d  loss %.4f  test_acc %.4f  step %.1f ms (compute %.1f, exchange "
-                "%.1f)  pushed %s  pulled %s  rate: %s\n",
+                "%.1f)  pushed %s  pulled %s  rate: %s elapsed %.1f s\n",
                 epoch + 1, epochs, stats.mean_loss, eval.accuracy, 1e3 * stats.seconds / steps,
                 1e3 * stats.compute_seconds / steps, 1e3 * stats.exchange_seconds / steps,
-                Mb(wire).c_str(), Mb(pulled).c_str(), RatesText(traffic).c_str());
+                Mb(wire).c_str(), Mb(pulled).c_str(), RatesText(traffic).c_str(),
+                absl::ToDoubleSeconds(absl::Now() - start));
     std::fflush(stdout);
   }
   ADAPS_ASSIGN_OR_RETURN(auto traffic, TrafficByKind(worker, model->params()));
-  uint64_t wire = 0, dense = 0;
+  uint64_t wire = 0, dense = 0, pulled = 0, pulled_dense = 0;
   for (const KindTraffic& k : traffic) {
     wire += k.wire;
     dense += k.dense;
+    pulled += k.pulled;
+    pulled_dense += k.pulled_dense;
   }
+  auto ratio = [](uint64_t a, uint64_t b) {
+    return b ? static_cast<double>(a) / static_cast<double>(b) : 0.0;
+  };
   if (lead) {
     std::printf("final: model %s compressor %s workers %d  test_acc %.4f  pushed %s per worker "
-                "instead of %s dense (%.1fx less, %s saved)  rate: %s train time %.1f s\n",
+                "instead of %s dense (%.1fx less, %s saved)  pulled %s instead of %s (%.1fx "
+                "less)  rate: %s train time %.1f s\n",
                 trainer::ModelKindName(kind), CompressorKindName(cfg.compression.kind), workers,
-                eval.accuracy, Mb(wire).c_str(), Mb(dense).c_str(),
-                wire ? static_cast<double>(dense) / static_cast<double>(wire) : 0.0,
-                Mb(dense - wire).c_str(), RatesText(traffic).c_str(), train_seconds);
+                eval.accuracy, Mb(wire).c_str(), Mb(dense).c_str(), ratio(dense, wire),
+                Mb(dense - wire).c_str(), Mb(pulled).c_str(), Mb(pulled_dense).c_str(),
+                ratio(pulled_dense, pulled), RatesText(traffic).c_str(), train_seconds);
   } else {
     std::printf("worker %d done: pushed %s instead of %s dense\n", rank, Mb(wire).c_str(),
                 Mb(dense).c_str());
