@@ -155,7 +155,9 @@ TEST(SoftmaxCrossEntropy, GradientMatchesFiniteDifferences) {
   const std::vector<uint8_t> labels = {0, 9, 3, 3};
   Matrix d;
   SoftmaxCrossEntropy(logits, labels.data(), &d);
-  auto loss = [&] { return static_cast<double>(SoftmaxCrossEntropy(logits, labels.data(), nullptr)); };
+  auto loss = [&] {
+    return static_cast<double>(SoftmaxCrossEntropy(logits, labels.data(), nullptr));
+  };
   for (Eigen::Index i = 0; i < logits.size(); ++i) {
     EXPECT_TRUE(Close(d.data()[i], Numeric(&logits.data()[i], 1e-2f, loss), 1e-3, 1e-2));
   }
