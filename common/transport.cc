@@ -60,6 +60,9 @@ absl::Status Transport::Start() {
       router_->set(zmq::sockopt::router_mandatory, 1);
       router_->set(zmq::sockopt::sndhwm, 0);
       router_->set(zmq::sockopt::rcvhwm, 0);
+      if (options_.max_message_bytes > 0) {
+        router_->set(zmq::sockopt::maxmsgsize, options_.max_message_bytes);
+      }
       router_->bind(options_.bind_endpoint);
       bound = router_->get(zmq::sockopt::last_endpoint);
     } catch (const zmq::error_t& e) {

@@ -96,6 +96,9 @@ struct TransportOptions {
   const RoleLog* log = nullptr;               // null: no logging; must outlive the transport
   // How long a fire-and-forget message may wait for its peer before being dropped.
   absl::Duration send_timeout = absl::Seconds(5);
+  // Largest frame the ROUTER accepts; a peer sending more is disconnected by libzmq before
+  // the bytes are buffered. <= 0: no limit.
+  int64_t max_message_bytes = 0;
 };
 
 class Transport {

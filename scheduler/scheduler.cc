@@ -65,6 +65,8 @@ Scheduler::Scheduler(SchedulerConfig config, std::shared_ptr<TransportContext> c
   topts.bind_endpoint = config_.bind;
   topts.context = std::move(context);
   topts.log = &log_;
+  // Every message a scheduler receives is a small header; nothing legitimate comes near this.
+  topts.max_message_bytes = 1 << 20;
   transport_ = std::make_unique<Transport>(std::move(topts),
                                            [this](InMessage in) { Handle(std::move(in)); });
   transport_->AddTimer(config_.heartbeat_interval / 2, [this] { CheckHeartbeats(); });

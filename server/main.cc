@@ -3,6 +3,7 @@
 // shutdown.
 #include <csignal>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@ ABSL_FLAG(std::string, config, "", "Config file of 'name = value' lines (also AD
 ABSL_FLAG(std::string, scheduler, "", "Scheduler address, e.g. tcp://127.0.0.1:5000");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on for workers");
 ABSL_FLAG(int, port, 0, "TCP port; 0 lets the OS choose (the real one is registered)");
+ABSL_FLAG(std::string, port_file, "", "Write the bound port here (atomically) once registered");
 ABSL_FLAG(std::string, advertise, "", "Address workers should use; empty: the bound one");
 ABSL_FLAG(std::string, identity, "", "Stable identity: a restarted server gets its rank back");
 ABSL_FLAG(std::string, mode, "sync", "sync (every worker per step) or async (apply on arrival)");
@@ -44,6 +46,16 @@ int Fail(const std::string& reason) {
   return 1;
 }
 
+bool WritePortFile(const std::string& path, const std::string& endpoint) {
+  const std::string port = endpoint.substr(endpoint.rfind(':') + 1);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!(out << port << "\n")) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -54,7 +66,7 @@ int main(int argc, char** argv) {
       "scheduler", "host",      "port",         "advertise", "identity",
       "mode",      "optimizer", "learning_rate", "momentum", "weight_decay",
       "beta1",     "beta2",     "epsilon",      "register_timeout_ms", "checkpoint_dir",
-      "checkpoint_interval_s", "restore", "log_level"};
+      "checkpoint_interval_s", "restore", "log_level", "port_file"};
   if (auto s = adaps::LoadLayeredFlags(argc, argv, names); !s.ok()) return Fail(s.ToString());
   absl::ParseCommandLine(argc, argv);
 
@@ -88,6 +100,11 @@ int main(int argc, char** argv) {
       ->info("effective config: {}", adaps::DescribeFlags(names));
   adaps::Server server(config);
   if (auto s = server.Start(); !s.ok()) return Fail(s.ToString());
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty() && !WritePortFile(port_file, server.endpoint())) {
+    server.Stop();
+    return Fail("cannot write port file " + port_file);
+  }
   while (!server.WaitForShutdown(absl::Milliseconds(200))) {
     if (g_signal != 0) break;
   }

@@ -282,6 +282,17 @@ void Server::Heartbeat() {
 
 void Server::Handle(InMessage in) {
   const msg::Envelope* env = in.envelope();
+  // Cluster views and shutdowns come from the scheduler, over our DEALER to it (peer 0).
+  // The same bodies arriving on the ROUTER are forgeries: any client could otherwise mark
+  // workers dead or stop the server.
+  const bool from_scheduler = in.peer() == 0;
+  if ((env->body_type() == msg::Body::ClusterView || env->body_type() == msg::Body::Shutdown) &&
+      !from_scheduler) {
+    ++refused_;
+    return ReplyError(in, absl::PermissionDeniedError(absl::StrCat(
+                              msg::EnumNameBody(env->body_type()),
+                              " is accepted only from the scheduler")));
+  }
   switch (env->body_type()) {
     case msg::Body::ClusterView:
       OnView(env->body_as_ClusterView());
@@ -322,6 +333,16 @@ void Server::OnDeclare(InMessage& in) {
     return ReplyError(in, absl::InvalidArgumentError(absl::StrCat(
                               "initial values: ", in.payload().size(), " bytes for ",
                               d->length(), " floats")));
+  }
+  if (d->has_init()) {
+    for (size_t i = 0; i < d->length(); ++i) {
+      float x;
+      std::memcpy(&x, in.payload().data() + i * sizeof(float), sizeof(x));
+      if (!std::isfinite(x)) {
+        return ReplyError(in, absl::InvalidArgumentError(
+                                  absl::StrCat("initial value ", i, " is NaN or Inf")));
+      }
+    }
   }
   auto it = slices_.find(d->key());
   if (it == slices_.end()) {
@@ -584,7 +605,18 @@ absl::Status Server::ReadCheckpoint(const std::string& dir) {
 void Server::OnCheckpoint(InMessage& in) {
   const msg::Checkpoint* c = in.envelope()->body_as_Checkpoint();
   std::string dir = c->directory() ? c->directory()->str() : "";
-  if (dir.empty()) dir = config_.checkpoint_dir;
+  // A request may not pick where the server writes: that would let any client that reaches
+  // the port create files anywhere the server may write. Only --checkpoint_dir is used.
+  if (config_.checkpoint_dir.empty()) {
+    return ReplyError(in, absl::FailedPreconditionError(
+                              "checkpoint requested but the server has no --checkpoint_dir"));
+  }
+  if (!dir.empty() && dir != config_.checkpoint_dir) {
+    return ReplyError(in, absl::PermissionDeniedError(absl::StrCat(
+                              "checkpoint directory '", dir, "' refused: this server writes only to ",
+                              config_.checkpoint_dir)));
+  }
+  dir = config_.checkpoint_dir;
   if (auto st = WriteCheckpoint(dir); !st.ok()) return ReplyError(in, st);
   transport_->Reply(in, MakeAck(transport_->self(), in.envelope()->request_id()));
 }

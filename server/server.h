@@ -161,6 +161,7 @@ class Server {
   };
   std::map<uint64_t, Saved> restored_;  // from the checkpoint, used at DeclareSlice
   absl::Time last_checkpoint_;
+  uint64_t refused_ = 0;  // forged scheduler messages refused
 
   mutable absl::Mutex mu_;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;

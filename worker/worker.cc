@@ -504,10 +504,26 @@ class Worker::Impl {
  private:
   void Handle(InMessage in) {
     const msg::Envelope* env = in.envelope();
+    const bool scheduler_only =
+        env->body_type() == msg::Body::Shutdown || env->body_type() == msg::Body::ClusterView;
+    if (scheduler_only && in.peer() != kSchedulerPeer) {
+      log_.get()->warn("ignored a {} that did not come from the scheduler",
+                       msg::EnumNameBody(env->body_type()));
+      return;
+    }
     if (env->body_type() == msg::Body::Shutdown) {
-      log_.get()->info("the scheduler shut the cluster down");
-      absl::MutexLock lock(&mu_);
-      shutdown_ = true;
+      const msg::Shutdown* sd = env->body_as_Shutdown();
+      const std::string reason = sd->reason() ? sd->reason()->str() : "";
+      log_.get()->info("the scheduler shut the cluster down: {}", reason);
+      {
+        absl::MutexLock lock(&mu_);
+        shutdown_ = true;
+      }
+      // Nothing in flight will be answered now: fail it at once with the reason.
+      for (int peer : server_peer_) {
+        transport_->FailPeer(peer, absl::AbortedError(
+                                       absl::StrCat("the cluster was shut down: ", reason)));
+      }
       return;
     }
     if (env->body_type() == msg::Body::ClusterView) {
