@@ -4,7 +4,7 @@
     /usr/bin/python3 -m adaps.launch -n 2 --server-optimizer adam \\
         examples/pytorch/train_char_lstm.py
     /usr/bin/python3 -m adaps.launch -n 2 --server-optimizer sum \\
-        examples/pytorch/train_char_lstm.py --steps 2000 --hidden 256
+        examples/pytorch/train_char_lstm.py --steps 3000 --seq-len 64 --batch-size 32 --hidden 256
 
 The text is the licence texts Debian ships in /usr/share/common-licenses (GPL-3,
 Apache-2.0, LGPL-3, MPL-2.0, GFDL-1.3 concatenated, about 94 KB); the last 10% is held out.
@@ -48,10 +48,10 @@ class CharLSTM(nn.Module):
         return self.out(h), state
 
 
-def held_out_bpc(model, data, seq_len, batches=8):
+def held_out_bpc(model, data, seq_len, sequences=32):
     model.eval()
     n = (len(data) - 1) // seq_len
-    n = min(n, batches * 16)
+    n = min(n, sequences)
     x = data[:n * seq_len].view(n, seq_len)
     y = data[1:n * seq_len + 1].view(n, seq_len)
     with torch.no_grad():
@@ -79,12 +79,12 @@ def sample(model, itos, stoi, prompt="The ", length=120):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=32, help="per worker")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--seq-len", type=int, default=48)
+    ap.add_argument("--batch-size", type=int, default=16, help="per worker")
     ap.add_argument("--embed", type=int, default=32)
     ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--clip", type=float, default=1.0,
                     help="gradient-norm clip (local mode only: applied to the mean gradient)")
     ap.add_argument("--compression", default=os.environ.get("ADAPS_COMPRESSION", "adacomp"))

@@ -82,7 +82,8 @@ Borrowed Borrow(py::object obj, bool writable, const char* what) {
   }
   py::buffer buffer = py::reinterpret_borrow<py::buffer>(obj);
   py::buffer_info info = buffer.request(writable);
-  const bool is_float32 = info.itemsize == 4 && info.format == py::format_descriptor<float>::format();
+  const bool is_float32 =
+      info.itemsize == 4 && info.format == py::format_descriptor<float>::format();
   bool contiguous = true;
   py::ssize_t expect = info.itemsize;
   for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
@@ -161,8 +162,7 @@ Compression ParseCompression(const std::string& name) {
   if (name == "adacomp") return Compression::kAdaComp;
   if (name == "topk") return Compression::kTopK;
   if (name == "sign") return Compression::kSign;
-  RaiseInvalid(absl::StrCat("unknown compression '", name,
-                            "' (dense, adacomp, topk or sign)"));
+  RaiseInvalid(absl::StrCat("unknown compression '", name, "' (dense, adacomp, topk or sign)"));
 }
 
 PullFormat ParsePull(const std::string& name) {
@@ -246,8 +246,8 @@ std::unique_ptr<Handle> PushPull(PyWorker& self, const std::string& name, py::ob
   std::future<absl::Status> future;
   {
     py::gil_scoped_release release;
-    future = worker.PushPull(name, absl::MakeConstSpan(g.data, g.size),
-                             absl::MakeSpan(o.data, o.size));
+    future =
+        worker.PushPull(name, absl::MakeConstSpan(g.data, g.size), absl::MakeSpan(o.data, o.size));
   }
   return std::make_unique<Handle>(std::move(future), std::vector<py::object>{g.owner, o.owner});
 }
@@ -340,19 +340,25 @@ void DefineModule(py::module_& m) {
       .def("push_pull", &PushPull, py::arg("name"), py::arg("grad"), py::arg("out"))
       .def("push", &Push, py::arg("name"), py::arg("grad"))
       .def("pull", &Pull, py::arg("name"), py::arg("out"))
-      .def("barrier", [](PyWorker& w) { Worker& x = w.get(); Blocking([&] { return x.Barrier(); }); })
-      .def("set_hyper",
-           [](PyWorker& w, const std::vector<std::pair<std::string, double>>& params) {
+      .def("barrier",
+           [](PyWorker& w) {
              Worker& x = w.get();
-             Blocking([&] { return x.SetHyper(params); });
-           },
-           py::arg("params"))
-      .def("checkpoint",
-           [](PyWorker& w, const std::string& dir) {
-             Worker& x = w.get();
-             Blocking([&] { return x.Checkpoint(dir); });
-           },
-           py::arg("directory"))
+             Blocking([&] { return x.Barrier(); });
+           })
+      .def(
+          "set_hyper",
+          [](PyWorker& w, const std::vector<std::pair<std::string, double>>& params) {
+            Worker& x = w.get();
+            Blocking([&] { return x.SetHyper(params); });
+          },
+          py::arg("params"))
+      .def(
+          "checkpoint",
+          [](PyWorker& w, const std::string& dir) {
+            Worker& x = w.get();
+            Blocking([&] { return x.Checkpoint(dir); });
+          },
+          py::arg("directory"))
       .def("traffic", &Traffic, py::arg("name"))
       .def("slices", &Slices, py::arg("name"))
       .def("tensor_names", [](PyWorker& w) { return w.get().TensorNames(); })

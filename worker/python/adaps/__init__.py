@@ -41,6 +41,14 @@ UNAVAILABLE = 14
 DATA_LOSS = 15
 
 
+def _error(code, message):
+    e = Error(message)
+    e.code = code
+    e.code_name = {INVALID_ARGUMENT: "INVALID_ARGUMENT", FAILED_PRECONDITION:
+                   "FAILED_PRECONDITION"}.get(code, str(code))
+    return e
+
+
 def worker_from_env(**overrides):
     """A Worker configured from the environment `python3 -m adaps.launch` sets.
 
@@ -61,6 +69,13 @@ def worker_from_env(**overrides):
         kwargs["log_level"] = env["ADAPS_LOG_LEVEL"]
     kwargs.update(overrides)
     if "scheduler" not in kwargs:
-        raise Error("ADAPS_SCHEDULER is not set: start the script with "
+        raise _error(FAILED_PRECONDITION, "ADAPS_SCHEDULER is not set: start the script with "
                     "`python3 -m adaps.launch` or pass scheduler=...")
-    return Worker(**kwargs)
+    worker = Worker(**kwargs)
+    if env.get("ADAPS_RANK_FILE"):
+        try:
+            with open(env["ADAPS_RANK_FILE"], "w") as f:
+                f.write(str(worker.rank))
+        except OSError:
+            pass  # only the launcher's output prefix depends on it
+    return worker

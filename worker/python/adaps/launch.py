@@ -10,8 +10,11 @@ servers on 127.0.0.1, then N copies of `script.py` with this environment:
   ADAPS_SERVER_OPTIMIZER  the servers' --optimizer (adaps.torch picks its mode from it)
   ADAPS_COMPRESSION       --compression, for scripts that honour it
   ADAPS_LOCAL_RANK, ADAPS_NUM_WORKERS, OMP_NUM_THREADS (cores / N unless set)
+  ADAPS_RANK_FILE         where worker_from_env() writes the rank (for the prefix)
 
-Every output line is forwarded with a prefix ([w0], [s0], [sched]). When a worker fails
+Every output line is forwarded with a prefix: [r<rank>] for a worker once
+adaps.worker_from_env() registered it (the scheduler's rank; [w<i>] before, i = start
+order), [s<i>] for servers, [sched] for the scheduler. When a worker fails
 or a server/the scheduler dies, everything is stopped and the exit code is the failure's;
 Ctrl-C stops everything (exit 130). Executables: --bin-dir, else $ADAPS_BIN_DIR, else PATH.
 """
@@ -40,8 +43,9 @@ def _find_bin(name, bin_dir):
 
 
 class _Proc:
-    def __init__(self, tag, argv, env, out_lock):
+    def __init__(self, tag, argv, env, out_lock, rank_file=None):
         self.tag = tag
+        self._rank_file = rank_file
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
@@ -51,6 +55,13 @@ class _Proc:
 
     def _forward(self):
         for raw in iter(self.proc.stdout.readline, b""):
+            if self._rank_file and os.path.exists(self._rank_file):
+                # The scheduler's rank, written by adaps.worker_from_env() once registered.
+                with open(self._rank_file) as f:
+                    rank = f.read().strip()
+                if rank:
+                    self.tag = "r" + rank
+                    self._rank_file = None
             line = raw.decode("utf-8", "replace").rstrip("\n")
             with self._lock:
                 sys.stdout.write("[%s] %s\n" % (self.tag, line))
@@ -149,9 +160,11 @@ def main(argv=None):
                          "ADAPS_COMPRESSION": a.compression,
                          "ADAPS_LOCAL_RANK": str(r),
                          "ADAPS_NUM_WORKERS": str(a.workers),
+                         "ADAPS_RANK_FILE": os.path.join(tmp, "rank%d" % r),
                          "PYTHONUNBUFFERED": "1"})
             wenv.setdefault("OMP_NUM_THREADS", threads)
-            w = _Proc("w%d" % r, [a.python, a.script] + a.args, wenv, lock)
+            w = _Proc("w%d" % r, [a.python, a.script] + a.args, wenv, lock,
+                      rank_file=wenv["ADAPS_RANK_FILE"])
             workers.append(w)
             procs.append(w)
         infra = procs[:1 + a.servers]

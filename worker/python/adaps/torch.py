@@ -108,9 +108,9 @@ class DistributedOptimizer:
                 if not p.requires_grad or id(p) in self._by_id:
                     continue
                 if p.dtype != torch.float32 or p.device.type != "cpu":
-                    raise adaps.Error("adaps.torch: parameter %s is %s on %s; only float32 "
-                                      "CPU parameters are supported" % (pname, p.dtype,
-                                                                        p.device))
+                    raise adaps._error(
+                        adaps.INVALID_ARGUMENT, "adaps.torch: parameter %s is %s on %s; only "
+                        "float32 CPU parameters are supported" % (pname, p.dtype, p.device))
                 name = module_name + "." + pname if module_name else pname
                 t = bin_sizes.pop(name, conv_bin_size if kind == "conv" else bin_size)
                 entry = _Param(name, p, kind, int(t))
@@ -157,8 +157,9 @@ class DistributedOptimizer:
 
     def _push(self, e, grad):
         if e.handle is not None:
-            raise adaps.Error("adaps.torch: gradient of %s produced twice before step(); "
-                              "call step() after every backward pass" % e.name)
+            raise adaps._error(
+                adaps.FAILED_PRECONDITION, "adaps.torch: gradient of %s produced twice before "
+                "step(); call step() after every backward pass" % e.name)
         if self.mode == "server" and not self._hyper_checked:
             # Before this worker's first push of the step: rank 0's new learning rate
             # reaches the servers before they can complete the step.
