@@ -81,8 +81,8 @@ def evaluate(model, x, y, batch=1000):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--train-size", type=int, default=12000,
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--train-size", type=int, default=24000,
                     help="first N training images, shared out over the workers")
     ap.add_argument("--test-size", type=int, default=2000)
     ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps")
