@@ -3,16 +3,28 @@
 # package is already installed it does nothing (no apt-get update, no network).
 set -euo pipefail
 
-PACKAGES=(
+# build: what compiling adaps (libraries, executables, Python module) needs; the Dockerfile's
+# build stage installs only these. all (default): also tests, benchmarks, fuzzing, the
+# accuracy study and the deployment checks.
+BUILD_PACKAGES=(
   build-essential cmake pkg-config ninja-build
   libzmq3-dev cppzmq-dev
   libflatbuffers-dev flatbuffers-compiler
-  libabsl-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
-  libspdlog-dev libeigen3-dev
-  dataset-fashion-mnist
-  python3 python3-numpy python3-pytest python3-matplotlib
+  libabsl-dev libspdlog-dev libeigen3-dev zlib1g-dev
+  python3 python3-dev python3-numpy pybind11-dev python3-pybind11
 )
+TEST_PACKAGES=(
+  libgtest-dev libgmock-dev libbenchmark-dev
+  dataset-fashion-mnist
+  python3-pytest python3-matplotlib python3-torch
+  clang-14 libclang-rt-14-dev
+  docker-compose iproute2
+)
+case "${1:-all}" in
+  build) PACKAGES=("${BUILD_PACKAGES[@]}") ;;
+  all) PACKAGES=("${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}") ;;
+  *) echo "usage: install-deps.sh [build|all]" >&2; exit 2 ;;
+esac
 if [[ "${ADAPS_DEPS_EXTRA:-}" != "" ]]; then
   read -r -a extra <<<"${ADAPS_DEPS_EXTRA}"
   PACKAGES+=("${extra[@]}")

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${ADAPS_FUZZ_SECONDS:-20}
 build_dir=build-fuzz
-ADAPS_DEPS_EXTRA="clang-14 libclang-rt-14-dev" bash deploy/install-deps.sh >/dev/null
+bash deploy/install-deps.sh >/dev/null
 CC=clang-14 CXX=clang++-14 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DADAPS_FUZZ=ON -DADAPS_CUDA=OFF -DADAPS_BUILD_BENCH=OFF >"$build_dir.cmake.log" 2>&1 ||
   { cat "$build_dir.cmake.log"; exit 1; }

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Checks the deployment files without a Docker engine (none runs on these machines):
+#  1. deploy/docker-compose.yml validates with docker-compose and describes 1 scheduler,
+#     2 servers and 4 workers, each with a health check and a restart policy;
+#  2. every ADAPS_* variable it sets names a flag of that role's executable;
+#  3. the Dockerfile's build steps: the same install script and install rules
+#     (deploy/docker-build.sh) -- install-deps.sh build succeeds, the targets it builds
+#     exist, `cmake --install` of this build yields the executables and the Python module;
+#  4. the runtime stage's packages (deploy/runtime-packages.txt) provide every shared
+#     library the installed executables and the Python module load.
+#   tests/deploy/compose_test.sh BUILD_DIR
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+build=$(cd "${1:?build dir}" && pwd)
+fail() { echo "FAILED: $*"; exit 1; }
+command -v docker-compose >/dev/null || fail "docker-compose is not installed (deploy/install-deps.sh installs it)"
+
+echo "== 1. compose file"
+compose="$repo/deploy/docker-compose.yml"
+config=$(docker-compose -f "$compose" config 2>&1) || fail "docker-compose config: $config"
+# docker-compose (Debian's is 1.29, Python) depends on python3-yaml.
+json=$(/usr/bin/python3 -c 'import sys, yaml, json; print(json.dumps(yaml.safe_load(sys.stdin)))' <<<"$config") ||
+  fail "cannot read the compose config as YAML"
+
+/usr/bin/python3 - "$json" <<'PY' || exit 1
+import json, sys
+cfg = json.loads(sys.argv[1])
+roles = {}
+for name, svc in cfg["services"].items():
+    role = svc.get("environment", {}).get("ADAPS_ROLE")
+    roles.setdefault(role, []).append(name)
+    if "healthcheck" not in svc: sys.exit(f"FAILED: service {name} has no healthcheck")
+    if "restart" not in svc: sys.exit(f"FAILED: service {name} has no restart policy")
+want = {"scheduler": 1, "server": 2, "worker": 4}
+got = {r: len(v) for r, v in roles.items()}
+if got != want: sys.exit(f"FAILED: roles {got}, want {want}")
+print("compose: services by role", {r: sorted(v) for r, v in roles.items()})
+PY
+
+echo "== 2. ADAPS_* variables name real flags"
+for role in scheduler server worker; do
+  help=$("$build/$role/adaps-$role" --helpfull 2>&1)
+  vars=$(/usr/bin/python3 - "$json" "$role" <<'PY'
+import json, sys
+cfg, role = json.loads(sys.argv[1]), sys.argv[2]
+names = set()
+for svc in cfg["services"].values():
+    env = svc.get("environment", {})
+    if env.get("ADAPS_ROLE") == role:
+        names |= {k for k in env if k.startswith("ADAPS_") and k != "ADAPS_ROLE"}
+print(" ".join(sorted(names)))
+PY
+)
+  for v in $vars; do
+    flag=$(tr '[:upper:]' '[:lower:]' <<<"${v#ADAPS_}")
+    grep -qE -- "--$flag \(" <<<"$help" || fail "$v is set for $role but adaps-$role has no --$flag"
+  done
+  echo "$role: $vars"
+done
+
+echo "== 3. Dockerfile build steps"
+grep -q "deploy/docker-build.sh" "$repo/deploy/Dockerfile" || fail "the Dockerfile no longer calls deploy/docker-build.sh"
+bash "$repo/deploy/install-deps.sh" build >/dev/null || fail "install-deps.sh build failed"
+targets=$(sed -n 's/^ninja -C "\$build_dir" //p' "$repo/deploy/docker-build.sh")
+[[ -n $targets ]] || fail "cannot read the targets of deploy/docker-build.sh"
+for t in $targets; do
+  ninja -C "$build" -t query "$t" >/dev/null 2>&1 || fail "target $t of docker-build.sh is not in the build"
+done
+prefix=$(mktemp -d)
+trap 'rm -rf "$prefix"' EXIT
+cmake --install "$build" --prefix "$prefix" >/dev/null || fail "cmake --install failed"
+for f in bin/adaps-scheduler bin/adaps-server bin/adaps-worker; do
+  [[ -x $prefix/$f ]] || fail "$f not installed"
+done
+module=$(find "$prefix" -name '_core*.so' | head -1)
+[[ -n $module ]] || fail "the Python module was not installed"
+lib=$(find "$prefix" -name 'libadaps_worker.so*' -type f | head -1)
+[[ -n $lib ]] || fail "libadaps_worker.so was not installed"
+echo "installed: $(cd "$prefix" && find . -type f | wc -l) files"
+
+echo "== 4. runtime packages provide every shared library"
+runtime=$(grep -v '^#' "$repo/deploy/runtime-packages.txt")
+# The listed packages and everything they pull in (a dependency is installed with them),
+# from the installed packages' metadata: offline, no apt lists needed.
+closure=$(/usr/bin/python3 - $runtime <<'PY'
+import re, subprocess, sys
+out = subprocess.run(["dpkg-query", "-W", "-f", "${Package}\t${Pre-Depends}, ${Depends}, ${Provides}\n"],
+                     capture_output=True, text=True).stdout
+deps, provided_by = {}, {}
+for line in out.splitlines():
+    name, _, rest = line.partition("\t")
+    fields = [f.strip() for f in rest.split(",") if f.strip()]
+    deps[name] = [re.split(r"[ :(]", alt.strip())[0] for f in fields for alt in f.split("|")]
+seen, todo = set(), list(sys.argv[1:])
+while todo:
+    p = todo.pop()
+    if p in seen: continue
+    seen.add(p)
+    todo.extend(deps.get(p, []))
+print("\n".join(sorted(seen)))
+PY
+)
+missing=0
+declare -A owner=()
+libs=$(for f in "$prefix"/bin/adaps-* "$module" "$lib"; do
+  LD_LIBRARY_PATH="$prefix/lib" ldd "$f" | sed -n 's/^\s*\S* => \(\S*\) .*/\1/p'
+done | grep -v "^$prefix" | sort -u)
+paths=$(for l in $libs; do readlink -f "$l"; done | sort -u)
+# One dpkg -S for every library (it is slow per call).
+# shellcheck disable=SC2086
+# Lines are "pkg[:arch][, pkg...]: path".
+while read -r pkg path; do
+  owner[$path]=$pkg
+done < <(dpkg -S $paths ${paths//\/usr\/lib\//\/lib\/} 2>/dev/null | sed -n 's/^\([^:, ]*\)[^ ]*: \(.*\)$/\1 \2/p')
+for p in $paths; do
+  # Debian 12 merges /lib into /usr/lib; dpkg may know a library under either.
+  pkg=${owner[$p]:-${owner[${p#/usr}]:-}}
+  if [[ -z $pkg ]]; then
+    echo "  $p belongs to no package"; missing=1
+  elif ! grep -qx "$pkg" <<<"$closure"; then
+    echo "  $p comes from $pkg, not in the runtime packages"; missing=1
+  fi
+done
+echo "$(wc -w <<<"$paths") shared libraries checked"
+[[ $missing -eq 0 ]] || fail "the runtime image would miss shared libraries"
+echo "PASSED"
