@@ -205,7 +205,6 @@ class Transport {
   std::vector<std::unique_ptr<zmq::socket_t>> dealers_;
   std::deque<Outgoing> outbox_;
   std::map<uint64_t, Pending> pending_;
-  int next_peer_ = 0;
   TransportStats local_stats_;
 };
 

@@ -1,5 +1,10 @@
 #include "server/server.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -155,6 +160,11 @@ absl::Status Server::Start() {
           status = absl::DataLossError("scheduler answered Register with something else");
         }
         if (status.ok()) OnView(reply->envelope()->body_as_ClusterView());
+        // Restore here, on the I/O thread, before any worker message is handled: a worker
+        // that learns our address from the same view must find the restored slices.
+        if (status.ok() && config_.restore && !config_.checkpoint_dir.empty()) {
+          status = ReadCheckpoint(config_.checkpoint_dir);
+        }
         if (status.code() == absl::StatusCode::kUnavailable) {
           status = absl::UnavailableError(absl::StrCat(
               "scheduler at ", config_.scheduler, " unreachable: ", status.message()));
@@ -180,19 +190,6 @@ absl::Status Server::Start() {
   }
   log_.get()->info("registered as server {} of a cluster with {} workers", transport_->rank(),
                    num_workers_);
-  if (config_.restore && !config_.checkpoint_dir.empty()) {
-    absl::Status restored;
-    absl::Notification done;
-    transport_->Post([&] {
-      restored = ReadCheckpoint(config_.checkpoint_dir);
-      done.Notify();
-    });
-    done.WaitForNotification();
-    if (!restored.ok()) {
-      transport_->Stop();
-      return restored;
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -355,15 +352,6 @@ void Server::OnDeclare(InMessage& in) {
     s.agg.assign(s.length, 0.0f);
     s.published.assign(s.length, 0.0f);
     s.down_residue = std::make_unique<SliceState>(s.length);
-    auto saved = restored_.find(d->key());
-    if (saved != restored_.end() && saved->second.params.size() == s.length) {
-      s.params = std::move(saved->second.params);
-      s.published = s.params;
-      s.version = s.down_base = s.down_version = saved->second.version;
-      restored_.erase(saved);
-      s.restored = true;
-      log_.get()->info("slice '{}' restored at step {}", s.name, s.version);
-    }
     it = slices_.emplace(d->key(), std::move(s)).first;
   } else if (it->second.length != d->length() || it->second.bin_size != d->bin_size()) {
     return ReplyError(in, absl::InvalidArgumentError(absl::StrCat(
@@ -548,58 +536,211 @@ void Server::OnSetHyper(InMessage& in) {
   transport_->Reply(in, MakeAck(transport_->self(), in.envelope()->request_id()));
 }
 
+namespace {
+
+// Checkpoint file: "ADAPSCK2" | u64 slice count | per slice: u64 key, u32 length, u32 bin
+// size, u64 version, u64 adam_t, u64 down_base, u64 down_version, string name, then the
+// float arrays params, m, v, published, downlink residue (each u64 count + floats) | u32
+// CRC-32 of everything before it. Native byte order: a checkpoint moves with its server.
+constexpr char kCheckpointMagic[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '2'};
+
+uint32_t Crc32(const uint8_t* data, size_t n, uint32_t crc = 0) {
+  static const auto table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  crc = ~crc;
+  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ data[i]) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+class Writer {
+ public:
+  template <typename T>
+  void Put(const T& v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);
+    bytes.insert(bytes.end(), p, p + sizeof(T));
+  }
+  void PutFloats(absl::Span<const float> v) {
+    Put<uint64_t>(v.size());
+    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+    bytes.insert(bytes.end(), p, p + v.size() * sizeof(float));
+  }
+  void PutString(const std::string& s) {
+    Put<uint64_t>(s.size());
+    bytes.insert(bytes.end(), s.begin(), s.end());
+  }
+  std::vector<uint8_t> bytes;
+};
+
+class Reader {
+ public:
+  explicit Reader(absl::Span<const uint8_t> b) : b_(b) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (b_.size() - pos_ < sizeof(T)) return false;
+    std::memcpy(v, b_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool GetFloats(std::vector<float>* v, uint64_t max) {
+    uint64_t n;
+    if (!Get(&n) || n > max || (b_.size() - pos_) / sizeof(float) < n) return false;
+    v->resize(n);
+    if (n) std::memcpy(v->data(), b_.data() + pos_, n * sizeof(float));
+    pos_ += n * sizeof(float);
+    return true;
+  }
+  bool GetString(std::string* s) {
+    uint64_t n;
+    if (!Get(&n) || n > b_.size() - pos_) return false;
+    s->assign(reinterpret_cast<const char*>(b_.data() + pos_), n);
+    pos_ += n;
+    return true;
+  }
+  bool AtEnd() const { return pos_ == b_.size(); }
+
+ private:
+  absl::Span<const uint8_t> b_;
+  size_t pos_ = 0;
+};
+
+absl::Status WriteFileDurably(const std::string& path, const std::vector<uint8_t>& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      return absl::UnavailableError(absl::StrCat("short write to ", path, ": ", std::strerror(err)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  const bool closed = ::close(fd) == 0;
+  if (!synced || !closed) return absl::UnavailableError(absl::StrCat("cannot fsync ", path));
+  return absl::OkStatus();
+}
+
+void SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)::fsync(fd);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
 absl::Status Server::WriteCheckpoint(const std::string& dir) {
   ADAPS_RET_CHECK(!dir.empty(), absl::StatusCode::kInvalidArgument, "no checkpoint directory");
   const std::string path = absl::StrCat(dir, "/server-", transport_->rank(), ".ckpt");
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
-    const uint64_t count = slices_.size();
-    out.write(reinterpret_cast<const char*>(&count), sizeof(count));
-    for (const auto& [key, s] : slices_) {
-      const uint64_t header[3] = {key, s.length, s.version};
-      out.write(reinterpret_cast<const char*>(header), sizeof(header));
-      out.write(reinterpret_cast<const char*>(s.params.data()),
-                static_cast<std::streamsize>(s.params.size() * sizeof(float)));
-    }
-    if (!out) return absl::UnavailableError(absl::StrCat("short write to ", tmp));
+  Writer w;
+  w.bytes.insert(w.bytes.end(), kCheckpointMagic, kCheckpointMagic + sizeof(kCheckpointMagic));
+  w.Put<uint64_t>(slices_.size());
+  for (const auto& [key, s] : slices_) {
+    w.Put<uint64_t>(key);
+    w.Put<uint32_t>(s.length);
+    w.Put<uint32_t>(s.bin_size);
+    w.Put<uint64_t>(s.version);
+    w.Put<uint64_t>(s.adam_t);
+    w.Put<uint64_t>(s.down_base);
+    w.Put<uint64_t>(s.down_version);
+    w.PutString(s.name);
+    w.PutFloats(s.params);
+    w.PutFloats(s.m);
+    w.PutFloats(s.v);
+    w.PutFloats(s.published);
+    w.PutFloats(s.down_residue->residue());
+  }
+  w.Put<uint32_t>(Crc32(w.bytes.data(), w.bytes.size()));
+  ADAPS_RETURN_IF_ERROR(WriteFileDurably(tmp, w.bytes));
+  // Keep the previous checkpoint: if this one is found damaged at restore, that one is used.
+  if (::access(path.c_str(), F_OK) == 0 && std::rename(path.c_str(), (path + ".prev").c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot keep the previous checkpoint ", path));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp));
+    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
   }
+  SyncDirectory(dir);
   log_.get()->info("checkpoint of {} slices written to {}", slices_.size(), path);
+  return absl::OkStatus();
+}
+
+absl::Status Server::LoadCheckpointFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto damaged = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, " is damaged: ", why));
+  };
+  if (bytes.size() < sizeof(kCheckpointMagic) + 12 ||
+      std::memcmp(bytes.data(), kCheckpointMagic, sizeof(kCheckpointMagic)) != 0) {
+    return damaged("not an adaps checkpoint (bad magic or too short)");
+  }
+  uint32_t stored;
+  std::memcpy(&stored, bytes.data() + bytes.size() - 4, 4);
+  if (Crc32(bytes.data(), bytes.size() - 4) != stored) return damaged("checksum mismatch");
+  Reader r(absl::MakeConstSpan(bytes).subspan(sizeof(kCheckpointMagic), bytes.size() - 12));
+  uint64_t count;
+  if (!r.Get(&count)) return damaged("truncated");
+  std::map<uint64_t, Slice> loaded;
+  for (uint64_t i = 0; i < count; ++i) {
+    Slice s;
+    std::vector<float> residue;
+    if (!r.Get(&s.key) || !r.Get(&s.length) || !r.Get(&s.bin_size) || !r.Get(&s.version) ||
+        !r.Get(&s.adam_t) || !r.Get(&s.down_base) || !r.Get(&s.down_version) ||
+        !r.GetString(&s.name) || !r.GetFloats(&s.params, s.length) ||
+        !r.GetFloats(&s.m, s.length) || !r.GetFloats(&s.v, s.length) ||
+        !r.GetFloats(&s.published, s.length) || !r.GetFloats(&residue, s.length)) {
+      return damaged("truncated slice record");
+    }
+    if (s.length == 0 || s.bin_size == 0 || s.params.size() != s.length ||
+        s.published.size() != s.length || residue.size() != s.length) {
+      return damaged("inconsistent slice record");
+    }
+    s.agg.assign(s.length, 0.0f);
+    s.down_residue = std::make_unique<SliceState>(s.length);
+    std::copy(residue.begin(), residue.end(), s.down_residue->residue().begin());
+    s.restored = true;
+    loaded.emplace(s.key, std::move(s));
+  }
+  if (!r.AtEnd()) return damaged("trailing bytes");
+  slices_ = std::move(loaded);
+  for (const auto& [key, s] : slices_) {
+    log_.get()->info("slice '{}' restored at step {}", s.name, s.version);
+  }
   return absl::OkStatus();
 }
 
 absl::Status Server::ReadCheckpoint(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/server-", transport_->rank(), ".ckpt");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  absl::Status latest = LoadCheckpointFile(path);
+  if (latest.ok()) {
+    log_.get()->info("restored {} slices from {}", slices_.size(), path);
+    return latest;
+  }
+  absl::Status previous = LoadCheckpointFile(path + ".prev");
+  if (latest.code() == absl::StatusCode::kNotFound && previous.code() == absl::StatusCode::kNotFound) {
     log_.get()->info("no checkpoint at {}; starting fresh", path);
     return absl::OkStatus();
   }
-  auto damaged = [&] { return absl::DataLossError(absl::StrCat("checkpoint ", path, " is damaged")); };
-  uint64_t count = 0;
-  if (!in.read(reinterpret_cast<char*>(&count), sizeof(count)) || count > (1u << 24)) {
-    return damaged();
+  if (previous.ok()) {
+    log_.get()->error("{}; refused, restored {} slices from the previous checkpoint {}.prev",
+                      latest.ToString(), slices_.size(), path);
+    return absl::OkStatus();
   }
-  for (uint64_t i = 0; i < count; ++i) {
-    uint64_t header[3];
-    if (!in.read(reinterpret_cast<char*>(header), sizeof(header)) || header[1] > UINT32_MAX) {
-      return damaged();
-    }
-    Saved saved;
-    saved.version = header[2];
-    saved.params.resize(header[1]);
-    if (!in.read(reinterpret_cast<char*>(saved.params.data()),
-                 static_cast<std::streamsize>(header[1] * sizeof(float)))) {
-      return damaged();
-    }
-    restored_[header[0]] = std::move(saved);
-  }
-  log_.get()->info("checkpoint {} read: {} slices", path, count);
-  return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("no usable checkpoint: ", latest.message(), "; ",
+                                          previous.message()));
 }
 
 void Server::OnCheckpoint(InMessage& in) {

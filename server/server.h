@@ -65,9 +65,11 @@ struct ServerConfig {
   bool sync = true;
   OptimizerConfig optimizer;
   absl::Duration register_timeout = absl::Seconds(60);
-  // Checkpoints: Checkpoint requests without a directory, the timer, and the restore at
-  // start all use `checkpoint_dir/server-<rank>.ckpt`. A restored slice (same key and
-  // length: tensors declared in the same order) starts from the saved parameters and step.
+  // Checkpoints: Checkpoint requests, the timer, and the restore at start all use
+  // `checkpoint_dir/server-<rank>.ckpt` (the one before it kept as `.ckpt.prev`). A file is
+  // written to a temporary name, fsynced and renamed, and carries a CRC-32; it holds per
+  // slice the parameters, optimizer state, step and downlink residue. Restored slices exist
+  // from the start (workers need not declare them again).
   std::string checkpoint_dir;
   absl::Duration checkpoint_interval = absl::ZeroDuration();  // zero: no timer
   bool restore = true;
@@ -135,7 +137,10 @@ class Server {
   void AnswerHeld(Slice& slice);
   absl::Status AnswerPull(Slice& slice, const HeldPull& pull);
   absl::Status WriteCheckpoint(const std::string& dir);
+  // Reads dir/server-<rank>.ckpt, or server-<rank>.ckpt.prev when that is damaged, and
+  // recreates the slices. OK without a checkpoint; kDataLoss when every copy is damaged.
   absl::Status ReadCheckpoint(const std::string& dir);
+  absl::Status LoadCheckpointFile(const std::string& path);
   void Finish(absl::Status status);
   void ReplyError(const InMessage& in, const absl::Status& status);
 
@@ -155,11 +160,6 @@ class Server {
   std::unique_ptr<Compressor> down_compressor_;
   std::vector<float> scratch_;
   CompressedUpdate update_;
-  struct Saved {
-    uint64_t version = 0;
-    std::vector<float> params;
-  };
-  std::map<uint64_t, Saved> restored_;  // from the checkpoint, used at DeclareSlice
   absl::Time last_checkpoint_;
   uint64_t refused_ = 0;  // forged scheduler messages refused
 
