@@ -41,6 +41,7 @@ ABSL_FLAG(std::string, lr_schedule, "cosine", "train: constant, or cosine from -
 ABSL_FLAG(int, train_limit, 0, "train: use a seeded subset of this many images (0: all)");
 ABSL_FLAG(int, test_limit, 0, "train: evaluate on the first N test images (0: all 10,000)");
 ABSL_FLAG(int, max_steps, 0, "train: stop after this many steps (0: whole epochs)");
+ABSL_FLAG(int, eval_every, 0, "train: rank 0 evaluates every N steps too (0: per epoch only)");
 ABSL_FLAG(int, bin_size_conv, 50, "train: AdaComp bin size of conv layers");
 ABSL_FLAG(int, bin_size_fc, 500, "train: AdaComp bin size of fully-connected layers");
 ABSL_FLAG(bool, compress_bias, false, "train: compress biases too (default: sent dense)");
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
       "pull",      "compact_indices", "register_timeout_ms", "request_timeout_ms", "log_level",
       "model",     "epochs",        "batch",      "seed",            "lr",
       "lr_schedule", "train_limit", "test_limit", "max_steps",       "bin_size_conv",
-      "bin_size_fc", "compress_bias", "data_dir"};
+      "bin_size_fc", "compress_bias", "data_dir", "eval_every"};
   if (auto s = adaps::LoadLayeredFlags(argc, argv, names); !s.ok()) return Fail(s.ToString());
   absl::ParseCommandLine(argc, argv);
 
@@ -114,6 +115,7 @@ int main(int argc, char** argv) {
     train.train_limit = absl::GetFlag(FLAGS_train_limit);
     train.test_limit = absl::GetFlag(FLAGS_test_limit);
     train.steps_limit = absl::GetFlag(FLAGS_max_steps);
+    train.log_every = absl::GetFlag(FLAGS_eval_every);
     train.data_dir = absl::GetFlag(FLAGS_data_dir);
     const int conv = absl::GetFlag(FLAGS_bin_size_conv), fc = absl::GetFlag(FLAGS_bin_size_fc);
     if (conv < 1 || fc < 1) return Fail("--bin_size_conv and --bin_size_fc must be >= 1");

@@ -3,6 +3,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <future>
 #include <memory>
 #include <utility>
@@ -65,8 +66,12 @@ class ClusterExchange final : public trainer::GradientExchange {
       absl::Status s = f.get();
       if (first.ok() && !s.ok()) first = s;
     }
+    if (first.ok() && after_step_) return after_step_(step);
     return first;
   }
+
+  // Called after every successful exchange with its step (e.g. to evaluate).
+  void set_after_step(std::function<absl::Status(int64_t)> f) { after_step_ = std::move(f); }
 
   const std::vector<CompressorKind>& kinds() const { return kinds_; }
 
@@ -76,6 +81,7 @@ class ClusterExchange final : public trainer::GradientExchange {
   double lr_;
   bool cosine_;
   std::vector<CompressorKind> kinds_;
+  std::function<absl::Status(int64_t)> after_step_;
 };
 
 struct KindTraffic {
@@ -115,7 +121,7 @@ std::string RatesText(const std::array<KindTraffic, kLayerKinds>& t) {
 
 absl::Status RunTraining(Worker& worker, const TrainConfig& cfg) {
   if (cfg.epochs < 1 || cfg.batch < 1 || cfg.train_limit < 0 || cfg.test_limit < 0 ||
-      cfg.steps_limit < 0 || cfg.learning_rate <= 0) {
+      cfg.steps_limit < 0 || cfg.log_every < 0 || cfg.learning_rate <= 0) {
     return absl::InvalidArgumentError(
         "--epochs and --batch must be >= 1, --lr > 0, the limits >= 0");
   }
@@ -181,12 +187,29 @@ absl::Status RunTraining(Worker& worker, const TrainConfig& cfg) {
   int64_t global_step = 0;
   double train_seconds = 0.0;
   const absl::Time start = absl::Now();
+  // Time spent evaluating is left out of the elapsed training time.
+  absl::Duration eval_time;
+  auto elapsed = [&] { return absl::ToDoubleSeconds(absl::Now() - start - eval_time); };
+  if (lead && cfg.log_every > 0) {
+    exchange.set_after_step([&](int64_t step) -> absl::Status {
+      if ((step + 1) % cfg.log_every != 0) return absl::OkStatus();
+      const absl::Time t0 = absl::Now();
+      ADAPS_ASSIGN_OR_RETURN(trainer::EvalResult e, trainer::Evaluate(*model, test));
+      eval_time += absl::Now() - t0;
+      std::printf("step %lld  test_acc %.4f  elapsed %.2f s\n",
+                  static_cast<long long>(step + 1), e.accuracy, elapsed());
+      std::fflush(stdout);
+      return absl::OkStatus();
+    });
+  }
   trainer::EvalResult eval;
   for (int epoch = 0; epoch < epochs; ++epoch) {
     ADAPS_ASSIGN_OR_RETURN(trainer::EpochStats stats, loop.RunEpoch(epoch, steps, &global_step));
     train_seconds += stats.seconds;
     if (!lead) continue;
+    const absl::Time t0 = absl::Now();
     ADAPS_ASSIGN_OR_RETURN(eval, trainer::Evaluate(*model, test));
+    eval_time += absl::Now() - t0;
     ADAPS_ASSIGN_OR_RETURN(auto traffic, TrafficByKind(worker, model->params()));
     uint64_t wire = 0, dense = 0, pulled = 0;
     for (const KindTraffic& k : traffic) {
@@ -198,8 +221,7 @@ absl::Status RunTraining(Worker& worker, const TrainConfig& cfg) {
                 "%.1f)  pushed %s  pulled %s  rate: %s elapsed %.1f s\n",
                 epoch + 1, epochs, stats.mean_loss, eval.accuracy, 1e3 * stats.seconds / steps,
                 1e3 * stats.compute_seconds / steps, 1e3 * stats.exchange_seconds / steps,
-                Mb(wire).c_str(), Mb(pulled).c_str(), RatesText(traffic).c_str(),
-                absl::ToDoubleSeconds(absl::Now() - start));
+                Mb(wire).c_str(), Mb(pulled).c_str(), RatesText(traffic).c_str(), elapsed());
     std::fflush(stdout);
   }
   ADAPS_ASSIGN_OR_RETURN(auto traffic, TrafficByKind(worker, model->params()));
@@ -219,7 +241,7 @@ absl::Status RunTraining(Worker& worker, const TrainConfig& cfg) {
                 "less)  rate: %s train time %.1f s\n",
                 trainer::ModelKindName(kind), CompressorKindName(cfg.compression.kind), workers,
                 eval.accuracy, Mb(wire).c_str(), Mb(dense).c_str(), ratio(dense, wire),
-                Mb(dense - wire).c_str(), Mb(pulled).c_str(), Mb(pulled_dense).c_str(),
+                dense > wire ? Mb(dense - wire).c_str() : "nothing", Mb(pulled).c_str(), Mb(pulled_dense).c_str(),
                 ratio(pulled_dense, pulled), RatesText(traffic).c_str(), train_seconds);
   } else {
     std::printf("worker %d done: pushed %s instead of %s dense\n", rank, Mb(wire).c_str(),

@@ -24,7 +24,7 @@ struct TrainConfig {
   int train_limit = 0;     // 0: all 60,000 training images
   int test_limit = 0;      // 0: all 10,000 test images
   int steps_limit = 0;     // 0: whole epochs; else stop after this many steps in all
-  int log_every = 0;       // also print a line every N steps (0: per epoch only)
+  int log_every = 0;       // rank 0 also evaluates and prints every N steps (0: per epoch)
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   trainer::CompressionConfig compression;
   PullFormat pull = PullFormat::kDense;
