@@ -122,4 +122,110 @@ std::string DescribeFlags(absl::Span<const std::string> flag_names) {
   return absl::StrJoin(parts, " ");
 }
 
+namespace {
+
+bool IsZ85Key(absl::string_view k) {
+  static constexpr absl::string_view kZ85 =
+      "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+  if (k.size() != 40) return false;
+  for (char c : k) {
+    if (kZ85.find(c) == absl::string_view::npos) return false;
+  }
+  return true;
+}
+
+// Z85 keys may contain '#' and '=': only whole lines starting with '#' are comments, and a
+// line is split at its first '='.
+absl::Status ReadKeyFile(const std::string& path, std::string* pub, std::string* sec) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read key file '", path, "'"));
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    absl::string_view v = absl::StripAsciiWhitespace(line);
+    if (v.empty() || v[0] == '#') continue;
+    const size_t eq = v.find('=');
+    if (eq == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key file '", path, "' line ", lineno, ": expected name = key"));
+    }
+    const std::string name(absl::StripAsciiWhitespace(v.substr(0, eq)));
+    const absl::string_view value = absl::StripAsciiWhitespace(v.substr(eq + 1));
+    if (name != "public" && name != "secret") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key file '", path, "': unknown entry '", name, "'"));
+    }
+    if (!IsZ85Key(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key file '", path, "': ", name, " key is not 40 Z85 characters"));
+    }
+    (name == "public" ? *pub : *sec) = std::string(value);
+  }
+  if (pub->empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("key file '", path, "' has no public key"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CurveKeys> LoadCurveKeys(const std::string& server_key_file,
+                                        const std::string& client_key_file,
+                                        const std::string& allowed_clients_file, bool serving) {
+  CurveKeys keys;
+  if (server_key_file.empty()) {
+    if (!client_key_file.empty() || !allowed_clients_file.empty()) {
+      return absl::InvalidArgumentError(
+          "CURVE client keys or an allowed-clients list given without --curve_server_key");
+    }
+    return keys;  // plaintext
+  }
+  absl::Status s = ReadKeyFile(server_key_file, &keys.server_public_key, &keys.server_secret_key);
+  if (!s.ok()) return s;
+  if (serving && keys.server_secret_key.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--curve_server_key '", server_key_file, "' has no secret key (needed to serve)"));
+  }
+  if (!client_key_file.empty()) {
+    s = ReadKeyFile(client_key_file, &keys.client_public_key, &keys.client_secret_key);
+    if (!s.ok()) return s;
+    if (keys.client_secret_key.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--curve_client_key '", client_key_file, "' has no secret key"));
+    }
+  }
+  if (serving) {
+    if (allowed_clients_file.empty()) {
+      return absl::InvalidArgumentError(
+          "CURVE needs --curve_allowed_clients on the scheduler and the servers");
+    }
+    std::ifstream in(allowed_clients_file);
+    if (!in) {
+      return absl::NotFoundError(
+          absl::StrCat("cannot read allowed clients file '", allowed_clients_file, "'"));
+    }
+    std::string line;
+    int lineno = 0;
+    while (std::getline(in, line)) {
+      ++lineno;
+      absl::string_view v = absl::StripAsciiWhitespace(line);
+      if (!v.empty() && v[0] == '#') continue;
+      if (absl::ConsumePrefix(&v, "public")) {
+        v = absl::StripAsciiWhitespace(v);
+        absl::ConsumePrefix(&v, "=");
+        v = absl::StripAsciiWhitespace(v);
+      }
+      if (v.empty()) continue;
+      if (!IsZ85Key(v)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "allowed clients file '", allowed_clients_file, "' line ", lineno,
+            ": not a 40-character Z85 public key"));
+      }
+      keys.allowed_clients.emplace_back(v);
+    }
+  }
+  return keys;
+}
+
 }  // namespace adaps

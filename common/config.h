@@ -38,6 +38,25 @@ void InstallUsage(const std::string& usage);
 // "name=value, name=value ..." for the named flags: the effective config, for the start log.
 std::string DescribeFlags(absl::Span<const std::string> flag_names);
 
+// ZeroMQ CURVE keys (Z85 text, 40 characters each) of one process. Empty server_secret_key
+// and client_secret_key: plaintext. See docs/reliability.md, "Access".
+struct CurveKeys {
+  std::string server_public_key;   // the cluster's server key: what DEALERs expect
+  std::string server_secret_key;   // scheduler and servers: their ROUTER's secret
+  std::string client_public_key;   // this node's own pair, for its DEALERs
+  std::string client_secret_key;
+  std::vector<std::string> allowed_clients;  // ROUTER side: the only client keys accepted
+  bool enabled() const { return !server_public_key.empty(); }
+};
+
+// Key file: "public = Z85" and (optional) "secret = Z85" lines, as adaps-keygen writes them.
+// Allowed-clients file: one Z85 public key per line ('#' comments). kNotFound for an
+// unreadable file, kInvalidArgument for a malformed key (the message names the file).
+absl::StatusOr<CurveKeys> LoadCurveKeys(const std::string& server_key_file,
+                                        const std::string& client_key_file,
+                                        const std::string& allowed_clients_file,
+                                        bool serving);
+
 }  // namespace adaps
 
 #endif  // ADAPS_COMMON_CONFIG_H_

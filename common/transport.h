@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/config.h"
 #include "common/logging.h"
 #include "common/messages.h"
 #include "spdlog/spdlog.h"
@@ -44,13 +46,32 @@
 namespace adaps {
 
 // A ZeroMQ context shared by the transports of one process (needed for inproc://).
+// With CURVE it also runs the process's ZAP handler (libzmq allows one per context): a
+// thread answering the authentication requests of every CURVE ROUTER of the context, each
+// by its own ZAP domain and list of allowed client keys. Started by the first
+// AllowClients, stopped in the destructor.
 class TransportContext {
  public:
   explicit TransportContext(int io_threads = 1);
+  ~TransportContext();
   zmq::context_t& get() { return ctx_; }
 
+  // Registers the client public keys (Z85) a ROUTER with ZAP domain `domain` accepts.
+  // kInvalidArgument for a malformed key; kUnavailable when the handler cannot start.
+  absl::Status AllowClients(const std::string& domain, const std::vector<std::string>& keys);
+  // Connections the ZAP handler refused so far.
+  uint64_t refused() const { return refused_.load(); }
+
  private:
+  void RunZap(zmq::socket_t* socket);
+
   zmq::context_t ctx_;
+  absl::Mutex mu_;
+  std::map<std::string, std::set<std::string>> allowed_ ABSL_GUARDED_BY(mu_);  // binary keys
+  std::unique_ptr<zmq::socket_t> zap_socket_;
+  std::thread zap_thread_;
+  std::atomic<bool> zap_stop_{false};
+  std::atomic<uint64_t> refused_{0};
 };
 
 // A received, verified message. Move-only; owns its frames.
@@ -99,6 +120,10 @@ struct TransportOptions {
   // Largest frame the ROUTER accepts; a peer sending more is disconnected by libzmq before
   // the bytes are buffered. <= 0: no limit.
   int64_t max_message_bytes = 0;
+  // CURVE (enabled when curve.enabled()): the ROUTER serves with the server key pair and
+  // accepts only curve.allowed_clients; every DEALER authenticates with the client pair and
+  // expects the server public key. Plaintext peers cannot connect to a CURVE socket.
+  CurveKeys curve;
 };
 
 class Transport {

@@ -21,8 +21,16 @@ ABSL_FLAG(int, num_servers, 1, "Servers to wait for");
 ABSL_FLAG(int, num_workers, 1, "Workers to wait for");
 ABSL_FLAG(int, heartbeat_ms, 1000, "Heartbeat interval told to every node");
 ABSL_FLAG(int, dead_timeout_ms, 5000, "A node silent this long is declared dead");
+ABSL_FLAG(std::string, on_worker_death, "continue",
+          "continue (sync steps average over the live workers) or fail (stop the cluster with "
+          "an error naming the dead worker)");
 ABSL_FLAG(uint64_t, split_threshold, 1 << 16,
           "Tensors with at least this many elements are split over all servers");
+ABSL_FLAG(std::string, curve_server_key, "",
+          "CURVE: key file of the cluster's server key pair (adaps-keygen); enables encryption");
+ABSL_FLAG(std::string, curve_client_key, "", "CURVE: this node's client key pair file");
+ABSL_FLAG(std::string, curve_allowed_clients, "",
+          "CURVE: file of client public keys allowed to connect, one per line");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical, off");
 
 namespace {
@@ -53,7 +61,8 @@ int main(int argc, char** argv) {
       "runs barriers and heartbeats, and coordinates shutdown.");
   const std::vector<std::string> names = {"host",         "port",           "port_file",
                                           "num_servers",  "num_workers",    "heartbeat_ms",
-                                          "dead_timeout_ms", "split_threshold", "log_level"};
+                                          "dead_timeout_ms", "split_threshold", "log_level", "curve_server_key", "curve_client_key", "curve_allowed_clients",
+                                          "on_worker_death"};
   if (auto s = adaps::LoadLayeredFlags(argc, argv, names); !s.ok()) return Fail(s.ToString());
   absl::ParseCommandLine(argc, argv);
 
@@ -63,8 +72,19 @@ int main(int argc, char** argv) {
   config.num_workers = absl::GetFlag(FLAGS_num_workers);
   config.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   config.dead_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_dead_timeout_ms));
+  const std::string on_death = absl::GetFlag(FLAGS_on_worker_death);
+  if (on_death != "continue" && on_death != "fail") {
+    return Fail("--on_worker_death must be continue or fail");
+  }
+  config.on_worker_death = on_death == "fail" ? adaps::SchedulerConfig::OnWorkerDeath::kFail
+                                              : adaps::SchedulerConfig::OnWorkerDeath::kContinue;
   config.split_threshold = absl::GetFlag(FLAGS_split_threshold);
   config.log_level = absl::GetFlag(FLAGS_log_level);
+  auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),
+                                    absl::GetFlag(FLAGS_curve_client_key),
+                                    absl::GetFlag(FLAGS_curve_allowed_clients), /*serving=*/true);
+  if (!curve.ok()) return Fail(curve.status().ToString());
+  config.curve = *std::move(curve);
   if (auto s = adaps::ValidateSchedulerConfig(config); !s.ok()) return Fail(s.ToString());
 
   std::signal(SIGINT, OnSignal);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -67,6 +68,7 @@ Scheduler::Scheduler(SchedulerConfig config, std::shared_ptr<TransportContext> c
   topts.log = &log_;
   // Every message a scheduler receives is a small header; nothing legitimate comes near this.
   topts.max_message_bytes = 1 << 20;
+  topts.curve = config_.curve;
   transport_ = std::make_unique<Transport>(std::move(topts),
                                            [this](InMessage in) { Handle(std::move(in)); });
   transport_->AddTimer(config_.heartbeat_interval / 2, [this] { CheckHeartbeats(); });
@@ -154,10 +156,12 @@ void Scheduler::OnRegister(InMessage& in) {
   if (reg->role() == msg::Role::Server && address.empty()) {
     return fail(absl::InvalidArgumentError("a server must register its address"));
   }
+  max_seen_epoch_ = std::max(max_seen_epoch_, reg->epoch());
   // A restarted node with a known identity gets its old rank back.
   if (!identity.empty()) {
     for (auto& n : nodes_) {
       if (n.identity == identity && n.role == reg->role()) {
+        const bool moved = n.address != address;
         n.route = in.route();
         n.address = address;
         n.register_request = env->request_id();
@@ -168,8 +172,10 @@ void Scheduler::OnRegister(InMessage& in) {
         if (formed_) {
           log_.get()->info("{} '{}' re-registered with rank {}", msg::EnumNameRole(n.role),
                            identity, n.rank);
-          SendView(n, env->request_id());
-          if (was_dead) BroadcastView();
+          if (was_dead || moved) {
+            BroadcastView();  // includes n, but as an unsolicited view: answer it too
+          }
+          SendView(n, env->request_id(), /*rejoined=*/true);
         }
         return;
       }
@@ -184,9 +190,25 @@ void Scheduler::OnRegister(InMessage& in) {
     return fail(absl::FailedPreconditionError(
         absl::StrCat("already have ", want, " ", msg::EnumNameRole(reg->role()), "s")));
   }
+  // A node re-registering with a restarted scheduler keeps the rank it had.
+  int rank = have;
+  const int claimed = reg->rank();
+  if (claimed >= 0 && claimed < want &&
+      std::none_of(nodes_.begin(), nodes_.end(), [&](const Node& n) {
+        return n.role == reg->role() && n.rank == claimed;
+      })) {
+    rank = claimed;
+  } else {
+    std::set<int> taken;
+    for (const auto& n : nodes_) {
+      if (n.role == reg->role()) taken.insert(n.rank);
+    }
+    rank = 0;
+    while (taken.count(rank)) ++rank;
+  }
   Node node;
   node.role = reg->role();
-  node.rank = have;
+  node.rank = rank;
   node.address = address;
   node.identity = identity;
   node.route = in.route();
@@ -197,7 +219,7 @@ void Scheduler::OnRegister(InMessage& in) {
                    address.empty() ? "" : " at ", address);
   if (static_cast<int>(nodes_.size()) == config_.num_servers + config_.num_workers) {
     formed_ = true;
-    epoch_ = 1;
+    epoch_ = max_seen_epoch_ + 1;
     log_.get()->info("cluster complete: {} servers, {} workers", config_.num_servers,
                      config_.num_workers);
     const absl::Time now = absl::Now();
@@ -205,10 +227,11 @@ void Scheduler::OnRegister(InMessage& in) {
       n.last_seen = now;
       SendView(n, n.register_request);
     }
+    ReleaseBarriers();
   }
 }
 
-void Scheduler::SendView(const Node& node, uint64_t reply_to) {
+void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
   flatbuffers::FlatBufferBuilder fbb(1024);
   std::vector<flatbuffers::Offset<msg::NodeInfo>> infos;
   for (const auto& n : nodes_) {
@@ -218,7 +241,8 @@ void Scheduler::SendView(const Node& node, uint64_t reply_to) {
   auto body = msg::CreateClusterView(
       fbb, node.rank, config_.num_servers, config_.num_workers, epoch_,
       fbb.CreateVector(infos),
-      static_cast<uint32_t>(absl::ToInt64Milliseconds(config_.heartbeat_interval)));
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(config_.heartbeat_interval)), rejoined,
+      next_barrier_);
   transport_->SendRoute(node.route,
                         FinishEnvelope(fbb, transport_->self(), body, 0, reply_to));
 }
@@ -259,6 +283,17 @@ void Scheduler::CheckHeartbeats() {
     }
   }
   if (changed) {
+    // Fail policy: stop before telling anyone the worker is gone, so that no server
+    // completes a step without it.
+    if (config_.on_worker_death == SchedulerConfig::OnWorkerDeath::kFail) {
+      for (const auto& n : nodes_) {
+        if (n.role == msg::Role::Worker && !n.alive && !n.left) {
+          ShutdownCluster(absl::StrCat("worker ", n.rank, " died (--on_worker_death=fail)"),
+                          absl::StatusCode::kAborted);
+          return;
+        }
+      }
+    }
     BroadcastView();
     ReleaseBarriers();
     MaybeShutdown();
@@ -278,6 +313,7 @@ void Scheduler::OnBarrier(InMessage& in) {
 }
 
 void Scheduler::ReleaseBarriers() {
+  if (!formed_) return;  // a restarted scheduler waits until every node is back
   for (auto it = barriers_.begin(); it != barriers_.end();) {
     int arrived = 0;
     for (const auto& n : nodes_) {
@@ -293,6 +329,7 @@ void Scheduler::ReleaseBarriers() {
       for (const auto& w : it->second) {
         transport_->SendRoute(w.route, MakeAck(transport_->self(), w.request_id));
       }
+      next_barrier_ = std::max(next_barrier_, it->first + 1);
       it = barriers_.erase(it);
     } else {
       ++it;
@@ -357,7 +394,7 @@ void Scheduler::MaybeShutdown() {
   ShutdownCluster("every worker has left");
 }
 
-void Scheduler::ShutdownCluster(const std::string& reason) {
+void Scheduler::ShutdownCluster(const std::string& reason, absl::StatusCode code) {
   {
     absl::MutexLock lock(&mu_);
     if (done_) return;
@@ -366,7 +403,7 @@ void Scheduler::ShutdownCluster(const std::string& reason) {
   for (const auto& n : nodes_) {
     if (!n.alive) continue;
     flatbuffers::FlatBufferBuilder fbb(128);
-    auto body = msg::CreateShutdown(fbb, fbb.CreateString(reason));
+    auto body = msg::CreateShutdown(fbb, fbb.CreateString(reason), static_cast<int>(code));
     transport_->SendRoute(n.route, FinishEnvelope(fbb, transport_->self(), body, 0, 0));
   }
   absl::MutexLock lock(&mu_);

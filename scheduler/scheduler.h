@@ -6,6 +6,12 @@
 //
 // Shutdown: when every worker has left (Leave) or died, the scheduler sends Shutdown to the
 // servers and WaitForShutdown returns.
+//
+// Restarts: a node that registers with a known identity gets its rank back (and everyone a
+// new view when its address changed). A restarted scheduler knows nobody: nodes re-register
+// when their heartbeat is refused, claiming their old rank and last epoch, and the cluster
+// re-forms with the same ranks once every expected node is back; tensor layouts are
+// recomputed identically when tensors are declared again in the same order.
 #ifndef ADAPS_SCHEDULER_SCHEDULER_H_
 #define ADAPS_SCHEDULER_SCHEDULER_H_
 
@@ -33,6 +39,11 @@ struct SchedulerConfig {
   // Tensors with at least this many elements are split over all servers; smaller ones go
   // whole to the least-loaded server.
   uint64_t split_threshold = 1 << 16;
+  // What a worker declared dead means: the others continue (sync steps average over the
+  // live workers), or the whole cluster stops with an ABORTED shutdown naming the worker.
+  enum class OnWorkerDeath { kContinue, kFail };
+  OnWorkerDeath on_worker_death = OnWorkerDeath::kContinue;
+  CurveKeys curve;  // enabled: only allowed_clients may connect (common/config.h)
   std::string log_level = "info";
 };
 
@@ -100,11 +111,12 @@ class Scheduler {
   void OnDeclare(InMessage& in);
   void OnLeave(InMessage& in);
   void CheckHeartbeats();
-  void SendView(const Node& node, uint64_t reply_to);
+  void SendView(const Node& node, uint64_t reply_to, bool rejoined = false);
   void BroadcastView();
   void ReleaseBarriers();
   void MaybeShutdown();
-  void ShutdownCluster(const std::string& reason);
+  void ShutdownCluster(const std::string& reason,
+                       absl::StatusCode code = absl::StatusCode::kOk);
   Node* FindNode(msg::Role role, int rank);
   int AliveWorkers() const;
 
@@ -116,9 +128,11 @@ class Scheduler {
   std::vector<Node> nodes_;
   bool formed_ = false;
   uint32_t epoch_ = 0;
+  uint32_t max_seen_epoch_ = 0;  // highest epoch a registering node reported
   std::map<std::string, Layout> layouts_;
   std::vector<uint64_t> server_load_;
   std::map<uint64_t, std::vector<BarrierWaiter>> barriers_;
+  uint64_t next_barrier_ = 0;  // one past the highest barrier released
 
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;

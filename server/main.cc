@@ -33,7 +33,14 @@ ABSL_FLAG(int, register_timeout_ms, 60000, "How long to wait for the cluster to 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Directory of server-<rank>.ckpt: default for Checkpoint requests, the timer, restore");
 ABSL_FLAG(int, checkpoint_interval_s, 0, "Write a checkpoint this often (0: only on request)");
+ABSL_FLAG(int, scheduler_grace_s, 60,
+          "Keep serving this long without the scheduler (re-registering when it is back)");
 ABSL_FLAG(bool, restore, true, "Restore from checkpoint_dir at start when a checkpoint exists");
+ABSL_FLAG(std::string, curve_server_key, "",
+          "CURVE: key file of the cluster's server key pair (adaps-keygen); enables encryption");
+ABSL_FLAG(std::string, curve_client_key, "", "CURVE: this node's client key pair file");
+ABSL_FLAG(std::string, curve_allowed_clients, "",
+          "CURVE: file of client public keys allowed to connect, one per line");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical, off");
 
 namespace {
@@ -66,7 +73,7 @@ int main(int argc, char** argv) {
       "scheduler", "host",      "port",         "advertise", "identity",
       "mode",      "optimizer", "learning_rate", "momentum", "weight_decay",
       "beta1",     "beta2",     "epsilon",      "register_timeout_ms", "checkpoint_dir",
-      "checkpoint_interval_s", "restore", "log_level", "port_file"};
+      "checkpoint_interval_s", "restore", "log_level", "curve_server_key", "curve_client_key", "curve_allowed_clients", "port_file", "scheduler_grace_s"};
   if (auto s = adaps::LoadLayeredFlags(argc, argv, names); !s.ok()) return Fail(s.ToString());
   absl::ParseCommandLine(argc, argv);
 
@@ -91,7 +98,13 @@ int main(int argc, char** argv) {
   config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   config.checkpoint_interval = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
   config.restore = absl::GetFlag(FLAGS_restore);
+  config.scheduler_grace = absl::Seconds(absl::GetFlag(FLAGS_scheduler_grace_s));
   config.log_level = absl::GetFlag(FLAGS_log_level);
+  auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),
+                                    absl::GetFlag(FLAGS_curve_client_key),
+                                    absl::GetFlag(FLAGS_curve_allowed_clients), /*serving=*/true);
+  if (!curve.ok()) return Fail(curve.status().ToString());
+  config.curve = *std::move(curve);
   if (auto s = adaps::ValidateServerConfig(config); !s.ok()) return Fail(s.ToString());
 
   std::signal(SIGINT, OnSignal);

@@ -110,6 +110,8 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
   ADAPS_RET_CHECK(!c.bind.empty(), absl::StatusCode::kInvalidArgument, "empty bind address");
   ADAPS_RET_CHECK(c.register_timeout > absl::ZeroDuration(), absl::StatusCode::kInvalidArgument,
                   "register timeout must be positive");
+  ADAPS_RET_CHECK(c.scheduler_grace > absl::ZeroDuration(), absl::StatusCode::kInvalidArgument,
+                  "scheduler grace must be positive");
   OptimizerConfig probe = c.optimizer;
   ADAPS_RETURN_IF_ERROR(SetHyperParam(probe, "learning_rate", c.optimizer.learning_rate));
   ADAPS_RETURN_IF_ERROR(SetHyperParam(probe, "momentum", c.optimizer.momentum));
@@ -127,6 +129,7 @@ Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context)
   topts.bind_endpoint = config_.bind;
   topts.context = std::move(context);
   topts.log = &log_;
+  topts.curve = config_.curve;
   transport_ = std::make_unique<Transport>(std::move(topts),
                                            [this](InMessage in) { Handle(std::move(in)); });
   transport_->AddTimer(absl::Milliseconds(100), [this] { Heartbeat(); });
@@ -145,6 +148,7 @@ absl::Status Server::Start() {
     address = absl::StrReplaceAll(transport_->bound_endpoint(), {{"0.0.0.0", "127.0.0.1"}});
   }
   log_.get()->info("listening on {} (advertised as {})", transport_->bound_endpoint(), address);
+  address_ = address;
   ADAPS_ASSIGN_OR_RETURN(int scheduler, transport_->Connect(config_.scheduler));
   (void)scheduler;  // peer 0
 
@@ -262,7 +266,9 @@ void Server::Heartbeat() {
   }
   if (now - last_heartbeat_sent_ < heartbeat_interval_) return;
   last_heartbeat_sent_ = now;
-  if (now - last_heartbeat_ok_ > std::max(5 * heartbeat_interval_, absl::Seconds(2))) {
+  // Without a scheduler the server keeps serving on the view it has (workers keep training)
+  // and keeps knocking; only after scheduler_grace does it give up.
+  if (now - last_heartbeat_ok_ > config_.scheduler_grace) {
     log_.get()->error("scheduler silent for {}: stopping",
                       absl::FormatDuration(now - last_heartbeat_ok_));
     Finish(absl::UnavailableError("lost the scheduler"));
@@ -273,7 +279,34 @@ void Server::Heartbeat() {
   const uint64_t id = transport_->NewRequestId();
   transport_->Request(0, id, FinishEnvelope(fbb, transport_->self(), body, id, 0),
                       now + heartbeat_interval_ * 2, [this](absl::StatusOr<InMessage> reply) {
-                        if (reply.ok()) last_heartbeat_ok_ = absl::Now();
+                        if (reply.ok()) {
+                          last_heartbeat_ok_ = absl::Now();
+                        } else if (reply.status().code() ==
+                                   absl::StatusCode::kFailedPrecondition) {
+                          Reregister();  // a restarted scheduler that does not know us
+                        }
+                      });
+}
+
+void Server::Reregister() {
+  if (reregistering_) return;
+  reregistering_ = true;
+  log_.get()->warn("the scheduler does not know this server: registering again as rank {}",
+                   transport_->rank());
+  flatbuffers::FlatBufferBuilder fbb(256);
+  auto body = msg::CreateRegister(fbb, msg::Role::Server, fbb.CreateString(address_),
+                                  fbb.CreateString(config_.identity), transport_->rank(), epoch_);
+  const uint64_t id = transport_->NewRequestId();
+  transport_->Request(0, id, FinishEnvelope(fbb, transport_->self(), body, id, 0),
+                      absl::Now() + config_.scheduler_grace,
+                      [this](absl::StatusOr<InMessage> reply) {
+                        reregistering_ = false;
+                        if (!reply.ok() ||
+                            reply->envelope()->body_type() != msg::Body::ClusterView) {
+                          return;
+                        }
+                        OnView(reply->envelope()->body_as_ClusterView());
+                        log_.get()->info("registered again with the scheduler");
                       });
 }
 
@@ -295,10 +328,16 @@ void Server::Handle(InMessage in) {
       OnView(env->body_as_ClusterView());
       break;
     case msg::Body::Shutdown:
-      log_.get()->info("shutdown: {}", env->body_as_Shutdown()->reason()
-                                           ? env->body_as_Shutdown()->reason()->str()
-                                           : "");
-      Finish(absl::OkStatus());
+    {
+      const msg::Shutdown* sd = env->body_as_Shutdown();
+      const std::string reason = sd->reason() ? sd->reason()->str() : "";
+      log_.get()->info("shutdown: {}", reason);
+      const int code = sd->code();
+      Finish(code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)
+                 ? absl::OkStatus()
+                 : absl::Status(static_cast<absl::StatusCode>(code),
+                                absl::StrCat("cluster stopped: ", reason)));
+    }
       break;
     case msg::Body::DeclareSlice:
       OnDeclare(in);

@@ -73,7 +73,11 @@ struct ServerConfig {
   std::string checkpoint_dir;
   absl::Duration checkpoint_interval = absl::ZeroDuration();  // zero: no timer
   bool restore = true;
+  // How long the server keeps serving without hearing from the scheduler (it re-registers
+  // meanwhile when a restarted scheduler answers) before it stops with kUnavailable.
+  absl::Duration scheduler_grace = absl::Seconds(60);
   std::string log_level = "info";
+  CurveKeys curve;  // enabled: encrypted; only allowed_clients may connect (common/config.h)
 };
 
 absl::Status ValidateServerConfig(const ServerConfig& config);
@@ -133,6 +137,7 @@ class Server {
   void OnSetHyper(InMessage& in);
   void OnCheckpoint(InMessage& in);
   void Heartbeat();
+  void Reregister();
   void MaybeCompleteStep(Slice& slice);
   void AnswerHeld(Slice& slice);
   absl::Status AnswerPull(Slice& slice, const HeldPull& pull);
@@ -162,6 +167,8 @@ class Server {
   CompressedUpdate update_;
   absl::Time last_checkpoint_;
   uint64_t refused_ = 0;  // forged scheduler messages refused
+  std::string address_;   // what we registered
+  bool reregistering_ = false;
 
   mutable absl::Mutex mu_;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;

@@ -89,6 +89,7 @@ class Worker::Impl {
     std::unique_ptr<SliceState> residue;
     std::vector<float> replica;  // recompressed pulls: what the server published
     uint64_t replica_version = 0;
+    uint64_t step = 0;  // the step this slice pushes next (the server's version)
   };
   struct Tensor {
     TensorSpec spec;
@@ -98,7 +99,7 @@ class Worker::Impl {
     absl::Mutex mu;
     std::vector<SliceRt> slices ABSL_GUARDED_BY(mu);
     CompressedUpdate update ABSL_GUARDED_BY(mu);
-    uint64_t pushed_steps ABSL_GUARDED_BY(mu) = 0;
+    uint64_t server_generation ABSL_GUARDED_BY(mu) = 0;  // see Impl::server_generation_
     TrafficCounters traffic ABSL_GUARDED_BY(mu);
   };
 
@@ -107,6 +108,9 @@ class Worker::Impl {
     topts.self = Sender{msg::Role::Worker, -1};
     topts.context = options_.context;
     topts.log = &log_;
+    topts.curve.server_public_key = options_.curve_server_public_key;
+    topts.curve.client_public_key = options_.curve_public_key;
+    topts.curve.client_secret_key = options_.curve_secret_key;
     transport_ = std::make_unique<Transport>(std::move(topts),
                                              [this](InMessage in) { Handle(std::move(in)); });
     transport_->AddTimer(absl::Milliseconds(100), [this] { Heartbeat(); });
@@ -162,7 +166,14 @@ class Worker::Impl {
       ADAPS_RET_CHECK(!addresses[s].empty(), absl::StatusCode::kDataLoss,
                       absl::StrCat("cluster view without an address for server ", s));
       ADAPS_ASSIGN_OR_RETURN(int p, transport_->Connect(addresses[s]));
+      absl::MutexLock lock(&mu_);
       server_peer_.push_back(p);
+    }
+    server_address_ = addresses;
+    rejoined_ = view->rejoined();
+    barrier_seq_ = view->next_barrier();
+    if (rejoined_) {
+      log_.get()->info("rejoined a running cluster at barrier {}", view->next_barrier());
     }
     {
       absl::MutexLock lock(&mu_);
@@ -200,7 +211,7 @@ class Worker::Impl {
   absl::Status CheckRunning() {
     absl::MutexLock lock(&mu_);
     if (stopped_) return absl::FailedPreconditionError("worker stopped");
-    if (shutdown_) return absl::FailedPreconditionError("the cluster has shut down");
+    if (shutdown_) return shutdown_status_;
     return absl::OkStatus();
   }
 
@@ -271,16 +282,18 @@ class Worker::Impl {
                                        spec.bin_size, rank_ == 0);
       SharedBytes init;
       if (rank_ == 0) init = FloatsToBytes(values.subspan(rt.info.offset, rt.info.length));
-      ADAPS_RETURN_IF_ERROR(Call(server_peer_[rt.info.server], b, d, std::move(init),
+      ADAPS_RETURN_IF_ERROR(Call(ServerPeer(rt.info.server), b, d, std::move(init),
                                  options_.request_timeout)
                                 .status());
     }
-    ADAPS_RETURN_IF_ERROR(Barrier());
-    // Everyone starts from rank 0's values.
+    // A worker that rejoined a running cluster does not meet the others at this barrier:
+    // they are training; it starts from the current parameters below.
+    if (!rejoined_) ADAPS_RETURN_IF_ERROR(Barrier());
+    // Everyone starts from rank 0's values (a rejoined worker: from the current ones).
     for (auto& rt : tensor->slices) {
       flatbuffers::FlatBufferBuilder b(128);
       auto p = msg::CreatePullRequest(b, rt.key, 0, 0, msg::PullFormat::Dense);
-      ADAPS_ASSIGN_OR_RETURN(InMessage r, Call(server_peer_[rt.info.server], b, p, nullptr,
+      ADAPS_ASSIGN_OR_RETURN(InMessage r, Call(ServerPeer(rt.info.server), b, p, nullptr,
                                                options_.request_timeout));
       const msg::PullResponse* resp = r.envelope()->body_as_PullResponse();
       ADAPS_RET_CHECK(resp != nullptr && r.payload().size() == uint64_t{rt.info.length} * 4,
@@ -289,8 +302,9 @@ class Worker::Impl {
       rt.replica.assign(values.begin() + rt.info.offset,
                         values.begin() + rt.info.offset + rt.info.length);
       rt.replica_version = resp->version();
-      tensor->pushed_steps = resp->version();
+      rt.step = resp->version();
     }
+    tensor->server_generation = server_generation_.load();
     log_.get()->debug("declared '{}' ({} elements, {} slices)", spec.name, length,
                       tensor->slices.size());
     absl::MutexLock lock(&mu_);
@@ -307,7 +321,6 @@ class Worker::Impl {
           absl::StrCat("gradient of '", t.spec.name, "' holds NaN or Inf"));
     }
     const IndexCoding coding = options_.compact_indices ? IndexCoding::kRice : IndexCoding::kPlain32;
-    const uint64_t step = t.pushed_steps;
     std::vector<std::pair<SharedBytes, size_t>> encoded;
     for (auto& rt : t.slices) {
       if (t.spec.compression == Compression::kDense) {
@@ -321,9 +334,9 @@ class Worker::Impl {
       ADAPS_RETURN_IF_ERROR(EncodeUpdate(t.update, coding, bytes.get()));
       encoded.emplace_back(std::move(bytes), 0);
     }
-    ++t.pushed_steps;
     for (size_t i = 0; i < t.slices.size(); ++i) {
-      const SliceRt& rt = t.slices[i];
+      SliceRt& rt = t.slices[i];
+      const uint64_t step = rt.step++;
       flatbuffers::FlatBufferBuilder fbb(128);
       auto body = msg::CreatePush(fbb, rt.key, step,
                                   static_cast<msg::PayloadKind>(t.spec.compression));
@@ -331,7 +344,7 @@ class Worker::Impl {
       OutMessage m = FinishEnvelope(fbb, transport_->self(), body, id, 0, encoded[i].first);
       t.traffic.push_wire_bytes += m.header.size() + encoded[i].first->size();
       t.traffic.push_dense_bytes += uint64_t{rt.info.length} * sizeof(float);
-      transport_->Request(server_peer_[rt.info.server], id, std::move(m),
+      transport_->Request(ServerPeer(rt.info.server), id, std::move(m),
                           absl::Now() + options_.request_timeout,
                           [op, name = t.spec.name](absl::StatusOr<InMessage> reply) {
                             if (!reply.ok()) {
@@ -354,14 +367,14 @@ class Worker::Impl {
       const SliceRt& rt = t.slices[i];
       flatbuffers::FlatBufferBuilder fbb(128);
       auto body = msg::CreatePullRequest(
-          fbb, rt.key, t.pushed_steps, rt.replica_version,
+          fbb, rt.key, rt.step, rt.replica_version,
           recompressed ? msg::PullFormat::Recompressed : msg::PullFormat::Dense);
       const uint64_t id = transport_->NewRequestId();
       OutMessage m = FinishEnvelope(fbb, transport_->self(), body, id, 0);
       const size_t request_bytes = m.header.size();
       Tensor* tp = &t;
       transport_->Request(
-          server_peer_[rt.info.server], id, std::move(m), absl::Now() + options_.request_timeout,
+          ServerPeer(rt.info.server), id, std::move(m), absl::Now() + options_.request_timeout,
           [op, tp, i, out, request_bytes](absl::StatusOr<InMessage> reply) {
             if (!reply.ok()) {
               op->Done(absl::Status(reply.status().code(),
@@ -417,6 +430,9 @@ class Worker::Impl {
           "tensor '", name, "' has ", t.length, " elements; got ", push ? grad_size : out_size)));
     }
     absl::MutexLock lock(&t.mu);
+    if (t.server_generation != server_generation_.load()) {
+      if (auto s = Resync(t); !s.ok()) return Ready(s);
+    }
     const int parts = static_cast<int>(t.slices.size()) * ((push ? 1 : 0) + (pull ? 1 : 0));
     auto op = std::make_shared<Op>(parts);
     auto future = op->promise.get_future();
@@ -427,6 +443,36 @@ class Worker::Impl {
     }
     if (pull) StartPull(t, absl::MakeSpan(out, out_size), op);
     return future;
+  }
+
+  // After a server restarted (restored from its checkpoint, possibly at an earlier step):
+  // learn each slice's current step and parameters, so the next push is for the step the
+  // server is at and recompressed pulls start from its state.
+  absl::Status Resync(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
+    const uint64_t generation = server_generation_.load();
+    for (auto& rt : t.slices) {
+      flatbuffers::FlatBufferBuilder b(128);
+      auto p = msg::CreatePullRequest(b, rt.key, 0, 0, msg::PullFormat::Dense);
+      ADAPS_ASSIGN_OR_RETURN(InMessage r, Call(ServerPeer(rt.info.server), b, p, nullptr,
+                                               options_.request_timeout));
+      const msg::PullResponse* resp = r.envelope()->body_as_PullResponse();
+      ADAPS_RET_CHECK(resp != nullptr && r.payload().size() == uint64_t{rt.info.length} * 4,
+                      absl::StatusCode::kDataLoss, "bad pull while resynchronizing");
+      if (resp->version() != rt.step) {
+        log_.get()->warn("tensor '{}' slice at {}: server at step {}, this worker at {}",
+                         t.spec.name, rt.info.offset, resp->version(), rt.step);
+      }
+      rt.step = resp->version();
+      std::memcpy(rt.replica.data(), r.payload().data(), r.payload().size());
+      rt.replica_version = resp->version();
+    }
+    t.server_generation = generation;
+    return absl::OkStatus();
+  }
+
+  int ServerPeer(int server) const {
+    absl::MutexLock lock(&mu_);
+    return server_peer_[server];
   }
 
   absl::Status Barrier() {
@@ -446,7 +492,7 @@ class Worker::Impl {
       }
       auto body = msg::CreateSetHyper(fbb, fbb.CreateVector(ps));
       ADAPS_RETURN_IF_ERROR(
-          Call(server_peer_[s], fbb, body, nullptr, options_.request_timeout).status());
+          Call(ServerPeer(s), fbb, body, nullptr, options_.request_timeout).status());
     }
     return absl::OkStatus();
   }
@@ -457,7 +503,7 @@ class Worker::Impl {
       flatbuffers::FlatBufferBuilder fbb(256);
       auto body = msg::CreateCheckpoint(fbb, fbb.CreateString(directory));
       ADAPS_RETURN_IF_ERROR(
-          Call(server_peer_[s], fbb, body, nullptr, options_.request_timeout).status());
+          Call(ServerPeer(s), fbb, body, nullptr, options_.request_timeout).status());
     }
     return absl::OkStatus();
   }
@@ -518,37 +564,102 @@ class Worker::Impl {
       {
         absl::MutexLock lock(&mu_);
         shutdown_ = true;
+        const int code = sd->code();
+        shutdown_status_ =
+            code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+                ? absl::Status(static_cast<absl::StatusCode>(code),
+                               absl::StrCat("the cluster was stopped: ", reason))
+                : absl::FailedPreconditionError("the cluster has shut down");
       }
       // Nothing in flight will be answered now: fail it at once with the reason.
-      for (int peer : server_peer_) {
+      std::vector<int> peers;
+      {
+        absl::MutexLock lock(&mu_);
+        peers = server_peer_;
+      }
+      for (int peer : peers) {
         transport_->FailPeer(peer, absl::AbortedError(
                                        absl::StrCat("the cluster was shut down: ", reason)));
       }
       return;
     }
     if (env->body_type() == msg::Body::ClusterView) {
-      const msg::ClusterView* view = env->body_as_ClusterView();
-      {
-        absl::MutexLock lock(&mu_);
-        if (view->epoch() < epoch_) return;
-        epoch_ = view->epoch();
-      }
-      if (view->nodes() == nullptr) return;
-      for (const auto* n : *view->nodes()) {
-        if (n->role() == msg::Role::Server && !n->alive() && n->rank() >= 0 &&
-            n->rank() < static_cast<int>(server_peer_.size())) {
-          log_.get()->warn("server {} declared dead", n->rank());
-          transport_->FailPeer(server_peer_[n->rank()],
-                               absl::UnavailableError(
-                                   absl::StrCat("server ", n->rank(), " declared dead")));
-        }
-      }
+      OnView(env->body_as_ClusterView());
       return;
     }
     if (env->request_id()) {
       transport_->Reply(in, MakeError(transport_->self(), env->request_id(),
                                       absl::InvalidArgumentError("workers take no requests")));
     }
+  }
+
+  // On the I/O thread: a newer cluster view. Fails requests to servers declared dead, and
+  // reconnects to a server that came back at another address (restarted): requests still
+  // queued for the old address fail with kUnavailable, and every tensor resynchronizes its
+  // steps with the servers before its next operation.
+  void OnView(const msg::ClusterView* view) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (view->epoch() < epoch_) return;
+      epoch_ = view->epoch();
+    }
+    if (view->nodes() == nullptr) return;
+    for (const auto* n : *view->nodes()) {
+      if (n->role() != msg::Role::Server || n->rank() < 0 || n->rank() >= num_servers_) continue;
+      const int r = n->rank();
+      if (!n->alive()) {
+        log_.get()->warn("server {} declared dead", r);
+        transport_->FailPeer(ServerPeer(r), absl::UnavailableError(
+                                                absl::StrCat("server ", r, " declared dead")));
+        continue;
+      }
+      const std::string address = n->address() ? n->address()->str() : "";
+      if (address.empty() || address == server_address_[r]) continue;
+      auto peer = transport_->Connect(address);
+      if (!peer.ok()) {
+        log_.get()->error("server {} moved to {}: {}", r, address, peer.status().ToString());
+        continue;
+      }
+      log_.get()->warn("server {} restarted at {}: reconnected", r, address);
+      int old;
+      {
+        absl::MutexLock lock(&mu_);
+        old = server_peer_[r];
+        server_peer_[r] = *peer;
+        server_address_[r] = address;
+      }
+      ++server_generation_;
+      transport_->FailPeer(old, absl::UnavailableError(absl::StrCat("server ", r, " restarted")));
+    }
+  }
+
+  // On the I/O thread: the scheduler does not know us (it restarted). Register again with
+  // our identity, rank and epoch; training goes on meanwhile on the view we have.
+  void Reregister() {
+    if (reregistering_) return;
+    reregistering_ = true;
+    log_.get()->warn("the scheduler does not know this worker: registering again as rank {}",
+                     rank_);
+    uint32_t epoch;
+    {
+      absl::MutexLock lock(&mu_);
+      epoch = epoch_;
+    }
+    flatbuffers::FlatBufferBuilder fbb(256);
+    auto body = msg::CreateRegister(fbb, msg::Role::Worker, fbb.CreateString(""),
+                                    fbb.CreateString(options_.identity), rank_, epoch);
+    const uint64_t id = transport_->NewRequestId();
+    transport_->Request(kSchedulerPeer, id, FinishEnvelope(fbb, transport_->self(), body, id, 0),
+                        absl::Now() + options_.register_timeout,
+                        [this](absl::StatusOr<InMessage> reply) {
+                          reregistering_ = false;
+                          if (!reply.ok() ||
+                              reply->envelope()->body_type() != msg::Body::ClusterView) {
+                            return;
+                          }
+                          OnView(reply->envelope()->body_as_ClusterView());
+                          log_.get()->info("registered again with the scheduler");
+                        });
   }
 
   void Heartbeat() {
@@ -562,7 +673,12 @@ class Worker::Impl {
     transport_->Request(kSchedulerPeer, id, FinishEnvelope(fbb, transport_->self(), body, id, 0),
                         now + absl::Milliseconds(2 * heartbeat_interval_ms_),
                         [this](absl::StatusOr<InMessage> reply) {
-                          if (!reply.ok()) return;
+                          if (!reply.ok()) {
+                            if (reply.status().code() == absl::StatusCode::kFailedPrecondition) {
+                              Reregister();
+                            }
+                            return;
+                          }
                           absl::MutexLock lock(&mu_);
                           last_heartbeat_ok_ = absl::Now();
                         });
@@ -576,7 +692,11 @@ class Worker::Impl {
   int num_workers_ = 0;
   int num_servers_ = 0;
   uint32_t heartbeat_interval_ms_ = 1000;
-  std::vector<int> server_peer_;
+  std::vector<int> server_peer_ ABSL_GUARDED_BY(mu_);        // changes when a server moves
+  std::vector<std::string> server_address_;  // I/O thread (and Init)
+  std::atomic<uint64_t> server_generation_{0};  // bumped when a server moved
+  bool rejoined_ = false;       // set in Init: we re-registered into a formed cluster
+  bool reregistering_ = false;  // I/O thread only
   std::atomic<uint64_t> barrier_seq_{0};
   absl::Time last_heartbeat_sent_;  // I/O thread only
 
@@ -584,6 +704,7 @@ class Worker::Impl {
   std::map<std::string, std::unique_ptr<Tensor>> tensors_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status shutdown_status_ ABSL_GUARDED_BY(mu_);
   uint32_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_heartbeat_ok_ ABSL_GUARDED_BY(mu_);
 };

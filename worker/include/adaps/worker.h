@@ -49,6 +49,12 @@ struct WorkerOptions {
   bool compact_indices = true;
   std::string log_level = "info";
   std::shared_ptr<TransportContext> context;  // null: the worker makes its own
+  // ZeroMQ CURVE (Z85 keys, 40 characters; see docs/reliability.md): set all three to
+  // encrypt and authenticate. The server key is the cluster's (scheduler and servers); the
+  // worker's public key must be in their allowed-clients list.
+  std::string curve_server_public_key;
+  std::string curve_public_key;
+  std::string curve_secret_key;
 };
 
 struct TensorSpec {

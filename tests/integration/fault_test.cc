@@ -1,0 +1,272 @@
+// Faults with real processes and real signals (SIGKILL), asserting on the parameters:
+// a worker dies mid-step (continue or fail policy; a replacement with the same identity
+// rejoins), a server dies and is restarted from its checkpoint, the scheduler dies and is
+// restarted while training goes on.
+//
+// The servers run the sum-only optimizer with dense pushes of all-ones gradients, so every
+// parameter counts how many pushes were applied: an increment per step larger than the
+// number of pushers means something was applied twice, a smaller one that something was
+// lost.
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "adaps/worker.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster_harness.h"
+
+namespace adaps {
+namespace {
+
+using ::adaps::testing::ClusterOptions;
+using ::adaps::testing::LocalCluster;
+using ::adaps::testing::Process;
+using ::adaps::testing::WaitForPortFile;
+using ::testing::HasSubstr;
+
+constexpr size_t kLen = 1000;
+
+WorkerOptions Options(const std::string& scheduler, const std::string& identity = "") {
+  WorkerOptions o;
+  o.scheduler = scheduler;
+  o.identity = identity;
+  o.register_timeout = absl::Seconds(20);
+  o.request_timeout = absl::Seconds(3);
+  o.log_level = "warn";
+  return o;
+}
+
+// Declares tensor "t" (zeros) and pushes ones every step until killed or `steps` done.
+// Run as a child process: the test binary re-executed with --child_scheduler=ADDR.
+TEST(FaultChild, DISABLED_PushOnesForever) {
+  std::string scheduler, identity;
+  int steps = 1 << 30;
+  for (const std::string& a : ::testing::internal::GetArgvs()) {
+    if (a.rfind("--child_scheduler=", 0) == 0) scheduler = a.substr(18);
+    if (a.rfind("--child_identity=", 0) == 0) identity = a.substr(17);
+    if (a.rfind("--child_steps=", 0) == 0) steps = std::stoi(a.substr(14));
+  }
+  ASSERT_FALSE(scheduler.empty());
+  auto w = Worker::Create(Options(scheduler, identity));
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
+  ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+  for (int s = 0; s < steps; ++s) {
+    absl::Status st = (*w)->PushPull("t", g, absl::MakeSpan(p)).get();
+    if (!st.ok()) break;
+  }
+  (*w)->Stop().IgnoreError();
+}
+
+std::unique_ptr<Process> StartChild(const LocalCluster& cluster, const std::string& identity,
+                                    const std::string& log, int steps = 1 << 30) {
+  return std::make_unique<Process>(
+      ::testing::internal::GetArgvs()[0],
+      std::vector<std::string>{"--gtest_also_run_disabled_tests", "--gtest_filter=FaultChild.DISABLED_PushOnesForever",
+       "--child_scheduler=" + cluster.scheduler_address(), "--child_identity=" + identity,
+       absl::StrCat("--child_steps=", steps)},
+      cluster.dir() + "/" + log);
+}
+
+ClusterOptions SumCluster(int workers, std::vector<std::string> scheduler_args) {
+  ClusterOptions c;
+  c.num_servers = 1;
+  c.num_workers = workers;
+  c.scheduler_args = std::move(scheduler_args);
+  c.server_args = {"--optimizer=sum"};
+  return c;
+}
+
+TEST(Faults, KilledWorkerIsDroppedAndAReplacementWithItsIdentityRejoins) {
+  LocalCluster cluster(SumCluster(3, {"--dead_timeout_ms=1000"}));
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  auto victim = StartChild(cluster, "victim", "victim.log");
+  std::unique_ptr<Process> replacement;
+  std::atomic<int> step_of_rank0{0};
+  std::vector<std::vector<float>> seen(2);  // per library worker: parameter 0 after each step
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      auto w = Worker::Create(Options(cluster.scheduler_address()));
+      ASSERT_TRUE(w.ok()) << w.status();
+      std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
+      ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+      for (int s = 0; s < 40; ++s) {
+        if (i == 0 && s == 5) victim->Kill();  // mid-run; it may be inside its step 5 push
+        if (i == 0 && s == 20) replacement = StartChild(cluster, "victim", "replacement.log", 15);
+        absl::Status st = (*w)->PushPull("t", g, absl::MakeSpan(p)).get();
+        ASSERT_TRUE(st.ok()) << "step " << s << ": " << st;
+        for (size_t k = 1; k < kLen; ++k) ASSERT_EQ(p[k], p[0]);
+        seen[i].push_back(p[0]);
+        if (i == 0) step_of_rank0 = s;
+        // Slow down so that the replacement joins while the others still train.
+        if (s >= 20) absl::SleepFor(absl::Milliseconds(50));
+      }
+      EXPECT_TRUE((*w)->Stop().ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(replacement);
+  EXPECT_EQ(replacement->WaitExit(absl::Seconds(20)), 0) << replacement->Log();
+  EXPECT_EQ(seen[0], seen[1]);
+  // Per step: 3 pushes before the kill, 2 after it was declared dead, 2 or 3 in between
+  // (the victim's last step may have reached the server), 3 again once the replacement is
+  // in. Never more than 3: nothing applied twice. Never fewer than 2: nothing lost.
+  float prev = 0.0f;
+  int threes_after_rejoin = 0, twos = 0;
+  for (size_t s = 0; s < seen[0].size(); ++s) {
+    const float inc = seen[0][s] - prev;
+    prev = seen[0][s];
+    EXPECT_TRUE(inc == 2.0f || inc == 3.0f) << "step " << s << " added " << inc;
+    if (s < 5) {
+      EXPECT_EQ(inc, 3.0f) << s;
+    }
+    if (inc == 2.0f) ++twos;
+    if (s > 20 && inc == 3.0f) ++threes_after_rejoin;
+  }
+  EXPECT_GT(twos, 0) << "the dead worker was never dropped";
+  EXPECT_GT(threes_after_rejoin, 0) << "the replacement never contributed";
+  EXPECT_THAT(cluster.scheduler().Log(), HasSubstr("declared dead"));
+  std::string why;
+  EXPECT_TRUE(cluster.AllExitCleanly(absl::Seconds(10), &why)) << why;
+}
+
+TEST(Faults, FailPolicyStopsTheClusterWithAClearError) {
+  LocalCluster cluster(
+      SumCluster(2, {"--dead_timeout_ms=1000", "--on_worker_death=fail", "--log_level=info"}));
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  auto victim = StartChild(cluster, "victim", "victim.log");
+  auto w = Worker::Create(Options(cluster.scheduler_address()));
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
+  ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+  ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok());
+  victim->Kill();
+  const absl::Time start = absl::Now();
+  absl::Status st;
+  for (int s = 0; s < 100 && st.ok(); ++s) st = (*w)->PushPull("t", g, absl::MakeSpan(p)).get();
+  EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("died"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4)) << "no hang until the request deadline";
+  (*w)->Stop().IgnoreError();
+  EXPECT_EQ(cluster.server(0).WaitExit(absl::Seconds(10)), 1) << cluster.server(0).Log();
+  EXPECT_THAT(cluster.server(0).Log(), HasSubstr("died"));
+}
+
+TEST(Faults, KilledServerRestartsFromItsCheckpointAndWorkersCarryOn) {
+  ClusterOptions options = SumCluster(2, {"--dead_timeout_ms=1000", "--num_servers=1"});
+  options.num_servers = 0;  // the server is started here, with an identity and checkpoints
+  LocalCluster cluster(options);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  const std::string ckpt = cluster.dir() + "/ckpt";
+  ASSERT_EQ(::mkdir(ckpt.c_str(), 0755), 0);
+  const std::vector<std::string> args = {"--scheduler=" + cluster.scheduler_address(),
+                                         "--optimizer=sum", "--identity=shard0",
+                                         "--checkpoint_dir=" + ckpt, "--log_level=info"};
+  auto server = std::make_unique<Process>(ADAPS_SERVER_BIN, args, cluster.dir() + "/s-a.log");
+  std::unique_ptr<Process> restarted;
+  constexpr int kBefore = 8, kCheckpointAt = 5, kAfter = 6;
+  std::vector<std::vector<float>> after_restart(2);
+  std::vector<std::thread> threads;
+  std::atomic<int> at_barrier{0};
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      auto w = Worker::Create(Options(cluster.scheduler_address()));
+      ASSERT_TRUE(w.ok()) << w.status();
+      std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
+      ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+      for (int s = 0; s < kBefore; ++s) {
+        ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok()) << s;
+        if (s + 1 == kCheckpointAt) {
+          ASSERT_TRUE((*w)->Barrier().ok());
+          if ((*w)->rank() == 0) {
+            ASSERT_TRUE((*w)->Checkpoint("").ok());
+          }
+          ASSERT_TRUE((*w)->Barrier().ok());
+        }
+      }
+      ASSERT_EQ(p[0], 2.0f * kBefore);
+      ASSERT_TRUE((*w)->Barrier().ok());
+      if ((*w)->rank() == 0) {
+        server->Kill();
+        restarted = std::make_unique<Process>(ADAPS_SERVER_BIN, args, cluster.dir() + "/s-b.log");
+      }
+      ASSERT_TRUE((*w)->Barrier().ok());
+      int done = 0;
+      const absl::Time end = absl::Now() + absl::Seconds(30);
+      while (done < kAfter && absl::Now() < end) {
+        absl::Status st = (*w)->PushPull("t", g, absl::MakeSpan(p)).get();
+        if (!st.ok()) {
+          ASSERT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+          absl::SleepFor(absl::Milliseconds(100));
+          continue;
+        }
+        after_restart[i].push_back(p[0]);
+        ++done;
+      }
+      EXPECT_EQ(done, kAfter);
+      EXPECT_TRUE((*w)->Stop().ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(restarted);
+  // Steps 5..7 were after the checkpoint and are lost with the server; the restored shard
+  // goes on from step 5 exactly: each later step adds the two pushes once.
+  std::vector<float> expected;
+  for (int k = 1; k <= kAfter; ++k) expected.push_back(2.0f * (kCheckpointAt + k));
+  EXPECT_EQ(after_restart[0], expected) << restarted->Log();
+  EXPECT_EQ(after_restart[1], expected);
+  EXPECT_THAT(restarted->Log(), HasSubstr("restored at step 5"));
+  EXPECT_EQ(restarted->WaitExit(absl::Seconds(10)), 0) << restarted->Log();
+}
+
+TEST(Faults, TrainingGoesOnWhileTheSchedulerIsDownAndARestartedOneTakesNodesBack) {
+  const std::string dir = testing::MakeTempDir();
+  auto start_scheduler = [&](const std::string& port, const std::string& log) {
+    return std::make_unique<Process>(
+        ADAPS_SCHEDULER_BIN,
+        std::vector<std::string>{"--num_servers=1", "--num_workers=2", "--port=" + port, "--port_file=" + dir + "/port",
+         "--heartbeat_ms=100", "--dead_timeout_ms=3000", "--log_level=info"},
+        dir + "/" + log);
+  };
+  auto scheduler = start_scheduler("0", "sched-a.log");
+  const std::string port = WaitForPortFile(dir + "/port", absl::Seconds(10));
+  ASSERT_FALSE(port.empty());
+  const std::string address = "tcp://127.0.0.1:" + port;
+  Process server(ADAPS_SERVER_BIN,
+                 {"--scheduler=" + address, "--optimizer=sum", "--identity=s0",
+                  "--log_level=info"},
+                 dir + "/server.log");
+  std::unique_ptr<Process> restarted;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      auto w = Worker::Create(Options(address, absl::StrCat("w", i)));
+      ASSERT_TRUE(w.ok()) << w.status();
+      std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
+      ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+      for (int s = 0; s < 30; ++s) {
+        if ((*w)->rank() == 0 && s == 5) scheduler->Kill();
+        if ((*w)->rank() == 0 && s == 20) {
+          std::remove((dir + "/port").c_str());
+          restarted = start_scheduler(port, "sched-b.log");
+        }
+        ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok()) << "step " << s;
+        ASSERT_EQ(p[0], 2.0f * (s + 1)) << "step " << s;
+        absl::SleepFor(absl::Milliseconds(100));  // 3 s of training, 1.5 s without scheduler
+      }
+      // The restarted scheduler has the nodes back: a barrier needs it and every worker.
+      ASSERT_TRUE((*w)->Barrier().ok());
+      EXPECT_TRUE((*w)->Stop().ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(restarted);
+  EXPECT_EQ(restarted->WaitExit(absl::Seconds(10)), 0) << restarted->Log();
+  EXPECT_EQ(server.WaitExit(absl::Seconds(10)), 0) << server.Log();
+  EXPECT_THAT(server.Log(), HasSubstr("registered again"));
+}
+
+}  // namespace
+}  // namespace adaps
