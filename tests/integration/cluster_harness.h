@@ -48,6 +48,7 @@ class Process {
   Process& operator=(const Process&) = delete;
 
   bool started() const { return pid_ > 0; }
+  int pid() const { return pid_; }
   // The exit code, -1 when still running after `timeout` (or killed by a signal: 128+sig).
   int WaitExit(absl::Duration timeout) {
     if (exited_) return code_;
