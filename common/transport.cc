@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -441,8 +442,18 @@ void Transport::Dispatch(std::vector<zmq::message_t>& frames, size_t first, std:
   in.peer_ = peer;
   local_stats_.bytes_in += in.wire_bytes();
   ++local_stats_.messages_in;
-  absl::Span<const uint8_t> header(static_cast<const uint8_t*>(in.header_.data()),
-                                   in.header_.size());
+  if (reinterpret_cast<uintptr_t>(in.header_.data()) % alignof(uint64_t) != 0) {
+    // FlatBuffers needs an aligned buffer; libzmq keeps very small frames inline, where
+    // alignment is not promised. Copy those (a few dozen bytes).
+    in.aligned_.resize((in.header_.size() + 7) / 8);
+    std::memcpy(in.aligned_.data(), in.header_.data(), in.header_.size());
+  }
+  absl::Span<const uint8_t> header =
+      in.aligned_.empty()
+          ? absl::Span<const uint8_t>(static_cast<const uint8_t*>(in.header_.data()),
+                                      in.header_.size())
+          : absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(in.aligned_.data()),
+                                      in.header_.size());
   absl::StatusOr<const msg::Envelope*> env = VerifyEnvelope(header);
   if (!env.ok()) {
     if (env.status().code() == absl::StatusCode::kFailedPrecondition) {

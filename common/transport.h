@@ -94,6 +94,7 @@ class InMessage {
  private:
   friend class Transport;
   zmq::message_t header_;
+  std::vector<uint64_t> aligned_;  // aligned copy of a misaligned header (else empty)
   zmq::message_t payload_;
   const msg::Envelope* envelope_ = nullptr;
   std::string route_;

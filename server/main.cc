@@ -35,6 +35,8 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(int, checkpoint_interval_s, 0, "Write a checkpoint this often (0: only on request)");
 ABSL_FLAG(int, scheduler_grace_s, 60,
           "Keep serving this long without the scheduler (re-registering when it is back)");
+ABSL_FLAG(uint64_t, max_slice_elements, uint64_t{1} << 28,
+          "Largest slice a worker may declare (elements): bounds what a client can allocate");
 ABSL_FLAG(bool, restore, true, "Restore from checkpoint_dir at start when a checkpoint exists");
 ABSL_FLAG(std::string, curve_server_key, "",
           "CURVE: key file of the cluster's server key pair (adaps-keygen); enables encryption");
@@ -73,7 +75,7 @@ int main(int argc, char** argv) {
       "scheduler", "host",      "port",         "advertise", "identity",
       "mode",      "optimizer", "learning_rate", "momentum", "weight_decay",
       "beta1",     "beta2",     "epsilon",      "register_timeout_ms", "checkpoint_dir",
-      "checkpoint_interval_s", "restore", "log_level", "curve_server_key", "curve_client_key", "curve_allowed_clients", "port_file", "scheduler_grace_s"};
+      "checkpoint_interval_s", "restore", "log_level", "curve_server_key", "curve_client_key", "curve_allowed_clients", "port_file", "scheduler_grace_s", "max_slice_elements"};
   if (auto s = adaps::LoadLayeredFlags(argc, argv, names); !s.ok()) return Fail(s.ToString());
   absl::ParseCommandLine(argc, argv);
 
@@ -98,6 +100,7 @@ int main(int argc, char** argv) {
   config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   config.checkpoint_interval = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
   config.restore = absl::GetFlag(FLAGS_restore);
+  config.max_slice_elements = absl::GetFlag(FLAGS_max_slice_elements);
   config.scheduler_grace = absl::Seconds(absl::GetFlag(FLAGS_scheduler_grace_s));
   config.log_level = absl::GetFlag(FLAGS_log_level);
   auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),

@@ -365,6 +365,16 @@ void Server::OnDeclare(InMessage& in) {
   if (d->length() == 0 || d->bin_size() == 0) {
     return ReplyError(in, absl::InvalidArgumentError("slice length and bin size must be > 0"));
   }
+  const msg::Envelope* env = in.envelope();
+  // (Not checked against num_workers_: a worker may declare before our own view arrived.)
+  if (env->sender_role() != msg::Role::Worker || env->sender_rank() < 0) {
+    return ReplyError(in, absl::InvalidArgumentError("slice declared by a non-worker"));
+  }
+  if (d->length() > config_.max_slice_elements && slices_.find(d->key()) == slices_.end()) {
+    return ReplyError(in, absl::ResourceExhaustedError(absl::StrCat(
+                              "slice of ", d->length(), " elements exceeds --max_slice_elements ",
+                              config_.max_slice_elements)));
+  }
   if (d->has_init() && in.payload().size() != uint64_t{d->length()} * sizeof(float)) {
     return ReplyError(in, absl::InvalidArgumentError(absl::StrCat(
                               "initial values: ", in.payload().size(), " bytes for ",

@@ -76,6 +76,8 @@ struct ServerConfig {
   // How long the server keeps serving without hearing from the scheduler (it re-registers
   // meanwhile when a restarted scheduler answers) before it stops with kUnavailable.
   absl::Duration scheduler_grace = absl::Seconds(60);
+  // Largest slice a DeclareSlice may create (elements): memory a client can make us take.
+  uint64_t max_slice_elements = uint64_t{1} << 28;
   std::string log_level = "info";
   CurveKeys curve;  // enabled: encrypted; only allowed_clients may connect (common/config.h)
 };

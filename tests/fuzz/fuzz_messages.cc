@@ -159,6 +159,7 @@ struct Target {
     vc.scheduler = "inproc://fuzz-scheduler";
     vc.bind = "inproc://fuzz-server";
     vc.optimizer.kind = adaps::OptimizerKind::kSumOnly;
+    vc.max_slice_elements = 1 << 16;  // what a fuzzer may make the server allocate
     vc.log_level = "off";
     server = std::make_unique<adaps::Server>(vc, context);
     absl::Status server_status;
@@ -228,7 +229,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   data += 3;
   size -= 3;
   if (header_len > size) header_len = size;
-  const absl::Span<const uint8_t> header(data, header_len);
+  // FlatBuffers reads need the buffer aligned (the transport's frames are).
+  std::vector<uint64_t> aligned((header_len + 7) / 8);
+  if (header_len) std::memcpy(aligned.data(), data, header_len);
+  const absl::Span<const uint8_t> header(reinterpret_cast<const uint8_t*>(aligned.data()),
+                                         header_len);
   const absl::Span<const uint8_t> payload(data + header_len, size - header_len);
 
   // 1. The decode path of every message type.
