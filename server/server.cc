@@ -561,6 +561,13 @@ void Server::OnPull(InMessage& in) {
     return ReplyError(in, absl::FailedPreconditionError(
                               "recompressed pulls need a server in sync mode"));
   }
+  // A worker never waits for more than the step after the current one (its push for this
+  // step is in); anything further would be held forever, so a client could pile them up.
+  if (config_.sync && p->min_version() > s.version + 1) {
+    return ReplyError(in, absl::FailedPreconditionError(absl::StrCat(
+                              "pull for version ", p->min_version(), " but slice '", s.name,
+                              "' is at ", s.version)));
+  }
   HeldPull pull{in.route(), env->request_id(), config_.sync ? p->min_version() : 0,
                 p->have_version(), p->format()};
   if (pull.min_version > s.version) {
