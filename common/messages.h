@@ -59,6 +59,8 @@ OutMessage FinishEnvelope(flatbuffers::FlatBufferBuilder& fbb, const Sender& sen
 OutMessage MakeAck(const Sender& sender, uint64_t reply_to);
 OutMessage MakeError(const Sender& sender, uint64_t reply_to, const absl::Status& status);
 
+// `header` must be 8-byte aligned (FlatBuffers reads it in place; the transport copies
+// frames that libzmq hands over unaligned).
 // kDataLoss when the bytes are not a valid Envelope (Verifier) or carry no body;
 // kFailedPrecondition when the protocol version differs (the message names both).
 absl::StatusOr<const msg::Envelope*> VerifyEnvelope(absl::Span<const uint8_t> header);

@@ -70,8 +70,11 @@ class RawClient {
       if (!(item.revents & ZMQ_POLLIN)) continue;
       std::vector<zmq::message_t> frames;
       if (!zmq::recv_multipart(socket_, std::back_inserter(frames))) continue;
-      auto env = VerifyEnvelope(
-          absl::MakeConstSpan(static_cast<const uint8_t*>(frames[0].data()), frames[0].size()));
+      // FlatBuffers needs alignment; libzmq keeps small frames inline, unaligned.
+      aligned_.assign((frames[0].size() + 7) / 8, 0);
+      std::memcpy(aligned_.data(), frames[0].data(), frames[0].size());
+      auto env = VerifyEnvelope(absl::MakeConstSpan(
+          reinterpret_cast<const uint8_t*>(aligned_.data()), frames[0].size()));
       if (!env.ok() || (*env)->reply_to() != request_id) continue;
       a.answered = true;
       a.body = (*env)->body_type();
@@ -88,6 +91,7 @@ class RawClient {
 
  private:
   zmq::socket_t socket_;
+  std::vector<uint64_t> aligned_;
 };
 
 const Sender kWorker0{msg::Role::Worker, 0};

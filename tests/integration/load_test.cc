@@ -93,7 +93,13 @@ TEST(Load, SixteenWorkersHundredSyncStepsEveryUpdateOnceAndMemoryFlat) {
   const float expected = 136.0f + 16.0f * (kSteps - 1);
   for (size_t k = 0; k < kLen; ++k) ASSERT_EQ(final0[k], expected) << k;
   // Memory flat: the last quarter of the run within 10% (+2 MiB) of the second quarter.
-  for (int s = 0; s < 2; ++s) {
+  // (Not under AddressSanitizer: its quarantine keeps up to 256 MB of freed memory.)
+#if defined(__SANITIZE_ADDRESS__)
+  const bool check_rss = false;
+#else
+  const bool check_rss = true;
+#endif
+  for (int s = 0; s < 2 && check_rss; ++s) {
     const auto& v = rss[s];
     ASSERT_GE(v.size(), 8u);
     const long mid = v[v.size() / 2 - 1], last = v[v.size() - 2];
