@@ -10,9 +10,12 @@
 // 1% of the elements at T=500 and about 4% at T=50. kSteps consecutive steps are generated
 // up front and cycled; residues are warmed up before timing so the density is the steady one.
 //
-// Also measured: the NaN/Inf pre-scan alone, exact Top-k at 0.1%, the wire encodings
-// (encode, DecodeAdd, bits per sent element), and prototype kernels (namespace proto below:
-// candidate replacements for common/adacomp_kernel.cc, checked bit for bit against it).
+// Also measured: the library kernel per instruction set and store mode (adacomp_step_*: AVX-512
+// / AVX2 with streaming "nt" or normal "st" stores, portable), the NaN/Inf scan alone (which
+// Compress no longer runs: its double-buffered pass finds NaN/Inf itself), exact Top-k at 0.1%,
+// the wire encodings (encode, DecodeAdd, bits per sent element), and the earlier prototype
+// kernels (namespace proto below: in-place, with a separate NaN scan, kept for comparison and
+// checked bit for bit against the library kernel).
 //
 // After Google Benchmark's own output, a summary table with the targets of issue 2.
 // Extra flags (mixed freely with --benchmark_* flags):
@@ -29,6 +32,7 @@
 #include <random>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -691,7 +695,7 @@ void BM_AdaCompCompress(benchmark::State& state, uint32_t t) {
 
 // Compress with the library, but the 25M-element tensor cut into slices of `slice` elements
 // (a multiple of T, as DESIGN.md section 1 allows: same bins, one scale per slice), each with
-// its own SliceState. The NaN pre-scan of a slice then leaves its gradient in L2 for the pass.
+// its own SliceState.
 void BM_AdaCompCompressSliced(benchmark::State& state, uint32_t t, size_t slice) {
   Data& d = GetData();
   const std::vector<float>& snapshot = d.per_bin[t].snapshot;
@@ -727,15 +731,22 @@ void BM_AdaCompCompressSliced(benchmark::State& state, uint32_t t, size_t slice)
       sent / (static_cast<double>(state.iterations()) * static_cast<double>(d.n));
 }
 
-void BM_AdaCompFused(benchmark::State& state, uint32_t t, bool portable) {
-  if (!portable && !internal::AdaCompHasAvx2()) {
-    state.SkipWithError("this CPU has no AVX2");
+// The library kernel alone (what Compress runs, without its length checks), for one ISA and
+// store mode, double-buffered as SliceState is.
+void BM_AdaCompStep(benchmark::State& state, uint32_t t, internal::AdaCompIsa isa,
+                    internal::AdaCompStores stores) {
+  if (!internal::AdaCompIsaSupported(isa)) {
+    state.SkipWithError("this CPU lacks the instruction set");
     return;
   }
   std::vector<float> gmax;
   RunSteps(state, GetData().per_bin[t].snapshot,
            [&](const std::vector<float>& g, SliceState& r, CompressedUpdate& u) {
-             internal::AdaCompCompressFinite(g, r.residue(), t, gmax, u, portable);
+             if (!internal::AdaCompStep(g, r.residue(), r.spare_residue(), t, gmax, u, isa,
+                                        stores)) {
+               return false;
+             }
+             r.swap_residue();
              return true;
            });
 }
@@ -873,7 +884,11 @@ std::string CheckPrototypes() {
       proto::Scratch sb, sc, sd, se;
       for (int step = 0; step < 6; ++step) {
         stream.Next(absl::MakeSpan(g));
-        internal::AdaCompCompressFinite(g, absl::MakeSpan(ra), t, gmax, ua);
+        std::vector<float> next(n);
+        if (!internal::AdaCompStep(g, ra, absl::MakeSpan(next), t, gmax, ua)) {
+          return "MISMATCH (library kernel refused a finite step)";
+        }
+        ra.swap(next);
         proto::OnePass(g.data(), rb.data(), static_cast<uint32_t>(n), t, sb, ub);
         if (!proto::TwoPass(g.data(), rc.data(), static_cast<uint32_t>(n), t, sc, uc)) {
           return "MISMATCH (two-pass saw a NaN)";
@@ -1020,11 +1035,18 @@ void RegisterAll() {
     benchmark::RegisterBenchmark(("adacomp_compress_sliced250k" + ts).c_str(),
                                  BM_AdaCompCompressSliced, t, size_t{250'000})
         ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(("adacomp_fused_avx2" + ts).c_str(), BM_AdaCompFused, t, false)
-        ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(("adacomp_fused_portable" + ts).c_str(), BM_AdaCompFused, t,
-                                 true)
-        ->Unit(benchmark::kMillisecond);
+    using internal::AdaCompIsa;
+    using internal::AdaCompStores;
+    for (const auto& [name, isa, stores] :
+         {std::tuple{"avx512_nt", AdaCompIsa::kAvx512, AdaCompStores::kStreaming},
+          std::tuple{"avx512_st", AdaCompIsa::kAvx512, AdaCompStores::kRegular},
+          std::tuple{"avx2_nt", AdaCompIsa::kAvx2, AdaCompStores::kStreaming},
+          std::tuple{"avx2_st", AdaCompIsa::kAvx2, AdaCompStores::kRegular},
+          std::tuple{"portable", AdaCompIsa::kPortable, AdaCompStores::kRegular}}) {
+      benchmark::RegisterBenchmark(absl::StrCat("adacomp_step_", name, ts).c_str(),
+                                   BM_AdaCompStep, t, isa, stores)
+          ->Unit(benchmark::kMillisecond);
+    }
   }
   for (uint32_t t : kBinSizes) {
     const std::string ts = absl::StrCat("/T:", t);
@@ -1098,7 +1120,7 @@ void PrintSummary(const SummaryReporter& rep, const std::string& proto_check,
   std::printf("\n== Summary: %zu floats, one core, CPU time, median over repetitions ==\n",
               g_elements);
   std::printf("AdaComp kernel: %s. Stream: bench/gradient_stream.h defaults, seed 42.\n",
-              internal::AdaCompHasAvx2() ? "AVX2" : "portable");
+              internal::AdaCompIsaName(internal::AdaCompIsa::kAuto));
   std::printf("%-32s %8s %9s %9s %9s\n", "compress (one step)", "G el/s", "vs plain",
               "vs top-k", "density");
   auto row = [&](const std::string& label, const std::string& name) {
@@ -1116,10 +1138,11 @@ void PrintSummary(const SummaryReporter& rep, const std::string& proto_check,
   row("top-k 0.1% (exact, nth_element)", "topk/0.1%");
   for (uint32_t t : kBinSizes) {
     const std::string ts = absl::StrCat("/T:", t);
-    row("adacomp Compress (+NaN scan)" + ts, "adacomp_compress" + ts);
+    row("adacomp Compress" + ts, "adacomp_compress" + ts);
     row("adacomp Compress, 250k slices" + ts, "adacomp_compress_sliced250k" + ts);
-    row("adacomp fused AVX2" + ts, "adacomp_fused_avx2" + ts);
-    row("adacomp fused portable" + ts, "adacomp_fused_portable" + ts);
+    for (const char* k : {"avx512_nt", "avx512_st", "avx2_nt", "avx2_st", "portable"}) {
+      row(absl::StrCat("adacomp step ", k, ts), absl::StrCat("adacomp_step_", k, ts));
+    }
     row("proto one-pass (no scan)" + ts, "proto_onepass" + ts);
     row("proto Compress (+NaN scan)" + ts, "proto_compress" + ts);
     row("proto two-pass (+NaN check)" + ts, "proto_twopass" + ts);

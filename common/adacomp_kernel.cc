@@ -1,13 +1,28 @@
 // The AdaComp fast path (DESIGN.md section 1, 'Cost'): one streaming pass over the residue
-// and the gradient, bin by bin. For each bin it adds the gradient into the residue and takes
-// the bin maximum, then, while the bin is still in L1, selects the elements whose soft
-// threshold |G + g| reaches that maximum. Once all bins are done the scale is known and a
-// sparse fix-up subtracts it from the selected residues. No sort, no sampling.
+// and the gradient, plus a sparse fix-up once the scale is known. No sort, no sampling.
 //
-// The AVX2 version is chosen at run time. Both versions produce bit-identical results: the
-// only floating-point operations are one add per element, one more add for H, comparisons
-// and maxima, which do not depend on order; the scale is a sequential double sum done by
-// shared code.
+// Out of place: the old residue `in` is only read; the new residue G' = in + g goes to a
+// second buffer `out` (SliceState keeps two and swaps them on success). That is what lets the
+// pass find a NaN/Inf (in g, or an overflow of in + g) while it runs, instead of a separate
+// pre-scan: on failure `in` has never been written, so the residue is bit-for-bit untouched.
+//
+// The pass works in rounds of whole bins (about kRoundElements elements):
+//   A. stream out[a, e) = in + g over the round, with non-temporal stores for the full 64-byte
+//      lines of `out` when asked (large slices: the new residue is not re-read soon, and a
+//      streaming store skips the read-for-ownership a normal store to a cold line costs);
+//   B. per bin, with in and g of the round still in L1: recompute v = in[i] + g[i] (the same
+//      float add, so bit-identical to what A stored), take the bin maximum of |v| as an
+//      unsigned maximum of the bit patterns (equal to the float maximum for finite values,
+//      and any NaN/Inf pattern is larger than every finite one: that is the finiteness check),
+//      then select the elements with v != 0 and |v + g| >= max, appending indices and signs
+//      without a data-dependent branch (vpcompressd on AVX-512, pext/pdep + permute on AVX2).
+// After all rounds: sfence (streaming stores), the scale s as a sequential double sum (shared
+// code), and the fix-up out[i] -= sign * s over the selected elements, prefetched ahead.
+//
+// Three implementations, bit-identical: AVX-512 (F/BW/VL/DQ), AVX2 (+BMI1/BMI2/POPCNT) and
+// portable; chosen at run time (__builtin_cpu_supports), or forced for tests and benchmarks.
+// The only floating-point operations are one add for G', one for H, comparisons and the
+// maximum, none of which depends on the evaluation order.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -26,93 +41,324 @@ namespace adaps {
 namespace internal {
 namespace {
 
-inline void Select(uint32_t i, float g, CompressedUpdate& out) {
-  out.indices.push_back(i);
-  out.negative.push_back(g < 0.0f ? 1 : 0);
+constexpr uint32_t kAbsBits = 0x7fffffffu;
+constexpr uint32_t kInfBits = 0x7f800000u;  // |x| bits >= this: NaN or Inf
+// Elements per round (16 KiB of in + g): whole bins, at least one.
+constexpr uint64_t kRoundElements = 2048;
+// Streaming (non-temporal) stores from this slice length on (kAuto). Measured on 25M floats
+// cut into 250k-element slices (1 MB per buffer): streaming 1.4x faster than normal stores,
+// as for one 25M slice. Below 64k elements (256 KB per buffer) the three arrays fit in L2 and
+// a normal store keeps the new residue cached for the fix-up and the next step.
+constexpr size_t kStreamMinElements = size_t{1} << 16;
+
+inline float BitsToFloat(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
 }
 
-// One bin, portable. Returns the bin maximum.
-inline float BinPortable(const float* g, float* r, uint32_t lo, uint32_t hi,
-                         CompressedUpdate& out) {
-  float m = 0.0f;
-  for (uint32_t i = lo; i < hi; ++i) {
-    const float v = r[i] + g[i];
-    r[i] = v;
-    const float a = std::fabs(v);
-    m = a > m ? a : m;
-  }
-  if (m > 0.0f) {
-    for (uint32_t i = lo; i < hi; ++i) {
-      const float v = r[i];
-      if (v != 0.0f && std::fabs(v + g[i]) >= m) Select(i, v, out);
+inline uint32_t FloatBits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+// The selected indices, written through a raw pointer into `out.indices` (grown ahead of
+// each round by the most a round can select, plus a vector's worth of slack for the
+// full-width stores of the SIMD paths). The signs are not collected here: the fix-up reads
+// every selected residue anyway, and sign(G[i]) is the sign of that value.
+struct Sink {
+  explicit Sink(CompressedUpdate& o) : out(o) {}
+  void Ensure(size_t room) {
+    if (out.indices.size() < cnt + room) {
+      out.indices.resize(cnt + room);
+      idx = out.indices.data();
     }
   }
-  return m;
+  void Finish() { out.indices.resize(cnt); }
+  CompressedUpdate& out;
+  size_t cnt = 0;
+  uint32_t* idx = nullptr;
+};
+
+// Index of the first element at or after `i` whose address in `p` is 64-byte aligned.
+inline uint64_t AlignUpIndex(const float* p, uint64_t i) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p + i);
+  return i + ((64 - (a & 63)) & 63) / sizeof(float);
 }
 
-void PassPortable(const float* g, float* r, uint32_t n, uint32_t t, float* gmax,
-                  CompressedUpdate& out) {
+// ---- portable ---------------------------------------------------------------------------
+
+bool PassPortable(const float* g, const float* in, float* out, uint32_t n, uint32_t t,
+                  float* gmax, Sink& s) {
   uint32_t b = 0;
-  for (uint32_t lo = 0; lo < n; lo += t, ++b) {
-    const uint32_t hi = (n - lo > t) ? lo + t : n;
-    gmax[b] = BinPortable(g, r, lo, hi, out);
+  for (uint64_t lo = 0; lo < n; lo += t, ++b) {
+    const uint64_t hi = std::min<uint64_t>(n, lo + t);
+    uint32_t mb = 0;
+    for (uint64_t i = lo; i < hi; ++i) {
+      const float v = in[i] + g[i];
+      out[i] = v;
+      mb = std::max(mb, FloatBits(v) & kAbsBits);
+    }
+    if (mb >= kInfBits) return false;
+    gmax[b] = BitsToFloat(mb);
+    if (mb == 0) continue;
+    const float m = BitsToFloat(mb);
+    s.Ensure(hi - lo);
+    for (uint64_t i = lo; i < hi; ++i) {
+      const float v = out[i];
+      if (v != 0.0f && std::fabs(v + g[i]) >= m) s.idx[s.cnt++] = static_cast<uint32_t>(i);
+    }
   }
+  return true;
 }
 
 #if ADAPS_X86
-__attribute__((target("avx2"))) inline float HorizontalMax(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  __m128 hi = _mm256_extractf128_ps(v, 1);
-  __m128 m = _mm_max_ps(lo, hi);
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-  return _mm_cvtss_f32(m);
+
+// ---- AVX2 -------------------------------------------------------------------------------
+
+#define ADAPS_TARGET_AVX2 __attribute__((target("avx2,bmi,bmi2,popcnt")))
+
+ADAPS_TARGET_AVX2 inline uint32_t HMaxU32(__m256i v) {
+  __m128i x = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  x = _mm_max_epu32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
+  x = _mm_max_epu32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(x));
 }
 
-__attribute__((target("avx2,bmi"))) void PassAvx2(const float* g, float* r, uint32_t n,
-                                                  uint32_t t, float* gmax,
-                                                  CompressedUpdate& out) {
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256 zero = _mm256_setzero_ps();
-  uint32_t b = 0;
-  for (uint32_t lo = 0; lo < n; lo += t, ++b) {
-    const uint32_t hi = (n - lo > t) ? lo + t : n;
-    const uint32_t vec_end = lo + ((hi - lo) & ~7u);
-    __m256 mv = zero;
-    uint32_t i = lo;
-    for (; i < vec_end; i += 8) {
-      const __m256 v = _mm256_add_ps(_mm256_loadu_ps(r + i), _mm256_loadu_ps(g + i));
-      _mm256_storeu_ps(r + i, v);
-      mv = _mm256_max_ps(mv, _mm256_and_ps(v, abs_mask));
-    }
-    float m = HorizontalMax(mv);
-    for (; i < hi; ++i) {
-      const float v = r[i] + g[i];
-      r[i] = v;
-      const float a = std::fabs(v);
-      m = a > m ? a : m;
-    }
-    gmax[b] = m;
-    if (!(m > 0.0f)) continue;
-    const __m256 thr = _mm256_set1_ps(m);
-    for (i = lo; i < vec_end; i += 8) {
-      const __m256 v = _mm256_loadu_ps(r + i);
-      const __m256 h = _mm256_and_ps(_mm256_add_ps(v, _mm256_loadu_ps(g + i)), abs_mask);
-      const __m256 sel = _mm256_and_ps(_mm256_cmp_ps(h, thr, _CMP_GE_OQ),
-                                       _mm256_cmp_ps(v, zero, _CMP_NEQ_OQ));
-      unsigned bits = static_cast<unsigned>(_mm256_movemask_ps(sel));
-      while (bits) {
-        const unsigned k = static_cast<unsigned>(__builtin_ctz(bits));
-        Select(i + k, r[i + k], out);
-        bits &= bits - 1;
-      }
-    }
-    for (; i < hi; ++i) {
-      const float v = r[i];
-      if (v != 0.0f && std::fabs(v + g[i]) >= m) Select(i, v, out);
+// Lane mask (all-ones lanes) for the first `k` (0..8) lanes.
+ADAPS_TARGET_AVX2 inline __m256i FirstLanes(uint32_t k) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(k)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+template <bool kStream>
+ADAPS_TARGET_AVX2 void StreamAvx2(const float* g, const float* in, float* out, uint64_t a,
+                                  uint64_t e) {
+  const uint64_t aligned = std::min(e, AlignUpIndex(out, a));
+  while (a < aligned) {  // head: up to 15 elements, at most two masked stores
+    const uint32_t k = static_cast<uint32_t>(std::min<uint64_t>(8, aligned - a));
+    const __m256i m = FirstLanes(k);
+    _mm256_maskstore_ps(out + a, m,
+                        _mm256_add_ps(_mm256_maskload_ps(in + a, m), _mm256_maskload_ps(g + a, m)));
+    a += k;
+  }
+  for (; a + 16 <= e; a += 16) {
+    const __m256 v0 = _mm256_add_ps(_mm256_loadu_ps(in + a), _mm256_loadu_ps(g + a));
+    const __m256 v1 = _mm256_add_ps(_mm256_loadu_ps(in + a + 8), _mm256_loadu_ps(g + a + 8));
+    if (kStream) {
+      _mm256_stream_ps(out + a, v0);
+      _mm256_stream_ps(out + a + 8, v1);
+    } else {
+      _mm256_store_ps(out + a, v0);
+      _mm256_store_ps(out + a + 8, v1);
     }
   }
+  while (a < e) {
+    const uint32_t k = static_cast<uint32_t>(std::min<uint64_t>(8, e - a));
+    const __m256i m = FirstLanes(k);
+    _mm256_maskstore_ps(out + a, m,
+                        _mm256_add_ps(_mm256_maskload_ps(in + a, m), _mm256_maskload_ps(g + a, m)));
+    a += k;
+  }
 }
+
+// Appends lanes of `mask` (8 bits) as indices base+lane; no branch.
+ADAPS_TARGET_AVX2 inline size_t Pack8(unsigned mask, uint32_t base, size_t cnt, uint32_t* idx) {
+  const uint64_t lanes = _pdep_u64(mask, 0x0101010101010101ull) * 0xff;
+  const uint64_t order = _pext_u64(0x0706050403020100ull, lanes);
+  const __m256i perm = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(order)));
+  const __m256i ids = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(base)),
+                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + cnt),
+                      _mm256_permutevar8x32_epi32(ids, perm));
+  return cnt + static_cast<size_t>(_mm_popcnt_u32(mask));
+}
+
+template <bool kStream>
+ADAPS_TARGET_AVX2 bool PassAvx2(const float* g, const float* in, float* out, uint32_t n,
+                                uint32_t t, float* gmax, Sink& s) {
+  const __m256i abs_mask = _mm256_set1_epi32(static_cast<int>(kAbsBits));
+  const __m256 zero = _mm256_setzero_ps();
+  const uint64_t round_bins = std::max<uint64_t>(1, kRoundElements / t);
+  uint64_t streamed = 0, lo = 0;
+  uint32_t b = 0;
+  while (lo < n) {
+    const uint64_t round_hi = std::min<uint64_t>(n, lo + round_bins * t);
+    const uint64_t target = std::min<uint64_t>(n, AlignUpIndex(out, round_hi));
+    if (target > streamed) {
+      StreamAvx2<kStream>(g, in, out, streamed, target);
+      streamed = target;
+    }
+    s.Ensure(round_hi - lo + 8);
+    for (; lo < round_hi; lo += t, ++b) {
+      const uint64_t hi = std::min<uint64_t>(n, lo + t);
+      const uint64_t full = lo + ((hi - lo) & ~uint64_t{7});
+      const uint32_t tail = static_cast<uint32_t>((hi - lo) & 7);
+      const __m256i tail_mask = FirstLanes(tail);
+      __m256i mx = _mm256_setzero_si256();
+      uint64_t i = lo;
+      for (; i < full; i += 8) {
+        if (kStream && i + kRoundElements < n) {
+          _mm_prefetch(reinterpret_cast<const char*>(in + i + kRoundElements), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(g + i + kRoundElements), _MM_HINT_T0);
+        }
+        const __m256 v = _mm256_add_ps(_mm256_loadu_ps(in + i), _mm256_loadu_ps(g + i));
+        mx = _mm256_max_epu32(mx, _mm256_and_si256(_mm256_castps_si256(v), abs_mask));
+      }
+      if (tail) {
+        const __m256 v = _mm256_add_ps(_mm256_maskload_ps(in + i, tail_mask),
+                                       _mm256_maskload_ps(g + i, tail_mask));
+        mx = _mm256_max_epu32(mx, _mm256_and_si256(_mm256_castps_si256(v), abs_mask));
+      }
+      const uint32_t mb = HMaxU32(mx);
+      if (mb >= kInfBits) return false;
+      gmax[b] = BitsToFloat(mb);
+      if (mb == 0) continue;
+      const __m256 thr = _mm256_set1_ps(BitsToFloat(mb));
+      const __m256 fabs_mask = _mm256_castsi256_ps(abs_mask);
+      uint32_t* idx = s.idx;
+      size_t cnt = s.cnt;
+      for (i = lo; i < hi; i += 8) {
+        __m256 gv, v;
+        if (i < full) {
+          gv = _mm256_loadu_ps(g + i);
+          v = _mm256_add_ps(_mm256_loadu_ps(in + i), gv);
+        } else {  // masked-off lanes are +0: never selected
+          gv = _mm256_maskload_ps(g + i, tail_mask);
+          v = _mm256_add_ps(_mm256_maskload_ps(in + i, tail_mask), gv);
+        }
+        const __m256 h = _mm256_and_ps(_mm256_add_ps(v, gv), fabs_mask);
+        const __m256 sel = _mm256_and_ps(_mm256_cmp_ps(h, thr, _CMP_GE_OQ),
+                                         _mm256_cmp_ps(v, zero, _CMP_NEQ_OQ));
+        cnt = Pack8(static_cast<unsigned>(_mm256_movemask_ps(sel)), static_cast<uint32_t>(i), cnt,
+                    idx);
+      }
+      s.cnt = cnt;
+    }
+  }
+  return true;
+}
+
+ADAPS_TARGET_AVX2 void Sfence() { _mm_sfence(); }
+
+// ---- AVX-512 ----------------------------------------------------------------------------
+
+// GCC 12's AVX-512 headers seed results with _mm512_undefined_*(), which trips
+// -Wmaybe-uninitialized in intrinsics that use it; the warning is not about this code.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define ADAPS_TARGET_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,bmi,bmi2,popcnt")))
+
+ADAPS_TARGET_AVX512 inline uint32_t HMaxU32x16(__m512i v) {
+  const __m256i m = _mm256_max_epu32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+  __m128i x = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  x = _mm_max_epu32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)));
+  x = _mm_max_epu32(x, _mm_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)));
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(x));
+}
+
+inline __mmask16 FirstLanes16(uint64_t k) { return static_cast<__mmask16>((1u << k) - 1u); }
+
+template <bool kStream>
+ADAPS_TARGET_AVX512 void StreamAvx512(const float* g, const float* in, float* out, uint64_t a,
+                                      uint64_t e) {
+  const uint64_t aligned = std::min(e, AlignUpIndex(out, a));
+  if (a < aligned) {
+    const __mmask16 m = FirstLanes16(aligned - a);
+    _mm512_mask_storeu_ps(out + a, m,
+                          _mm512_add_ps(_mm512_maskz_loadu_ps(m, in + a),
+                                        _mm512_maskz_loadu_ps(m, g + a)));
+    a = aligned;
+  }
+  for (; a + 16 <= e; a += 16) {
+    const __m512 v = _mm512_add_ps(_mm512_loadu_ps(in + a), _mm512_loadu_ps(g + a));
+    if (kStream) {
+      _mm512_stream_ps(out + a, v);
+    } else {
+      _mm512_store_ps(out + a, v);
+    }
+  }
+  if (a < e) {
+    const __mmask16 m = FirstLanes16(e - a);
+    _mm512_mask_storeu_ps(out + a, m,
+                          _mm512_add_ps(_mm512_maskz_loadu_ps(m, in + a),
+                                        _mm512_maskz_loadu_ps(m, g + a)));
+  }
+}
+
+template <bool kStream>
+ADAPS_TARGET_AVX512 bool PassAvx512(const float* g, const float* in, float* out, uint32_t n,
+                                    uint32_t t, float* gmax, Sink& s) {
+  const __m512i abs_mask = _mm512_set1_epi32(static_cast<int>(kAbsBits));
+  const __m512i lane_ids =
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 zero = _mm512_setzero_ps();
+  const uint64_t round_bins = std::max<uint64_t>(1, kRoundElements / t);
+  // Every bin but the last has length t: its tail mask is the same for all of them.
+  const uint64_t full_len = t & ~uint64_t{15};
+  const __mmask16 full_tail = FirstLanes16(t & 15u);
+  uint64_t streamed = 0, lo = 0;
+  uint32_t b = 0;
+  while (lo < n) {
+    const uint64_t round_hi = std::min<uint64_t>(n, lo + round_bins * t);
+    const uint64_t target = std::min<uint64_t>(n, AlignUpIndex(out, round_hi));
+    if (target > streamed) {
+      StreamAvx512<kStream>(g, in, out, streamed, target);
+      streamed = target;
+    }
+    s.Ensure(round_hi - lo + 16);
+    for (; lo < round_hi; lo += t, ++b) {
+      uint64_t hi = lo + t, full = lo + full_len;
+      __mmask16 tail = full_tail;
+      if (hi > n) {
+        hi = n;
+        full = lo + ((hi - lo) & ~uint64_t{15});
+        tail = FirstLanes16((hi - lo) & 15u);
+      }
+      __m512i mx = _mm512_setzero_si512();
+      uint64_t i = lo;
+      for (; i < full; i += 16) {
+        if (kStream && i + kRoundElements < n) {
+          _mm_prefetch(reinterpret_cast<const char*>(in + i + kRoundElements), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(g + i + kRoundElements), _MM_HINT_T0);
+        }
+        const __m512 v = _mm512_add_ps(_mm512_loadu_ps(in + i), _mm512_loadu_ps(g + i));
+        mx = _mm512_max_epu32(mx, _mm512_and_si512(_mm512_castps_si512(v), abs_mask));
+      }
+      if (tail) {
+        const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(tail, in + i),
+                                       _mm512_maskz_loadu_ps(tail, g + i));
+        mx = _mm512_max_epu32(mx, _mm512_and_si512(_mm512_castps_si512(v), abs_mask));
+      }
+      const uint32_t mb = HMaxU32x16(mx);
+      if (mb >= kInfBits) return false;
+      gmax[b] = BitsToFloat(mb);
+      if (mb == 0) continue;
+      const __m512 thr = _mm512_set1_ps(BitsToFloat(mb));
+      uint32_t* idx = s.idx;
+      size_t cnt = s.cnt;
+      for (i = lo; i < hi; i += 16) {
+        const __mmask16 lanes = i < full ? static_cast<__mmask16>(0xffff) : tail;
+        const __m512 gv = _mm512_maskz_loadu_ps(lanes, g + i);
+        const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, in + i), gv);
+        const __m512 h = _mm512_abs_ps(_mm512_add_ps(v, gv));
+        // Masked-off lanes are +0: v != 0 fails, never selected.
+        const __mmask16 sel = _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(v, zero, _CMP_NEQ_OQ),
+                                                      h, thr, _CMP_GE_OQ);
+        const __m512i ids = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(i)), lane_ids);
+        _mm512_storeu_si512(idx + cnt, _mm512_maskz_compress_epi32(sel, ids));
+        cnt += static_cast<size_t>(_mm_popcnt_u32(sel));
+      }
+      s.cnt = cnt;
+    }
+  }
+  return true;
+}
+#pragma GCC diagnostic pop
+
+// ---- NaN/Inf scan (other compressors, worker) -------------------------------------------
 
 __attribute__((target("avx2"))) bool AllFiniteAvx2(const float* x, size_t n) {
   const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
@@ -122,8 +368,8 @@ __attribute__((target("avx2"))) bool AllFiniteAvx2(const float* x, size_t n) {
     const size_t block_end = std::min(n & ~size_t{7}, i + 1024);
     __m256i bad = _mm256_setzero_si256();
     for (; i < block_end; i += 8) {
-      const __m256i e = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)),
-                                         exp_mask);
+      const __m256i e = _mm256_and_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), exp_mask);
       bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(e, exp_mask));
     }
     if (!_mm256_testz_si256(bad, bad)) return false;
@@ -134,25 +380,72 @@ __attribute__((target("avx2"))) bool AllFiniteAvx2(const float* x, size_t n) {
   return true;
 }
 
-bool CpuHasAvx2() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi");
+bool CpuAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
   return has;
 }
-#endif
+
+bool CpuAvx2Kernel() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") &&
+                          __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt");
+  return has;
+}
+
+bool CpuAvx512Kernel() {
+  static const bool has = CpuAvx2Kernel() && __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512dq");
+  return has;
+}
+#endif  // ADAPS_X86
 
 }  // namespace
 
-bool AdaCompHasAvx2() {
+bool AdaCompIsaSupported(AdaCompIsa isa) {
+  switch (isa) {
+    case AdaCompIsa::kAuto:
+    case AdaCompIsa::kPortable:
+      return true;
 #if ADAPS_X86
-  return CpuHasAvx2();
+    case AdaCompIsa::kAvx2:
+      return CpuAvx2Kernel();
+    case AdaCompIsa::kAvx512:
+      return CpuAvx512Kernel();
 #else
-  return false;
+    default:
+      return false;
 #endif
+  }
+  return false;
 }
 
-void AdaCompCompressFinite(absl::Span<const float> grad, absl::Span<float> residue,
-                           uint32_t bin_size, std::vector<float>& gmax_scratch,
-                           CompressedUpdate& out, bool force_portable) {
+AdaCompIsa AdaCompBestIsa() {
+  if (AdaCompIsaSupported(AdaCompIsa::kAvx512)) return AdaCompIsa::kAvx512;
+  if (AdaCompIsaSupported(AdaCompIsa::kAvx2)) return AdaCompIsa::kAvx2;
+  return AdaCompIsa::kPortable;
+}
+
+const char* AdaCompIsaName(AdaCompIsa isa) {
+  switch (isa) {
+    case AdaCompIsa::kAuto:
+      return AdaCompIsaName(AdaCompBestIsa());
+    case AdaCompIsa::kPortable:
+      return "portable";
+    case AdaCompIsa::kAvx2:
+      return "AVX2";
+    case AdaCompIsa::kAvx512:
+      return "AVX-512";
+  }
+  return "unknown";
+}
+
+bool AdaCompHasAvx2() { return AdaCompIsaSupported(AdaCompIsa::kAvx2); }
+
+bool AdaCompStep(absl::Span<const float> grad, absl::Span<const float> residue_in,
+                 absl::Span<float> residue_out, uint32_t bin_size,
+                 std::vector<float>& gmax_scratch, CompressedUpdate& out, AdaCompIsa isa,
+                 AdaCompStores stores) {
   const uint32_t n = static_cast<uint32_t>(grad.size());
   const uint32_t t = bin_size;
   const uint32_t nb = n == 0 ? 0 : (n - 1) / t + 1;
@@ -160,40 +453,80 @@ void AdaCompCompressFinite(absl::Span<const float> grad, absl::Span<float> resid
   out.kind = CompressorKind::kAdaComp;
   out.length = n;
   out.bin_size = t;
-  if (n == 0) return;
+  if (n == 0) return true;
   gmax_scratch.resize(nb);
-  // Typical AdaComp density is well under 1%; reserving avoids regrowth in the hot loop.
-  out.indices.reserve(n / 64 + 16);
-  out.negative.reserve(n / 64 + 16);
+  // Typical AdaComp density is a few percent at most; the sink grows as needed.
+  out.indices.reserve(n / 32 + 64);
+  out.negative.reserve(n / 32 + 64);
+  Sink sink(out);
 
+  const float* g = grad.data();
+  const float* in = residue_in.data();
+  float* r = residue_out.data();
+  float* gmax = gmax_scratch.data();
+  if (isa == AdaCompIsa::kAuto || !AdaCompIsaSupported(isa)) isa = AdaCompBestIsa();
+  const bool stream = stores == AdaCompStores::kStreaming ||
+                      (stores == AdaCompStores::kAuto && n >= kStreamMinElements);
+  bool ok = false;
+  switch (isa) {
 #if ADAPS_X86
-  if (!force_portable && CpuHasAvx2()) {
-    PassAvx2(grad.data(), residue.data(), n, t, gmax_scratch.data(), out);
-  } else {
-    PassPortable(grad.data(), residue.data(), n, t, gmax_scratch.data(), out);
-  }
-#else
-  (void)force_portable;
-  PassPortable(grad.data(), residue.data(), n, t, gmax_scratch.data(), out);
+    case AdaCompIsa::kAvx512:
+      ok = stream ? PassAvx512<true>(g, in, r, n, t, gmax, sink)
+                  : PassAvx512<false>(g, in, r, n, t, gmax, sink);
+      break;
+    case AdaCompIsa::kAvx2:
+      ok = stream ? PassAvx2<true>(g, in, r, n, t, gmax, sink)
+                  : PassAvx2<false>(g, in, r, n, t, gmax, sink);
+      break;
 #endif
+    default:
+      ok = PassPortable(g, in, r, n, t, gmax, sink);
+      break;
+  }
+#if ADAPS_X86
+  // Streaming stores are weakly ordered: make them visible before anyone reads the buffer.
+  if (isa != AdaCompIsa::kPortable) Sfence();
+#endif
+  if (!ok) {
+    out.indices.clear();
+    out.negative.clear();
+    return false;
+  }
+  sink.Finish();
 
   double sum = 0.0;
-  for (uint32_t b = 0; b < nb; ++b) sum += gmax_scratch[b];
+  for (uint32_t b = 0; b < nb; ++b) sum += gmax[b];
+  // The mean of finite maxima: finite, so the fix-up below never makes an Inf.
   const float s = static_cast<float>(sum / static_cast<double>(nb));
   out.scale = s;
-  if (!std::isfinite(s)) return;  // overflow: the caller reports it; no fix-up, no NaN.
-  float* r = residue.data();
-  for (size_t j = 0; j < out.indices.size(); ++j) {
-    const uint32_t i = out.indices[j];
-    r[i] = out.negative[j] ? r[i] + s : r[i] - s;
+  // Fix-up: G[i] -= sign(G[i]) * s, and the sign is what the update sends. (v - (-s) is
+  // exactly v + s, so this is the contract's "+ s for negatives, - s otherwise".)
+  size_t cnt = out.indices.size();
+  out.negative.resize(cnt);
+
+  const uint32_t* idx = out.indices.data();
+  uint8_t* neg = out.negative.data();
+  constexpr size_t kAhead = 32;
+  size_t j = 0;
+  const auto fix = [&](size_t k) {
+    const uint32_t i = idx[k];
+    const float v = r[i];
+    neg[k] = std::signbit(v) ? 1 : 0;
+    r[i] = v - std::copysign(s, v);
+  };
+  for (; j + kAhead < cnt; ++j) {
+    __builtin_prefetch(r + idx[j + kAhead], 1, 3);
+    fix(j);
   }
+  for (; j < cnt; ++j) fix(j);
+  return true;
 }
 
 }  // namespace internal
 
 bool AllFinite(absl::Span<const float> values) {
 #if ADAPS_X86
-  if (internal::CpuHasAvx2()) return internal::AllFiniteAvx2(values.data(), values.size());
+  if (internal::CpuAvx2()) return internal::AllFiniteAvx2(values.data(), values.size());
 #endif
   for (float v : values) {
     if (!std::isfinite(v)) return false;

@@ -73,25 +73,24 @@ class AdaCompCompressor final : public Compressor {
   explicit AdaCompCompressor(const CompressorOptions& options) : options_(options) {}
   const CompressorOptions& options() const override { return options_; }
 
+  // No pre-scan: the pass reads the active residue and writes the new one into the spare
+  // buffer, finding any NaN/Inf of residue + gradient as it goes. Only a successful step
+  // swaps the buffers, so on every error the residue is bit-for-bit what it was.
   absl::Status Compress(absl::Span<const float> grad, SliceState& state,
                         CompressedUpdate& out) override {
     ADAPS_RETURN_IF_ERROR(CheckLengths(grad, state));
-    bool nothing = false;
-    ADAPS_RETURN_IF_ERROR(CheckFinite(grad, options_.non_finite, &nothing));
-    if (nothing) {
-      out.Clear();
-      out.kind = CompressorKind::kAdaComp;
-      out.length = static_cast<uint32_t>(grad.size());
-      out.bin_size = options_.bin_size;
+    const absl::Span<float> next = state.spare_residue();
+    if (internal::AdaCompStep(grad, state.residue(), next, options_.bin_size, gmax_, out)) {
+      state.swap_residue();
       return absl::OkStatus();
     }
-    internal::AdaCompCompressFinite(grad, state.residue(), options_.bin_size, gmax_, out);
-    if (!std::isfinite(out.scale)) {
-      // Only reachable when residue + gradient overflows float; the residue then holds Inf
-      // (never NaN: the fix-up was skipped).
-      return absl::OutOfRangeError("AdaComp residue overflowed the float range");
+    // Rare path: `out` is an empty update; tell a bad gradient from an overflow.
+    if (!AllFinite(grad)) {
+      if (options_.non_finite == NonFinitePolicy::kSendNothing) return absl::OkStatus();
+      return absl::InvalidArgumentError("gradient holds NaN or Inf; residue left unchanged");
     }
-    return absl::OkStatus();
+    return absl::OutOfRangeError(
+        "AdaComp residue + gradient overflows the float range; residue left unchanged");
   }
 
  private:

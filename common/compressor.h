@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -50,21 +51,61 @@ struct CompressorOptions {
   NonFinitePolicy non_finite = NonFinitePolicy::kReject;
 };
 
+namespace internal {
+// 64-byte (cache-line) aligned allocation, for buffers the SIMD kernels stream through.
+template <typename T>
+struct AlignedAllocator {
+  using value_type = T;
+  AlignedAllocator() = default;
+  template <typename U>
+  AlignedAllocator(const AlignedAllocator<U>&) {}  // NOLINT(google-explicit-constructor)
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <typename U>
+  bool operator==(const AlignedAllocator<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const AlignedAllocator<U>&) const { return false; }
+};
+}  // namespace internal
+
 // kInvalidArgument when the options cannot describe a compressor (bin size 0, fraction
 // outside (0, 1]).
 absl::Status ValidateOptions(const CompressorOptions& options);
 
 // The residue of one slice. Starts at zero. Owned by the caller.
+//
+// Memory: AdaComp keeps the residue double-buffered, so an AdaComp slice costs 2 x 4 B per
+// element (the second buffer is allocated by the first AdaComp Compress; Top-k, sign and dense
+// slices keep 4 B per element). The AdaComp pass reads the active buffer and writes the new
+// residue into the other one, and swaps only when the step succeeded: a NaN/Inf gradient (or an
+// overflow) is found during the pass and leaves the active residue bit-for-bit untouched
+// without a separate pre-scan of the gradient. A span from residue() refers to the buffer that
+// was active when it was taken; take it again after a Compress.
 class SliceState {
  public:
-  explicit SliceState(size_t length) : residue_(length, 0.0f) {}
-  size_t size() const { return residue_.size(); }
-  absl::Span<float> residue() { return absl::MakeSpan(residue_); }
-  absl::Span<const float> residue() const { return absl::MakeConstSpan(residue_); }
-  void Reset() { std::fill(residue_.begin(), residue_.end(), 0.0f); }
+  explicit SliceState(size_t length) : size_(length) { buffers_[0].assign(length, 0.0f); }
+  size_t size() const { return size_; }
+  absl::Span<float> residue() { return absl::MakeSpan(buffers_[active_].data(), size_); }
+  absl::Span<const float> residue() const {
+    return absl::MakeConstSpan(buffers_[active_].data(), size_);
+  }
+  void Reset() { std::fill(buffers_[active_].begin(), buffers_[active_].end(), 0.0f); }
+
+  // For compressors: the inactive buffer (allocated on first use; contents unspecified), and
+  // making it the active one.
+  absl::Span<float> spare_residue() {
+    std::vector<float, internal::AlignedAllocator<float>>& b = buffers_[active_ ^ 1];
+    if (b.size() != size_) b.assign(size_, 0.0f);
+    return absl::MakeSpan(b.data(), size_);
+  }
+  void swap_residue() { active_ ^= 1; }
 
  private:
-  std::vector<float> residue_;
+  size_t size_;
+  unsigned active_ = 0;
+  std::vector<float, internal::AlignedAllocator<float>> buffers_[2];  // 64-byte aligned
 };
 
 // One compressed update of one slice, in memory. Which fields are used depends on `kind`:
@@ -115,15 +156,30 @@ absl::Status DecompressAdd(const CompressedUpdate& update, float factor, absl::S
 bool AllFinite(absl::Span<const float> values);
 
 namespace internal {
-// The AdaComp fast path (DESIGN.md section 1), exposed for tests and benchmarks. `residue`
-// and `grad` have the same length; `gmax_scratch` is resized as needed. Does not check for
-// NaN/Inf: the caller does (the Compressor does). Chooses AVX2 at run time when available
-// unless `force_portable`.
-void AdaCompCompressFinite(absl::Span<const float> grad, absl::Span<float> residue,
-                           uint32_t bin_size, std::vector<float>& gmax_scratch,
-                           CompressedUpdate& out, bool force_portable = false);
-// True when this CPU runs the AVX2 path.
+// Which implementation of the AdaComp pass to run. kAuto: the best this CPU has. An ISA the
+// CPU lacks runs the best one it has instead (tests check AdaCompIsaSupported first).
+enum class AdaCompIsa : uint8_t { kAuto = 0, kPortable = 1, kAvx2 = 2, kAvx512 = 3 };
+// How the new residue is stored. kAuto: non-temporal (streaming) stores for slices of 64k
+// elements and more, normal stores below. The portable path always uses normal stores.
+enum class AdaCompStores : uint8_t { kAuto = 0, kRegular = 1, kStreaming = 2 };
+
+bool AdaCompIsaSupported(AdaCompIsa isa);
+AdaCompIsa AdaCompBestIsa();
+const char* AdaCompIsaName(AdaCompIsa isa);
+// True when this CPU runs the AVX2 path (AVX2, BMI1, BMI2, POPCNT).
 bool AdaCompHasAvx2();
+
+// The AdaComp fast path (DESIGN.md section 1), exposed for tests and benchmarks. Reads
+// `residue_in` (never written) and `grad`, writes the new residue to `residue_out` and the
+// update to `out`. All three have the same length; `residue_out` must not overlap the others.
+// Returns false when residue_in + grad is NaN or +-Inf anywhere (a NaN/Inf in `grad`, or a
+// float overflow): `out` is then an empty update and `residue_out` holds garbage.
+// `gmax_scratch` is resized as needed.
+bool AdaCompStep(absl::Span<const float> grad, absl::Span<const float> residue_in,
+                 absl::Span<float> residue_out, uint32_t bin_size,
+                 std::vector<float>& gmax_scratch, CompressedUpdate& out,
+                 AdaCompIsa isa = AdaCompIsa::kAuto,
+                 AdaCompStores stores = AdaCompStores::kAuto);
 }  // namespace internal
 
 }  // namespace adaps

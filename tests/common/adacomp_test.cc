@@ -1,5 +1,6 @@
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -112,20 +113,60 @@ std::string ShapeName(const ::testing::TestParamInfo<Shape>& info) {
 
 TEST_P(AdaCompProperty, FastPathEqualsReferenceBitForBit) {
   const auto [n, t] = GetParam();
-  std::mt19937 rng(static_cast<uint32_t>(n * 31 + t));
-  for (bool portable : {false, true}) {
-    std::vector<float> ref_residue(n, 0.0f), fast_residue(n, 0.0f), gmax;
-    CompressedUpdate u;
-    for (int step = 0; step < 5; ++step) {
-      const std::vector<float> g = RandomGradient(rng, n);
-      const auto ref = testing::ReferenceAdaComp(g, ref_residue, t);
-      internal::AdaCompCompressFinite(g, absl::MakeSpan(fast_residue), t, gmax, u, portable);
-      ASSERT_EQ(u.indices, ref.indices) << "step " << step << " portable " << portable;
-      ASSERT_EQ(u.negative, ref.negative);
-      ASSERT_EQ(std::memcmp(&u.scale, &ref.scale, sizeof(float)), 0)
-          << u.scale << " vs " << ref.scale;
-      ASSERT_EQ(std::memcmp(fast_residue.data(), ref_residue.data(), n * sizeof(float)), 0)
-          << "residues differ at step " << step;
+  using internal::AdaCompIsa;
+  using internal::AdaCompStores;
+  for (AdaCompIsa isa : {AdaCompIsa::kPortable, AdaCompIsa::kAvx2, AdaCompIsa::kAvx512}) {
+    if (!internal::AdaCompIsaSupported(isa)) {
+      std::printf("  (%s path not run: this CPU lacks it)\n", internal::AdaCompIsaName(isa));
+      continue;
+    }
+    for (AdaCompStores stores : {AdaCompStores::kRegular, AdaCompStores::kStreaming}) {
+      std::mt19937 rng(static_cast<uint32_t>(n * 31 + t));
+      // The kernel is out of place: ping-pong between two buffers as SliceState does. An
+      // offset of one float makes the buffers unaligned, as a caller's vectors may be.
+      std::vector<float> ref_residue(n, 0.0f), gmax;
+      std::vector<float> buf_a(n + 1, 0.0f), buf_b(n + 1, 0.0f);
+      const size_t off = (n % 2 == 0) ? 1 : 0;
+      float* cur = buf_a.data() + off;
+      float* nxt = buf_b.data() + off;
+      CompressedUpdate u;
+      for (int step = 0; step < 5; ++step) {
+        const std::vector<float> g = RandomGradient(rng, n);
+        const auto ref = testing::ReferenceAdaComp(g, ref_residue, t);
+        ASSERT_TRUE(internal::AdaCompStep(g, absl::MakeConstSpan(cur, n), absl::MakeSpan(nxt, n),
+                                          t, gmax, u, isa, stores));
+        std::swap(cur, nxt);
+        const std::string what = std::string(internal::AdaCompIsaName(isa)) + " stores " +
+                                 std::to_string(static_cast<int>(stores)) + " step " +
+                                 std::to_string(step);
+        ASSERT_EQ(u.indices, ref.indices) << what;
+        ASSERT_EQ(u.negative, ref.negative) << what;
+        ASSERT_EQ(std::memcmp(&u.scale, &ref.scale, sizeof(float)), 0)
+            << u.scale << " vs " << ref.scale << " " << what;
+        ASSERT_EQ(std::memcmp(cur, ref_residue.data(), n * sizeof(float)), 0)
+            << "residues differ: " << what;
+      }
+      // A NaN/Inf anywhere, or an overflow of residue + gradient: refused, input untouched.
+      const std::vector<float> before(cur, cur + n);
+      for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                        std::numeric_limits<float>::infinity(),
+                        std::numeric_limits<float>::max()}) {
+        for (size_t pos : {size_t{0}, n / 2, n - 1}) {
+          std::vector<float> g = RandomGradient(rng, n);
+          g[pos] = bad;
+          if (bad == std::numeric_limits<float>::max()) {
+            // Overflows only where the residue already points the same way.
+            if (!(cur[pos] > 0.0f)) continue;
+            g[pos] = std::numeric_limits<float>::max();
+            cur[pos] = std::numeric_limits<float>::max();
+          }
+          EXPECT_FALSE(internal::AdaCompStep(g, absl::MakeConstSpan(cur, n),
+                                             absl::MakeSpan(nxt, n), t, gmax, u, isa, stores))
+              << internal::AdaCompIsaName(isa) << " pos " << pos;
+          EXPECT_THAT(u.indices, IsEmpty());
+          std::copy(before.begin(), before.end(), cur);
+        }
+      }
     }
   }
 }
@@ -193,6 +234,21 @@ TEST_P(AdaCompProperty, NonFiniteGradientLeavesResidueUntouched) {
       ASSERT_EQ(std::memcmp(Residue(state).data(), before.data(), n * sizeof(float)), 0);
     }
   }
+}
+
+TEST_P(AdaCompProperty, OverflowIsReportedAndLeavesResidueUntouched) {
+  const auto [n, t] = GetParam();
+  auto c = MakeAdaComp(t);
+  SliceState state(n);
+  std::vector<float> g(n, 1.0f);
+  CompressedUpdate u;
+  ASSERT_TRUE(c->Compress(g, state, u).ok());
+  state.residue()[n - 1] = std::numeric_limits<float>::max();
+  const std::vector<float> before = Residue(state);
+  g[n - 1] = std::numeric_limits<float>::max();
+  EXPECT_EQ(c->Compress(g, state, u).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(u.indices, IsEmpty());
+  ASSERT_EQ(std::memcmp(Residue(state).data(), before.data(), n * sizeof(float)), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AdaCompProperty, ::testing::ValuesIn(Shapes()), ShapeName);
