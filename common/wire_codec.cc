@@ -122,50 +122,6 @@ class BitWriter {
   unsigned fill_ = 0;
 };
 
-class BitReader {
- public:
-  BitReader(const uint8_t* data, size_t bytes) : data_(data), bytes_(bytes) {}
-  uint64_t bits_left() const { return static_cast<uint64_t>(bytes_) * 8 - bit_pos_; }
-  // n <= 32
-  bool Get(unsigned n, uint32_t* v) {
-    if (bits_left() < n) return false;
-    uint64_t r = 0;
-    size_t byte = bit_pos_ >> 3;
-    unsigned off = bit_pos_ & 7;
-    // Up to 40 bits needed: read up to 5 bytes that exist.
-    const size_t need = (off + n + 7) / 8;
-    for (size_t i = 0; i < need; ++i) r |= static_cast<uint64_t>(data_[byte + i]) << (8 * i);
-    r >>= off;
-    *v = static_cast<uint32_t>(n == 32 ? r : (r & ((uint64_t{1} << n) - 1)));
-    bit_pos_ += n;
-    return true;
-  }
-  // Counts consecutive one-bits up to `limit`, consuming them and the terminating zero
-  // (not consumed when the limit is reached).
-  bool Unary(uint32_t limit, uint32_t* q) {
-    uint32_t c = 0;
-    while (c < limit) {
-      uint32_t bit;
-      if (!Get(1, &bit)) return false;
-      if (!bit) break;
-      ++c;
-    }
-    *q = c;
-    return true;
-  }
-  // The unused high bits of the current byte must be zero padding.
-  bool PaddingOk() const {
-    if ((bit_pos_ & 7) == 0) return true;
-    return (data_[bit_pos_ >> 3] >> (bit_pos_ & 7)) == 0;
-  }
-  size_t bytes_used() const { return (bit_pos_ + 7) / 8; }
-
- private:
-  const uint8_t* data_;
-  size_t bytes_;
-  uint64_t bit_pos_ = 0;
-};
-
 bool IsKnownKind(uint8_t k) { return k <= static_cast<uint8_t>(CompressorKind::kSign); }
 
 absl::Status CheckIndices(const std::vector<uint32_t>& idx, uint32_t length) {
@@ -241,20 +197,73 @@ void PutPlainIndices(const CompressedUpdate& u, bool with_signs, std::vector<uin
   }
 }
 
-// Walks an encoded index list, calling visit(index, negative) for each element. Validates
-// every index (in range, ascending) and the exact byte extent; `*consumed` gets the bytes
-// used. No allocation proportional to the claimed count happens before the data is seen.
-template <typename Visit>
-absl::Status WalkIndices(ByteReader& r, IndexCoding coding, uint32_t length, uint32_t count,
-                         bool with_signs, Visit&& visit) {
+// ---- index decoding ------------------------------------------------------------------------
+
+// Little-endian load of up to 8 bytes at data[byte..nbytes), bytes past the end read as 0.
+inline uint64_t LoadLE64(const uint8_t* data, size_t byte, size_t nbytes) {
+  uint64_t w = 0;
+  if (byte + 8 <= nbytes) {
+    std::memcpy(&w, data + byte, 8);
+  } else if (byte < nbytes) {
+    std::memcpy(&w, data + byte, nbytes - byte);
+  }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  w = __builtin_bswap64(w);
+#endif
+  return w;
+}
+
+// The Rice bit stream (LSB first) read through a 64-bit window: Peek(bit) returns the stream
+// from bit `bit` on, at least 57 valid bits, zeros past the end of the data. Every read is
+// checked against the real end (`bits`) before it is used.
+class RiceReader {
+ public:
+  RiceReader(const uint8_t* data, size_t nbytes)
+      : data_(data), nbytes_(nbytes), bits_(uint64_t{nbytes} * 8) {}
+  uint64_t Peek(uint64_t bit) const { return LoadLE64(data_, bit >> 3, nbytes_) >> (bit & 7); }
+  uint64_t bits() const { return bits_; }
+  // The unused high bits of the byte holding bit `bit - 1` must be zero padding.
+  bool PaddingOk(uint64_t bit) const {
+    if ((bit & 7) == 0) return true;
+    return (data_[bit >> 3] >> (bit & 7)) == 0;
+  }
+
+ private:
+  const uint8_t* data_;
+  size_t nbytes_;
+  uint64_t bits_;
+};
+
+// Decodes `count` indices (and, with_signs, their sign bits) into idx[0..count) and
+// neg[0..count), validating every index (in range, ascending), the padding and the exact byte
+// extent; `r` is advanced past the index data. The caller sizes idx and neg to `count` only
+// after CheckIndexBytes() has shown that the data can hold that many elements.
+absl::Status CheckIndexBytes(ByteReader& r, IndexCoding coding, uint32_t length, uint32_t count,
+                             bool with_signs, unsigned* k) {
   if (count > length) {
     return absl::DataLossError(absl::StrCat("count ", count, " exceeds slice length ", length));
   }
+  if (coding == IndexCoding::kPlain32) {
+    const uint64_t need = uint64_t{4} * count + (with_signs ? (uint64_t{count} + 7) / 8 : 0);
+    if (r.remaining() < need) return ByteReader::Truncated();
+    return absl::OkStatus();
+  }
+  uint8_t k8 = 0;
+  ADAPS_RETURN_IF_ERROR(r.U8(&k8));
+  if (k8 > 31) return absl::DataLossError(absl::StrCat("Rice parameter ", k8, " > 31"));
+  *k = k8;
+  // Each element takes at least k + 1 (+1 sign) bits: reject counts the data cannot hold.
+  const uint64_t min_bits = uint64_t{count} * (*k + 1 + (with_signs ? 1 : 0));
+  if (min_bits > uint64_t{r.remaining()} * 8) return ByteReader::Truncated();
+  return absl::OkStatus();
+}
+
+absl::Status DecodeIndices(ByteReader& r, IndexCoding coding, unsigned k, uint32_t length,
+                           uint32_t count, bool with_signs, uint32_t* idx, uint8_t* neg) {
   int64_t prev = -1;
   if (coding == IndexCoding::kPlain32) {
     const uint64_t idx_bytes = uint64_t{4} * count;
     const uint64_t sign_bytes = with_signs ? (uint64_t{count} + 7) / 8 : 0;
-    if (r.remaining() < idx_bytes + sign_bytes) return ByteReader::Truncated();
     const uint8_t* p = r.here();
     const uint8_t* s = p + idx_bytes;
     for (uint32_t j = 0; j < count; ++j) {
@@ -263,8 +272,8 @@ absl::Status WalkIndices(ByteReader& r, IndexCoding coding, uint32_t length, uin
       if (static_cast<int64_t>(i) <= prev || i >= length) {
         return absl::DataLossError(absl::StrCat("index ", i, " out of order or past ", length));
       }
-      const bool neg = with_signs && ((s[j / 8] >> (j % 8)) & 1);
-      visit(i, neg);
+      idx[j] = i;
+      if (with_signs) neg[j] = (s[j / 8] >> (j % 8)) & 1;
       prev = i;
     }
     if (with_signs && (count % 8) && (s[count / 8] >> (count % 8)) != 0) {
@@ -272,35 +281,41 @@ absl::Status WalkIndices(ByteReader& r, IndexCoding coding, uint32_t length, uin
     }
     return r.Skip(idx_bytes + sign_bytes);
   }
-  uint8_t k8 = 0;
-  ADAPS_RETURN_IF_ERROR(r.U8(&k8));
-  if (k8 > 31) return absl::DataLossError(absl::StrCat("Rice parameter ", k8, " > 31"));
-  const unsigned k = k8;
-  // Each element takes at least k + 1 (+1 sign) bits: reject counts the data cannot hold.
-  const uint64_t min_bits = uint64_t{count} * (k + 1 + (with_signs ? 1 : 0));
-  if (min_bits > uint64_t{r.remaining()} * 8) return ByteReader::Truncated();
-  BitReader br(r.here(), r.remaining());
+  const RiceReader br(r.here(), r.remaining());
+  const uint64_t end = br.bits();
+  const unsigned sign_bits = with_signs ? 1 : 0;
+  const uint64_t low_mask = (uint64_t{1} << k) - 1;
+  uint64_t bit = 0;
   for (uint32_t j = 0; j < count; ++j) {
-    uint32_t q = 0, gap = 0, low = 0;
-    if (!br.Unary(kRiceEscape, &q)) return ByteReader::Truncated();
+    // Unary part: the run of one-bits, counted at once. Zeros read past the end stop the run
+    // early, and the extent check below then finds the stream truncated.
+    const unsigned q = static_cast<unsigned>(__builtin_ctzll(~br.Peek(bit)));
+    uint64_t gap;
     if (q >= kRiceEscape) {
-      if (!br.Get(32, &gap)) return ByteReader::Truncated();
+      if (end - bit < uint64_t{kRiceEscape} + 32 + sign_bits) return ByteReader::Truncated();
+      bit += kRiceEscape;
+      gap = br.Peek(bit) & 0xffffffffu;
+      bit += 32;
     } else {
-      if (k && !br.Get(k, &low)) return ByteReader::Truncated();
-      gap = (k >= 32) ? low : ((q << k) | low);
+      if (end - bit < uint64_t{q} + 1 + k + sign_bits) return ByteReader::Truncated();
       if (k && (q >> (32 - k)) != 0) return absl::DataLossError("Rice gap overflows 32 bits");
+      bit += q + 1;
+      gap = (uint64_t{q} << k) | (br.Peek(bit) & low_mask);
+      bit += k;
     }
     const int64_t i = prev + 1 + static_cast<int64_t>(gap);
     if (i >= static_cast<int64_t>(length)) {
       return absl::DataLossError(absl::StrCat("index ", i, " past the slice length ", length));
     }
-    uint32_t neg = 0;
-    if (with_signs && !br.Get(1, &neg)) return ByteReader::Truncated();
-    visit(static_cast<uint32_t>(i), neg != 0);
+    idx[j] = static_cast<uint32_t>(i);
+    if (with_signs) {
+      neg[j] = static_cast<uint8_t>(br.Peek(bit) & 1);
+      ++bit;
+    }
     prev = i;
   }
-  if (!br.PaddingOk()) return absl::DataLossError("nonzero padding after the index stream");
-  return r.Skip(br.bytes_used());
+  if (!br.PaddingOk(bit)) return absl::DataLossError("nonzero padding after the index stream");
+  return r.Skip((bit + 7) / 8);
 }
 
 absl::Status ReadHeader(ByteReader& r, WireHeader* h) {
@@ -347,76 +362,68 @@ absl::Status NonFinite(const char* what) {
   return absl::InvalidArgumentError(absl::StrCat("update carries a NaN or Inf ", what));
 }
 
-// Decodes `bytes`, calling the sinks for every element. Performs all checks, including the
-// exact end of the buffer. Used twice by DecodeAdd: once to validate, once to apply.
-struct Sinks {
-  // dense / sign: called once with the whole description.
-  virtual void Dense(const uint8_t* /*floats*/, uint32_t /*n*/) {}
-  virtual void Sign(const uint8_t* /*bits*/, uint32_t /*n*/, float /*pos*/, float /*neg*/) {}
-  virtual void Scale(float /*s*/) {}
-  virtual void Ternary(uint32_t /*i*/, bool /*neg*/) {}
-  virtual void TopK(uint32_t /*i*/, float /*v*/) {}
-  virtual ~Sinks() = default;
+// Everything an encoded update says, fully validated (including the exact end of the
+// buffer); the indices and signs are decoded into the caller's vectors (one decoding pass),
+// the bulk float data is pointed to in `bytes`.
+struct Parsed {
+  WireHeader h;
+  float scale = 0.0f;      // adacomp; sign: positive value
+  float scale_neg = 0.0f;  // sign: negative value
+  const uint8_t* floats = nullptr;  // dense: length values; topk: count values
+  const uint8_t* bits = nullptr;    // sign: ceil(length / 8) bytes
 };
 
-absl::Status Walk(absl::Span<const uint8_t> bytes, WireHeader* h, Sinks& sinks) {
+absl::Status Parse(absl::Span<const uint8_t> bytes, Parsed* p, std::vector<uint32_t>* idx,
+                   std::vector<uint8_t>* neg) {
   ByteReader r(bytes);
+  WireHeader* h = &p->h;
   ADAPS_RETURN_IF_ERROR(ReadHeader(r, h));
   switch (h->kind) {
     case CompressorKind::kDense: {
       const uint64_t n = uint64_t{4} * h->length;
       if (r.remaining() < n) return ByteReader::Truncated();
-      const uint8_t* p = r.here();
+      p->floats = r.here();
       for (uint32_t i = 0; i < h->length; ++i) {
-        if (!std::isfinite(LoadF32(p + 4 * i))) return NonFinite("value");
+        if (!std::isfinite(LoadF32(p->floats + 4 * i))) return NonFinite("value");
       }
-      sinks.Dense(p, h->length);
       ADAPS_RETURN_IF_ERROR(r.Skip(n));
       break;
     }
-    case CompressorKind::kAdaComp: {
-      float s = 0.0f;
-      ADAPS_RETURN_IF_ERROR(r.F32(&s));
-      if (!std::isfinite(s)) return NonFinite("scale");
-      sinks.Scale(s);
-      ADAPS_RETURN_IF_ERROR(WalkIndices(r, h->coding, h->length, h->count, true,
-                                        [&](uint32_t i, bool neg) { sinks.Ternary(i, neg); }));
-      break;
-    }
+    case CompressorKind::kAdaComp:
     case CompressorKind::kTopK: {
-      std::vector<uint32_t> idx;
-      // The index stream comes first; values follow. Validate the indices, then read the
-      // values in step.
-      ByteReader probe = r;
-      ADAPS_RETURN_IF_ERROR(WalkIndices(probe, h->coding, h->length, h->count, false,
-                                        [](uint32_t, bool) {}));
-      const uint64_t vbytes = uint64_t{4} * h->count;
-      if (probe.remaining() < vbytes) return ByteReader::Truncated();
-      const uint8_t* values = probe.here();
-      for (uint32_t j = 0; j < h->count; ++j) {
-        if (!std::isfinite(LoadF32(values + 4 * j))) return NonFinite("value");
+      const bool ternary = h->kind == CompressorKind::kAdaComp;
+      if (ternary) {
+        ADAPS_RETURN_IF_ERROR(r.F32(&p->scale));
+        if (!std::isfinite(p->scale)) return NonFinite("scale");
       }
-      uint32_t j = 0;
-      ADAPS_RETURN_IF_ERROR(WalkIndices(r, h->coding, h->length, h->count, false,
-                                        [&](uint32_t i, bool) {
-                                          sinks.TopK(i, LoadF32(values + 4 * j));
-                                          ++j;
-                                        }));
-      ADAPS_RETURN_IF_ERROR(r.Skip(vbytes));
+      unsigned k = 0;
+      ADAPS_RETURN_IF_ERROR(CheckIndexBytes(r, h->coding, h->length, h->count, ternary, &k));
+      // Sized only now: the data has been shown to hold `count` elements.
+      idx->resize(h->count);
+      neg->resize(ternary ? h->count : 0);
+      ADAPS_RETURN_IF_ERROR(DecodeIndices(r, h->coding, k, h->length, h->count, ternary,
+                                          idx->data(), neg->data()));
+      if (!ternary) {
+        const uint64_t vbytes = uint64_t{4} * h->count;
+        if (r.remaining() < vbytes) return ByteReader::Truncated();
+        p->floats = r.here();
+        for (uint32_t j = 0; j < h->count; ++j) {
+          if (!std::isfinite(LoadF32(p->floats + 4 * j))) return NonFinite("value");
+        }
+        ADAPS_RETURN_IF_ERROR(r.Skip(vbytes));
+      }
       break;
     }
     case CompressorKind::kSign: {
-      float pos = 0.0f, neg = 0.0f;
-      ADAPS_RETURN_IF_ERROR(r.F32(&pos));
-      ADAPS_RETURN_IF_ERROR(r.F32(&neg));
-      if (!std::isfinite(pos) || !std::isfinite(neg)) return NonFinite("scale");
+      ADAPS_RETURN_IF_ERROR(r.F32(&p->scale));
+      ADAPS_RETURN_IF_ERROR(r.F32(&p->scale_neg));
+      if (!std::isfinite(p->scale) || !std::isfinite(p->scale_neg)) return NonFinite("scale");
       const uint64_t nbytes = (uint64_t{h->length} + 7) / 8;
       if (r.remaining() < nbytes) return ByteReader::Truncated();
-      const uint8_t* bits = r.here();
-      if ((h->length % 8) && (bits[h->length / 8] >> (h->length % 8)) != 0) {
+      p->bits = r.here();
+      if ((h->length % 8) && (p->bits[h->length / 8] >> (h->length % 8)) != 0) {
         return absl::DataLossError("nonzero padding after sign bits");
       }
-      sinks.Sign(bits, h->length, pos, neg);
       ADAPS_RETURN_IF_ERROR(r.Skip(nbytes));
       break;
     }
@@ -509,41 +516,39 @@ absl::StatusOr<WireHeader> PeekHeader(absl::Span<const uint8_t> bytes) {
 }
 
 absl::Status DecodeUpdate(absl::Span<const uint8_t> bytes, CompressedUpdate* out) {
-  struct Collect : Sinks {
-    CompressedUpdate* u;
-    void Dense(const uint8_t* p, uint32_t n) override {
-      u->values.resize(n);
-      std::memcpy(u->values.data(), p, 4 * static_cast<size_t>(n));
-    }
-    void Sign(const uint8_t* bits, uint32_t n, float pos, float neg) override {
-      u->scale = pos;
-      u->scale_neg = neg;
-      u->sign_bits.assign((static_cast<size_t>(n) + 63) / 64, 0);
-      for (size_t b = 0; b < (static_cast<size_t>(n) + 7) / 8; ++b) {
-        u->sign_bits[b / 8] |= static_cast<uint64_t>(bits[b]) << (8 * (b % 8));
-      }
-    }
-    void Scale(float s) override { u->scale = s; }
-    void Ternary(uint32_t i, bool neg) override {
-      u->indices.push_back(i);
-      u->negative.push_back(neg ? 1 : 0);
-    }
-    void TopK(uint32_t i, float v) override {
-      u->indices.push_back(i);
-      u->values.push_back(v);
-    }
-  } collect;
   out->Clear();
-  collect.u = out;
-  WireHeader h;
-  absl::Status st = Walk(bytes, &h, collect);
+  Parsed p;
+  absl::Status st = Parse(bytes, &p, &out->indices, &out->negative);
   if (!st.ok()) {
     out->Clear();
     return st;
   }
+  const WireHeader& h = p.h;
   out->kind = h.kind;
   out->length = h.length;
   out->bin_size = h.bin_size;
+  switch (h.kind) {
+    case CompressorKind::kDense:
+      out->values.resize(h.length);
+      std::memcpy(out->values.data(), p.floats, 4 * static_cast<size_t>(h.length));
+      break;
+    case CompressorKind::kAdaComp:
+      out->scale = p.scale;
+      break;
+    case CompressorKind::kTopK:
+      out->values.resize(h.count);
+      std::memcpy(out->values.data(), p.floats, 4 * static_cast<size_t>(h.count));
+      break;
+    case CompressorKind::kSign: {
+      out->scale = p.scale;
+      out->scale_neg = p.scale_neg;
+      out->sign_bits.assign((static_cast<size_t>(h.length) + 63) / 64, 0);
+      for (size_t b = 0; b < (static_cast<size_t>(h.length) + 7) / 8; ++b) {
+        out->sign_bits[b / 8] |= static_cast<uint64_t>(p.bits[b]) << (8 * (b % 8));
+      }
+      break;
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -553,28 +558,35 @@ absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span
     return absl::InvalidArgumentError(absl::StrCat("update is for ", head.length,
                                                    " elements, buffer has ", dst.size()));
   }
-  Sinks validate;
-  WireHeader h;
-  ADAPS_RETURN_IF_ERROR(Walk(bytes, &h, validate));
-
-  struct Apply : Sinks {
-    float* d;
-    float factor;
-    float pos = 0.0f;
-    void Dense(const uint8_t* p, uint32_t n) override {
-      for (uint32_t i = 0; i < n; ++i) d[i] += factor * LoadF32(p + 4 * i);
+  // Validate and decode once, into per-thread scratch (kept between calls, so a server adding
+  // push after push allocates nothing); only a fully valid buffer is then applied.
+  thread_local std::vector<uint32_t> idx;
+  thread_local std::vector<uint8_t> neg;
+  Parsed p;
+  ADAPS_RETURN_IF_ERROR(Parse(bytes, &p, &idx, &neg));
+  const WireHeader& h = p.h;
+  float* d = dst.data();
+  switch (h.kind) {
+    case CompressorKind::kDense:
+      for (uint32_t i = 0; i < h.length; ++i) d[i] += factor * LoadF32(p.floats + 4 * i);
+      break;
+    case CompressorKind::kAdaComp: {
+      const float pos = factor * p.scale;
+      const uint32_t* ix = idx.data();
+      const uint8_t* ng = neg.data();
+      for (uint32_t j = 0; j < h.count; ++j) d[ix[j]] += ng[j] ? -pos : pos;
+      break;
     }
-    void Sign(const uint8_t* bits, uint32_t n, float p, float q) override {
-      const float a = factor * p, b = factor * q;
-      for (uint32_t i = 0; i < n; ++i) d[i] += ((bits[i / 8] >> (i % 8)) & 1) ? b : a;
+    case CompressorKind::kTopK:
+      for (uint32_t j = 0; j < h.count; ++j) d[idx[j]] += factor * LoadF32(p.floats + 4 * j);
+      break;
+    case CompressorKind::kSign: {
+      const float a = factor * p.scale, b = factor * p.scale_neg;
+      for (uint32_t i = 0; i < h.length; ++i) d[i] += ((p.bits[i / 8] >> (i % 8)) & 1) ? b : a;
+      break;
     }
-    void Scale(float s) override { pos = factor * s; }
-    void Ternary(uint32_t i, bool neg) override { d[i] += neg ? -pos : pos; }
-    void TopK(uint32_t i, float v) override { d[i] += factor * v; }
-  } apply;
-  apply.d = dst.data();
-  apply.factor = factor;
-  return Walk(bytes, &h, apply);
+  }
+  return absl::OkStatus();
 }
 
 double BitsPerSentElement(const CompressedUpdate& update, size_t encoded_bytes) {
