@@ -4,10 +4,15 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace adaps {
 namespace {
@@ -193,6 +198,33 @@ class SignCompressor final : public Compressor {
 };
 
 }  // namespace
+
+namespace internal {
+
+namespace {
+constexpr size_t kHugeBytes = size_t{4} << 20;
+constexpr size_t kHugeAlign = size_t{2} << 20;
+}  // namespace
+
+void* AllocateResidue(size_t bytes) {
+  if (bytes < kHugeBytes) return ::operator new(bytes, std::align_val_t{64});
+  const size_t rounded = (bytes + kHugeAlign - 1) & ~(kHugeAlign - 1);
+  void* p = ::operator new(rounded, std::align_val_t{kHugeAlign});
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  madvise(p, rounded, MADV_HUGEPAGE);  // advice only: failure changes nothing
+#endif
+  return p;
+}
+
+void FreeResidue(void* p, size_t bytes) {
+  if (bytes < kHugeBytes) {
+    ::operator delete(p, std::align_val_t{64});
+  } else {
+    ::operator delete(p, std::align_val_t{kHugeAlign});
+  }
+}
+
+}  // namespace internal
 
 const char* CompressorKindName(CompressorKind kind) {
   switch (kind) {

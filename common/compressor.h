@@ -52,17 +52,20 @@ struct CompressorOptions {
 };
 
 namespace internal {
-// 64-byte (cache-line) aligned allocation, for buffers the SIMD kernels stream through.
+// Residue buffers: 64-byte (cache-line) aligned, for the SIMD kernels that stream through them;
+// from 4 MiB on, 2 MiB aligned and (Linux) advised to use transparent huge pages, which cuts
+// the TLB misses of the sparse fix-up. Defined in compressor.cc.
+void* AllocateResidue(size_t bytes);
+void FreeResidue(void* p, size_t bytes);
+
 template <typename T>
 struct AlignedAllocator {
   using value_type = T;
   AlignedAllocator() = default;
   template <typename U>
   AlignedAllocator(const AlignedAllocator<U>&) {}  // NOLINT(google-explicit-constructor)
-  T* allocate(size_t n) {
-    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
-  }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  T* allocate(size_t n) { return static_cast<T*>(AllocateResidue(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) { FreeResidue(p, n * sizeof(T)); }
   template <typename U>
   bool operator==(const AlignedAllocator<U>&) const { return true; }
   template <typename U>
