@@ -1185,11 +1185,8 @@ void PrintSummary(const SummaryReporter& rep, const std::string& proto_check,
     const double want = t == 50 ? 0.6 : 1.0;
     const std::string ts = absl::StrCat(" T=", t);
     const double full = rep.Get(absl::StrCat("adacomp_compress/T:", t), "items_per_second");
-    const double two = rep.Get(absl::StrCat("proto_compress/T:", t), "items_per_second");
     target("AdaComp Compress" + ts, full / 1e9, want, "G el/s");
     target("AdaComp Compress / top-k" + ts, full / topk, 8.0, "x");
-    target("  with the prototype kernel" + ts, two / 1e9, want, "G el/s");
-    target("  with the prototype kernel / top-k" + ts, two / topk, 8.0, "x");
   }
   const double bits = rep.Get("encode_rice/T:500", "bits/el");
   if (!std::isnan(bits)) {
