@@ -41,6 +41,10 @@ ABSL_FLAG(std::string, lr_schedule, "cosine", "train: constant, or cosine from -
 ABSL_FLAG(int, train_limit, 0, "train: use a seeded subset of this many images (0: all)");
 ABSL_FLAG(int, test_limit, 0, "train: evaluate on the first N test images (0: all 10,000)");
 ABSL_FLAG(int, max_steps, 0, "train: stop after this many steps (0: whole epochs)");
+ABSL_FLAG(std::string, curve_server_key, "",
+          "CURVE: key file with the cluster's server public key (adaps-keygen); enables encryption");
+ABSL_FLAG(std::string, curve_client_key, "",
+          "CURVE: this worker's key pair file (its public key must be allowed by the cluster)");
 ABSL_FLAG(int, eval_every, 0, "train: rank 0 evaluates every N steps too (0: per epoch only)");
 ABSL_FLAG(int, bin_size_conv, 50, "train: AdaComp bin size of conv layers");
 ABSL_FLAG(int, bin_size_fc, 500, "train: AdaComp bin size of fully-connected layers");
@@ -66,7 +70,8 @@ int main(int argc, char** argv) {
       "pull",      "compact_indices", "register_timeout_ms", "request_timeout_ms", "log_level",
       "model",     "epochs",        "batch",      "seed",            "lr",
       "lr_schedule", "train_limit", "test_limit", "max_steps",       "bin_size_conv",
-      "bin_size_fc", "compress_bias", "data_dir", "eval_every"};
+      "bin_size_fc", "compress_bias", "data_dir", "eval_every", "curve_server_key",
+      "curve_client_key"};
   if (auto s = adaps::LoadLayeredFlags(argc, argv, names); !s.ok()) return Fail(s.ToString());
   absl::ParseCommandLine(argc, argv);
 
@@ -78,6 +83,12 @@ int main(int argc, char** argv) {
   options.compact_indices = absl::GetFlag(FLAGS_compact_indices);
   options.log_level = absl::GetFlag(FLAGS_log_level);
   if (options.scheduler.empty()) return Fail("--scheduler is required");
+  auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),
+                                    absl::GetFlag(FLAGS_curve_client_key), "", /*serving=*/false);
+  if (!curve.ok()) return Fail(curve.status().ToString());
+  options.curve_server_public_key = curve->server_public_key;
+  options.curve_public_key = curve->client_public_key;
+  options.curve_secret_key = curve->client_secret_key;
   if (auto s = adaps::ValidateLogLevel(options.log_level); !s.ok()) return Fail(s.ToString());
 
   const std::string mode = absl::GetFlag(FLAGS_mode);
