@@ -246,8 +246,11 @@ ADAPS_TARGET_AVX2 void Sfence() { _mm_sfence(); }
 
 // GCC 12's AVX-512 headers seed results with _mm512_undefined_*(), which trips
 // -Wmaybe-uninitialized in intrinsics that use it; the warning is not about this code.
+// Clang has no such warning (and warns about the unknown name), hence GCC only.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #define ADAPS_TARGET_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,bmi,bmi2,popcnt")))
 
@@ -356,7 +359,9 @@ ADAPS_TARGET_AVX512 bool PassAvx512(const float* g, const float* in, float* out,
   }
   return true;
 }
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 // ---- NaN/Inf scan (other compressors, worker) -------------------------------------------
 

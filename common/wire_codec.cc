@@ -473,7 +473,10 @@ absl::Status EncodeUpdate(const CompressedUpdate& u, IndexCoding coding,
     case CompressorKind::kDense: {
       const size_t at = out->size();
       out->resize(at + 4 * static_cast<size_t>(u.length));
-      std::memcpy(out->data() + at, u.values.data(), 4 * static_cast<size_t>(u.length));
+      // memcpy from the null data() of an empty vector is undefined, even for 0 bytes.
+      if (u.length != 0) {
+        std::memcpy(out->data() + at, u.values.data(), 4 * static_cast<size_t>(u.length));
+      }
       break;
     }
     case CompressorKind::kAdaComp:

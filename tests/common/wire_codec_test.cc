@@ -126,6 +126,21 @@ TEST(WireCodec, CompactEncodingIsUnder12BitsPerElementAtOnePercent) {
   RecordProperty("rice_bits_per_element", std::to_string(bits));
 }
 
+TEST(WireCodec, ZeroLengthSlicesRoundTripForEveryKind) {
+  // A zero-length dense update once passed a null pointer to memcpy (UBSan).
+  for (CompressorKind kind : {CompressorKind::kDense, CompressorKind::kAdaComp,
+                              CompressorKind::kTopK, CompressorKind::kSign}) {
+    CompressedUpdate u;
+    u.kind = kind;
+    u.bin_size = 50;
+    std::vector<uint8_t> bytes;
+    ASSERT_TRUE(EncodeUpdate(u, IndexCoding::kRice, &bytes).ok()) << CompressorKindName(kind);
+    CompressedUpdate back;
+    ASSERT_TRUE(DecodeUpdate(bytes, &back).ok()) << CompressorKindName(kind);
+    ExpectSameUpdate(u, back);
+  }
+}
+
 TEST(WireCodec, EmptyUpdateIsAFewBytes) {
   CompressedUpdate u;
   u.kind = CompressorKind::kAdaComp;
