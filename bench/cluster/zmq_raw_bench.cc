@@ -1,5 +1,5 @@
 // Raw ZeroMQ tcp throughput on loopback: the yardstick for adaps' dense push-pull
-// (docs/benchmarks-cluster.md). A DEALER sends `--messages` messages of `--bytes` each to a
+// (docs/benchmarks.md, "Cluster on loopback"). A DEALER sends `--messages` messages of `--bytes` each to a
 // ROUTER that answers every message with one of the same size (like a push followed by a
 // pull), `--window` in flight; prints payload GB/s one way and both ways.
 #include <chrono>
