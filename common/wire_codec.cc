@@ -533,14 +533,18 @@ absl::Status DecodeUpdate(absl::Span<const uint8_t> bytes, CompressedUpdate* out
   switch (h.kind) {
     case CompressorKind::kDense:
       out->values.resize(h.length);
-      std::memcpy(out->values.data(), p.floats, 4 * static_cast<size_t>(h.length));
+      if (h.length != 0) {
+        std::memcpy(out->values.data(), p.floats, 4 * static_cast<size_t>(h.length));
+      }
       break;
     case CompressorKind::kAdaComp:
       out->scale = p.scale;
       break;
     case CompressorKind::kTopK:
       out->values.resize(h.count);
-      std::memcpy(out->values.data(), p.floats, 4 * static_cast<size_t>(h.count));
+      if (h.count != 0) {
+        std::memcpy(out->values.data(), p.floats, 4 * static_cast<size_t>(h.count));
+      }
       break;
     case CompressorKind::kSign: {
       out->scale = p.scale;

@@ -5,6 +5,7 @@
 #   ADAPS_BUILD_DIR   build directory (default build)
 #   ADAPS_CTEST_ARGS  extra ctest arguments, e.g. "-L unit" or "-LE slow"
 #   ADAPS_FUZZ_SECONDS  seconds of fuzzing per libFuzzer target (default 20)
+#   ADAPS_SANITIZERS    0 skips the ASan+UBSan and TSan builds (default 1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -19,5 +20,10 @@ ctest --test-dir "$build_dir" --output-on-failure -j 2 --timeout 300 ${ADAPS_CTE
 
 echo "== fuzz (each target for ${ADAPS_FUZZ_SECONDS:-20}s)"
 bash tests/run-fuzz.sh
+
+if [[ ${ADAPS_SANITIZERS:-1} != 0 ]]; then
+  echo "== sanitizers (the CI subset; tests/run-sanitizers.sh all runs everything)"
+  bash tests/run-sanitizers.sh ci
+fi
 
 echo "== all tests passed in $(( $(date +%s) - start ))s"
