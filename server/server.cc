@@ -243,7 +243,8 @@ void Server::OnView(const msg::ClusterView* view) {
   const bool lost = live.size() < live_workers_.size();
   live_workers_ = std::move(live);
   if (lost) {
-    log_.get()->warn("{} live workers now", live_workers_.size());
+    // Info, not warn: workers also leave on a normal finish; the scheduler warns of deaths.
+    log_.get()->info("{} live workers now", live_workers_.size());
     for (auto& [key, slice] : slices_) MaybeCompleteStep(slice);
   }
 }
