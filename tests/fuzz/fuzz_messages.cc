@@ -185,14 +185,16 @@ struct Target {
     if (!baseline) std::abort();
   }
 
-  // A dense pull of slice 0 with request id kProbeId; returns the parameters, or nothing
+  // A dense pull of slice 0 with a fresh request id (a fixed one can be copied into an input
+  // by the fuzzer -- it did, inside a header the server answers with a version error);
+  // returns the parameters, or nothing
   // when the server did not answer. Replies to the input (Acks, Errors) come first; `acked`
   // says whether one of them was an Ack.
   std::optional<std::vector<float>> Probe(bool* acked = nullptr) {
     flatbuffers::FlatBufferBuilder fbb;
     auto body = adaps::msg::CreatePullRequest(fbb, kKey, 0, 0, adaps::msg::PullFormat::Dense);
     auto m = adaps::FinishEnvelope(fbb, adaps::Sender{adaps::msg::Role::Worker, 0}, body,
-                                   kProbeId, 0);
+                                   ++probe_id, 0);
     if (!raw->send(zmq::buffer(m.header.data(), m.header.size()))) return std::nullopt;
     while (true) {
       std::vector<zmq::message_t> frames;
@@ -201,7 +203,7 @@ struct Target {
       auto env = adaps::VerifyEnvelope(
           absl::MakeConstSpan(static_cast<const uint8_t*>(frames[0].data()), frames[0].size()));
       if (!env.ok()) std::abort();  // the server sent something invalid
-      if ((*env)->reply_to() == kProbeId) {
+      if ((*env)->reply_to() == probe_id) {
         if (frames.size() != 2 || frames[1].size() != kLen * sizeof(float)) std::abort();
         std::vector<float> out(kLen);
         std::memcpy(out.data(), frames[1].data(), frames[1].size());
@@ -211,7 +213,7 @@ struct Target {
     }
   }
 
-  static constexpr uint64_t kProbeId = 0xFFFFFFFFFFFFull;
+  uint64_t probe_id = 0xFFFF00000000ull;  // request ids of inputs are rarely this high
   std::shared_ptr<adaps::TransportContext> context;
   std::unique_ptr<adaps::Scheduler> scheduler;
   std::unique_ptr<adaps::Server> server;
@@ -242,8 +244,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // 2. The server's handler, through its real socket. The request id of the input must not
   // collide with the probe's.
-  if (env.ok() && (*env)->request_id() == Target::kProbeId) return 0;
   static Target* target = new Target();  // lives for the whole run
+  if (env.ok() && (*env)->request_id() == target->probe_id + 1) return 0;
   zmq::message_t h(header.data(), header.size());
   const bool with_payload = !payload.empty() || (flags & 1);
   const bool third = (flags & 2) != 0;
