@@ -5,6 +5,8 @@
 # tests/fuzz/corpus/<target>/ so the regression test replays it in every build.
 #
 #   ADAPS_FUZZ_SECONDS  seconds per target (default 20)
+#   ADAPS_FUZZ_SEED     libFuzzer seed (default 1, so that runs repeat as far as the
+#                       targets' threads allow; 0 lets libFuzzer choose)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${ADAPS_FUZZ_SECONDS:-20}
@@ -24,7 +26,7 @@ for t in $targets; do
   work=$(mktemp -d)
   cp -r "tests/fuzz/corpus/$name/." "$work/" 2>/dev/null || true
   echo "== fuzz $name for ${seconds}s"
-  if ! "$build_dir/tests/fuzz/$t" -max_total_time="$seconds" -print_final_stats=1 \
+  if ! "$build_dir/tests/fuzz/$t" -max_total_time="$seconds" -seed="${ADAPS_FUZZ_SEED:-1}" -print_final_stats=1 \
         -artifact_prefix="$build_dir/crashes/$name-" "$work" 2>"$build_dir/$name.log"; then
     tail -40 "$build_dir/$name.log"
     echo "run-fuzz: $name crashed; input saved under $build_dir/crashes/" >&2
