@@ -1,5 +1,6 @@
 #include "common/config.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 
@@ -226,6 +227,19 @@ absl::StatusOr<CurveKeys> LoadCurveKeys(const std::string& server_key_file,
     }
   }
   return keys;
+}
+
+absl::Status WritePortFile(const std::string& path, const std::string& endpoint) {
+  const std::string port = endpoint.substr(endpoint.rfind(':') + 1);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!(out << port << "\n")) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace adaps

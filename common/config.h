@@ -57,6 +57,11 @@ absl::StatusOr<CurveKeys> LoadCurveKeys(const std::string& server_key_file,
                                         const std::string& allowed_clients_file,
                                         bool serving);
 
+// Writes the port of `endpoint` ("tcp://host:port") to `path` atomically (temporary file,
+// rename), for launchers and tests that let the OS choose the port. kUnavailable when the
+// file cannot be written.
+absl::Status WritePortFile(const std::string& path, const std::string& endpoint);
+
 }  // namespace adaps
 
 #endif  // ADAPS_COMMON_CONFIG_H_

@@ -2,7 +2,6 @@
 // defaults < config file < ADAPS_* environment < flags, then runs a Scheduler.
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -43,15 +42,6 @@ int Fail(const std::string& reason) {
   return 1;
 }
 
-bool WritePortFile(const std::string& path, const std::string& endpoint) {
-  const std::string port = endpoint.substr(endpoint.rfind(':') + 1);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!(out << port << "\n")) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
-}
 
 }  // namespace
 
@@ -96,7 +86,7 @@ int main(int argc, char** argv) {
   const std::string endpoint = scheduler.endpoint();
   logger->info("bound {} port {}", endpoint, endpoint.substr(endpoint.rfind(':') + 1));
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty() && !WritePortFile(port_file, endpoint)) {
+  if (!port_file.empty() && !adaps::WritePortFile(port_file, endpoint).ok()) {
     return Fail("cannot write port file " + port_file);
   }
   while (!scheduler.WaitForShutdown(absl::Milliseconds(200))) {

@@ -3,7 +3,6 @@
 // shutdown.
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -55,15 +54,6 @@ int Fail(const std::string& reason) {
   return 1;
 }
 
-bool WritePortFile(const std::string& path, const std::string& endpoint) {
-  const std::string port = endpoint.substr(endpoint.rfind(':') + 1);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!(out << port << "\n")) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
-}
 
 }  // namespace
 
@@ -117,7 +107,7 @@ int main(int argc, char** argv) {
   adaps::Server server(config);
   if (auto s = server.Start(); !s.ok()) return Fail(s.ToString());
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty() && !WritePortFile(port_file, server.endpoint())) {
+  if (!port_file.empty() && !adaps::WritePortFile(port_file, server.endpoint()).ok()) {
     server.Stop();
     return Fail("cannot write port file " + port_file);
   }
