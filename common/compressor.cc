@@ -308,11 +308,7 @@ void CompressedUpdate::Clear() {
   sign_bits.clear();
 }
 
-absl::Status DecompressAdd(const CompressedUpdate& u, float factor, absl::Span<float> dst) {
-  if (dst.size() != u.length) {
-    return absl::InvalidArgumentError(absl::StrCat("update is for ", u.length,
-                                                   " elements, buffer has ", dst.size()));
-  }
+absl::Status ValidateUpdate(const CompressedUpdate& u) {
   auto check_indices = [&]() -> absl::Status {
     int64_t prev = -1;
     for (uint32_t i : u.indices) {
@@ -324,34 +320,49 @@ absl::Status DecompressAdd(const CompressedUpdate& u, float factor, absl::Span<f
     }
     return absl::OkStatus();
   };
-  float* d = dst.data();
   switch (u.kind) {
-    case CompressorKind::kDense: {
+    case CompressorKind::kDense:
       if (u.values.size() != u.length) return absl::InvalidArgumentError("dense size mismatch");
-      for (size_t i = 0; i < u.length; ++i) d[i] += factor * u.values[i];
       return absl::OkStatus();
-    }
-    case CompressorKind::kAdaComp: {
+    case CompressorKind::kAdaComp:
       if (u.negative.size() != u.indices.size()) {
         return absl::InvalidArgumentError("AdaComp update has mismatched indices and signs");
       }
-      ADAPS_RETURN_IF_ERROR(check_indices());
+      return check_indices();
+    case CompressorKind::kTopK:
+      if (u.values.size() != u.indices.size()) {
+        return absl::InvalidArgumentError("Top-k update has mismatched indices and values");
+      }
+      return check_indices();
+    case CompressorKind::kSign:
+      if (u.sign_bits.size() != (static_cast<size_t>(u.length) + 63) / 64) {
+        return absl::InvalidArgumentError("sign update has the wrong number of sign words");
+      }
+      return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError("unknown compressor kind");
+}
+
+absl::Status DecompressAdd(const CompressedUpdate& u, float factor, absl::Span<float> dst) {
+  if (dst.size() != u.length) {
+    return absl::InvalidArgumentError(absl::StrCat("update is for ", u.length,
+                                                   " elements, buffer has ", dst.size()));
+  }
+  ADAPS_RETURN_IF_ERROR(ValidateUpdate(u));
+  float* d = dst.data();
+  switch (u.kind) {
+    case CompressorKind::kDense:
+      for (size_t i = 0; i < u.length; ++i) d[i] += factor * u.values[i];
+      return absl::OkStatus();
+    case CompressorKind::kAdaComp: {
       const float pos = factor * u.scale;
       for (size_t j = 0; j < u.indices.size(); ++j) d[u.indices[j]] += u.negative[j] ? -pos : pos;
       return absl::OkStatus();
     }
-    case CompressorKind::kTopK: {
-      if (u.values.size() != u.indices.size()) {
-        return absl::InvalidArgumentError("Top-k update has mismatched indices and values");
-      }
-      ADAPS_RETURN_IF_ERROR(check_indices());
+    case CompressorKind::kTopK:
       for (size_t j = 0; j < u.indices.size(); ++j) d[u.indices[j]] += factor * u.values[j];
       return absl::OkStatus();
-    }
     case CompressorKind::kSign: {
-      if (u.sign_bits.size() != (static_cast<size_t>(u.length) + 63) / 64) {
-        return absl::InvalidArgumentError("sign update has the wrong number of sign words");
-      }
       const float pos = factor * u.scale, neg = factor * u.scale_neg;
       for (size_t i = 0; i < u.length; ++i) {
         d[i] += ((u.sign_bits[i / 64] >> (i % 64)) & 1) ? neg : pos;

@@ -151,6 +151,11 @@ class Compressor {
 // kInvalidArgument for invalid options.
 absl::StatusOr<std::unique_ptr<Compressor>> MakeCompressor(const CompressorOptions& options);
 
+// kInvalidArgument when the fields `update.kind` uses disagree: value/sign counts against
+// the indices or the length, or indices not strictly ascending below the length. The one
+// consistency check of an in-memory update, shared by every decompressor and the encoder.
+absl::Status ValidateUpdate(const CompressedUpdate& update);
+
 // dst += factor * decompress(update). kInvalidArgument when dst.size() != update.length or
 // the update is malformed (index out of range, sizes inconsistent); dst is unchanged then.
 absl::Status DecompressAdd(const CompressedUpdate& update, float factor, absl::Span<float> dst);

@@ -124,18 +124,6 @@ class BitWriter {
 
 bool IsKnownKind(uint8_t k) { return k <= static_cast<uint8_t>(CompressorKind::kSign); }
 
-absl::Status CheckIndices(const std::vector<uint32_t>& idx, uint32_t length) {
-  int64_t prev = -1;
-  for (uint32_t i : idx) {
-    if (static_cast<int64_t>(i) <= prev || i >= length) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("index ", i, " out of order or past the slice length ", length));
-    }
-    prev = i;
-  }
-  return absl::OkStatus();
-}
-
 // Total bits of Rice-coding the gaps of `idx` with parameter k.
 uint64_t RiceCost(const std::vector<uint32_t>& idx, unsigned k) {
   uint64_t bits = 0;
@@ -439,30 +427,9 @@ absl::Status Parse(absl::Span<const uint8_t> bytes, Parsed* p, std::vector<uint3
 absl::Status EncodeUpdate(const CompressedUpdate& u, IndexCoding coding,
                           std::vector<uint8_t>* out) {
   out->clear();
-  switch (u.kind) {
-    case CompressorKind::kDense:
-      if (u.values.size() != u.length) return absl::InvalidArgumentError("dense size mismatch");
-      break;
-    case CompressorKind::kAdaComp:
-      if (u.bin_size == 0) return absl::InvalidArgumentError("AdaComp bin size 0");
-      if (u.negative.size() != u.indices.size()) {
-        return absl::InvalidArgumentError("AdaComp indices and signs differ in number");
-      }
-      ADAPS_RETURN_IF_ERROR(CheckIndices(u.indices, u.length));
-      break;
-    case CompressorKind::kTopK:
-      if (u.values.size() != u.indices.size()) {
-        return absl::InvalidArgumentError("Top-k indices and values differ in number");
-      }
-      ADAPS_RETURN_IF_ERROR(CheckIndices(u.indices, u.length));
-      break;
-    case CompressorKind::kSign:
-      if (u.sign_bits.size() != (static_cast<size_t>(u.length) + 63) / 64) {
-        return absl::InvalidArgumentError("sign update has the wrong number of sign words");
-      }
-      break;
-    default:
-      return absl::InvalidArgumentError("unknown compressor kind");
+  ADAPS_RETURN_IF_ERROR(ValidateUpdate(u));
+  if (u.kind == CompressorKind::kAdaComp && u.bin_size == 0) {
+    return absl::InvalidArgumentError("AdaComp bin size 0");
   }
   PutU8(out, kWireMagic);
   PutU8(out, kWireFormatVersion);

@@ -491,31 +491,16 @@ absl::Status DecompressAddToDevice(const CompressedUpdate& u, float factor, floa
     return absl::InvalidArgumentError(
         absl::StrCat("update is for ", u.length, " elements, buffer has ", n));
   }
-  auto check_indices = [&]() -> absl::Status {
-    int64_t prev = -1;
-    for (uint32_t i : u.indices) {
-      if (static_cast<int64_t>(i) <= prev || i >= u.length) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("update index ", i, " out of order or out of range ", u.length));
-      }
-      prev = i;
-    }
-    return absl::OkStatus();
-  };
+  ADAPS_RETURN_IF_ERROR(ValidateUpdate(u));
   const int sm = k::MultiProcessorCount();
   switch (u.kind) {
     case CompressorKind::kDense: {
-      if (u.values.size() != u.length) return absl::InvalidArgumentError("dense size mismatch");
       ADAPS_ASSIGN_OR_RETURN(DeviceBuffer v, DeviceBuffer::FromHost(u.values));
       ADAPS_CUDA_CALL(k::LaunchDenseAdd(v.floats(), n, nullptr, factor, device_dst, sm),
                       "DenseAdd kernel launch");
       break;
     }
     case CompressorKind::kAdaComp: {
-      if (u.negative.size() != u.indices.size()) {
-        return absl::InvalidArgumentError("AdaComp update has mismatched indices and signs");
-      }
-      ADAPS_RETURN_IF_ERROR(check_indices());
       const size_t c = u.indices.size();
       ADAPS_ASSIGN_OR_RETURN(DeviceBuffer idx, DeviceBuffer::Allocate(c * sizeof(uint32_t)));
       ADAPS_ASSIGN_OR_RETURN(DeviceBuffer neg, DeviceBuffer::Allocate(c));
@@ -530,10 +515,6 @@ absl::Status DecompressAddToDevice(const CompressedUpdate& u, float factor, floa
       break;
     }
     case CompressorKind::kTopK: {
-      if (u.values.size() != u.indices.size()) {
-        return absl::InvalidArgumentError("Top-k update has mismatched indices and values");
-      }
-      ADAPS_RETURN_IF_ERROR(check_indices());
       const size_t c = u.indices.size();
       ADAPS_ASSIGN_OR_RETURN(DeviceBuffer idx, DeviceBuffer::Allocate(c * sizeof(uint32_t)));
       ADAPS_RETURN_IF_ERROR(idx.Upload(u.indices.data(), c * sizeof(uint32_t)));
@@ -545,9 +526,6 @@ absl::Status DecompressAddToDevice(const CompressedUpdate& u, float factor, floa
       break;
     }
     case CompressorKind::kSign: {
-      if (u.sign_bits.size() != (static_cast<size_t>(u.length) + 63) / 64) {
-        return absl::InvalidArgumentError("sign update has the wrong number of sign words");
-      }
       ADAPS_ASSIGN_OR_RETURN(DeviceBuffer b,
                              DeviceBuffer::Allocate(u.sign_bits.size() * sizeof(uint64_t)));
       ADAPS_RETURN_IF_ERROR(b.Upload(u.sign_bits.data(), u.sign_bits.size() * sizeof(uint64_t)));
