@@ -1,0 +1,211 @@
+#include "common/cluster_client.h"
+
+#include <algorithm>
+#include <future>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace adaps {
+
+absl::Status ShutdownStatus(const msg::Shutdown& shutdown) {
+  const std::string reason = shutdown.reason() ? shutdown.reason()->str() : "";
+  const int code = shutdown.code();
+  if (code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return absl::OkStatus();
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), absl::StrCat("cluster stopped: ", reason));
+}
+
+ClusterClient::ClusterClient(Transport& transport, RoleLog& log,
+                             ClusterClientOptions options, Callbacks callbacks)
+    : transport_(transport),
+      log_(log),
+      options_(std::move(options)),
+      callbacks_(std::move(callbacks)) {
+  transport_.AddTimer(absl::Milliseconds(100), [this] { Heartbeat(); });
+}
+
+absl::StatusOr<InMessage> ClusterClient::Register(std::function<absl::Status()> on_registered) {
+  if (options_.scheduler.empty()) return absl::InvalidArgumentError("no scheduler address");
+  if (options_.register_timeout <= absl::ZeroDuration() ||
+      options_.scheduler_grace <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("register timeout and scheduler grace must be positive");
+  }
+  absl::StatusOr<int> peer = transport_.Connect(options_.scheduler);
+  if (!peer.ok()) return peer.status();
+  scheduler_peer_.store(*peer);
+
+  flatbuffers::FlatBufferBuilder fbb(256);
+  auto body = msg::CreateRegister(fbb, transport_.self().role, fbb.CreateString(options_.address),
+                                  fbb.CreateString(options_.identity));
+  const uint64_t id = transport_.NewRequestId();
+  auto promise = std::make_shared<std::promise<absl::StatusOr<InMessage>>>();
+  auto future = promise->get_future();
+  transport_.Request(
+      *peer, id, FinishEnvelope(fbb, transport_.self(), body, id, 0),
+      absl::Now() + options_.register_timeout,
+      [this, promise, on_registered = std::move(on_registered)](absl::StatusOr<InMessage> reply) {
+        if (reply.ok() && reply->envelope()->body_type() != msg::Body::ClusterView) {
+          reply = absl::DataLossError("the scheduler answered Register with something else");
+        }
+        if (reply.ok()) {
+          last_heard_ = absl::Now();
+          OnView(*reply->envelope()->body_as_ClusterView());
+          registered_.store(true);
+          if (on_registered) {
+            if (absl::Status st = on_registered(); !st.ok()) reply = st;
+          }
+        }
+        promise->set_value(std::move(reply));
+      });
+  // Silence is the worst answer to a mistyped address: say that we are still waiting.
+  const absl::Time deadline = absl::Now() + options_.register_timeout;
+  absl::Duration waited = absl::ZeroDuration();
+  const absl::Duration tick = absl::Seconds(3);
+  while (future.wait_for(std::chrono::milliseconds(absl::ToInt64Milliseconds(tick))) !=
+         std::future_status::ready) {
+    waited += tick;
+    if (absl::Now() > deadline + absl::Seconds(5)) {
+      return absl::DeadlineExceededError("register request not answered");  // a transport bug
+    }
+    log_.get()->warn(
+        "no cluster view from the scheduler at {} after {} (not reachable yet, or other nodes "
+        "still missing); waiting up to {}",
+        options_.scheduler, absl::FormatDuration(waited),
+        absl::FormatDuration(options_.register_timeout));
+  }
+  absl::StatusOr<InMessage> reply = future.get();
+  if (reply.status().code() == absl::StatusCode::kUnavailable) {
+    return absl::UnavailableError(absl::StrCat("scheduler at ", options_.scheduler,
+                                               " unreachable: ", reply.status().message()));
+  }
+  if (reply.status().code() == absl::StatusCode::kDeadlineExceeded) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("no cluster view from the scheduler at ", options_.scheduler, " within ",
+                     absl::FormatDuration(options_.register_timeout)));
+  }
+  return reply;
+}
+
+bool ClusterClient::Handle(const InMessage& in) {
+  const msg::Envelope* env = in.envelope();
+  const msg::Body type = env->body_type();
+  if (type != msg::Body::ClusterView && type != msg::Body::Shutdown) return false;
+  const int peer = scheduler_peer_.load();
+  if (peer < 0 || in.peer() != peer) {
+    if (refused_.fetch_add(1) == 0) {
+      log_.get()->warn("refused a {} that did not come from the scheduler (further ones are "
+                       "only counted)",
+                       msg::EnumNameBody(type));
+    }
+    if (env->request_id() != 0) {
+      transport_.Reply(in, MakeError(transport_.self(), env->request_id(),
+                                     absl::PermissionDeniedError(absl::StrCat(
+                                         msg::EnumNameBody(type),
+                                         " is accepted only from the scheduler"))));
+    }
+    return true;
+  }
+  last_heard_ = absl::Now();
+  if (type == msg::Body::ClusterView) {
+    OnView(*env->body_as_ClusterView());
+  } else {
+    const msg::Shutdown* sd = env->body_as_Shutdown();
+    log_.get()->info("the scheduler shut the cluster down: {}",
+                     sd->reason() ? sd->reason()->str() : "");
+    Finish(ShutdownStatus(*sd));
+  }
+  return true;
+}
+
+void ClusterClient::OnView(const msg::ClusterView& view) {
+  if (view.epoch() < epoch_.load()) return;
+  epoch_.store(view.epoch());
+  if (view.your_rank() >= 0 && transport_.rank() != view.your_rank()) {
+    transport_.SetRank(view.your_rank());
+    log_.SetRank(view.your_rank());
+  }
+  heartbeat_interval_ = absl::Milliseconds(std::max<uint32_t>(10, view.heartbeat_interval_ms()));
+  if (callbacks_.on_view) callbacks_.on_view(view);
+}
+
+void ClusterClient::Finish(const absl::Status& status) {
+  if (finished_.exchange(true)) return;
+  if (callbacks_.on_shutdown) callbacks_.on_shutdown(status);
+}
+
+void ClusterClient::Heartbeat() {
+  if (!registered_.load() || finished_.load() || left_.load()) return;
+  const absl::Time now = absl::Now();
+  if (now - last_heartbeat_sent_ < heartbeat_interval_) return;
+  last_heartbeat_sent_ = now;
+  if (now - last_heard_ > options_.scheduler_grace) {
+    log_.get()->error("the scheduler at {} has been silent for {}: giving up",
+                      options_.scheduler, absl::FormatDuration(now - last_heard_));
+    Finish(absl::UnavailableError(absl::StrCat("lost the scheduler at ", options_.scheduler,
+                                               ": silent for ",
+                                               absl::FormatDuration(now - last_heard_))));
+    return;
+  }
+  flatbuffers::FlatBufferBuilder fbb(64);
+  auto body = msg::CreateHeartbeat(fbb, epoch_.load());
+  const uint64_t id = transport_.NewRequestId();
+  transport_.Request(scheduler_peer_.load(), id,
+                     FinishEnvelope(fbb, transport_.self(), body, id, 0),
+                     now + heartbeat_interval_ * 2, [this](absl::StatusOr<InMessage> reply) {
+                       if (reply.ok()) {
+                         last_heard_ = absl::Now();
+                       } else if (reply.status().code() ==
+                                  absl::StatusCode::kFailedPrecondition) {
+                         Reregister();  // a restarted scheduler that does not know us
+                       }
+                     });
+}
+
+void ClusterClient::Reregister() {
+  if (reregistering_ || finished_.load()) return;
+  reregistering_ = true;
+  log_.get()->warn("the scheduler does not know this node: registering again as rank {}",
+                   transport_.rank());
+  flatbuffers::FlatBufferBuilder fbb(256);
+  auto body = msg::CreateRegister(fbb, transport_.self().role, fbb.CreateString(options_.address),
+                                  fbb.CreateString(options_.identity), transport_.rank(),
+                                  epoch_.load());
+  const uint64_t id = transport_.NewRequestId();
+  transport_.Request(scheduler_peer_.load(), id,
+                     FinishEnvelope(fbb, transport_.self(), body, id, 0),
+                     absl::Now() + options_.scheduler_grace,
+                     [this](absl::StatusOr<InMessage> reply) {
+                       reregistering_ = false;
+                       if (!reply.ok() ||
+                           reply->envelope()->body_type() != msg::Body::ClusterView) {
+                         return;
+                       }
+                       last_heard_ = absl::Now();
+                       OnView(*reply->envelope()->body_as_ClusterView());
+                       log_.get()->info("registered again with the scheduler");
+                     });
+}
+
+absl::Status ClusterClient::Leave(absl::Duration timeout) {
+  const int peer = scheduler_peer_.load();
+  if (peer < 0 || finished_.load() || left_.exchange(true)) return absl::OkStatus();
+  flatbuffers::FlatBufferBuilder fbb(64);
+  auto body = msg::CreateLeave(fbb);
+  const uint64_t id = transport_.NewRequestId();
+  auto promise = std::make_shared<std::promise<absl::Status>>();
+  auto future = promise->get_future();
+  transport_.Request(peer, id, FinishEnvelope(fbb, transport_.self(), body, id, 0),
+                     absl::Now() + timeout, [promise](absl::StatusOr<InMessage> reply) {
+                       promise->set_value(reply.status());
+                     });
+  if (future.wait_for(std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout) + 2000)) !=
+      std::future_status::ready) {
+    return absl::DeadlineExceededError("leave not answered");
+  }
+  return future.get();
+}
+
+}  // namespace adaps
