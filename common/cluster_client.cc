@@ -160,6 +160,10 @@ void ClusterClient::Heartbeat() {
                        } else if (reply.status().code() ==
                                   absl::StatusCode::kFailedPrecondition) {
                          Reregister();  // a restarted scheduler that does not know us
+                       } else if (reply.status().code() == absl::StatusCode::kAborted) {
+                         // Declared dead while we were stalled: the cluster went on.
+                         log_.get()->error("the scheduler says: {}", std::string(reply.status().message()));
+                         Finish(reply.status());
                        }
                      });
 }

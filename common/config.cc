@@ -118,7 +118,11 @@ std::string DescribeFlags(absl::Span<const std::string> flag_names) {
   std::vector<std::string> parts;
   for (const auto& name : flag_names) {
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-    if (flag) parts.push_back(absl::StrCat(name, "=", flag->CurrentValue()));
+    if (!flag) continue;
+    // Secrets never reach a log: a set token shows as <set>.
+    const bool secret = absl::EndsWith(name, "_token");
+    const std::string value = flag->CurrentValue();
+    parts.push_back(absl::StrCat(name, "=", secret && !value.empty() ? "<set>" : value));
   }
   return absl::StrJoin(parts, " ");
 }

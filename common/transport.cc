@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <random>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -15,6 +16,21 @@
 #include "zmq_addon.hpp"
 
 namespace adaps {
+
+namespace {
+
+std::string RandomRoutingId() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::string id(16, '\0');
+  for (size_t i = 0; i < id.size(); i += 8) {
+    const uint64_t r = rng();
+    std::memcpy(&id[i], &r, 8);
+  }
+  if (id[0] == '\0') id[0] = 1;
+  return id;
+}
+
+}  // namespace
 namespace {
 
 constexpr size_t kMaxReadsPerWake = 256;
@@ -123,6 +139,8 @@ absl::Status Transport::Start() {
       router_ = std::make_unique<zmq::socket_t>(context_->get(), zmq::socket_type::router);
       router_->set(zmq::sockopt::linger, 200);
       router_->set(zmq::sockopt::router_mandatory, 1);
+      // A node reconnecting with its routing id takes its route over at once.
+      router_->set(zmq::sockopt::router_handover, 1);
       router_->set(zmq::sockopt::sndhwm, 0);
       router_->set(zmq::sockopt::rcvhwm, 0);
       if (options_.max_message_bytes > 0) {
@@ -216,6 +234,10 @@ absl::StatusOr<int> Transport::Connect(const std::string& endpoint) {
       socket->set(zmq::sockopt::rcvhwm, 0);
       socket->set(zmq::sockopt::reconnect_ivl, 50);
       socket->set(zmq::sockopt::reconnect_ivl_max, 1000);
+      // A random routing id that survives reconnects: the peer's ROUTER keeps seeing the
+      // same route for this node (the scheduler authorises control messages by route), and
+      // nobody else can guess it. The first byte is non-zero (libzmq reserves 0).
+      socket->set(zmq::sockopt::routing_id, zmq::buffer(RandomRoutingId()));
       if (options_.curve.enabled()) {
         socket->set(zmq::sockopt::curve_serverkey, options_.curve.server_public_key);
         socket->set(zmq::sockopt::curve_publickey, options_.curve.client_public_key);

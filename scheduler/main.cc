@@ -19,7 +19,12 @@ ABSL_FLAG(std::string, port_file, "", "Write the bound port here (atomically) on
 ABSL_FLAG(int, num_servers, 1, "Servers to wait for");
 ABSL_FLAG(int, num_workers, 1, "Workers to wait for");
 ABSL_FLAG(int, heartbeat_ms, 1000, "Heartbeat interval told to every node");
-ABSL_FLAG(int, dead_timeout_ms, 5000, "A node silent this long is declared dead");
+ABSL_FLAG(int, dead_timeout_ms, 30000,
+          "A node silent this long is declared dead (long enough for a loaded host or a GC "
+          "pause to pass; a node that comes back later is told it was declared dead)");
+ABSL_FLAG(std::string, admin_token, "",
+          "Secret an operator's Shutdown request must carry; empty: no Shutdown request is "
+          "accepted (the job ends when every worker has left)");
 ABSL_FLAG(std::string, on_worker_death, "continue",
           "continue (sync steps average over the live workers) or fail (stop the cluster with "
           "an error naming the dead worker)");
@@ -52,7 +57,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> names = {"host",         "port",           "port_file",
                                           "num_servers",  "num_workers",    "heartbeat_ms",
                                           "dead_timeout_ms", "split_threshold", "log_level", "curve_server_key", "curve_client_key", "curve_allowed_clients",
-                                          "on_worker_death"};
+                                          "on_worker_death", "admin_token"};
   if (auto s = adaps::LoadLayeredFlags(argc, argv, names); !s.ok()) return Fail(s.ToString());
   absl::ParseCommandLine(argc, argv);
 
@@ -70,6 +75,7 @@ int main(int argc, char** argv) {
                                               : adaps::SchedulerConfig::OnWorkerDeath::kContinue;
   config.split_threshold = absl::GetFlag(FLAGS_split_threshold);
   config.log_level = absl::GetFlag(FLAGS_log_level);
+  config.admin_token = absl::GetFlag(FLAGS_admin_token);
   auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),
                                     absl::GetFlag(FLAGS_curve_client_key),
                                     absl::GetFlag(FLAGS_curve_allowed_clients), /*serving=*/true);

@@ -102,6 +102,11 @@ Scheduler::Node* Scheduler::FindNode(msg::Role role, int rank) {
   return nullptr;
 }
 
+Scheduler::Node* Scheduler::Authenticated(const InMessage& in) {
+  Node* node = FindNode(in.envelope()->sender_role(), in.envelope()->sender_rank());
+  return node != nullptr && node->route == in.route() ? node : nullptr;
+}
+
 int Scheduler::AliveWorkers() const {
   int n = 0;
   for (const auto& node : nodes_) {
@@ -129,8 +134,7 @@ void Scheduler::Handle(InMessage in) {
       OnLeave(in);
       break;
     case msg::Body::Shutdown:
-      if (env->request_id()) transport_->Reply(in, MakeAck(transport_->self(), env->request_id()));
-      ShutdownCluster("shutdown requested");
+      OnShutdownRequest(in);
       break;
     default:
       if (env->request_id()) {
@@ -256,7 +260,25 @@ void Scheduler::BroadcastView() {
 
 void Scheduler::OnHeartbeat(InMessage& in) {
   const msg::Envelope* env = in.envelope();
-  Node* node = FindNode(env->sender_role(), env->sender_rank());
+  Node* claimed = FindNode(env->sender_role(), env->sender_rank());
+  Node* node = Authenticated(in);
+  if (claimed != nullptr && node == nullptr) {
+    // Someone else claims a registered node's rank: refuse, and keep the node's route.
+    transport_->Reply(in, MakeError(transport_->self(), env->request_id(),
+                                    absl::PermissionDeniedError(absl::StrCat(
+                                        "heartbeat for ", msg::EnumNameRole(claimed->role), " ",
+                                        claimed->rank, " from another connection"))));
+    return;
+  }
+  if (node != nullptr && !node->alive && node->identity.empty()) {
+    // It was declared dead and cannot take its rank back (no identity): tell it so.
+    transport_->Reply(in, MakeError(transport_->self(), env->request_id(),
+                                    absl::AbortedError(absl::StrCat(
+                                        "this node was declared dead after ",
+                                        absl::FormatDuration(config_.dead_timeout),
+                                        " of silence; the cluster went on without it"))));
+    return;
+  }
   if (node == nullptr || !node->alive) {
     transport_->Reply(in, MakeError(transport_->self(), env->request_id(),
                                     absl::FailedPreconditionError(
@@ -264,7 +286,6 @@ void Scheduler::OnHeartbeat(InMessage& in) {
     return;
   }
   node->last_seen = absl::Now();
-  node->route = in.route();
   flatbuffers::FlatBufferBuilder fbb(64);
   auto body = msg::CreateHeartbeatAck(fbb, epoch_);
   transport_->Reply(in, FinishEnvelope(fbb, transport_->self(), body, 0, env->request_id()));
@@ -302,7 +323,7 @@ void Scheduler::CheckHeartbeats() {
 
 void Scheduler::OnBarrier(InMessage& in) {
   const msg::Envelope* env = in.envelope();
-  if (env->sender_role() != msg::Role::Worker || FindNode(msg::Role::Worker, env->sender_rank()) == nullptr) {
+  if (env->sender_role() != msg::Role::Worker || Authenticated(in) == nullptr) {
     transport_->Reply(in, MakeError(transport_->self(), env->request_id(),
                                     absl::FailedPreconditionError("barrier: not a known worker")));
     return;
@@ -347,6 +368,10 @@ void Scheduler::OnDeclare(InMessage& in) {
   if (d->name() == nullptr || d->name()->size() == 0) {
     return fail(absl::InvalidArgumentError("tensor name is empty"));
   }
+  // A stranger declaring a tensor first (with another length) would break the real one.
+  if (env->sender_role() != msg::Role::Worker || Authenticated(in) == nullptr) {
+    return fail(absl::PermissionDeniedError("tensors are declared only by the job's workers"));
+  }
   const std::string name = d->name()->str();
   auto it = layouts_.find(name);
   if (it == layouts_.end()) {
@@ -377,16 +402,45 @@ void Scheduler::OnDeclare(InMessage& in) {
 
 void Scheduler::OnLeave(InMessage& in) {
   const msg::Envelope* env = in.envelope();
-  Node* node = FindNode(env->sender_role(), env->sender_rank());
-  if (node != nullptr) {
-    node->left = true;
-    log_.get()->info("{} {} left", msg::EnumNameRole(node->role), node->rank);
+  Node* node = Authenticated(in);
+  if (node == nullptr) {
+    // Only a node itself may leave: a forged Leave could otherwise end the job.
+    if (env->request_id()) {
+      transport_->Reply(in, MakeError(transport_->self(), env->request_id(),
+                                      absl::PermissionDeniedError(
+                                          "Leave is accepted only from the node itself")));
+    }
+    return;
   }
+  node->left = true;
+  log_.get()->info("{} {} left", msg::EnumNameRole(node->role), node->rank);
   if (env->request_id()) transport_->Reply(in, MakeAck(transport_->self(), env->request_id()));
   // Servers stop waiting for a worker that left (sync mode).
-  if (node != nullptr && AliveWorkers() > 0) BroadcastView();
+  if (AliveWorkers() > 0) BroadcastView();
   ReleaseBarriers();
   MaybeShutdown();
+}
+
+void Scheduler::OnShutdownRequest(InMessage& in) {
+  const msg::Shutdown* sd = in.envelope()->body_as_Shutdown();
+  const std::string token = sd->token() ? sd->token()->str() : "";
+  if (config_.admin_token.empty() || token != config_.admin_token) {
+    if (in.envelope()->request_id()) {
+      transport_->Reply(in, MakeError(transport_->self(), in.envelope()->request_id(),
+                                      absl::PermissionDeniedError(
+                                          config_.admin_token.empty()
+                                              ? "this scheduler accepts no Shutdown requests "
+                                                "(start it with --admin_token)"
+                                              : "Shutdown refused: wrong or missing token")));
+    }
+    return;
+  }
+  if (in.envelope()->request_id()) {
+    transport_->Reply(in, MakeAck(transport_->self(), in.envelope()->request_id()));
+  }
+  const std::string reason = sd->reason() ? sd->reason()->str() : "";
+  ShutdownCluster(absl::StrCat("an operator requested shutdown", reason.empty() ? "" : ": ",
+                               reason));
 }
 
 void Scheduler::MaybeShutdown() {

@@ -35,7 +35,7 @@ struct SchedulerConfig {
   int num_servers = 1;
   int num_workers = 1;
   absl::Duration heartbeat_interval = absl::Seconds(1);  // told to every node
-  absl::Duration dead_timeout = absl::Seconds(5);        // silent this long: dead
+  absl::Duration dead_timeout = absl::Seconds(30);       // silent this long: dead
   // Tensors with at least this many elements are split over all servers; smaller ones go
   // whole to the least-loaded server.
   uint64_t split_threshold = 1 << 16;
@@ -44,6 +44,8 @@ struct SchedulerConfig {
   enum class OnWorkerDeath { kContinue, kFail };
   OnWorkerDeath on_worker_death = OnWorkerDeath::kContinue;
   CurveKeys curve;  // enabled: only allowed_clients may connect (common/config.h)
+  // What an operator's Shutdown request must carry; empty: Shutdown requests are refused.
+  std::string admin_token;
   std::string log_level = "info";
 };
 
@@ -118,6 +120,10 @@ class Scheduler {
   void ShutdownCluster(const std::string& reason,
                        absl::StatusCode code = absl::StatusCode::kOk);
   Node* FindNode(msg::Role role, int rank);
+  // The registered node that sent `in`: its role and rank match the envelope and it sent on
+  // the connection it registered with. nullptr for anyone else (a forger claiming a rank).
+  Node* Authenticated(const InMessage& in);
+  void OnShutdownRequest(InMessage& in);
   int AliveWorkers() const;
 
   const SchedulerConfig config_;

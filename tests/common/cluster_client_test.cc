@@ -187,8 +187,15 @@ TEST(ClusterClient, SchedulerRestartLeadsToReregistrationWithTheSameRanks) {
 
   first->Stop();
   first.reset();
-  Scheduler second(SmallCluster(endpoint), ctx);
-  ASSERT_TRUE(second.Start().ok()) << "port " << endpoint << " not free again";
+  // The old socket closes asynchronously (linger): retry the bind for a moment.
+  std::unique_ptr<Scheduler> second;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        second = std::make_unique<Scheduler>(SmallCluster(endpoint), ctx);
+        return second->Start().ok();
+      },
+      absl::Seconds(5)))
+      << "port " << endpoint << " not free again";
   // Heartbeats are refused by the new scheduler; both nodes register again and the
   // cluster re-forms with the ranks they had and a larger epoch.
   EXPECT_TRUE(Eventually([&] { return worker.views_.load() > views; }, absl::Seconds(10)));

@@ -131,8 +131,11 @@ TEST_F(Curve, ListedClientIsServed) {
   listed.server_public_key = cluster_.pub;
   listed.client_public_key = worker_.pub;
   listed.client_secret_key = worker_.sec;
-  // The scheduler answers a raw client with a listed key (it claims to be worker 0).
-  EXPECT_TRUE(Probe(listed).ok());
+  // The scheduler answers a raw client with a listed key. It claims to be worker 0 from
+  // another connection than the real worker 0, so the answer is a refusal: but an answer,
+  // which an unlisted client never gets (it cannot connect).
+  absl::Status s = Probe(listed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
 }
 
 TEST_F(Curve, UnlistedClientIsRefused) {
