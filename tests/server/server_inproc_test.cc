@@ -401,37 +401,5 @@ TEST(Transport, BindingAnAddressInUseIsUnavailable) {
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("address in use"));
 }
 
-TEST(Optimizer, MeanMakesTheParametersTheGradientWhateverTheyWere) {
-  OptimizerConfig c;
-  c.kind = OptimizerKind::kMean;
-  c.weight_decay = 0.5f;  // ignored: the parameters are replaced, not updated
-  std::vector<float> p = {7.0f, -3.0f}, m, v, g = {0.25f, 1e-7f};
-  uint64_t t = 0;
-  ApplyOptimizer(c, g, absl::MakeSpan(p), m, v, t);
-  EXPECT_EQ(p, g);
-  EXPECT_EQ(*ParseOptimizerKind("mean"), OptimizerKind::kMean);
-}
-
-TEST(Optimizer, NesterovAndAdamFollowTheirFormulas) {
-  OptimizerConfig c;
-  c.kind = OptimizerKind::kNesterov;
-  c.learning_rate = 0.5f;
-  c.momentum = 0.5f;
-  std::vector<float> p = {1.0f}, m, v, g = {1.0f};
-  uint64_t t = 0;
-  ApplyOptimizer(c, g, absl::MakeSpan(p), m, v, t);  // m = 1; p -= 0.5 * (1 + 0.5)
-  EXPECT_FLOAT_EQ(p[0], 0.25f);
-  c.kind = OptimizerKind::kAdam;
-  c.learning_rate = 0.1f;
-  p = {1.0f};
-  m.clear();
-  v.clear();
-  t = 0;
-  ApplyOptimizer(c, g, absl::MakeSpan(p), m, v, t);  // first Adam step moves by ~lr
-  EXPECT_NEAR(p[0], 0.9f, 1e-6f);
-  EXPECT_EQ(SetHyperParam(c, "nope", 1).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetHyperParam(c, "momentum", 1.5).code(), absl::StatusCode::kInvalidArgument);
-}
-
 }  // namespace
 }  // namespace adaps
