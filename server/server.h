@@ -1,6 +1,7 @@
-// The adaps server: owns the tensor slices assigned to its rank (parameters, optimizer
-// state, aggregation buffer, downlink residue) and answers pushes and pulls (DESIGN.md
-// section 2).
+// The adaps server: owns the tensor slices assigned to its rank, one Shard each
+// (server/shard.h: parameters, optimizer state, aggregation buffer, downlink residue), and
+// routes pushes and pulls to them (DESIGN.md section 2). Membership (registering, views,
+// heartbeats, Shutdown) lives in membership.cc, checkpoint files in server/checkpoint.h.
 //
 // Owns one Transport: a ROUTER for workers and a DEALER to the scheduler. All slice state is
 // touched only on the transport's I/O thread; the public methods are thread-safe.
@@ -26,36 +27,12 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/compressor.h"
 #include "common/logging.h"
+#include "common/optimizer.h"
 #include "common/transport.h"
+#include "server/shard.h"
 
 namespace adaps {
-
-enum class OptimizerKind { kSumOnly, kSgd, kMomentum, kNesterov, kAdam };
-
-// "sum", "sgd", "momentum", "nesterov", "adam"; kInvalidArgument otherwise.
-absl::StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name);
-
-struct OptimizerConfig {
-  OptimizerKind kind = OptimizerKind::kSgd;
-  float learning_rate = 0.01f;
-  float momentum = 0.9f;
-  float weight_decay = 0.0f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float epsilon = 1e-8f;
-};
-
-// Sets one hyper-parameter by name (learning_rate, momentum, weight_decay, beta1, beta2,
-// epsilon). kInvalidArgument for an unknown name or a value out of range.
-absl::Status SetHyperParam(OptimizerConfig& config, const std::string& name, double value);
-
-// One optimizer step: params -= f(grad) (sum-only: params += grad). `m`, `v` are the
-// slice's state (sized on first use); `t` the Adam step count (incremented).
-void ApplyOptimizer(const OptimizerConfig& config, absl::Span<const float> grad,
-                    absl::Span<float> params, std::vector<float>& m, std::vector<float>& v,
-                    uint64_t& t);
 
 struct ServerConfig {
   std::string scheduler;                     // e.g. tcp://127.0.0.1:5000
@@ -104,52 +81,36 @@ class Server {
   void Stop();
 
  private:
-  struct HeldPull {
-    std::string route;
-    uint64_t request_id;
-    uint64_t min_version;
-    uint64_t have_version;
-    msg::PullFormat format;
-  };
-  struct Slice {
-    uint64_t key = 0;
-    std::string name;
-    uint32_t length = 0;
-    uint32_t bin_size = 0;
-    std::vector<float> params, agg, m, v;
-    uint64_t adam_t = 0;
-    uint64_t version = 0;
-    std::set<int> pushed;  // worker ranks that pushed the current step (sync)
-    std::vector<HeldPull> held;
-    SharedBytes dense_bytes;
-    uint64_t dense_version = UINT64_MAX;
-    // Downlink (recompressed pulls).
-    std::vector<float> published;  // what workers hold
-    std::unique_ptr<SliceState> down_residue;
-    SharedBytes down_bytes;        // change from down_base to down_version
-    uint64_t down_base = 0, down_version = 0;
-    bool restored = false;  // parameters came from a checkpoint; ignore initial values
-  };
-
+  // Routing of worker messages to shards (server.cc), on the I/O thread.
   void Handle(InMessage in);
-  void OnView(const msg::ClusterView* view);
   void OnDeclare(InMessage& in);
   void OnPush(InMessage& in);
   void OnPull(InMessage& in);
   void OnSetHyper(InMessage& in);
   void OnCheckpoint(InMessage& in);
-  void Heartbeat();
-  void Reregister();
-  void MaybeCompleteStep(Slice& slice);
-  void AnswerHeld(Slice& slice);
-  absl::Status AnswerPull(Slice& slice, const HeldPull& pull);
+  // Sync: completes every step the lost workers were holding up.
+  void CompleteStepsWithoutLostWorkers();
+  void AnswerHeld(Shard& shard);
+  // Sends the shard's answer to `pull`; the shard's error is returned, not sent.
+  absl::Status SendAnswer(Shard& shard, const Shard::Pull& pull);
+  void MaybeTimedCheckpoint(absl::Time now);
   absl::Status WriteCheckpoint(const std::string& dir);
   // Reads dir/server-<rank>.ckpt, or server-<rank>.ckpt.prev when that is damaged, and
   // recreates the slices. OK without a checkpoint; kDataLoss when every copy is damaged.
   absl::Status ReadCheckpoint(const std::string& dir);
-  absl::Status LoadCheckpointFile(const std::string& path);
-  void Finish(absl::Status status);
   void ReplyError(const InMessage& in, const absl::Status& status);
+
+  // Membership: registering with the scheduler, its views, heartbeats, re-registering and
+  // its Shutdown (membership.cc), on the I/O thread but for Start and the waits.
+  absl::Status Register(const std::string& address);
+  // Views and shutdowns come only from the scheduler: false (and an error reply) for a
+  // forged one arriving from a client.
+  bool AcceptFromScheduler(const InMessage& in);
+  void OnView(const msg::ClusterView* view);
+  void OnShutdown(const msg::Shutdown* shutdown);
+  void Heartbeat();
+  void Reregister();
+  void Finish(absl::Status status);
 
   const ServerConfig config_;
   RoleLog log_;
@@ -157,17 +118,15 @@ class Server {
 
   // I/O thread only.
   OptimizerConfig optimizer_;
-  std::map<uint64_t, Slice> slices_;
+  std::map<uint64_t, Shard> shards_;
+  absl::Time last_checkpoint_;
+  // Membership (I/O thread only).
   std::set<int> live_workers_;
   int num_workers_ = 0;
   uint32_t epoch_ = 0;
   absl::Time last_heartbeat_ok_;
   absl::Time last_heartbeat_sent_;
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
-  std::unique_ptr<Compressor> down_compressor_;
-  std::vector<float> scratch_;
-  CompressedUpdate update_;
-  absl::Time last_checkpoint_;
   uint64_t refused_ = 0;  // forged scheduler messages refused
   std::string address_;   // what we registered
   bool reregistering_ = false;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/optimizer.h"
 #include "common/status_macros.h"
 #include "worker/trainer/idx_reader.h"
 #include "worker/trainer/model.h"
@@ -52,9 +53,9 @@ class ClusterExchange final : public trainer::GradientExchange {
     if (worker_->rank() == 0 && cosine_ && decay_steps_ > 0) {
       // Rank 0 sets the rate before its own push of this step, so the servers apply
       // step `step` with it whatever order the pushes arrive in.
-      const double t = std::min(1.0, static_cast<double>(step) / static_cast<double>(decay_steps_));
-      ADAPS_RETURN_IF_ERROR(
-          worker_->SetHyper({{"learning_rate", 0.5 * lr_ * (1.0 + std::cos(M_PI * t))}}));
+      ADAPS_RETURN_IF_ERROR(worker_->SetHyper(
+          {{"learning_rate",
+            ScheduledLearningRate(LrSchedule::kCosine, lr_, step, decay_steps_)}}));
     }
     std::vector<std::future<absl::Status>> pending;
     pending.reserve(params.size());

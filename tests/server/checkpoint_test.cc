@@ -2,6 +2,7 @@
 // (parameters, optimizer state, step), so a restarted server continues exactly where the
 // checkpoint was taken.
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -9,6 +10,7 @@
 #include "adaps/worker.h"
 #include "gtest/gtest.h"
 #include "scheduler/scheduler.h"
+#include "server/checkpoint.h"
 #include "server/server.h"
 
 namespace adaps {
@@ -110,6 +112,119 @@ TEST(Checkpoint, EveryCopyDamagedMeansTheServerRefusesToStart) {
   MiniCluster c(dir, OptimizerKind::kMomentum);
   EXPECT_EQ(c.server_status.code(), absl::StatusCode::kDataLoss) << c.server_status;
   EXPECT_NE(c.server_status.message().find("damaged"), std::string::npos) << c.server_status;
+}
+
+SliceRecord Record(uint64_t key, std::string name) {
+  SliceRecord r;
+  r.key = key;
+  r.length = 2;
+  r.bin_size = 1;
+  r.version = 5;
+  r.adam_t = 4;
+  r.down_base = 3;
+  r.down_version = 5;
+  r.name = std::move(name);
+  r.params = {1.5f, -2.0f};
+  r.m = {0.25f, 0.5f};
+  r.published = {1.0f, -1.0f};
+  r.residue = {0.5f, -1.0f};
+  return r;  // v left empty: an optimizer without a second moment
+}
+
+template <typename T>
+void Append(std::vector<uint8_t>& out, T v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&v);
+  out.insert(out.end(), p, p + sizeof(T));
+}
+
+void AppendFloats(std::vector<uint8_t>& out, const std::vector<float>& v) {
+  Append<uint64_t>(out, v.size());
+  for (float x : v) Append(out, x);
+}
+
+TEST(CheckpointFormat, BytesFollowTheDocumentedLayoutSoOldFilesStayReadable) {
+  std::vector<uint8_t> expected = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '2'};
+  Append<uint64_t>(expected, 1);
+  const SliceRecord r = Record(9, "w");
+  Append<uint64_t>(expected, 9);
+  Append<uint32_t>(expected, 2);
+  Append<uint32_t>(expected, 1);
+  for (uint64_t x : {5, 4, 3, 5}) Append<uint64_t>(expected, x);
+  Append<uint64_t>(expected, 1);
+  expected.push_back('w');
+  for (const auto* v : {&r.params, &r.m, &r.v, &r.published, &r.residue}) {
+    AppendFloats(expected, *v);
+  }
+  Append<uint32_t>(expected, Crc32(expected));
+  EXPECT_EQ(EncodeCheckpoint({r}), expected);
+  EXPECT_EQ(Crc32(std::vector<uint8_t>{'1', '2', '3', '4', '5', '6', '7', '8', '9'}),
+            0xCBF43926u);  // the standard CRC-32 check value
+}
+
+TEST(CheckpointFormat, DecodeGivesBackEveryRecordInOrder) {
+  const std::vector<SliceRecord> in = {Record(3, "a"), Record(1, "bb")};
+  auto out = DecodeCheckpoint(EncodeCheckpoint(in), "x");
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 2u);
+  EXPECT_EQ((*out)[0].key, 3u);
+  EXPECT_EQ((*out)[1].name, "bb");
+  EXPECT_EQ((*out)[1].params, in[1].params);
+  EXPECT_EQ((*out)[1].m, in[1].m);
+  EXPECT_TRUE((*out)[1].v.empty());
+  EXPECT_EQ((*out)[1].residue, in[1].residue);
+  EXPECT_EQ((*out)[1].down_base, 3u);
+}
+
+TEST(CheckpointFormat, EveryFlippedByteIsDataLoss) {
+  const std::vector<uint8_t> good = EncodeCheckpoint({Record(3, "a")});
+  for (size_t i = 0; i < good.size(); ++i) {
+    std::vector<uint8_t> bad = good;
+    bad[i] ^= 0x10;
+    EXPECT_EQ(DecodeCheckpoint(bad, "x").status().code(), absl::StatusCode::kDataLoss) << i;
+  }
+  std::vector<uint8_t> shorter(good.begin(), good.end() - 1);
+  EXPECT_EQ(DecodeCheckpoint(shorter, "x").status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(CheckpointFormat, InconsistentRecordWithAValidChecksumIsDataLoss) {
+  SliceRecord r = Record(3, "a");
+  r.published = {1.0f};  // shorter than the slice
+  const absl::Status s = DecodeCheckpoint(EncodeCheckpoint({r}), "x").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("inconsistent"), std::string::npos) << s;
+}
+
+TEST(CheckpointFile, WriteKeepsThePreviousAndReadFallsBackToItWhenTheNewestIsDamaged) {
+  const std::string path = FreshDir("file") + "/server-0.ckpt";
+  ASSERT_TRUE(WriteCheckpointFile(path, {Record(1, "first")}).ok());
+  ASSERT_TRUE(WriteCheckpointFile(path, {Record(1, "second")}).ok());
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  auto newest = ReadCheckpointWithFallback(path);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_TRUE(newest->found);
+  EXPECT_FALSE(newest->from_previous);
+  EXPECT_EQ(newest->slices[0].name, "second");
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(20);
+    f.put('\x5a');
+  }
+  auto fallback = ReadCheckpointWithFallback(path);
+  ASSERT_TRUE(fallback.ok()) << fallback.status();
+  EXPECT_TRUE(fallback->from_previous);
+  EXPECT_EQ(fallback->refused.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(fallback->slices[0].name, "first");
+}
+
+TEST(CheckpointFile, NoFileMeansStartFreshAndOnlyDamagedCopiesMeanDataLoss) {
+  const std::string path = FreshDir("none") + "/server-0.ckpt";
+  auto none = ReadCheckpointWithFallback(path);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->found);
+  EXPECT_EQ(ReadCheckpointFile(path).status().code(), absl::StatusCode::kNotFound);
+  std::ofstream(path) << "garbage";
+  EXPECT_EQ(ReadCheckpointWithFallback(path).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(CheckpointPath("/d", 3), "/d/server-3.ckpt");
 }
 
 }  // namespace

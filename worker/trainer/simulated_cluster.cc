@@ -1,7 +1,6 @@
 #include "worker/trainer/simulated_cluster.h"
 
 #include <chrono>
-#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -87,7 +86,7 @@ absl::StatusOr<std::unique_ptr<SimulatedCluster>> SimulatedCluster::Create(
   c->server_ = initial;
   for (ParamTensor& p : c->server_) {
     p.grad.assign(p.size(), 0.0f);
-    c->velocity_.emplace_back(p.size(), 0.0f);
+    c->optimizer_state_.emplace_back();
     CompressorOptions o = OptionsForTensor(p, options.compression);
     ADAPS_RETURN_IF_ERROR(ValidateOptions(o));
     c->tensor_options_.push_back(o);
@@ -123,23 +122,19 @@ TrafficStats SimulatedCluster::traffic() const {
 
 absl::Status SimulatedCluster::AggregateLocked() {
   const float inv = 1.0f / static_cast<float>(options_.workers);
+  OptimizerConfig optimizer;
+  optimizer.kind = OptimizerKind::kMomentum;
+  optimizer.momentum = options_.momentum;
+  optimizer.weight_decay = 0.0f;
+  optimizer.learning_rate = static_cast<float>(ScheduledLearningRate(
+      LrSchedule::kCosine, options_.learning_rate, step_, options_.decay_steps));
   for (size_t i = 0; i < server_.size(); ++i) {
     ParamTensor& p = server_[i];
     std::fill(p.grad.begin(), p.grad.end(), 0.0f);
     for (int w = 0; w < options_.workers; ++w) {
       ADAPS_RETURN_IF_ERROR(DecodeAdd(pushes_[w][i], inv, absl::MakeSpan(p.grad)));
     }
-    std::vector<float>& v = velocity_[i];
-    float lr = options_.learning_rate;
-    if (options_.decay_steps > 0) {
-      const double t = std::min<double>(1.0, static_cast<double>(step_) / options_.decay_steps);
-      lr = static_cast<float>(0.5 * options_.learning_rate * (1.0 + std::cos(M_PI * t)));
-    }
-    const float mu = options_.momentum;
-    for (size_t j = 0; j < p.size(); ++j) {
-      v[j] = mu * v[j] + p.grad[j];
-      p.value[j] -= lr * v[j];
-    }
+    ApplyOptimizer(optimizer, p.grad, absl::MakeSpan(p.value), optimizer_state_[i]);
   }
   return absl::OkStatus();
 }

@@ -6,7 +6,7 @@
 // the wire codec (the bytes a push would carry), and waits at a barrier; the last worker
 // to arrive decodes all W pushes in worker order (so the result does not depend on thread
 // timing), averages them, applies SGD with momentum to the server's copy of the
-// parameters, and releases everyone; each worker then copies the new parameters (a dense
+// parameters (common/optimizer.h), and releases everyone; each worker then copies the new parameters (a dense
 // pull) into its tensors.
 //
 // Traffic is counted per layer type: the bytes each push carries (encoded update plus
@@ -31,6 +31,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/optimizer.h"
 #include "common/wire_codec.h"
 #include "worker/trainer/exchange.h"
 
@@ -103,7 +104,7 @@ class SimulatedCluster {
   // pushes_[w][i]: worker w's encoded update of tensor i for the current step.
   std::vector<std::vector<std::vector<uint8_t>>> pushes_;
   std::vector<ParamTensor> server_;  // values only; grad holds the averaged update
-  std::vector<std::vector<float>> velocity_;
+  std::vector<OptimizerState> optimizer_state_;
   std::vector<size_t> dense_message_bytes_;
 
   mutable std::mutex mu_;

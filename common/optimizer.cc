@@ -1,0 +1,129 @@
+#include "common/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace adaps {
+
+absl::StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name) {
+  if (name == "sum") return OptimizerKind::kSumOnly;
+  if (name == "mean") return OptimizerKind::kMean;
+  if (name == "sgd") return OptimizerKind::kSgd;
+  if (name == "momentum") return OptimizerKind::kMomentum;
+  if (name == "nesterov") return OptimizerKind::kNesterov;
+  if (name == "adam") return OptimizerKind::kAdam;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown optimizer '", name, "' (expected sum, mean, sgd, momentum, nesterov or adam)"));
+}
+
+absl::Status SetHyperParam(OptimizerConfig& c, const std::string& name, double value) {
+  if (!std::isfinite(value)) {
+    return absl::InvalidArgumentError(absl::StrCat("hyper-parameter ", name, " is not finite"));
+  }
+  const float f = static_cast<float>(value);
+  auto in_unit = [&](float* field) -> absl::Status {
+    ADAPS_RET_CHECK(f >= 0.0f && f < 1.0f, absl::StatusCode::kInvalidArgument,
+                    absl::StrCat(name, " must be in [0, 1)"));
+    *field = f;
+    return absl::OkStatus();
+  };
+  if (name == "learning_rate") {
+    ADAPS_RET_CHECK(f >= 0.0f, absl::StatusCode::kInvalidArgument,
+                    "learning_rate must be non-negative");
+    c.learning_rate = f;
+    return absl::OkStatus();
+  }
+  if (name == "weight_decay") {
+    ADAPS_RET_CHECK(f >= 0.0f, absl::StatusCode::kInvalidArgument,
+                    "weight_decay must be non-negative");
+    c.weight_decay = f;
+    return absl::OkStatus();
+  }
+  if (name == "epsilon") {
+    ADAPS_RET_CHECK(f > 0.0f, absl::StatusCode::kInvalidArgument, "epsilon must be positive");
+    c.epsilon = f;
+    return absl::OkStatus();
+  }
+  if (name == "momentum") return in_unit(&c.momentum);
+  if (name == "beta1") return in_unit(&c.beta1);
+  if (name == "beta2") return in_unit(&c.beta2);
+  return absl::InvalidArgumentError(absl::StrCat("unknown hyper-parameter '", name, "'"));
+}
+
+namespace {
+
+void ApplyMomentum(const OptimizerConfig& c, absl::Span<const float> grad, absl::Span<float> p,
+                   std::vector<float>& m) {
+  const size_t n = p.size();
+  if (m.size() != n) m.assign(n, 0.0f);
+  const float lr = c.learning_rate, wd = c.weight_decay, mu = c.momentum;
+  const bool nesterov = c.kind == OptimizerKind::kNesterov;
+  for (size_t i = 0; i < n; ++i) {
+    const float g = grad[i] + wd * p[i];
+    m[i] = mu * m[i] + g;
+    p[i] -= lr * (nesterov ? g + mu * m[i] : m[i]);
+  }
+}
+
+void ApplyAdam(const OptimizerConfig& c, absl::Span<const float> grad, absl::Span<float> p,
+               OptimizerState& s) {
+  const size_t n = p.size();
+  if (s.m.size() != n) s.m.assign(n, 0.0f);
+  if (s.v.size() != n) s.v.assign(n, 0.0f);
+  ++s.adam_t;
+  const float lr = c.learning_rate, wd = c.weight_decay, b1 = c.beta1, b2 = c.beta2;
+  const float c1 = 1.0f - std::pow(b1, static_cast<float>(s.adam_t));
+  const float c2 = 1.0f - std::pow(b2, static_cast<float>(s.adam_t));
+  for (size_t i = 0; i < n; ++i) {
+    const float g = grad[i] + wd * p[i];
+    s.m[i] = b1 * s.m[i] + (1.0f - b1) * g;
+    s.v[i] = b2 * s.v[i] + (1.0f - b2) * g * g;
+    p[i] -= lr * (s.m[i] / c1) / (std::sqrt(s.v[i] / c2) + c.epsilon);
+  }
+}
+
+}  // namespace
+
+void ApplyOptimizer(const OptimizerConfig& c, absl::Span<const float> grad,
+                    absl::Span<float> p, OptimizerState& state) {
+  const size_t n = p.size();
+  const float lr = c.learning_rate, wd = c.weight_decay;
+  switch (c.kind) {
+    case OptimizerKind::kSumOnly:
+      for (size_t i = 0; i < n; ++i) p[i] += grad[i];
+      return;
+    case OptimizerKind::kMean:
+      std::copy(grad.begin(), grad.end(), p.begin());
+      return;
+    case OptimizerKind::kSgd:
+      for (size_t i = 0; i < n; ++i) p[i] -= lr * (grad[i] + wd * p[i]);
+      return;
+    case OptimizerKind::kMomentum:
+    case OptimizerKind::kNesterov:
+      return ApplyMomentum(c, grad, p, state.m);
+    case OptimizerKind::kAdam:
+      return ApplyAdam(c, grad, p, state);
+  }
+}
+
+absl::StatusOr<LrSchedule> ParseLrSchedule(absl::string_view name) {
+  if (name == "constant") return LrSchedule::kConstant;
+  if (name == "cosine") return LrSchedule::kCosine;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown learning-rate schedule '", name, "' (constant or cosine)"));
+}
+
+double CosineLearningRate(double lr, double t) {
+  t = std::min(1.0, std::max(0.0, t));
+  return 0.5 * lr * (1.0 + std::cos(M_PI * t));
+}
+
+double ScheduledLearningRate(LrSchedule schedule, double lr, int64_t step, int64_t total_steps) {
+  if (schedule == LrSchedule::kConstant || total_steps <= 0) return lr;
+  return CosineLearningRate(lr, static_cast<double>(step) / static_cast<double>(total_steps));
+}
+
+}  // namespace adaps

@@ -1,0 +1,238 @@
+#include "server/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace adaps {
+namespace {
+
+constexpr char kCheckpointMagic[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '2'};
+
+class Writer {
+ public:
+  template <typename T>
+  void Put(const T& v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);
+    bytes.insert(bytes.end(), p, p + sizeof(T));
+  }
+  void PutFloats(absl::Span<const float> v) {
+    Put<uint64_t>(v.size());
+    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+    bytes.insert(bytes.end(), p, p + v.size() * sizeof(float));
+  }
+  void PutString(const std::string& s) {
+    Put<uint64_t>(s.size());
+    bytes.insert(bytes.end(), s.begin(), s.end());
+  }
+  std::vector<uint8_t> bytes;
+};
+
+class Reader {
+ public:
+  explicit Reader(absl::Span<const uint8_t> b) : b_(b) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (b_.size() - pos_ < sizeof(T)) return false;
+    std::memcpy(v, b_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool GetFloats(std::vector<float>* v, uint64_t max) {
+    uint64_t n;
+    if (!Get(&n) || n > max || (b_.size() - pos_) / sizeof(float) < n) return false;
+    v->resize(n);
+    if (n) std::memcpy(v->data(), b_.data() + pos_, n * sizeof(float));
+    pos_ += n * sizeof(float);
+    return true;
+  }
+  bool GetString(std::string* s) {
+    uint64_t n;
+    if (!Get(&n) || n > b_.size() - pos_) return false;
+    s->assign(reinterpret_cast<const char*>(b_.data() + pos_), n);
+    pos_ += n;
+    return true;
+  }
+  bool AtEnd() const { return pos_ == b_.size(); }
+
+ private:
+  absl::Span<const uint8_t> b_;
+  size_t pos_ = 0;
+};
+
+bool ReadRecord(Reader& r, SliceRecord& s) {
+  return r.Get(&s.key) && r.Get(&s.length) && r.Get(&s.bin_size) && r.Get(&s.version) &&
+         r.Get(&s.adam_t) && r.Get(&s.down_base) && r.Get(&s.down_version) &&
+         r.GetString(&s.name) && r.GetFloats(&s.params, s.length) &&
+         r.GetFloats(&s.m, s.length) && r.GetFloats(&s.v, s.length) &&
+         r.GetFloats(&s.published, s.length) && r.GetFloats(&s.residue, s.length);
+}
+
+absl::Status WriteFileDurably(const std::string& path, const std::vector<uint8_t>& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
+  }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      return absl::UnavailableError(
+          absl::StrCat("short write to ", path, ": ", std::strerror(err)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  const bool closed = ::close(fd) == 0;
+  if (!synced || !closed) return absl::UnavailableError(absl::StrCat("cannot fsync ", path));
+  return absl::OkStatus();
+}
+
+void SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)::fsync(fd);
+    ::close(fd);
+  }
+}
+
+std::string DirectoryOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+std::string CheckpointPath(const std::string& dir, int rank) {
+  return absl::StrCat(dir, "/server-", rank, ".ckpt");
+}
+
+uint32_t Crc32(absl::Span<const uint8_t> data, uint32_t crc) {
+  static const auto table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  crc = ~crc;
+  for (uint8_t b : data) crc = table[(crc ^ b) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+std::vector<uint8_t> EncodeCheckpoint(const std::vector<SliceRecord>& slices) {
+  Writer w;
+  w.bytes.insert(w.bytes.end(), kCheckpointMagic, kCheckpointMagic + sizeof(kCheckpointMagic));
+  w.Put<uint64_t>(slices.size());
+  for (const SliceRecord& s : slices) {
+    w.Put<uint64_t>(s.key);
+    w.Put<uint32_t>(s.length);
+    w.Put<uint32_t>(s.bin_size);
+    w.Put<uint64_t>(s.version);
+    w.Put<uint64_t>(s.adam_t);
+    w.Put<uint64_t>(s.down_base);
+    w.Put<uint64_t>(s.down_version);
+    w.PutString(s.name);
+    w.PutFloats(s.params);
+    w.PutFloats(s.m);
+    w.PutFloats(s.v);
+    w.PutFloats(s.published);
+    w.PutFloats(s.residue);
+  }
+  w.Put<uint32_t>(Crc32(w.bytes));
+  return std::move(w.bytes);
+}
+
+absl::StatusOr<std::vector<SliceRecord>> DecodeCheckpoint(absl::Span<const uint8_t> bytes,
+                                                          const std::string& name) {
+  auto damaged = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", name, " is damaged: ", why));
+  };
+  if (bytes.size() < sizeof(kCheckpointMagic) + 12 ||
+      std::memcmp(bytes.data(), kCheckpointMagic, sizeof(kCheckpointMagic)) != 0) {
+    return damaged("not an adaps checkpoint (bad magic or too short)");
+  }
+  uint32_t stored;
+  std::memcpy(&stored, bytes.data() + bytes.size() - 4, 4);
+  if (Crc32(bytes.subspan(0, bytes.size() - 4)) != stored) return damaged("checksum mismatch");
+  Reader r(bytes.subspan(sizeof(kCheckpointMagic), bytes.size() - 12));
+  uint64_t count;
+  if (!r.Get(&count)) return damaged("truncated");
+  std::vector<SliceRecord> slices;
+  for (uint64_t i = 0; i < count; ++i) {
+    SliceRecord s;
+    if (!ReadRecord(r, s)) return damaged("truncated slice record");
+    if (s.length == 0 || s.bin_size == 0 || s.params.size() != s.length ||
+        s.published.size() != s.length || s.residue.size() != s.length) {
+      return damaged("inconsistent slice record");
+    }
+    slices.push_back(std::move(s));
+  }
+  if (!r.AtEnd()) return damaged("trailing bytes");
+  return slices;
+}
+
+absl::Status WriteCheckpointFile(const std::string& path,
+                                 const std::vector<SliceRecord>& slices) {
+  const std::string tmp = path + ".tmp";
+  ADAPS_RETURN_IF_ERROR(WriteFileDurably(tmp, EncodeCheckpoint(slices)));
+  // Keep the previous checkpoint: if this one is found damaged at restore, that one is used.
+  if (::access(path.c_str(), F_OK) == 0 &&
+      std::rename(path.c_str(), (path + ".prev").c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot keep the previous checkpoint ", path));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  SyncDirectory(DirectoryOf(path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<SliceRecord>> ReadCheckpointFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
+  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                                   std::istreambuf_iterator<char>());
+  return DecodeCheckpoint(bytes, path);
+}
+
+absl::StatusOr<RestoredCheckpoint> ReadCheckpointWithFallback(const std::string& path) {
+  RestoredCheckpoint out;
+  absl::StatusOr<std::vector<SliceRecord>> latest = ReadCheckpointFile(path);
+  if (latest.ok()) {
+    out.found = true;
+    out.slices = *std::move(latest);
+    return out;
+  }
+  absl::StatusOr<std::vector<SliceRecord>> previous = ReadCheckpointFile(path + ".prev");
+  if (latest.status().code() == absl::StatusCode::kNotFound &&
+      previous.status().code() == absl::StatusCode::kNotFound) {
+    return out;
+  }
+  if (previous.ok()) {
+    out.found = true;
+    out.from_previous = true;
+    out.refused = latest.status();
+    out.slices = *std::move(previous);
+    return out;
+  }
+  return absl::DataLossError(absl::StrCat("no usable checkpoint: ", latest.status().message(),
+                                          "; ", previous.status().message()));
+}
+
+}  // namespace adaps

@@ -1,0 +1,229 @@
+#include "server/shard.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/wire_codec.h"
+
+namespace adaps {
+namespace {
+
+absl::StatusOr<std::unique_ptr<Compressor>> MakeDownlinkCompressor(uint32_t bin_size) {
+  CompressorOptions copts;
+  copts.kind = CompressorKind::kAdaComp;
+  copts.bin_size = bin_size;
+  copts.non_finite = NonFinitePolicy::kSendNothing;
+  return MakeCompressor(copts);
+}
+
+}  // namespace
+
+absl::StatusOr<Shard> Shard::Create(uint64_t key, std::string name, uint32_t length,
+                                    uint32_t bin_size) {
+  ADAPS_RET_CHECK(length > 0 && bin_size > 0, absl::StatusCode::kInvalidArgument,
+                  "slice length and bin size must be > 0");
+  Shard s;
+  s.key_ = key;
+  s.name_ = std::move(name);
+  s.length_ = length;
+  s.bin_size_ = bin_size;
+  s.params_.assign(length, 0.0f);
+  s.agg_.assign(length, 0.0f);
+  s.published_.assign(length, 0.0f);
+  s.down_residue_ = std::make_unique<SliceState>(length);
+  ADAPS_ASSIGN_OR_RETURN(s.down_compressor_, MakeDownlinkCompressor(bin_size));
+  return s;
+}
+
+absl::StatusOr<Shard> Shard::FromRecord(SliceRecord r) {
+  // (m and v may be shorter: the optimizer sizes them again on its next step.)
+  if (r.length == 0 || r.bin_size == 0 || r.params.size() != r.length ||
+      r.published.size() != r.length || r.residue.size() != r.length) {
+    return absl::DataLossError(absl::StrCat("inconsistent record of slice ", r.key));
+  }
+  Shard s;
+  s.key_ = r.key;
+  s.name_ = std::move(r.name);
+  s.length_ = r.length;
+  s.bin_size_ = r.bin_size;
+  s.version_ = r.version;
+  s.restored_ = true;
+  s.params_ = std::move(r.params);
+  s.optimizer_.m = std::move(r.m);
+  s.optimizer_.v = std::move(r.v);
+  s.optimizer_.adam_t = r.adam_t;
+  s.agg_.assign(r.length, 0.0f);
+  s.published_ = std::move(r.published);
+  s.down_residue_ = std::make_unique<SliceState>(r.length);
+  std::copy(r.residue.begin(), r.residue.end(), s.down_residue_->residue().begin());
+  s.down_base_ = r.down_base;
+  s.down_version_ = r.down_version;
+  ADAPS_ASSIGN_OR_RETURN(s.down_compressor_, MakeDownlinkCompressor(r.bin_size));
+  return s;
+}
+
+SliceRecord Shard::ToRecord() const {
+  SliceRecord r;
+  r.key = key_;
+  r.length = length_;
+  r.bin_size = bin_size_;
+  r.version = version_;
+  r.adam_t = optimizer_.adam_t;
+  r.down_base = down_base_;
+  r.down_version = down_version_;
+  r.name = name_;
+  r.params = params_;
+  r.m = optimizer_.m;
+  r.v = optimizer_.v;
+  r.published = published_;
+  const absl::Span<const float> residue = down_residue_->residue();
+  r.residue.assign(residue.begin(), residue.end());
+  return r;
+}
+
+absl::Status Shard::CheckInitialValues(uint32_t length, absl::Span<const uint8_t> bytes) {
+  if (bytes.size() != uint64_t{length} * sizeof(float)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("initial values: ", bytes.size(), " bytes for ", length, " floats"));
+  }
+  for (size_t i = 0; i < length; ++i) {
+    float x;
+    std::memcpy(&x, bytes.data() + i * sizeof(float), sizeof(x));
+    if (!std::isfinite(x)) {
+      return absl::InvalidArgumentError(absl::StrCat("initial value ", i, " is NaN or Inf"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Shard::Initialize(absl::Span<const uint8_t> bytes) {
+  if (version_ != 0 || !pushed_.empty() || restored_) return;
+  if (bytes.size() != params_.size() * sizeof(float)) return;  // unchecked: ignored
+  std::memcpy(params_.data(), bytes.data(), bytes.size());
+  published_ = params_;
+  dense_version_ = UINT64_MAX;
+}
+
+absl::Status Shard::CheckLength(absl::Span<const uint8_t> payload) const {
+  ADAPS_ASSIGN_OR_RETURN(WireHeader header, PeekHeader(payload));
+  if (header.length != length_) {
+    return absl::InvalidArgumentError(absl::StrCat("push of ", header.length,
+                                                   " elements to slice '", name_, "' of ",
+                                                   length_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t> payload) {
+  ADAPS_RETURN_IF_ERROR(CheckLength(payload));
+  if (step != version_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "push for step ", step, " but slice '", name_, "' is at step ", version_));
+  }
+  if (pushed_.count(worker)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker, " already pushed step ", step));
+  }
+  ADAPS_RETURN_IF_ERROR(DecodeAdd(payload, 1.0f, absl::MakeSpan(agg_)));
+  pushed_.insert(worker);
+  return absl::OkStatus();
+}
+
+bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig& optimizer) {
+  if (pushed_.empty()) return false;
+  for (int w : live) {
+    if (!pushed_.count(w)) return false;
+  }
+  if (optimizer.kind != OptimizerKind::kSumOnly) {
+    const float inv = 1.0f / static_cast<float>(pushed_.size());
+    for (float& x : agg_) x *= inv;
+  }
+  ApplyOptimizer(optimizer, agg_, absl::MakeSpan(params_), optimizer_);
+  std::fill(agg_.begin(), agg_.end(), 0.0f);
+  pushed_.clear();
+  ++version_;
+  return true;
+}
+
+absl::Status Shard::ApplyPush(absl::Span<const uint8_t> payload,
+                              const OptimizerConfig& optimizer) {
+  ADAPS_RETURN_IF_ERROR(CheckLength(payload));
+  std::fill(agg_.begin(), agg_.end(), 0.0f);
+  ADAPS_RETURN_IF_ERROR(DecodeAdd(payload, 1.0f, absl::MakeSpan(agg_)));
+  ApplyOptimizer(optimizer, agg_, absl::MakeSpan(params_), optimizer_);
+  ++version_;
+  return absl::OkStatus();
+}
+
+void Shard::Hold(Pull pull) { held_.push_back(std::move(pull)); }
+
+std::vector<Shard::Pull> Shard::TakeReadyPulls() {
+  std::vector<Pull> ready, still;
+  for (Pull& pull : held_) {
+    (pull.min_version > version_ ? still : ready).push_back(std::move(pull));
+  }
+  held_ = std::move(still);
+  return ready;
+}
+
+std::shared_ptr<std::vector<uint8_t>> Shard::Reusable(
+    std::shared_ptr<std::vector<uint8_t>>& bytes) {
+  if (bytes && bytes.use_count() == 1) {
+    // Whoever held it last released it (e.g. the transport after sending): see its reads
+    // as done before we overwrite.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return bytes;
+  }
+  return std::make_shared<std::vector<uint8_t>>();
+}
+
+absl::Status Shard::PublishRecompressed() {
+  // AdaComp over the change the compressor has not seen yet: params - published - residue.
+  down_change_.resize(length_);
+  const float* r = down_residue_->residue().data();
+  for (uint32_t i = 0; i < length_; ++i) down_change_[i] = params_[i] - published_[i] - r[i];
+  ADAPS_RETURN_IF_ERROR(down_compressor_->Compress(down_change_, *down_residue_, down_update_));
+  std::shared_ptr<std::vector<uint8_t>> bytes = Reusable(down_spare_);
+  ADAPS_RETURN_IF_ERROR(EncodeUpdate(down_update_, IndexCoding::kRice, bytes.get()));
+  ADAPS_RETURN_IF_ERROR(DecodeAdd(*bytes, 1.0f, absl::MakeSpan(published_)));
+  down_base_ = down_version_;
+  down_version_ = version_;
+  down_spare_ = std::move(down_bytes_);
+  down_bytes_ = std::move(bytes);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Shard::Answer> Shard::AnswerPull(const Pull& pull) {
+  Answer answer;
+  if (pull.format == Format::kDense) {
+    if (dense_version_ != version_ || !dense_bytes_) {
+      std::shared_ptr<std::vector<uint8_t>> bytes = Reusable(dense_bytes_);
+      bytes->resize(params_.size() * sizeof(float));
+      std::memcpy(bytes->data(), params_.data(), bytes->size());
+      dense_bytes_ = std::move(bytes);
+      dense_version_ = version_;
+    }
+    answer.version = version_;
+    answer.payload = dense_bytes_;
+    return answer;
+  }
+  if (down_version_ != version_) ADAPS_RETURN_IF_ERROR(PublishRecompressed());
+  answer.version = down_version_;
+  if (pull.have_version == down_base_ && down_base_ != down_version_) {
+    answer.payload = down_bytes_;
+    answer.base = down_base_;
+  } else if (pull.have_version == down_version_) {
+    answer.base = down_version_;  // nothing new
+  } else {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "replica of '", name_, "' at version ", pull.have_version,
+        "; the server can only send the change from version ", down_base_));
+  }
+  return answer;
+}
+
+}  // namespace adaps

@@ -1,0 +1,142 @@
+// One slice of the server's parameters with everything it needs to serve it: parameters,
+// optimizer state, the aggregation buffer of the current step, the published (downlink)
+// replica with its residue and compressor, the encoded pull answers of the current
+// version, and the pulls held until a later version (DESIGN.md section 2).
+//
+// Sync mode: AddPush decodes a worker's wire payload straight into the aggregation buffer;
+// CompleteStepIfReady averages it (sum-only: not), runs the optimizer once and advances
+// the version when every live worker has pushed. Async mode: ApplyPush applies each push.
+// Pulls: dense float32, or recompressed (AdaComp over the change since the last published
+// state, with the shard's downlink residue); each is encoded at most once per version and
+// the same bytes go to every worker, so workers applying the same messages hold
+// bitwise-identical replicas.
+//
+// Knows nothing of sockets or FlatBuffers: takes spans, returns status and bytes. Ownership:
+// a shard owns all its state (no globals, nothing shared with another shard); answer
+// bytes are shared with whoever sends them and never changed while anyone else holds them.
+// Thread-safety: none; one thread owns a shard (today the server's I/O thread).
+#ifndef ADAPS_SERVER_SHARD_H_
+#define ADAPS_SERVER_SHARD_H_
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/compressor.h"
+#include "common/optimizer.h"
+#include "server/checkpoint.h"
+
+namespace adaps {
+
+class Shard {
+ public:
+  // The same type as SharedBytes in common/messages.h (an immutable shared payload).
+  using PayloadBytes = std::shared_ptr<const std::vector<uint8_t>>;
+  enum class Format { kDense, kRecompressed };
+  // A pull waiting for (or being answered at) a version. `route` is opaque to the shard.
+  struct Pull {
+    std::string route;
+    uint64_t request_id = 0;
+    uint64_t min_version = 0;
+    uint64_t have_version = 0;
+    Format format = Format::kDense;
+  };
+  // What a pull is answered with: the version it brings the puller to, the version the
+  // payload is a change from (recompressed; 0 for dense), and the payload (null: nothing
+  // new since have_version).
+  struct Answer {
+    uint64_t version = 0;
+    uint64_t base = 0;
+    PayloadBytes payload;
+  };
+
+  // A fresh slice of zeros. kInvalidArgument for a zero length or bin size.
+  static absl::StatusOr<Shard> Create(uint64_t key, std::string name, uint32_t length,
+                                      uint32_t bin_size);
+  // A slice as a checkpoint recorded it (marked restored: initial values are then ignored).
+  // kDataLoss for a record whose arrays do not match its length.
+  static absl::StatusOr<Shard> FromRecord(SliceRecord record);
+  SliceRecord ToRecord() const;
+
+  Shard(Shard&&) = default;
+  Shard& operator=(Shard&&) = default;
+
+  uint64_t key() const { return key_; }
+  const std::string& name() const { return name_; }
+  uint32_t length() const { return length_; }
+  uint32_t bin_size() const { return bin_size_; }
+  uint64_t version() const { return version_; }
+  bool restored() const { return restored_; }
+  absl::Span<const float> params() const { return params_; }
+  absl::Span<const float> published() const { return published_; }
+  size_t held_pulls() const { return held_.size(); }
+
+  // Whether `bytes` are `length` finite float32 values. kInvalidArgument otherwise.
+  static absl::Status CheckInitialValues(uint32_t length, absl::Span<const uint8_t> bytes);
+  // Takes checked initial values as the parameters (and the published replica) while
+  // nothing happened yet: version 0, no push of step 0, not restored. Ignored otherwise.
+  void Initialize(absl::Span<const uint8_t> bytes);
+
+  // Sync: adds worker `worker`'s push for `step` (a wire-encoded update) to the step's sum.
+  // kInvalidArgument for a payload of another length, kFailedPrecondition for another
+  // step or a second push of the worker, the codec's error (kDataLoss...) for bad bytes;
+  // the state is then unchanged.
+  absl::Status AddPush(int worker, uint64_t step, absl::Span<const uint8_t> payload);
+  // Sync: when some worker pushed and every worker in `live` did, averages the sum (not for
+  // sum-only), applies `optimizer` and advances the version. true when the step completed.
+  bool CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig& optimizer);
+  // Async: applies one push at once and advances the version. Errors as AddPush (length,
+  // codec); on error the parameters are unchanged.
+  absl::Status ApplyPush(absl::Span<const uint8_t> payload, const OptimizerConfig& optimizer);
+
+  // Keeps a pull until the version reaches its min_version.
+  void Hold(Pull pull);
+  // Removes and returns the held pulls the current version satisfies, in arrival order.
+  std::vector<Pull> TakeReadyPulls();
+  // The answer to `pull` at the current version, encoding it if this version has not been
+  // yet. Recompressed: kFailedPrecondition when the puller's replica (have_version) is
+  // neither the current version nor the one before; the codec's error if encoding fails
+  // (the published replica is then unchanged).
+  absl::StatusOr<Answer> AnswerPull(const Pull& pull);
+
+ private:
+  Shard() = default;
+  absl::Status CheckLength(absl::Span<const uint8_t> payload) const;
+  absl::Status PublishRecompressed();
+  // `bytes` if nobody else holds it (to overwrite it in place), else a new buffer.
+  static std::shared_ptr<std::vector<uint8_t>> Reusable(std::shared_ptr<std::vector<uint8_t>>& bytes);
+
+  uint64_t key_ = 0;
+  std::string name_;
+  uint32_t length_ = 0;
+  uint32_t bin_size_ = 0;
+  uint64_t version_ = 0;
+  bool restored_ = false;
+  std::vector<float> params_;
+  OptimizerState optimizer_;
+  std::vector<float> agg_;  // sync: the step's sum; async: the push being applied
+  std::set<int> pushed_;    // worker ranks that pushed the current step (sync)
+  std::vector<Pull> held_;
+
+  std::shared_ptr<std::vector<uint8_t>> dense_bytes_;
+  uint64_t dense_version_ = UINT64_MAX;
+
+  // Downlink (recompressed pulls): what workers hold, the residue of what they do not yet,
+  // the change from down_base_ to down_version_, and buffers reused from version to version.
+  std::vector<float> published_;
+  std::unique_ptr<SliceState> down_residue_;
+  std::unique_ptr<Compressor> down_compressor_;
+  std::shared_ptr<std::vector<uint8_t>> down_bytes_, down_spare_;
+  uint64_t down_base_ = 0, down_version_ = 0;
+  std::vector<float> down_change_;
+  CompressedUpdate down_update_;
+};
+
+}  // namespace adaps
+
+#endif  // ADAPS_SERVER_SHARD_H_

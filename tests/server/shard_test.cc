@@ -1,0 +1,244 @@
+// One server shard driven with plain spans: aggregation, step completion, pulls and the
+// checkpoint record, without sockets.
+#include "server/shard.h"
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/compressor.h"
+#include "common/wire_codec.h"
+#include "gtest/gtest.h"
+
+namespace adaps {
+namespace {
+
+std::vector<uint8_t> Dense(const std::vector<float>& values) {
+  CompressedUpdate u;
+  u.kind = CompressorKind::kDense;
+  u.length = static_cast<uint32_t>(values.size());
+  u.values = values;
+  std::vector<uint8_t> bytes;
+  EXPECT_TRUE(EncodeUpdate(u, IndexCoding::kRice, &bytes).ok());
+  return bytes;
+}
+
+std::vector<uint8_t> Raw(const std::vector<float>& values) {
+  std::vector<uint8_t> bytes(values.size() * sizeof(float));
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+std::vector<float> Floats(const Shard::PayloadBytes& bytes) {
+  std::vector<float> out(bytes->size() / sizeof(float));
+  std::memcpy(out.data(), bytes->data(), bytes->size());
+  return out;
+}
+
+OptimizerConfig Kind(OptimizerKind kind) {
+  OptimizerConfig c;
+  c.kind = kind;
+  return c;
+}
+
+Shard Make(uint32_t length = 4, uint32_t bin = 2) { return *Shard::Create(7, "t", length, bin); }
+
+Shard::Pull DensePull(uint64_t min_version = 0) {
+  return Shard::Pull{"r", 1, min_version, 0, Shard::Format::kDense};
+}
+
+TEST(Shard, AveragesThePushesOfEveryLiveWorkerExactly) {
+  Shard s = Make();
+  const std::vector<float> g0 = {0.1f, -3.0f, 7.5f, 1e-3f}, g1 = {0.3f, 2.0f, -0.5f, 1e3f};
+  ASSERT_TRUE(s.AddPush(0, 0, Dense(g0)).ok());
+  EXPECT_FALSE(s.CompleteStepIfReady({0, 1}, Kind(OptimizerKind::kMean)));
+  ASSERT_TRUE(s.AddPush(1, 0, Dense(g1)).ok());
+  EXPECT_TRUE(s.CompleteStepIfReady({0, 1}, Kind(OptimizerKind::kMean)));
+  EXPECT_EQ(s.version(), 1u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(s.params()[i], (g0[i] + g1[i]) * 0.5f) << i;
+}
+
+TEST(Shard, SumOnlyAddsThePushesWithoutAveraging) {
+  Shard s = Make();
+  s.Initialize(Raw({1, 2, 3, 4}));
+  ASSERT_TRUE(s.AddPush(0, 0, Dense({1, 1, 1, 1})).ok());
+  ASSERT_TRUE(s.AddPush(1, 0, Dense({2, 2, 2, 2})).ok());
+  ASSERT_TRUE(s.CompleteStepIfReady({0, 1}, Kind(OptimizerKind::kSumOnly)));
+  EXPECT_EQ(std::vector<float>(s.params().begin(), s.params().end()),
+            (std::vector<float>{4, 5, 6, 7}));
+}
+
+TEST(Shard, StepCompletesWithoutADeadWorkerAndAveragesOverThosePushed) {
+  Shard s = Make();
+  ASSERT_TRUE(s.AddPush(0, 0, Dense({2, 4, 6, 8})).ok());
+  EXPECT_FALSE(s.CompleteStepIfReady({0, 1}, Kind(OptimizerKind::kMean)));
+  EXPECT_TRUE(s.CompleteStepIfReady({0}, Kind(OptimizerKind::kMean)));  // worker 1 died
+  EXPECT_EQ(std::vector<float>(s.params().begin(), s.params().end()),
+            (std::vector<float>{2, 4, 6, 8}));
+  EXPECT_FALSE(s.CompleteStepIfReady({0}, Kind(OptimizerKind::kMean)));  // nothing pushed
+}
+
+TEST(Shard, DuplicateOrWrongStepOrWrongLengthPushIsRefusedAndChangesNothing) {
+  Shard s = Make();
+  ASSERT_TRUE(s.AddPush(0, 0, Dense({1, 1, 1, 1})).ok());
+  EXPECT_EQ(s.AddPush(0, 0, Dense({5, 5, 5, 5})).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.AddPush(1, 1, Dense({5, 5, 5, 5})).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.AddPush(1, 0, Dense({5, 5, 5})).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<uint8_t> bad = Dense({5, 5, 5, 5});
+  bad.resize(bad.size() - 2);
+  EXPECT_FALSE(s.AddPush(1, 0, bad).ok());
+  ASSERT_TRUE(s.AddPush(1, 0, Dense({3, 3, 3, 3})).ok());
+  ASSERT_TRUE(s.CompleteStepIfReady({0, 1}, Kind(OptimizerKind::kMean)));
+  EXPECT_EQ(s.params()[0], 2.0f);  // (1 + 3) / 2: none of the refused pushes counted
+}
+
+TEST(Shard, AsyncPushIsAppliedAtOnce) {
+  Shard s = Make();
+  ASSERT_TRUE(s.ApplyPush(Dense({1, 2, 3, 4}), Kind(OptimizerKind::kMean)).ok());
+  EXPECT_EQ(s.version(), 1u);
+  EXPECT_EQ(s.params()[3], 4.0f);
+  EXPECT_FALSE(s.ApplyPush(Dense({1, 2}), Kind(OptimizerKind::kMean)).ok());
+  EXPECT_EQ(s.version(), 1u);
+}
+
+TEST(Shard, InitialValuesAreCheckedAndTakenOnlyBeforeTheFirstStep) {
+  EXPECT_EQ(Shard::CheckInitialValues(4, Raw({1, 2, 3})).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Shard::CheckInitialValues(2, Raw({1, NAN})).code(),
+            absl::StatusCode::kInvalidArgument);
+  Shard s = Make();
+  s.Initialize(Raw({1, 2, 3, 4}));
+  EXPECT_EQ(s.params()[1], 2.0f);
+  ASSERT_TRUE(s.AddPush(0, 0, Dense({0, 0, 0, 0})).ok());
+  s.Initialize(Raw({9, 9, 9, 9}));  // a push is in: too late
+  EXPECT_EQ(s.params()[1], 2.0f);
+}
+
+TEST(Shard, DenseBytesAreEncodedOncePerVersionAndReused) {
+  Shard s = Make();
+  s.Initialize(Raw({1, 2, 3, 4}));
+  auto a = s.AnswerPull(DensePull());
+  auto b = s.AnswerPull(DensePull());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->payload.get(), b->payload.get());  // the same bytes for every worker
+  EXPECT_EQ(Floats(a->payload), (std::vector<float>{1, 2, 3, 4}));
+  ASSERT_TRUE(s.ApplyPush(Dense({5, 6, 7, 8}), Kind(OptimizerKind::kMean)).ok());
+  auto c = s.AnswerPull(DensePull());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->version, 1u);
+  EXPECT_EQ(Floats(c->payload), (std::vector<float>{5, 6, 7, 8}));
+  // Bytes still held by a sender are never overwritten by a later version.
+  EXPECT_EQ(Floats(a->payload), (std::vector<float>{1, 2, 3, 4}));
+}
+
+TEST(Shard, DenseBufferIsReusedOnceNobodyHoldsIt) {
+  Shard s = Make();
+  const void* first = nullptr;
+  {
+    auto a = s.AnswerPull(DensePull());
+    ASSERT_TRUE(a.ok());
+    first = a->payload.get();
+  }
+  ASSERT_TRUE(s.ApplyPush(Dense({5, 6, 7, 8}), Kind(OptimizerKind::kMean)).ok());
+  auto b = s.AnswerPull(DensePull());
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->payload.get(), first);  // no allocation for the new version
+  EXPECT_EQ(Floats(b->payload), (std::vector<float>{5, 6, 7, 8}));
+}
+
+TEST(Shard, HeldPullsAreReleasedWhenTheirVersionArrives) {
+  Shard s = Make();
+  s.Hold(DensePull(1));
+  s.Hold(DensePull(2));
+  EXPECT_TRUE(s.TakeReadyPulls().empty());
+  ASSERT_TRUE(s.ApplyPush(Dense({1, 1, 1, 1}), Kind(OptimizerKind::kMean)).ok());
+  auto ready = s.TakeReadyPulls();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].min_version, 1u);
+  EXPECT_EQ(s.held_pulls(), 1u);
+}
+
+// Applies a recompressed answer the way a worker does: the change onto its replica.
+void ApplyAnswer(const Shard::Answer& a, std::vector<float>& replica) {
+  if (a.payload) {
+    ASSERT_TRUE(DecodeAdd(*a.payload, 1.0f, absl::MakeSpan(replica)).ok());
+  }
+}
+
+TEST(Shard, RecompressedReplicaEqualsThePublishedStateBitwiseOverManySteps) {
+  constexpr uint32_t kLen = 300;
+  Shard s = Make(kLen, 50);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> init(kLen);
+  for (float& x : init) x = normal(rng);
+  s.Initialize(Raw(init));
+  std::vector<float> replica = init;
+  OptimizerConfig sgd = Kind(OptimizerKind::kSgd);
+  uint64_t have = 0;
+  for (int step = 0; step < 8; ++step) {
+    std::vector<float> g(kLen);
+    for (float& x : g) x = normal(rng);
+    ASSERT_TRUE(s.AddPush(0, step, Dense(g)).ok());
+    ASSERT_TRUE(s.CompleteStepIfReady({0}, sgd));
+    Shard::Pull pull{"r", 1, s.version(), have, Shard::Format::kRecompressed};
+    auto a = s.AnswerPull(pull);
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto again = s.AnswerPull(pull);  // a second worker at the same version
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(a->payload.get(), again->payload.get()) << "encoded once per version";
+    EXPECT_EQ(a->base, have);
+    ApplyAnswer(*a, replica);
+    have = a->version;
+    ASSERT_EQ(std::memcmp(replica.data(), s.published().data(), kLen * sizeof(float)), 0)
+        << "step " << step;
+  }
+  Shard::Pull stale{"r", 1, s.version(), have - 3, Shard::Format::kRecompressed};
+  EXPECT_EQ(s.AnswerPull(stale).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(Shard, CheckpointRecordRoundTripsEveryPartOfTheState) {
+  Shard s = Make();
+  s.Initialize(Raw({1, 2, 3, 4}));
+  OptimizerConfig adam = Kind(OptimizerKind::kAdam);
+  for (uint64_t step = 0; step < 3; ++step) {
+    ASSERT_TRUE(s.AddPush(0, step, Dense({0.5f, -1, 2, 0.25f})).ok());
+    ASSERT_TRUE(s.CompleteStepIfReady({0}, adam));
+    ASSERT_TRUE(s.AnswerPull({"r", 1, 0, step, Shard::Format::kRecompressed}).ok());
+  }
+  const SliceRecord r = s.ToRecord();
+  EXPECT_EQ(r.version, 3u);
+  EXPECT_EQ(r.adam_t, 3u);
+  EXPECT_EQ(r.down_version, 3u);
+  EXPECT_EQ(r.down_base, 2u);
+  auto back = Shard::FromRecord(r);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->restored());
+  const SliceRecord again = back->ToRecord();
+  EXPECT_EQ(again.key, r.key);
+  EXPECT_EQ(again.name, r.name);
+  EXPECT_EQ(again.params, r.params);
+  EXPECT_EQ(again.m, r.m);
+  EXPECT_EQ(again.v, r.v);
+  EXPECT_EQ(again.published, r.published);
+  EXPECT_EQ(again.residue, r.residue);
+  // The restored shard continues exactly as the original.
+  ASSERT_TRUE(s.AddPush(0, 3, Dense({1, 1, 1, 1})).ok());
+  ASSERT_TRUE(back->AddPush(0, 3, Dense({1, 1, 1, 1})).ok());
+  ASSERT_TRUE(s.CompleteStepIfReady({0}, adam));
+  ASSERT_TRUE(back->CompleteStepIfReady({0}, adam));
+  EXPECT_EQ(std::memcmp(s.params().data(), back->params().data(), 4 * sizeof(float)), 0);
+  back->Initialize(Raw({9, 9, 9, 9}));  // restored: initial values ignored
+  EXPECT_NE(back->params()[0], 9.0f);
+  SliceRecord bad = r;
+  bad.published.pop_back();
+  EXPECT_EQ(Shard::FromRecord(bad).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(Shard, ZeroLengthOrBinSizeIsRefused) {
+  EXPECT_EQ(Shard::Create(1, "x", 0, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Shard::Create(1, "x", 4, 0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace adaps
