@@ -95,7 +95,8 @@ inline constexpr char kPhaseCompress[] = "compress";
 inline constexpr char kPhaseWait[] = "wait";
 inline constexpr char kPhaseDecode[] = "decode";
 
-// Why a message was refused. Transport level: failed verification or frame checks.
+// Why a message was refused. Transport level: failed verification or frame checks, or
+// another protocol version (TransportStats::dropped_invalid).
 inline constexpr char kReasonMalformed[] = "malformed";
 // Protocol level (the receiver answered with an Error).
 inline constexpr char kReasonUnsupported[] = "unsupported";    // body this role does not handle
@@ -103,7 +104,6 @@ inline constexpr char kReasonUnknownNode[] = "unknown_node";   // sender not (or
 inline constexpr char kReasonClusterFull[] = "cluster_full";   // register past the counts
 inline constexpr char kReasonNotFormed[] = "not_formed";       // request before the cluster formed
 inline constexpr char kReasonInvalid[] = "invalid_argument";   // a field failed validation
-inline constexpr char kReasonVersion[] = "version";            // other protocol version
 }  // namespace metric_labels
 
 enum class MetricType { kCounter, kGauge, kHistogram };
