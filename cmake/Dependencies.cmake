@@ -8,6 +8,8 @@ find_package(cppzmq QUIET)
 find_package(FlatBuffers QUIET)
 find_program(FLATC flatc REQUIRED)
 find_package(Eigen3 3.3 QUIET NO_MODULE)
+# Live metrics (common/metrics.h): Debian's prometheus-cpp-dev, core + pull (the exposer).
+find_package(prometheus-cpp REQUIRED COMPONENTS core pull)
 if(ADAPS_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

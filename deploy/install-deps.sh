@@ -10,7 +10,7 @@ BUILD_PACKAGES=(
   build-essential cmake pkg-config ninja-build
   libzmq3-dev cppzmq-dev
   libflatbuffers-dev flatbuffers-compiler
-  libabsl-dev libspdlog-dev libeigen3-dev zlib1g-dev
+  libabsl-dev libspdlog-dev libeigen3-dev zlib1g-dev prometheus-cpp-dev
   python3 python3-dev python3-numpy pybind11-dev python3-pybind11
 )
 TEST_PACKAGES=(
@@ -18,7 +18,7 @@ TEST_PACKAGES=(
   dataset-fashion-mnist
   python3-pytest python3-matplotlib python3-torch
   clang-14 libclang-rt-14-dev
-  docker-compose iproute2
+  docker-compose iproute2 python3-zmq
 )
 case "${1:-all}" in
   build) PACKAGES=("${BUILD_PACKAGES[@]}") ;;

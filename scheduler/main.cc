@@ -10,6 +10,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/metrics.h"
 #include "scheduler/scheduler.h"
 
 ABSL_FLAG(std::string, config, "", "Config file of 'name = value' lines (also ADAPS_CONFIG)");
@@ -35,6 +36,12 @@ ABSL_FLAG(std::string, curve_server_key, "",
 ABSL_FLAG(std::string, curve_client_key, "", "CURVE: this node's client key pair file");
 ABSL_FLAG(std::string, curve_allowed_clients, "",
           "CURVE: file of client public keys allowed to connect, one per line");
+ABSL_FLAG(int, metrics_port, -1,
+          "Serve Prometheus metrics on http://metrics_host:PORT/metrics; -1: off, 0: the OS "
+          "picks (see --metrics_port_file)");
+ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint listens on");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "Write the metrics endpoint's port here (atomically) once it listens");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical, off");
 
 namespace {
@@ -57,7 +64,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> names = {"host",         "port",           "port_file",
                                           "num_servers",  "num_workers",    "heartbeat_ms",
                                           "dead_timeout_ms", "split_threshold", "log_level", "curve_server_key", "curve_client_key", "curve_allowed_clients",
-                                          "on_worker_death", "admin_token"};
+                                          "on_worker_death", "admin_token", "metrics_port",
+                                          "metrics_host", "metrics_port_file"};
   if (auto s = adaps::LoadLayeredFlags(argc, argv, names); !s.ok()) return Fail(s.ToString());
   absl::ParseCommandLine(argc, argv);
 
@@ -85,9 +93,19 @@ int main(int argc, char** argv) {
 
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
-  adaps::Scheduler scheduler(config);
+  adaps::MetricsOptions metrics_options;
+  metrics_options.port = absl::GetFlag(FLAGS_metrics_port);
+  metrics_options.host = absl::GetFlag(FLAGS_metrics_host);
+  metrics_options.port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  metrics_options.role = "scheduler";
+  auto metrics = adaps::Metrics::Create(metrics_options);
+  if (!metrics.ok()) return Fail(metrics.status().ToString());
+  adaps::Scheduler scheduler(config, nullptr, metrics->get());
   auto logger = adaps::MakeLogger("scheduler", 0, config.log_level);
   logger->info("effective config: {}", adaps::DescribeFlags(names));
+  if ((*metrics)->enabled()) {
+    logger->info("metrics on http://{}:{}/metrics", metrics_options.host, (*metrics)->port());
+  }
   if (auto s = scheduler.Start(); !s.ok()) return Fail(s.ToString());
   const std::string endpoint = scheduler.endpoint();
   logger->info("bound {} port {}", endpoint, endpoint.substr(endpoint.rfind(':') + 1));

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "scheduler/scheduler_metrics.h"
 
 namespace adaps {
 
@@ -58,9 +59,16 @@ absl::StatusOr<std::vector<SliceLayout>> SplitTensor(uint64_t length, uint32_t b
   return slices;
 }
 
-Scheduler::Scheduler(SchedulerConfig config, std::shared_ptr<TransportContext> context)
+Scheduler::Scheduler(SchedulerConfig config, std::shared_ptr<TransportContext> context,
+                     Metrics* metrics)
     : config_(std::move(config)), log_("scheduler", config_.log_level) {
   log_.SetRank(0);
+  if (metrics == nullptr) {
+    own_metrics_ = Metrics::Disabled();
+    metrics = own_metrics_.get();
+  }
+  metrics_ = std::make_unique<SchedulerMetrics>(*metrics, config_.num_servers,
+                                                config_.num_workers);
   TransportOptions topts;
   topts.self = Sender{msg::Role::Scheduler, 0};
   topts.bind_endpoint = config_.bind;
@@ -72,6 +80,10 @@ Scheduler::Scheduler(SchedulerConfig config, std::shared_ptr<TransportContext> c
   transport_ = std::make_unique<Transport>(std::move(topts),
                                            [this](InMessage in) { Handle(std::move(in)); });
   transport_->AddTimer(config_.heartbeat_interval / 2, [this] { CheckHeartbeats(); });
+  if (metrics->enabled()) {
+    transport_->AddTimer(absl::Milliseconds(500),
+                         [this] { metrics_->UpdateTransport(transport_->stats()); });
+  }
   server_load_.assign(config_.num_servers, 0);
 }
 
@@ -94,6 +106,28 @@ bool Scheduler::WaitForShutdown(absl::Duration timeout) {
 }
 
 void Scheduler::Stop() { transport_->Stop(); }
+
+void Scheduler::Reject(const InMessage& in, const absl::Status& status, const char* reason) {
+  metrics_->Rejected(reason);
+  transport_->Reply(in, MakeError(transport_->self(), in.envelope()->request_id(), status));
+}
+
+void Scheduler::UpdateNodeMetrics() {
+  for (msg::Role role : {msg::Role::Server, msg::Role::Worker}) {
+    SchedulerMetrics::NodeCounts counts;
+    for (const auto& n : nodes_) {
+      if (n.role != role) continue;
+      if (n.left) {
+        ++counts.left;
+      } else if (n.alive) {
+        ++counts.live;
+      } else {
+        ++counts.dead;
+      }
+    }
+    metrics_->SetNodes(role, counts);
+  }
+}
 
 Scheduler::Node* Scheduler::FindNode(msg::Role role, int rank) {
   for (auto& n : nodes_) {
@@ -137,28 +171,30 @@ void Scheduler::Handle(InMessage in) {
       OnShutdownRequest(in);
       break;
     default:
-      if (env->request_id()) {
-        transport_->Reply(in, MakeError(transport_->self(), env->request_id(),
-                                        absl::InvalidArgumentError(absl::StrCat(
-                                            "scheduler does not handle ",
-                                            msg::EnumNameBody(env->body_type())))));
+      if (env->request_id() == 0) {
+        metrics_->Rejected(metric_labels::kReasonUnsupported);
+        break;
       }
+      Reject(in,
+             absl::InvalidArgumentError(
+                 absl::StrCat("scheduler does not handle ", msg::EnumNameBody(env->body_type()))),
+             metric_labels::kReasonUnsupported);
   }
 }
 
 void Scheduler::OnRegister(InMessage& in) {
   const msg::Envelope* env = in.envelope();
   const msg::Register* reg = env->body_as_Register();
-  auto fail = [&](absl::Status s) {
-    transport_->Reply(in, MakeError(transport_->self(), env->request_id(), s));
-  };
+  auto fail = [&](absl::Status s, const char* reason) { Reject(in, s, reason); };
   if (reg->role() != msg::Role::Server && reg->role() != msg::Role::Worker) {
-    return fail(absl::InvalidArgumentError("only servers and workers register"));
+    return fail(absl::InvalidArgumentError("only servers and workers register"),
+                metric_labels::kReasonInvalid);
   }
   const std::string identity = reg->identity() ? reg->identity()->str() : "";
   const std::string address = reg->address() ? reg->address()->str() : "";
   if (reg->role() == msg::Role::Server && address.empty()) {
-    return fail(absl::InvalidArgumentError("a server must register its address"));
+    return fail(absl::InvalidArgumentError("a server must register its address"),
+                metric_labels::kReasonInvalid);
   }
   max_seen_epoch_ = std::max(max_seen_epoch_, reg->epoch());
   // A restarted node with a known identity gets its old rank back.
@@ -173,6 +209,8 @@ void Scheduler::OnRegister(InMessage& in) {
         const bool was_dead = !n.alive;
         n.alive = true;
         n.left = false;
+        metrics_->Registered(n.role);
+        UpdateNodeMetrics();
         if (formed_) {
           log_.get()->info("{} '{}' re-registered with rank {}", msg::EnumNameRole(n.role),
                            identity, n.rank);
@@ -185,14 +223,18 @@ void Scheduler::OnRegister(InMessage& in) {
       }
     }
   }
-  if (formed_) return fail(absl::FailedPreconditionError("cluster already complete"));
+  if (formed_) {
+    return fail(absl::FailedPreconditionError("cluster already complete"),
+                metric_labels::kReasonClusterFull);
+  }
   const int want =
       reg->role() == msg::Role::Server ? config_.num_servers : config_.num_workers;
   const int have = static_cast<int>(std::count_if(
       nodes_.begin(), nodes_.end(), [&](const Node& n) { return n.role == reg->role(); }));
   if (have >= want) {
-    return fail(absl::FailedPreconditionError(
-        absl::StrCat("already have ", want, " ", msg::EnumNameRole(reg->role()), "s")));
+    return fail(absl::FailedPreconditionError(absl::StrCat("already have ", want, " ",
+                                                           msg::EnumNameRole(reg->role()), "s")),
+                metric_labels::kReasonClusterFull);
   }
   // A node re-registering with a restarted scheduler keeps the rank it had.
   int rank = have;
@@ -219,10 +261,13 @@ void Scheduler::OnRegister(InMessage& in) {
   node.register_request = env->request_id();
   node.last_seen = absl::Now();
   nodes_.push_back(node);
+  metrics_->Registered(node.role);
+  UpdateNodeMetrics();
   log_.get()->info("{} {} registered{}{}", msg::EnumNameRole(node.role), node.rank,
                    address.empty() ? "" : " at ", address);
   if (static_cast<int>(nodes_.size()) == config_.num_servers + config_.num_workers) {
     formed_ = true;
+    metrics_->Formed();
     epoch_ = max_seen_epoch_ + 1;
     log_.get()->info("cluster complete: {} servers, {} workers", config_.num_servers,
                      config_.num_workers);
@@ -249,6 +294,7 @@ void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
       next_barrier_);
   transport_->SendRoute(node.route,
                         FinishEnvelope(fbb, transport_->self(), body, 0, reply_to));
+  metrics_->ViewSent(epoch_);
 }
 
 void Scheduler::BroadcastView() {
@@ -264,10 +310,11 @@ void Scheduler::OnHeartbeat(InMessage& in) {
   Node* node = Authenticated(in);
   if (claimed != nullptr && node == nullptr) {
     // Someone else claims a registered node's rank: refuse, and keep the node's route.
-    transport_->Reply(in, MakeError(transport_->self(), env->request_id(),
-                                    absl::PermissionDeniedError(absl::StrCat(
-                                        "heartbeat for ", msg::EnumNameRole(claimed->role), " ",
-                                        claimed->rank, " from another connection"))));
+    Reject(in,
+           absl::PermissionDeniedError(absl::StrCat("heartbeat for ",
+                                                    msg::EnumNameRole(claimed->role), " ",
+                                                    claimed->rank, " from another connection")),
+           metric_labels::kReasonForbidden);
     return;
   }
   if (node != nullptr && !node->alive && node->identity.empty()) {
@@ -280,9 +327,8 @@ void Scheduler::OnHeartbeat(InMessage& in) {
     return;
   }
   if (node == nullptr || !node->alive) {
-    transport_->Reply(in, MakeError(transport_->self(), env->request_id(),
-                                    absl::FailedPreconditionError(
-                                        "unknown or dead node; register again")));
+    Reject(in, absl::FailedPreconditionError("unknown or dead node; register again"),
+           metric_labels::kReasonUnknownNode);
     return;
   }
   node->last_seen = absl::Now();
@@ -304,6 +350,7 @@ void Scheduler::CheckHeartbeats() {
     }
   }
   if (changed) {
+    UpdateNodeMetrics();
     // Fail policy: stop before telling anyone the worker is gone, so that no server
     // completes a step without it.
     if (config_.on_worker_death == SchedulerConfig::OnWorkerDeath::kFail) {
@@ -324,8 +371,8 @@ void Scheduler::CheckHeartbeats() {
 void Scheduler::OnBarrier(InMessage& in) {
   const msg::Envelope* env = in.envelope();
   if (env->sender_role() != msg::Role::Worker || Authenticated(in) == nullptr) {
-    transport_->Reply(in, MakeError(transport_->self(), env->request_id(),
-                                    absl::FailedPreconditionError("barrier: not a known worker")));
+    Reject(in, absl::FailedPreconditionError("barrier: not a known worker"),
+           metric_labels::kReasonUnknownNode);
     return;
   }
   barriers_[env->body_as_Barrier()->seq()].push_back(
@@ -362,7 +409,9 @@ void Scheduler::OnDeclare(InMessage& in) {
   const msg::Envelope* env = in.envelope();
   const msg::DeclareTensor* d = env->body_as_DeclareTensor();
   auto fail = [&](absl::Status s) {
-    transport_->Reply(in, MakeError(transport_->self(), env->request_id(), s));
+    Reject(in, s, s.code() == absl::StatusCode::kFailedPrecondition
+                      ? metric_labels::kReasonNotFormed
+                      : metric_labels::kReasonInvalid);
   };
   if (!formed_) return fail(absl::FailedPreconditionError("cluster not complete yet"));
   if (d->name() == nullptr || d->name()->size() == 0) {
@@ -370,7 +419,8 @@ void Scheduler::OnDeclare(InMessage& in) {
   }
   // A stranger declaring a tensor first (with another length) would break the real one.
   if (env->sender_role() != msg::Role::Worker || Authenticated(in) == nullptr) {
-    return fail(absl::PermissionDeniedError("tensors are declared only by the job's workers"));
+    return Reject(in, absl::PermissionDeniedError("tensors are declared only by the job's workers"),
+                  metric_labels::kReasonForbidden);
   }
   const std::string name = d->name()->str();
   auto it = layouts_.find(name);
@@ -406,13 +456,15 @@ void Scheduler::OnLeave(InMessage& in) {
   if (node == nullptr) {
     // Only a node itself may leave: a forged Leave could otherwise end the job.
     if (env->request_id()) {
-      transport_->Reply(in, MakeError(transport_->self(), env->request_id(),
-                                      absl::PermissionDeniedError(
-                                          "Leave is accepted only from the node itself")));
+      Reject(in, absl::PermissionDeniedError("Leave is accepted only from the node itself"),
+             metric_labels::kReasonForbidden);
+    } else {
+      metrics_->Rejected(metric_labels::kReasonForbidden);
     }
     return;
   }
   node->left = true;
+  UpdateNodeMetrics();
   log_.get()->info("{} {} left", msg::EnumNameRole(node->role), node->rank);
   if (env->request_id()) transport_->Reply(in, MakeAck(transport_->self(), env->request_id()));
   // Servers stop waiting for a worker that left (sync mode).
@@ -425,13 +477,14 @@ void Scheduler::OnShutdownRequest(InMessage& in) {
   const msg::Shutdown* sd = in.envelope()->body_as_Shutdown();
   const std::string token = sd->token() ? sd->token()->str() : "";
   if (config_.admin_token.empty() || token != config_.admin_token) {
+    const absl::Status refused = absl::PermissionDeniedError(
+        config_.admin_token.empty()
+            ? "this scheduler accepts no Shutdown requests (start it with --admin_token)"
+            : "Shutdown refused: wrong or missing token");
     if (in.envelope()->request_id()) {
-      transport_->Reply(in, MakeError(transport_->self(), in.envelope()->request_id(),
-                                      absl::PermissionDeniedError(
-                                          config_.admin_token.empty()
-                                              ? "this scheduler accepts no Shutdown requests "
-                                                "(start it with --admin_token)"
-                                              : "Shutdown refused: wrong or missing token")));
+      Reject(in, refused, metric_labels::kReasonForbidden);
+    } else {
+      metrics_->Rejected(metric_labels::kReasonForbidden);
     }
     return;
   }

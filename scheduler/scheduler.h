@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/transport.h"
 
 namespace adaps {
@@ -66,9 +67,14 @@ absl::StatusOr<std::vector<SliceLayout>> SplitTensor(uint64_t length, uint32_t b
                                                      uint64_t split_threshold,
                                                      std::vector<uint64_t>& load);
 
+class SchedulerMetrics;
+
 class Scheduler {
  public:
-  explicit Scheduler(SchedulerConfig config, std::shared_ptr<TransportContext> context = nullptr);
+  // `metrics` (null: none) must outlive the scheduler; see scheduler_metrics.h for what the
+  // scheduler exports.
+  explicit Scheduler(SchedulerConfig config, std::shared_ptr<TransportContext> context = nullptr,
+                     Metrics* metrics = nullptr);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -124,10 +130,15 @@ class Scheduler {
   // the connection it registered with. nullptr for anyone else (a forger claiming a rank).
   Node* Authenticated(const InMessage& in);
   void OnShutdownRequest(InMessage& in);
+  // Answers `in` with `status` and counts the rejection under `reason` (metric_labels).
+  void Reject(const InMessage& in, const absl::Status& status, const char* reason);
+  void UpdateNodeMetrics();
   int AliveWorkers() const;
 
   const SchedulerConfig config_;
   RoleLog log_;
+  std::unique_ptr<Metrics> own_metrics_;  // a disabled one when none was given
+  std::unique_ptr<SchedulerMetrics> metrics_;  // I/O thread only after Start
   std::unique_ptr<Transport> transport_;
 
   // I/O thread only.
