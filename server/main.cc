@@ -21,7 +21,7 @@ ABSL_FLAG(std::string, port_file, "", "Write the bound port here (atomically) on
 ABSL_FLAG(std::string, advertise, "", "Address workers should use; empty: the bound one");
 ABSL_FLAG(std::string, identity, "", "Stable identity: a restarted server gets its rank back");
 ABSL_FLAG(std::string, mode, "sync", "sync (every worker per step) or async (apply on arrival)");
-ABSL_FLAG(std::string, optimizer, "sgd", "sum, sgd, momentum, nesterov or adam");
+ABSL_FLAG(std::string, optimizer, "sgd", "sum, mean, sgd, momentum, nesterov or adam");
 ABSL_FLAG(double, learning_rate, 0.01, "Learning rate");
 ABSL_FLAG(double, momentum, 0.9, "Momentum (momentum, nesterov)");
 ABSL_FLAG(double, weight_decay, 0.0, "L2 weight decay");

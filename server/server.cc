@@ -20,12 +20,13 @@ namespace adaps {
 
 absl::StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name) {
   if (name == "sum") return OptimizerKind::kSumOnly;
+  if (name == "mean") return OptimizerKind::kMean;
   if (name == "sgd") return OptimizerKind::kSgd;
   if (name == "momentum") return OptimizerKind::kMomentum;
   if (name == "nesterov") return OptimizerKind::kNesterov;
   if (name == "adam") return OptimizerKind::kAdam;
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown optimizer '", name, "' (expected sum, sgd, momentum, nesterov or adam)"));
+      "unknown optimizer '", name, "' (expected sum, mean, sgd, momentum, nesterov or adam)"));
 }
 
 absl::Status SetHyperParam(OptimizerConfig& c, const std::string& name, double value) {
@@ -70,6 +71,9 @@ void ApplyOptimizer(const OptimizerConfig& c, absl::Span<const float> grad,
   switch (c.kind) {
     case OptimizerKind::kSumOnly:
       for (size_t i = 0; i < n; ++i) p[i] += grad[i];
+      return;
+    case OptimizerKind::kMean:
+      std::copy(grad.begin(), grad.end(), p.begin());
       return;
     case OptimizerKind::kSgd:
       for (size_t i = 0; i < n; ++i) p[i] -= lr * (grad[i] + wd * p[i]);

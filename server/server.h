@@ -32,9 +32,11 @@
 
 namespace adaps {
 
-enum class OptimizerKind { kSumOnly, kSgd, kMomentum, kNesterov, kAdam };
+// kMean: the parameters become the step's averaged gradient (params := agg / pushed workers;
+// async: the pushed gradient), so a pull answers exactly the mean gradient of that step.
+enum class OptimizerKind { kSumOnly, kMean, kSgd, kMomentum, kNesterov, kAdam };
 
-// "sum", "sgd", "momentum", "nesterov", "adam"; kInvalidArgument otherwise.
+// "sum", "mean", "sgd", "momentum", "nesterov", "adam"; kInvalidArgument otherwise.
 absl::StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name);
 
 struct OptimizerConfig {
@@ -51,7 +53,7 @@ struct OptimizerConfig {
 // epsilon). kInvalidArgument for an unknown name or a value out of range.
 absl::Status SetHyperParam(OptimizerConfig& config, const std::string& name, double value);
 
-// One optimizer step: params -= f(grad) (sum-only: params += grad). `m`, `v` are the
+// One optimizer step: params -= f(grad) (sum-only: params += grad; mean: params = grad). `m`, `v` are the
 // slice's state (sized on first use); `t` the Adam step count (incremented).
 void ApplyOptimizer(const OptimizerConfig& config, absl::Span<const float> grad,
                     absl::Span<float> params, std::vector<float>& m, std::vector<float>& v,

@@ -1,6 +1,8 @@
 // In-process tests of the server over inproc://: a Scheduler, a Server and a Worker share a
 // TransportContext; a raw client sends hostile messages and the state must not change.
+#include <array>
 #include <cstdio>
+#include <future>
 #include <thread>
 
 #include "adaps/worker.h"
@@ -276,6 +278,97 @@ TEST(Checkpoint, RestartedServerResumesFromItsCheckpoint) {
   EXPECT_EQ(v, (std::vector<float>{12, 24, 36, 48}));
 }
 
+// Two workers training against one 'mean' server over inproc://, in one process.
+struct MeanCluster {
+  explicit MeanCluster(PullFormat pull) {
+    context = std::make_shared<TransportContext>(1);
+    SchedulerConfig sc;
+    sc.bind = "inproc://mean-scheduler";
+    sc.num_workers = 2;
+    sc.log_level = "warn";
+    scheduler = std::make_unique<Scheduler>(sc, context);
+    EXPECT_TRUE(scheduler->Start().ok());
+    ServerConfig vc;
+    vc.scheduler = sc.bind;
+    vc.bind = "inproc://mean-server";
+    vc.optimizer.kind = OptimizerKind::kMean;
+    vc.log_level = "warn";
+    server = std::make_unique<Server>(vc, context);
+    absl::Status status;
+    std::thread start([&] { status = server->Start(); });
+    std::vector<std::thread> joins;
+    for (int i = 0; i < 2; ++i) {
+      joins.emplace_back([&, i] {
+        WorkerOptions wo;
+        wo.scheduler = sc.bind;
+        wo.context = context;
+        wo.log_level = "warn";
+        auto w = Worker::Create(wo);
+        EXPECT_TRUE(w.ok()) << w.status();
+        if (!w.ok()) return;
+        std::vector<float> init = {1, 2, 3, 4, 5};
+        EXPECT_TRUE((*w)->Declare({"t", {5}, 2, Compression::kDense, 0.001, pull},
+                                  absl::MakeSpan(init)).ok());
+        workers[i] = *std::move(w);
+      });
+    }
+    for (auto& t : joins) t.join();
+    start.join();
+    EXPECT_TRUE(status.ok()) << status;
+  }
+  ~MeanCluster() {
+    for (auto& w : workers) {
+      if (w) w->Stop().IgnoreError();
+    }
+    scheduler->WaitForShutdown(absl::Seconds(5));
+    server->WaitForShutdown(absl::Seconds(5));
+  }
+  // Both workers push their gradient for one step and pull; returns what each pulled.
+  std::array<std::vector<float>, 2> Step(const std::array<std::vector<float>, 2>& grads) {
+    std::array<std::vector<float>, 2> out = {std::vector<float>(5), std::vector<float>(5)};
+    std::array<std::future<absl::Status>, 2> done;
+    for (int i = 0; i < 2; ++i) {
+      done[i] = workers[workers[0]->rank() == i ? 0 : 1]->PushPull("t", grads[i],
+                                                                    absl::MakeSpan(out[i]));
+    }
+    for (auto& d : done) EXPECT_TRUE(d.get().ok());
+    return out;
+  }
+  std::shared_ptr<TransportContext> context;
+  std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<Server> server;
+  std::array<std::unique_ptr<Worker>, 2> workers;
+};
+
+std::array<std::vector<float>, 2> MeanStepGrads(int step) {
+  const float s = static_cast<float>(step);
+  return {std::vector<float>{0.1f * s, -1.0f, 3.0f + s, 1e-3f, -7.0f * s},
+          std::vector<float>{0.3f, 2.0f * s, -0.5f, 1e3f, 0.7f + s}};
+}
+
+TEST(MeanOptimizer, EveryStepPullsExactlyTheMeanOfThatStepsGradients) {
+  MeanCluster c(PullFormat::kDense);
+  ASSERT_TRUE(c.workers[0] && c.workers[1]);
+  for (int step = 0; step < 4; ++step) {
+    const auto g = MeanStepGrads(step);
+    const auto pulled = c.Step(g);
+    for (int w = 0; w < 2; ++w) {
+      for (size_t i = 0; i < 5; ++i) {
+        EXPECT_EQ(pulled[w][i], (g[0][i] + g[1][i]) * 0.5f) << "step " << step << " i " << i;
+      }
+    }
+  }
+}
+
+TEST(MeanOptimizer, RecompressedPullsGiveBothWorkersTheSameReplica) {
+  MeanCluster c(PullFormat::kRecompressed);
+  ASSERT_TRUE(c.workers[0] && c.workers[1]);
+  for (int step = 0; step < 4; ++step) {
+    const auto pulled = c.Step(MeanStepGrads(step));
+    EXPECT_EQ(pulled[0], pulled[1]) << "step " << step;
+  }
+}
+
 TEST(Transport, RequestToAbsentPeerIsUnavailableWithinItsDeadline) {
   TransportOptions to;
   to.self = Sender{msg::Role::Worker, 0};
@@ -306,6 +399,17 @@ TEST(Transport, BindingAnAddressInUseIsUnavailable) {
   absl::Status s = second.Start();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("address in use"));
+}
+
+TEST(Optimizer, MeanMakesTheParametersTheGradientWhateverTheyWere) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kMean;
+  c.weight_decay = 0.5f;  // ignored: the parameters are replaced, not updated
+  std::vector<float> p = {7.0f, -3.0f}, m, v, g = {0.25f, 1e-7f};
+  uint64_t t = 0;
+  ApplyOptimizer(c, g, absl::MakeSpan(p), m, v, t);
+  EXPECT_EQ(p, g);
+  EXPECT_EQ(*ParseOptimizerKind("mean"), OptimizerKind::kMean);
 }
 
 TEST(Optimizer, NesterovAndAdamFollowTheirFormulas) {
