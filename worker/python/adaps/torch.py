@@ -196,6 +196,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  float)
         lr = _setting("lr", lr, "ADAPS_LR", None, float)
         self._check_names(compression, pull)
+        self.compression, self.pull = compression, pull
         if lr is not None:
             for g in optimizer.param_groups:
                 g["lr"] = lr
