@@ -3,7 +3,7 @@
 
     /usr/bin/python3 -m adaps.launch -n 2 --server-optimizer adam \\
         examples/pytorch/train_char_lstm.py
-    /usr/bin/python3 -m adaps.launch -n 2 --server-optimizer sum \\
+    /usr/bin/python3 -m adaps.launch -n 2 --server-optimizer mean \\
         examples/pytorch/train_char_lstm.py --steps 3000 --seq-len 64 --batch-size 32 --hidden 256
 
 The text is the licence texts Debian ships in /usr/share/common-licenses (GPL-3,
@@ -11,7 +11,7 @@ Apache-2.0, LGPL-3, MPL-2.0, GFDL-1.3 concatenated, about 94 KB); the last 10% i
 Covers recurrent layers as the AdaComp paper does (bin size 500 for LSTM, embedding and
 linear layers). Prints training loss and held-out bits per character, a sample of generated
 text, and the compression per layer type. With --server-optimizer adam the servers run Adam
-with this script's hyper-parameters; with sum the local torch Adam steps.
+with this script's hyper-parameters; with mean the local torch Adam steps.
 """
 import argparse
 import math
@@ -87,8 +87,9 @@ def main():
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--clip", type=float, default=1.0,
                     help="gradient-norm clip (local mode only: applied to the mean gradient)")
-    ap.add_argument("--compression", default=os.environ.get("ADAPS_COMPRESSION", "adacomp"))
-    ap.add_argument("--bin-size", type=int, default=500)
+    ap.add_argument("--compression", default=None,
+                    help="default: adaps.launch --compression, else adacomp")
+    ap.add_argument("--bin-size", type=int, default=None, help="default 500")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--text-dir", default="/usr/share/common-licenses")
     ap.add_argument("--seed", type=int, default=1)
@@ -111,7 +112,7 @@ def main():
     opt = adaps.torch.DistributedOptimizer(base, model, worker, compression=a.compression,
                                            bin_size=a.bin_size)
     print("rank %d/%d: %d characters (vocabulary %d), mode %s, compression %s" %
-          (rank, size, len(data), len(itos), opt.mode, a.compression), flush=True)
+          (rank, size, len(data), len(itos), opt.mode, opt.compression), flush=True)
     print("held-out bits/char before training %.3f" % held_out_bpc(model, valid, a.seq_len),
           flush=True)
 

@@ -2,11 +2,11 @@
 """Data-parallel CNN training on Fashion-MNIST through adaps (AdaComp by default).
 
     /usr/bin/python3 -m adaps.launch -n 2 examples/pytorch/train_fashion_mnist.py
-    /usr/bin/python3 -m adaps.launch -n 2 --server-optimizer sum \\
+    /usr/bin/python3 -m adaps.launch -n 2 --server-optimizer mean \\
         examples/pytorch/train_fashion_mnist.py --epochs 3 --train-size 60000
 
 Each worker trains on its share (every num_workers-th image) of the first --train-size
-training images, the servers (or, with --server-optimizer sum, the local torch optimizer)
+training images, the servers (or, with --server-optimizer mean, the local torch optimizer)
 apply SGD. Prints the loss as it goes, test accuracy per epoch, and the compression per
 layer type from the worker's traffic counters. Data: Debian's dataset-fashion-mnist
 (/usr/share/datasets/fashion-mnist, gzipped IDX files).
@@ -89,10 +89,11 @@ def main():
     ap.add_argument("--batch-size", type=int, default=32, help="per worker")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--momentum", type=float, default=0.0,
-                    help="needs --server-optimizer momentum (or sum) on the launcher")
-    ap.add_argument("--compression", default=os.environ.get("ADAPS_COMPRESSION", "adacomp"))
-    ap.add_argument("--conv-bin-size", type=int, default=50)
-    ap.add_argument("--bin-size", type=int, default=500)
+                    help="needs --server-optimizer momentum (or mean) on the launcher")
+    ap.add_argument("--compression", default=None,
+                    help="default: adaps.launch --compression, else adacomp")
+    ap.add_argument("--conv-bin-size", type=int, default=None, help="default 50")
+    ap.add_argument("--bin-size", type=int, default=None, help="default 500")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--data-dir", default=DATA_DIR)
@@ -113,7 +114,7 @@ def main():
         torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum), model, worker,
         compression=a.compression, conv_bin_size=a.conv_bin_size, bin_size=a.bin_size)
     print("rank %d/%d: %d training images, mode %s, compression %s" %
-          (rank, size, len(x_train), opt.mode, a.compression), flush=True)
+          (rank, size, len(x_train), opt.mode, opt.compression), flush=True)
 
     step, start = 0, time.time()
     steps_per_epoch = len(x_train) // a.batch_size

@@ -3,7 +3,8 @@
 Every worker trains a small model (conv, LSTM, linear) through DistributedOptimizer and a
 replica on its own with plain SGD on the mean of the gradients that torch computes for
 every rank's batch (all batches are reproducible from the seed). After each step:
-  local mode:  p.grad (what the servers summed, averaged) == mean of torch's gradients
+  local mode:  p.grad (the servers' mean) == mean of torch's gradients (None where no
+               rank's backward reached the parameter, as DDP leaves it)
   both modes:  the distributed parameters == the replica's parameters
 Exit 0 and "DENSE CHECK OK" on success, exit 1 with the worst difference otherwise."""
 import copy
@@ -25,7 +26,7 @@ class Net(nn.Module):
         self.conv = nn.Conv2d(1, 4, 3)
         self.lstm = nn.LSTM(4, 6, batch_first=True)
         self.fc = nn.Linear(6, 3)
-        self.unused = nn.Linear(2, 2)  # never gets a gradient: pushed as zeros
+        self.unused = nn.Linear(2, 2)  # never gets a gradient: pushed as zeros, grad None
 
     def forward(self, x):
         h = F.relu(self.conv(x))                 # (B, 4, 6, 6)
@@ -65,6 +66,11 @@ def main():
         opt.synchronize()
         if mode == "local":
             for n, p in model.named_parameters():
+                if n.startswith("unused."):
+                    if p.grad is not None:
+                        print("step %d %s: unused parameter got a gradient" % (step, n))
+                        sys.exit(1)
+                    continue
                 d = (p.grad - mean[n]).abs().max().item()
                 worst = max(worst, d)
                 if not torch.allclose(p.grad, mean[n], rtol=1e-4, atol=1e-6):

@@ -7,8 +7,8 @@ from conftest import REPO, run_launch
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def test_dense_sum_mode_aggregates_the_mean_of_torch_gradients():
-    code, out = run_launch(["-n", "2", "--server-optimizer", "sum", "--compression", "dense",
+def test_dense_mean_mode_aggregates_the_mean_of_torch_gradients():
+    code, out = run_launch(["-n", "2", "--server-optimizer", "mean", "--compression", "dense",
                             os.path.join(HERE, "dense_check_worker.py"), "local"], timeout=90)
     assert code == 0, out
     assert out.count("DENSE CHECK OK") == 2, out
@@ -45,3 +45,12 @@ def test_launch_stops_everything_when_a_worker_fails():
     code, out = run_launch(["-n", "2", script], timeout=60)
     assert code == 3, out
     assert "exited with 3, stopping everything" in out, out
+
+
+def test_launch_flags_reach_the_optimizer_of_a_script_that_reads_no_environment():
+    code, out = run_launch(["-n", "2", "--server-optimizer", "mean", "--compression", "dense",
+                            "--pull", "recompressed", "--lr", "0.5",
+                            os.path.join(HERE, "launch_flags_worker.py")], timeout=60)
+    assert code == 0, out
+    assert out.count("FLAGS mode=local compression=dense pull=recompressed lr=0.5 "
+                     "dense_push=1") == 2, out

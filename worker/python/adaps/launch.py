@@ -1,14 +1,19 @@
 """Runs N copies of a training script against a local adaps cluster.
 
-    /usr/bin/python3 -m adaps.launch -n 2 [--servers 1] [--server-optimizer sum]
-        [--compression adacomp] script.py [script args...]
+    /usr/bin/python3 -m adaps.launch -n 2 [--servers 1] [--server-optimizer mean]
+        [--compression adacomp] [--pull recompressed] [--lr 0.1] script.py [script args...]
 
 Starts adaps-scheduler (OS-assigned port, read back from its --port_file) and the
 servers on 127.0.0.1, then N copies of `script.py` with this environment:
 
   ADAPS_SCHEDULER         tcp://127.0.0.1:<port>   (adaps.worker_from_env() reads it)
   ADAPS_SERVER_OPTIMIZER  the servers' --optimizer (adaps.torch picks its mode from it)
-  ADAPS_COMPRESSION       --compression, for scripts that honour it
+  ADAPS_COMPRESSION, ADAPS_PULL, ADAPS_BIN_SIZE, ADAPS_CONV_BIN_SIZE,
+  ADAPS_TOPK_FRACTION, ADAPS_LR
+                          --compression, --pull, --bin-size, --conv-bin-size,
+                          --topk-fraction, --lr, each only when given: the defaults of
+                          adaps.torch.DistributedOptimizer (an argument the script passes
+                          explicitly wins, with a warning when it differs)
   ADAPS_LOCAL_RANK, ADAPS_NUM_WORKERS, OMP_NUM_THREADS (cores / N unless set)
   ADAPS_RANK_FILE         where worker_from_env() writes the rank (for the prefix)
 
@@ -27,6 +32,22 @@ import sys
 import tempfile
 import threading
 import time
+
+
+# Flags that reach adaps.torch.DistributedOptimizer's defaults through the environment.
+_TORCH_FLAGS = (
+    ("--compression", "ADAPS_COMPRESSION", "dense, adacomp, topk or sign (default adacomp)",
+     dict(choices=("dense", "adacomp", "topk", "sign"))),
+    ("--pull", "ADAPS_PULL", "dense or recompressed (default dense)",
+     dict(choices=("dense", "recompressed"))),
+    ("--bin-size", "ADAPS_BIN_SIZE", "AdaComp bin size of non-conv layers (default 500)",
+     dict(type=int)),
+    ("--conv-bin-size", "ADAPS_CONV_BIN_SIZE", "AdaComp bin size of conv layers (default 50)",
+     dict(type=int)),
+    ("--topk-fraction", "ADAPS_TOPK_FRACTION", "for --compression topk (default 0.001)",
+     dict(type=float)),
+    ("--lr", "ADAPS_LR", "replaces every param group's learning rate", dict(type=float)),
+)
 
 
 def _find_bin(name, bin_dir):
@@ -98,10 +119,12 @@ def main(argv=None):
     ap.add_argument("-n", "--workers", type=int, required=True, help="training processes")
     ap.add_argument("--servers", type=int, default=1, help="server shards (default 1)")
     ap.add_argument("--server-optimizer", default="sgd",
-                    help="servers' --optimizer: sum, sgd, momentum, nesterov, adam "
-                         "(default sgd; sum = the local torch optimizer steps)")
-    ap.add_argument("--compression", "--compressor", default="adacomp",
-                    help="exported as ADAPS_COMPRESSION (default adacomp)")
+                    help="servers' --optimizer: sgd, momentum, nesterov, adam (server mode), "
+                         "mean (local mode: the torch optimizer steps on each step's mean "
+                         "gradient) or sum (default sgd)")
+    for flag, env, what, kind in _TORCH_FLAGS:
+        ap.add_argument(flag, *(["--compressor"] if flag == "--compression" else []),
+                        default=None, help="exported as %s: %s" % (env, what), **kind)
     ap.add_argument("--mode", default="sync", help="servers' --mode: sync or async")
     ap.add_argument("--server-arg", action="append", default=[],
                     help="extra adaps-server flag, e.g. --server-arg=--learning_rate=0.1")
@@ -157,11 +180,14 @@ def main(argv=None):
             wenv = dict(os.environ)
             wenv.update({"ADAPS_SCHEDULER": address,
                          "ADAPS_SERVER_OPTIMIZER": a.server_optimizer,
-                         "ADAPS_COMPRESSION": a.compression,
                          "ADAPS_LOCAL_RANK": str(r),
                          "ADAPS_NUM_WORKERS": str(a.workers),
                          "ADAPS_RANK_FILE": os.path.join(tmp, "rank%d" % r),
                          "PYTHONUNBUFFERED": "1"})
+            for flag, env, _, _ in _TORCH_FLAGS:
+                value = getattr(a, flag[2:].replace("-", "_"))
+                if value is not None:
+                    wenv[env] = str(value)
             wenv.setdefault("OMP_NUM_THREADS", threads)
             w = _Proc("w%d" % r, [a.python, a.script] + a.args, wenv, lock,
                       rank_file=wenv["ADAPS_RANK_FILE"])

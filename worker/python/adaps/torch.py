@@ -1,44 +1,88 @@
-"""adaps.torch: data-parallel PyTorch training through adaps, in the manner of Horovod.
+"""adaps.torch: data-parallel PyTorch training through adaps, with Horovod's semantics.
 
     import adaps, adaps.torch
     worker = adaps.worker_from_env()
     opt = adaps.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                           model, worker, compression="adacomp")
+                                           model, worker)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 10)     # a real torch.optim.Optimizer
     for x, y in batches:
         opt.zero_grad()
         loss_fn(model(x), y).backward()   # each gradient is pushed as soon as it is ready
-        opt.step()                        # waits for the pulls, updates the parameters
+        opt.step()                        # waits for the pulls, then updates the parameters
 
-Every parameter of `model` that requires a gradient is declared once, named by its
-qualified name ("conv1.weight"), with the AdaComp bin size chosen by layer type:
-`conv_bin_size` (50) for parameters of convolution modules, `bin_size` (500) for all others
-(`bin_sizes={"name": T}` overrides one). Rank 0's initial values become everyone's.
+At construction (collective: every worker, same order) rank 0's parameters and buffers
+(model.state_dict(): frozen parameters and BatchNorm statistics too) and rank 0's optimizer
+state become everyone's (broadcast_parameters, broadcast_optimizer_state; see
+adaps.torch_broadcast). The trained tensors are the parameters in the optimizer's
+param_groups that require a gradient; parameters outside the optimizer are broadcast but
+never pushed or changed. Each trained parameter is declared once under its qualified name
+("conv1.weight") with the AdaComp bin size of its layer type (`conv_bin_size` for
+convolutions, `bin_size` otherwise; `bin_sizes={"name": T}` overrides one).
 
-A hook on each parameter's gradient accumulator pushes the gradient the moment backward
-has produced it, so compression and the network overlap the rest of backward. step() then
-waits for every pull and writes the result back. Two server modes:
+A hook on each parameter's gradient accumulator pushes its gradient the moment backward has
+produced it, so compression and the network overlap the rest of backward. Two modes:
 
-  mode="server"  the servers run the optimizer (adaps-server --optimizer=sgd|momentum|
-                 nesterov|adam); step() copies the pulled parameters into the model. The
-                 local optimizer is only used for its hyper-parameters: rank 0 sends
-                 lr/momentum/weight_decay (and Adam's betas/eps) to the servers whenever they
-                 change, so LR schedulers work.
-  mode="local"   the servers only sum (adaps-server --optimizer=sum); step() sets each
-                 p.grad to the mean over workers of the (decompressed) pushed gradients and
-                 runs the local torch optimizer.
+  mode     servers (--optimizer)   what step() does                 what it honours
+  -------  ----------------------  -------------------------------  ----------------------------
+  server   sgd, momentum,          copies the servers' parameters   torch.optim.SGD (momentum,
+           nesterov, adam          after their optimizer step into  Nesterov, weight decay) and
+                                   the model; rank 0 sends lr,      torch.optim.Adam, the same
+                                   momentum, weight decay, betas,   hyper-parameters in every
+                                   eps whenever they change (LR     group, LR schedulers. Other
+                                   schedulers work)                 optimizers, differing groups
+                                                                    or a gradient changed after
+                                                                    backward (clip_grad_norm_,
+                                                                    GradScaler) raise an error
+                                                                    naming local mode.
+  local    mean                    sets p.grad to the step's mean   everything torch does: any
+                                   over workers (dense or           optimizer, per-group
+                                   recompressed pulls, no running   settings, clipping between
+                                   sum), then runs the torch        synchronize() and step(),
+                                   optimizer                        AMP's GradScaler
 
-The default mode comes from ADAPS_SERVER_OPTIMIZER (set by adaps.launch): "sum" -> local,
-anything else -> server.
+Parameters that get no gradient in a step (find_unused_parameters semantics, as DDP): every
+worker pushes every trained tensor every step, zeros for a parameter its backward did not
+reach, so a sync step always completes. Local mode then treats it as DDP does: used on some
+worker -> p.grad is the sum of the gradients of the workers that used it divided by the
+number of workers; used on none -> p.grad is left as it was (None after
+zero_grad(set_to_none=True)), so the torch optimizer skips it. Server mode cannot skip: the
+servers step with the zero mean gradient (no change under plain SGD; momentum, weight decay
+and Adam still move it). Only gradients produced by backward count; a p.grad assigned by
+hand is not pushed.
+
+Settings and their precedence (explicit arguments win, then what adaps.launch exported, then
+the defaults): server_optimizer (ADAPS_SERVER_OPTIMIZER, from --server-optimizer; mean ->
+local mode, sgd/momentum/nesterov/adam -> server mode, checked against the torch optimizer;
+sum is refused), compression (ADAPS_COMPRESSION, "adacomp"), pull (ADAPS_PULL, "dense"),
+bin_size (ADAPS_BIN_SIZE, 500), conv_bin_size (ADAPS_CONV_BIN_SIZE, 50), topk_fraction
+(ADAPS_TOPK_FRACTION, 0.001), lr (ADAPS_LR, from --lr: when set it replaces every group's
+lr at construction; unset: the torch optimizer's). An explicit argument that overrides a
+different exported value warns once.
+
+Dtypes and devices: float16/bfloat16/float64 parameters are trained with their gradients
+converted to float32 at the boundary (compressed as float32; server mode keeps float32
+master values on the servers). CUDA tensors are staged through host memory (pinned) on the
+way out and copied back to the device on the way in.
 """
 import os
+import warnings
 
 import numpy as np
 import torch
 
 import adaps
+from adaps import torch_server_hyper as _hyper
+from adaps.torch_broadcast import (broadcast_object, broadcast_optimizer_state,
+                                   broadcast_parameters)
+
+__all__ = ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
+           "broadcast_object", "layer_type"]
 
 _CONV_TYPES = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d,
                torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
+_COMPRESSIONS = ("dense", "adacomp", "topk", "sign")
+_PULLS = ("dense", "recompressed")
+_USED_PREFIX = "__adaps_used__/"
 
 
 def layer_type(module):
@@ -54,96 +98,198 @@ def layer_type(module):
     return "other"
 
 
-def default_mode():
-    return "local" if os.environ.get("ADAPS_SERVER_OPTIMIZER", "") == "sum" else "server"
+def _setting(name, explicit, env, default, conv=str):
+    value = os.environ.get(env)
+    if explicit is not None:
+        if value is not None and not isinstance(explicit, dict) and str(explicit) != value:
+            warnings.warn("adaps.torch: %s=%r given to DistributedOptimizer overrides %s=%s "
+                          "(set by adaps.launch)" % (name, explicit, env, value), stacklevel=3)
+        return explicit
+    if value is not None and value != "":
+        try:
+            return conv(value)
+        except ValueError:
+            raise ValueError("adaps.torch: %s=%r is not a valid %s" % (env, value, name))
+    return default
+
+
+def resolve_mode(mode, server_kind):
+    """(mode, server kind or None) from the arguments; ValueError for a contradiction."""
+    known = ("mean", "sum") + _hyper.SERVER_KINDS
+    if server_kind is not None and server_kind not in known:
+        raise ValueError("adaps.torch: unknown server optimizer %r (%s)"
+                         % (server_kind, ", ".join(known)))
+    if server_kind == "sum":
+        raise ValueError("adaps.torch: servers with --optimizer=sum answer a running sum, "
+                         "whose differences lose precision as training goes on; start them "
+                         "with --optimizer=mean (adaps.launch --server-optimizer mean) for "
+                         "local mode")
+    if mode is None:
+        mode = "local" if server_kind == "mean" else "server"
+    if mode not in ("server", "local"):
+        raise ValueError("adaps.torch: mode must be 'server' or 'local', got %r" % (mode,))
+    if mode == "local" and server_kind not in (None, "mean"):
+        raise ValueError("adaps.torch: local mode needs servers with --optimizer=mean, they "
+                         "run %s" % server_kind)
+    if mode == "server" and server_kind == "mean":
+        raise ValueError("adaps.torch: server mode needs servers that run an optimizer "
+                         "(sgd, momentum, nesterov, adam); they run mean (local mode)")
+    return mode, server_kind
 
 
 class _Param:
-    __slots__ = ("name", "param", "kind", "bin_size", "buf", "prev", "handle", "zeros")
+    __slots__ = ("name", "param", "kind", "bin_size", "buf", "stage", "handle", "zeros",
+                 "used", "pushed_grad", "pushed_version")
 
     def __init__(self, name, param, kind, bin_size):
         self.name = name
         self.param = param
         self.kind = kind
         self.bin_size = bin_size
-        self.buf = None      # where the pull lands (float32, contiguous, the param's shape)
-        self.prev = None     # local mode: the running sum at the previous step
-        self.handle = None   # the push_pull in flight this step
-        self.zeros = None    # pushed for a parameter that got no gradient this step
+        self.buf = None       # where pulls land: float32 host array of the param's shape
+        self.stage = None     # float32 host copy of a gradient of another dtype or device
+        self.handle = None    # the push_pull in flight this step
+        self.zeros = None     # pushed for a parameter that got no gradient this step
+        self.used = False     # backward produced its gradient this step
+        self.pushed_grad = None
+        self.pushed_version = None
 
 
-class DistributedOptimizer:
-    """Wraps a torch optimizer; see the module docstring.
+def _host_f32(shape, like):
+    pin = like.device.type == "cuda" and torch.cuda.is_available()
+    return torch.empty(shape, dtype=torch.float32, pin_memory=pin)
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """A torch.optim.Optimizer that trains `model` over adaps; see the module docstring.
 
     Args:
-      optimizer: a torch.optim.Optimizer over (a superset of) model's parameters.
-      model: the torch.nn.Module whose parameters are trained.
+      optimizer: the torch optimizer over the parameters to train (it shares its
+        param_groups and state with this object; state_dict() is its state_dict()).
+      model: the torch.nn.Module (names, layer types, the state broadcast at start).
       worker: an adaps.Worker (default: adaps.worker_from_env()).
-      mode: "server" or "local" (default: from ADAPS_SERVER_OPTIMIZER).
-      compression: "adacomp" (default), "dense", "topk" or "sign"; or a dict from layer
-        type ("conv", "linear", "recurrent", "embedding", "other") to one of those.
+      mode: "server" or "local" (default: from server_optimizer).
+      server_optimizer: what the servers run: mean, sgd, momentum, nesterov or adam.
+      compression: "adacomp", "dense", "topk" or "sign"; or a dict from layer type ("conv",
+        "linear", "recurrent", "embedding", "other") to one of those (adacomp if missing).
       bin_size, conv_bin_size: AdaComp bin sizes; bin_sizes: {param name: bin size}.
-      topk_fraction: for compression="topk".
-      pull: "dense" or "recompressed".
+      topk_fraction: for compression="topk". pull: "dense" or "recompressed".
+      lr: replaces every group's learning rate at construction.
     """
 
-    def __init__(self, optimizer, model, worker=None, mode=None, compression="adacomp",
-                 bin_size=500, conv_bin_size=50, bin_sizes=None, topk_fraction=0.001,
-                 pull="dense"):
+    def __init__(self, optimizer, model, worker=None, mode=None, compression=None,
+                 bin_size=None, conv_bin_size=None, bin_sizes=None, topk_fraction=None,
+                 pull=None, server_optimizer=None, lr=None):
+        if not isinstance(optimizer, torch.optim.Optimizer) or \
+                isinstance(optimizer, DistributedOptimizer):
+            raise TypeError("adaps.torch: DistributedOptimizer wraps a torch.optim.Optimizer, "
+                            "got %s" % type(optimizer).__name__)
+        self._ready = False
+        server_kind = _setting("server_optimizer", server_optimizer,
+                               "ADAPS_SERVER_OPTIMIZER", None)
+        self.mode, self.server_kind = resolve_mode(mode, server_kind)
+        compression = _setting("compression", compression, "ADAPS_COMPRESSION", "adacomp")
+        pull = _setting("pull", pull, "ADAPS_PULL", "dense")
+        bin_size = _setting("bin_size", bin_size, "ADAPS_BIN_SIZE", 500, int)
+        conv_bin_size = _setting("conv_bin_size", conv_bin_size, "ADAPS_CONV_BIN_SIZE", 50, int)
+        topk_fraction = _setting("topk_fraction", topk_fraction, "ADAPS_TOPK_FRACTION", 0.001,
+                                 float)
+        lr = _setting("lr", lr, "ADAPS_LR", None, float)
+        self._check_names(compression, pull)
+        self.compression, self.pull = compression, pull
+        if lr is not None:
+            for g in optimizer.param_groups:
+                g["lr"] = lr
         self.optimizer = optimizer
+        self._params = self._collect(optimizer, model, bin_size, conv_bin_size, bin_sizes)
+        self._trained_ids = {id(e.param) for e in self._params}
+        if self.mode == "server":
+            self._server_settings()  # raises before anything collective happened
+        # Every check is done: from here on the calls are collective.
         self.worker = worker if worker is not None else adaps.worker_from_env()
-        self.mode = mode or default_mode()
-        if self.mode not in ("server", "local"):
-            raise ValueError("mode must be 'server' or 'local', got %r" % (self.mode,))
-        self._params = []
-        self._by_id = {}
-        self._hooks = []
+        broadcast_parameters(model.state_dict(), self.worker)
+        broadcast_optimizer_state(optimizer, self.worker)
+        super().__init__(optimizer.param_groups, optimizer.defaults)
+        self._bind()
         self._sent_hyper = None
         self._synchronized = False
         self._hyper_checked = False
-        bin_sizes = dict(bin_sizes or {})
-        for module_name, module in model.named_modules():
-            kind = layer_type(module)
-            for pname, p in module.named_parameters(recurse=False):
-                if not p.requires_grad or id(p) in self._by_id:
-                    continue
-                if p.dtype != torch.float32 or p.device.type != "cpu":
-                    raise adaps._error(
-                        adaps.INVALID_ARGUMENT, "adaps.torch: parameter %s is %s on %s; only "
-                        "float32 CPU parameters are supported" % (pname, p.dtype, p.device))
-                name = module_name + "." + pname if module_name else pname
-                t = bin_sizes.pop(name, conv_bin_size if kind == "conv" else bin_size)
-                entry = _Param(name, p, kind, int(t))
-                self._params.append(entry)
-                self._by_id[id(p)] = entry
-        if bin_sizes:
-            raise ValueError("bin_sizes names unknown parameters: %s" % sorted(bin_sizes))
+        self._hooks = []
         for e in self._params:
             comp = compression.get(e.kind, "adacomp") if isinstance(compression, dict) \
                 else compression
             self._declare(e, comp, topk_fraction, pull)
+        self._used = None
+        if self.mode == "local" and self._params:
+            self._used_name = _USED_PREFIX + str(sum(
+                1 for n in self.worker.tensor_names() if n.startswith(_USED_PREFIX)))
+            self._used = np.zeros(len(self._params), dtype=np.float32)
+            self._used_out = np.zeros(len(self._params), dtype=np.float32)
+            self.worker.declare(self._used_name, self._used_out, compression="dense")
         for e in self._params:
             self._register_hook(e)
         if self.mode == "server":
             self._sync_hyper()
             self._hyper_checked = True  # already sent for the first step
+        self._ready = True
 
     # -- set-up ---------------------------------------------------------------------------
+    @staticmethod
+    def _check_names(compression, pull):
+        names = compression.values() if isinstance(compression, dict) else [compression]
+        for c in names:
+            if c not in _COMPRESSIONS:
+                raise ValueError("adaps.torch: unknown compression %r (%s)"
+                                 % (c, ", ".join(_COMPRESSIONS)))
+        if pull not in _PULLS:
+            raise ValueError("adaps.torch: unknown pull %r (dense or recompressed)" % (pull,))
+
+    @staticmethod
+    def _collect(optimizer, model, bin_size, conv_bin_size, bin_sizes):
+        names, kinds = {}, {}
+        for module_name, module in model.named_modules():
+            for pname, p in module.named_parameters(recurse=False):
+                if id(p) not in names:
+                    names[id(p)] = module_name + "." + pname if module_name else pname
+                    kinds[id(p)] = layer_type(module)
+        bin_sizes = dict(bin_sizes or {})
+        out, seen = [], set()
+        for gi, group in enumerate(optimizer.param_groups):
+            for pi, p in enumerate(group["params"]):
+                if not p.requires_grad or id(p) in seen:
+                    continue
+                seen.add(id(p))
+                name = names.get(id(p), "__group%d.param%d" % (gi, pi))
+                kind = kinds.get(id(p), "other")
+                t = bin_sizes.pop(name, conv_bin_size if kind == "conv" else bin_size)
+                out.append(_Param(name, p, kind, int(t)))
+        if bin_sizes:
+            raise ValueError("adaps.torch: bin_sizes names parameters that are not trained "
+                             "(not in the optimizer or not requiring a gradient): %s"
+                             % sorted(bin_sizes))
+        return out
+
+    def _bind(self):
+        # This object and the torch optimizer share one list of groups and one state.
+        self.param_groups = self.optimizer.param_groups
+        self.state = self.optimizer.state
+        self.defaults = self.optimizer.defaults
+
     def _declare(self, e, compression, topk_fraction, pull):
         shape = list(e.param.shape) or [1]
+        buf = _host_f32(shape, e.param)
         if self.mode == "server":
-            # The model's values in, rank 0's values out (written into the model).
-            values = e.param.detach().contiguous().numpy().copy()
+            # The model's values in, rank 0's values out (already everyone's: broadcast).
+            with torch.no_grad():
+                buf.copy_(e.param.detach().reshape(shape))
         else:
-            values = np.zeros(shape, dtype=np.float32)
-        self.worker.declare(e.name, values, shape=shape, bin_size=e.bin_size,
+            buf.zero_()  # the servers answer each step's mean gradient, not parameters
+        e.buf = buf.numpy()
+        self.worker.declare(e.name, e.buf, shape=shape, bin_size=e.bin_size,
                             compression=compression, topk_fraction=topk_fraction, pull=pull)
-        e.buf = values
         if self.mode == "server":
             with torch.no_grad():
-                e.param.copy_(torch.from_numpy(values).view_as(e.param))
-        else:
-            e.prev = values.copy()
+                e.param.copy_(torch.from_numpy(e.buf).view_as(e.param))
 
     def _register_hook(self, e):
         # The AccumulateGrad node of the parameter fires once p.grad holds the full
@@ -155,6 +301,14 @@ class DistributedOptimizer:
 
         self._hooks.append((acc, acc.register_hook(hook)))
 
+    def add_param_group(self, param_group):
+        if getattr(self, "_ready", False):
+            raise NotImplementedError("adaps.torch: add a param group to the torch optimizer "
+                                      "before wrapping it (tensors are declared collectively "
+                                      "at construction)")
+        super().add_param_group(param_group)
+
+    # -- pushing --------------------------------------------------------------------------
     def _push(self, e, grad):
         if e.handle is not None:
             raise adaps._error(
@@ -166,79 +320,97 @@ class DistributedOptimizer:
             self._sync_hyper()
             self._hyper_checked = True
         g = grad.detach()
-        if not g.is_contiguous():
+        if g.is_sparse:
+            g = g.to_dense()
+        if g.dtype != torch.float32 or g.device.type != "cpu":
+            if e.stage is None:
+                e.stage = _host_f32(e.buf.shape, g)
+            e.stage.copy_(g.reshape(e.stage.shape))  # converts; waits for a device copy
+            g = e.stage
+        elif not g.is_contiguous():
             g = g.contiguous()
         e.handle = self.worker.push_pull(e.name, g, e.buf)
+        e.used = True
+        e.pushed_grad, e.pushed_version = grad, grad._version
+
+    def _push_unused(self, e):
+        if e.zeros is None:
+            e.zeros = np.zeros(e.buf.shape, dtype=np.float32)
+        e.handle = self.worker.push_pull(e.name, e.zeros, e.buf)
+        e.used = False
 
     # -- hyper-parameters (server mode) ---------------------------------------------------
-    def _hyper(self):
-        group = self.optimizer.param_groups[0] if self.optimizer is not None else {}
-        h = []
-        if "lr" in group:
-            h.append(("learning_rate", float(group["lr"])))
-        if "momentum" in group:
-            h.append(("momentum", float(group["momentum"])))
-        if "weight_decay" in group:
-            h.append(("weight_decay", float(group["weight_decay"])))
-        if "betas" in group:
-            h.append(("beta1", float(group["betas"][0])))
-            h.append(("beta2", float(group["betas"][1])))
-        if "eps" in group:
-            h.append(("epsilon", float(group["eps"])))
-        return h
+    def _server_settings(self):
+        groups = [g for g in self.optimizer.param_groups
+                  if any(id(p) in self._trained_ids for p in g["params"])]
+        settings = _hyper.group_settings(self.optimizer, groups)
+        if settings:
+            _hyper.check_kind(self.optimizer, settings, self.server_kind)
+        return settings
 
     def _sync_hyper(self):
-        h = self._hyper()
+        settings = self._server_settings()
+        h = _hyper.hyper_list(settings) if settings else []
         if h != self._sent_hyper:
             if self.worker.rank == 0 and h:
                 self.worker.set_hyper(h)
             self._sent_hyper = h
 
-    # -- the training-loop API ------------------------------------------------------------
-    def zero_grad(self, set_to_none=False):
-        if self.optimizer is not None:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
-        else:
-            for e in self._params:
-                e.param.grad = None
+    def _check_unmodified(self):
+        for e in self._params:
+            if e.used and (e.param.grad is not e.pushed_grad or
+                           e.param.grad._version != e.pushed_version):
+                raise adaps._error(
+                    adaps.FAILED_PRECONDITION,
+                    "adaps.torch: the gradient of %s changed after backward pushed it (e.g. "
+                    "clip_grad_norm_ or GradScaler.unscale_); in server mode the servers "
+                    "step with the gradient backward produced, so this cannot take effect "
+                    "(the model was not updated this step); %s" % (e.name, _hyper.LOCAL_HINT))
 
+    # -- the training-loop API ------------------------------------------------------------
     def synchronize(self):
-        """Pushes what backward did not reach, waits for every pull and applies it: server
-        mode writes the pulled parameters into the model, local mode sets each p.grad to
-        the mean over workers (so it can be clipped before step()). step() calls it
-        unless it was called since the last step."""
+        """Pushes zeros for what backward did not reach, waits for every pull and applies
+        it: server mode writes the pulled parameters into the model, local mode sets each
+        p.grad to the step's mean over workers (so it can be clipped before step()).
+        step() calls it unless it was called since the last step."""
         for e in self._params:
             if e.handle is None:
-                if e.param.grad is not None:
-                    self._push(e, e.param.grad)
-                else:
-                    if e.zeros is None:
-                        e.zeros = np.zeros(e.buf.shape, dtype=np.float32)
-                    e.handle = self.worker.push_pull(e.name, e.zeros, e.buf)
+                self._push_unused(e)
+        used_handle = None
+        if self._used is not None:
+            for i, e in enumerate(self._params):
+                self._used[i] = 1.0 if e.used else 0.0
+            used_handle = self.worker.push_pull(self._used_name, self._used, self._used_out)
         error = None
-        for e in self._params:
+        for h in [e.handle for e in self._params] + [used_handle]:
             try:
-                e.handle.wait()
+                if h is not None:
+                    h.wait()
             except adaps.Error as err:
                 error = error or err
-            finally:
-                e.handle = None
+        for e in self._params:
+            e.handle = None
         if error is not None:
             raise error
+        self._apply()
+        self._synchronized = True
+
+    def _apply(self):
         with torch.no_grad():
             if self.mode == "server":
+                self._check_unmodified()
                 for e in self._params:
                     e.param.copy_(torch.from_numpy(e.buf).view_as(e.param))
-            else:
-                inv = 1.0 / self.worker.num_workers
-                for e in self._params:
-                    mean = torch.from_numpy((e.buf - e.prev) * inv).view_as(e.param)
-                    if e.param.grad is None:
-                        e.param.grad = mean.clone()
-                    else:
-                        e.param.grad.copy_(mean)
-                    e.prev, e.buf = e.buf, e.prev  # the next pull overwrites all of buf
-        self._synchronized = True
+                return
+            for i, e in enumerate(self._params):
+                if self._used_out[i] <= 0.0:
+                    continue  # no worker's backward reached it: left as it is (DDP)
+                mean = torch.from_numpy(e.buf).view_as(e.param)
+                if e.param.grad is None:
+                    e.param.grad = mean.to(device=e.param.device, dtype=e.param.dtype,
+                                           copy=True)
+                else:
+                    e.param.grad.copy_(mean)
 
     def step(self, closure=None):
         """Server mode: the parameters after the servers' step. Local mode: the torch
@@ -247,16 +419,33 @@ class DistributedOptimizer:
         if closure is not None:
             raise ValueError("adaps.torch.DistributedOptimizer.step: closures are not "
                              "supported")
-        if not self._synchronized:
-            self.synchronize()
-        self._synchronized = False
-        self._hyper_checked = False
+        try:
+            if not self._synchronized:
+                self.synchronize()
+            elif self.mode == "server":
+                with torch.no_grad():
+                    self._check_unmodified()
+        finally:
+            self._synchronized = False
+            self._hyper_checked = False
+            for e in self._params:
+                e.pushed_grad = None
         if self.mode == "server":
+            if hasattr(self.optimizer, "_step_count"):
+                self.optimizer._step_count += 1  # a scheduler made on the torch optimizer
             return None
         return self.optimizer.step()
 
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.optimizer.load_state_dict(state_dict)
+        self._bind()
+
     def traffic(self):
-        """{layer type: {"dense": bytes, "wire": bytes}} over pushes and pulls so far."""
+        """{layer type: {"push_dense", "push_wire", "pull_dense", "pull_wire": bytes,
+        "params": count}} over pushes and pulls so far."""
         out = {}
         for e in self._params:
             t = self.worker.traffic(e.name)
@@ -280,24 +469,11 @@ class DistributedOptimizer:
                                                  d["pull_wire"] / 1e3))
         return "\n".join(lines)
 
+    def trained_names(self):
+        """The declared (trained) parameter names, in declaration order."""
+        return [e.name for e in self._params]
+
     def remove_hooks(self):
         for _, h in self._hooks:
             h.remove()
         self._hooks = []
-
-    # -- the wrapped optimizer ------------------------------------------------------------
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    def state_dict(self):
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state):
-        return self.optimizer.load_state_dict(state)
-
-    def __getattr__(self, name):
-        # Only reached for names not found normally: delegate to the torch optimizer.
-        if name == "optimizer":
-            raise AttributeError(name)
-        return getattr(self.optimizer, name)

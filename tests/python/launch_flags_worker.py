@@ -1,0 +1,17 @@
+"""Run by test_torch.py under adaps.launch: a script that reads no environment itself.
+Prints what DistributedOptimizer took from the launcher's flags and what one step pushed."""
+import torch
+import torch.nn as nn
+
+import adaps.torch
+
+model = nn.Linear(200, 5)
+opt = adaps.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model)
+opt.zero_grad()
+model(torch.randn(8, 200)).sum().backward()
+opt.step()
+t = opt.traffic()["linear"]
+print("FLAGS mode=%s compression=%s pull=%s lr=%g dense_push=%d" % (
+    opt.mode, opt.compression, opt.pull, opt.param_groups[0]["lr"],
+    int(t["push_wire"] >= t["push_dense"])))
+opt.worker.stop()

@@ -1,0 +1,125 @@
+"""adaps.torch server mode: the servers run the optimizer, and whatever they cannot honour
+is an error that names local mode. 2 ranks in threads on a real local cluster."""
+import pytest
+import torch
+import torch.nn as nn
+
+import adaps.torch
+from torch_ranks import run_ranks
+
+
+def sgd_cluster(cluster, kind="sgd"):
+    return cluster(2, server_args=["--optimizer=" + kind]).address
+
+
+def test_a_param_group_with_its_own_learning_rate_is_refused_naming_local_mode(cluster):
+    address = sgd_cluster(cluster)
+
+    def rank(w):
+        m = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+        opt = torch.optim.SGD([{"params": m[0].parameters(), "lr": 0.1},
+                               {"params": m[1].parameters(), "lr": 0.0}], lr=0.1)
+        with pytest.raises(ValueError, match="local mode"):
+            adaps.torch.DistributedOptimizer(opt, m, w, server_optimizer="sgd",
+                                             compression="dense")
+        return True
+    assert run_ranks(address, 2, rank) == [True, True]
+
+
+def test_momentum_the_servers_do_not_run_and_custom_optimizers_are_refused(cluster):
+    address = sgd_cluster(cluster)
+
+    def rank(w):
+        m = nn.Linear(3, 1)
+        with pytest.raises(ValueError, match="--optimizer=momentum"):
+            adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1,
+                                                             momentum=0.9), m, w,
+                                             server_optimizer="sgd")
+        with pytest.raises(ValueError, match="local mode"):
+            adaps.torch.DistributedOptimizer(torch.optim.RMSprop(m.parameters()), m, w,
+                                             server_optimizer="sgd")
+        return True
+    assert run_ranks(address, 2, rank) == [True, True]
+
+
+def test_parameters_outside_the_optimizer_are_not_trained(cluster):
+    address = sgd_cluster(cluster)
+
+    def rank(w):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        before = [p.detach().clone() for p in m.parameters()]
+        opt = adaps.torch.DistributedOptimizer(torch.optim.SGD(m[1].parameters(), lr=0.1), m,
+                                               w, server_optimizer="sgd", compression="dense")
+        for _ in range(3):
+            opt.zero_grad()
+            m(torch.ones(2, 4)).sum().backward()
+            opt.step()
+        after = list(m.parameters())
+        declared = [n for n in w.tensor_names() if not n.startswith("__adaps")]
+        return [torch.equal(a, b) for a, b in zip(after, before)], sorted(declared)
+    for same, names in run_ranks(address, 2, rank):
+        assert same == [True, True, False, False]
+        assert names == ["1.bias", "1.weight"]
+
+
+def test_clipping_after_backward_is_refused_naming_local_mode(cluster):
+    address = sgd_cluster(cluster)
+
+    def rank(w):
+        m = nn.Linear(3, 1)
+        opt = adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m, w,
+                                               server_optimizer="sgd", compression="dense")
+        opt.zero_grad()
+        m(torch.ones(2, 3)).sum().backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1e-3)
+        with pytest.raises(RuntimeError, match="local mode"):
+            opt.step()
+        return True
+    assert run_ranks(address, 2, rank) == [True, True]
+
+
+def test_step_lr_takes_the_wrapper_and_every_new_rate_reaches_the_servers(cluster):
+    address = sgd_cluster(cluster)
+
+    def rank(w):
+        p = nn.Parameter(torch.zeros(2))
+        m = nn.Module()
+        m.p = p
+        opt = adaps.torch.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), m, w,
+                                               server_optimizer="sgd", compression="dense")
+        assert isinstance(opt, torch.optim.Optimizer)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        seen = []
+        for _ in range(4):
+            opt.zero_grad(set_to_none=True)
+            p.sum().backward()  # gradient 1 on every rank
+            opt.step()
+            sched.step()
+            seen.append(p.detach().clone())
+        # The scheduler counts the wrapper's steps, so it does not warn that
+        # lr_scheduler.step() came before optimizer.step().
+        assert opt._step_count == 4
+        return seen
+    for seen in run_ranks(address, 2, rank):
+        # p = -(1 + 0.5 + 0.25 + 0.125) after the fourth step
+        expect = [-1.0, -1.5, -1.75, -1.875]
+        assert [float(s[0]) for s in seen] == expect
+
+
+def test_state_dict_round_trip_and_zero_grad_set_to_none(cluster):
+    address = cluster(2, server_args=["--optimizer=momentum"]).address
+
+    def rank(w):
+        m = nn.Linear(2, 1)
+        opt = adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1,
+                                                               momentum=0.5), m, w,
+                                               server_optimizer="momentum")
+        opt.zero_grad(set_to_none=True)
+        assert all(p.grad is None for p in m.parameters())
+        sd = opt.state_dict()
+        sd["param_groups"][0]["lr"] = 0.25
+        opt.load_state_dict(sd)
+        assert opt.param_groups is opt.optimizer.param_groups
+        return opt.param_groups[0]["lr"], opt.optimizer.param_groups[0]["lr"]
+    assert run_ranks(address, 2, rank) == [(0.25, 0.25), (0.25, 0.25)]
