@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -15,6 +17,13 @@
 #include "zmq_addon.hpp"
 
 namespace adaps {
+
+namespace internal {
+void DcheckFailed(const char* file, int line, const char* what) {
+  std::fprintf(stderr, "%s:%d: ADAPS_DCHECK failed: %s\n", file, line, what);
+  std::abort();
+}
+}  // namespace internal
 namespace {
 
 constexpr size_t kMaxReadsPerWake = 256;

@@ -13,7 +13,6 @@
 #include "common/status_macros.h"
 #include "common/transport.h"
 #include "common/wire_codec.h"
-#include "worker/dense_wire.h"
 
 namespace adaps {
 namespace {
@@ -53,7 +52,7 @@ struct Op {
 // The wire encoding of a dense update (common/wire_codec.h: magic, format version, kind,
 // index coding, varint length, then the floats), written straight from the gradient: one
 // copy instead of two (Compress, then EncodeUpdate). Tested against EncodeUpdate.
-SharedBytes EncodeDenseDirect(absl::Span<const float> grad, IndexCoding coding) {
+static SharedBytes EncodeDenseDirect(absl::Span<const float> grad, IndexCoding coding) {
   auto out = std::make_shared<Bytes>();
   out->reserve(16 + grad.size() * sizeof(float));
   out->push_back(kWireMagic);
