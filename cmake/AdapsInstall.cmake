@@ -9,9 +9,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-add_library(adaps_worker_shared SHARED
-  ${PROJECT_SOURCE_DIR}/worker/worker.cc
-  ${PROJECT_SOURCE_DIR}/worker/adaps_c.cc)
+add_library(adaps_worker_shared SHARED ${ADAPS_WORKER_SOURCES})
 target_include_directories(adaps_worker_shared PRIVATE ${PROJECT_SOURCE_DIR})
 target_include_directories(adaps_worker_shared PUBLIC
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/worker/include>

@@ -15,6 +15,11 @@ set(ADAPS_SANITIZE "" CACHE STRING "Sanitizers: empty, address,undefined or thre
 option(ADAPS_BUILD_TESTS "Build tests" ON)
 option(ADAPS_BUILD_BENCH "Build benchmarks" ON)
 option(ADAPS_NATIVE "Compile with -march=native" OFF)
+# The debug assertions (ADAPS_DCHECK_*, common/transport.h) run in Debug builds and in every
+# build that has the tests, so the suites exercise them; they cost a thread-id comparison.
+if(ADAPS_BUILD_TESTS OR CMAKE_BUILD_TYPE STREQUAL "Debug")
+  add_compile_definitions(ADAPS_DCHECKS=1)
+endif()
 # ADAPS_FUZZ builds the libFuzzer binaries of tests/fuzz (needs clang); every build has the
 # corpus replays as tests either way.
 option(ADAPS_FUZZ "Build libFuzzer targets (clang only)" OFF)

@@ -48,6 +48,57 @@ void AddInPlace(absl::Span<const float> grad, absl::Span<float> residue) {
   for (size_t i = 0; i < n; ++i) r[i] += g[i];
 }
 
+// out = in + grad in one pass; false when a sum is NaN or +-Inf (out then holds garbage).
+// The check is an integer OR over the exponent bits, so the loop vectorises.
+bool AddInto(absl::Span<const float> grad, absl::Span<const float> in, absl::Span<float> out) {
+  const float* g = grad.data();
+  const float* r = in.data();
+  float* o = out.data();
+  const size_t n = grad.size();
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const float v = r[i] + g[i];
+    o[i] = v;
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
+// After a single pass found a non-finite residue + gradient: a bad gradient (OK under
+// kSendNothing, the caller's `out` being the empty update) or a float overflow.
+absl::Status NonFiniteError(absl::Span<const float> grad, NonFinitePolicy policy,
+                            const char* codec) {
+  if (!AllFinite(grad)) {
+    if (policy == NonFinitePolicy::kSendNothing) return absl::OkStatus();
+    return absl::InvalidArgumentError("gradient holds NaN or Inf; residue left unchanged");
+  }
+  return absl::OutOfRangeError(absl::StrCat(
+      codec, " residue + gradient overflows the float range; residue left unchanged"));
+}
+
+// Where a Top-k or sign step finds residue + gradient. Single call: in place after a
+// pre-scan (the residue is the only buffer). Two phases: into the spare buffer, checked in
+// the same pass. `*r` is empty when there is nothing to do (send nothing, or an error).
+absl::Status SumResidue(absl::Span<const float> grad, SliceState& state, bool pending,
+                        NonFinitePolicy policy, const char* codec, absl::Span<float>* r) {
+  *r = absl::Span<float>();
+  if (!pending) {
+    bool nothing = false;
+    ADAPS_RETURN_IF_ERROR(CheckFinite(grad, policy, &nothing));
+    if (nothing || grad.empty()) return absl::OkStatus();
+    AddInPlace(grad, state.residue());
+    *r = state.residue();
+    return absl::OkStatus();
+  }
+  if (grad.empty()) return absl::OkStatus();
+  absl::Span<float> spare = state.spare_residue();
+  if (!AddInto(grad, state.residue(), spare)) return NonFiniteError(grad, policy, codec);
+  *r = spare;
+  return absl::OkStatus();
+}
+
 class DenseCompressor final : public Compressor {
  public:
   explicit DenseCompressor(const CompressorOptions& options) : options_(options) {}
@@ -56,6 +107,7 @@ class DenseCompressor final : public Compressor {
   absl::Status Compress(absl::Span<const float> grad, SliceState& state,
                         CompressedUpdate& out) override {
     ADAPS_RETURN_IF_ERROR(CheckLengths(grad, state));
+    state.Discard();
     bool nothing = false;
     ADAPS_RETURN_IF_ERROR(CheckFinite(grad, options_.non_finite, &nothing));
     out.Clear();
@@ -69,6 +121,12 @@ class DenseCompressor final : public Compressor {
     return absl::OkStatus();
   }
 
+  // No residue: the one phase is the whole step.
+  absl::Status CompressPending(absl::Span<const float> grad, SliceState& state,
+                               CompressedUpdate& out) override {
+    return Compress(grad, state, out);
+  }
+
  private:
   CompressorOptions options_;
 };
@@ -80,25 +138,35 @@ class AdaCompCompressor final : public Compressor {
 
   // No pre-scan: the pass reads the active residue and writes the new one into the spare
   // buffer, finding any NaN/Inf of residue + gradient as it goes. Only a successful step
-  // swaps the buffers, so on every error the residue is bit-for-bit what it was.
+  // swaps the buffers (or, two-phase, marks the spare one pending), so on every error the
+  // residue is bit-for-bit what it was.
   absl::Status Compress(absl::Span<const float> grad, SliceState& state,
                         CompressedUpdate& out) override {
-    ADAPS_RETURN_IF_ERROR(CheckLengths(grad, state));
-    const absl::Span<float> next = state.spare_residue();
-    if (internal::AdaCompStep(grad, state.residue(), next, options_.bin_size, gmax_, out)) {
-      state.swap_residue();
-      return absl::OkStatus();
-    }
-    // Rare path: `out` is an empty update; tell a bad gradient from an overflow.
-    if (!AllFinite(grad)) {
-      if (options_.non_finite == NonFinitePolicy::kSendNothing) return absl::OkStatus();
-      return absl::InvalidArgumentError("gradient holds NaN or Inf; residue left unchanged");
-    }
-    return absl::OutOfRangeError(
-        "AdaComp residue + gradient overflows the float range; residue left unchanged");
+    return Step(grad, state, out, /*pending=*/false);
+  }
+  absl::Status CompressPending(absl::Span<const float> grad, SliceState& state,
+                               CompressedUpdate& out) override {
+    return Step(grad, state, out, /*pending=*/true);
   }
 
  private:
+  absl::Status Step(absl::Span<const float> grad, SliceState& state, CompressedUpdate& out,
+                    bool pending) {
+    ADAPS_RETURN_IF_ERROR(CheckLengths(grad, state));
+    state.Discard();
+    const absl::Span<float> next = state.spare_residue();
+    if (internal::AdaCompStep(grad, state.residue(), next, options_.bin_size, gmax_, out)) {
+      if (pending) {
+        state.set_pending();
+      } else {
+        state.swap_residue();
+      }
+      return absl::OkStatus();
+    }
+    // Rare path: `out` is an empty update; tell a bad gradient from an overflow.
+    return NonFiniteError(grad, options_.non_finite, "AdaComp");
+  }
+
   CompressorOptions options_;
   std::vector<float> gmax_;
 };
@@ -110,17 +178,32 @@ class TopKCompressor final : public Compressor {
 
   absl::Status Compress(absl::Span<const float> grad, SliceState& state,
                         CompressedUpdate& out) override {
+    return Step(grad, state, out, /*pending=*/false);
+  }
+  absl::Status CompressPending(absl::Span<const float> grad, SliceState& state,
+                               CompressedUpdate& out) override {
+    return Step(grad, state, out, /*pending=*/true);
+  }
+
+ private:
+  absl::Status Step(absl::Span<const float> grad, SliceState& state, CompressedUpdate& out,
+                    bool pending) {
     ADAPS_RETURN_IF_ERROR(CheckLengths(grad, state));
-    bool nothing = false;
-    ADAPS_RETURN_IF_ERROR(CheckFinite(grad, options_.non_finite, &nothing));
+    state.Discard();
     out.Clear();
     out.kind = CompressorKind::kTopK;
     out.length = static_cast<uint32_t>(grad.size());
-    const size_t n = grad.size();
-    if (nothing || n == 0) return absl::OkStatus();
+    absl::Span<float> r;
+    ADAPS_RETURN_IF_ERROR(SumResidue(grad, state, pending, options_.non_finite, "Top-k", &r));
+    if (r.empty()) return absl::OkStatus();
+    Select(r, out);
+    if (pending) state.set_pending();
+    return absl::OkStatus();
+  }
 
-    absl::Span<float> r = state.residue();
-    AddInPlace(grad, r);
+  // Sends the k largest magnitudes of `r` (residue + gradient) and zeroes them in `r`.
+  void Select(absl::Span<float> r, CompressedUpdate& out) {
+    const size_t n = r.size();
     size_t k = static_cast<size_t>(std::llround(options_.topk_fraction * static_cast<double>(n)));
     k = std::clamp<size_t>(k, 1, n);
 
@@ -145,10 +228,8 @@ class TopKCompressor final : public Compressor {
         r[i] = 0.0f;
       }
     }
-    return absl::OkStatus();
   }
 
- private:
   CompressorOptions options_;
   std::vector<float> mags_;
 };
@@ -160,18 +241,34 @@ class SignCompressor final : public Compressor {
 
   absl::Status Compress(absl::Span<const float> grad, SliceState& state,
                         CompressedUpdate& out) override {
+    return Step(grad, state, out, /*pending=*/false);
+  }
+  absl::Status CompressPending(absl::Span<const float> grad, SliceState& state,
+                               CompressedUpdate& out) override {
+    return Step(grad, state, out, /*pending=*/true);
+  }
+
+ private:
+  absl::Status Step(absl::Span<const float> grad, SliceState& state, CompressedUpdate& out,
+                    bool pending) {
     ADAPS_RETURN_IF_ERROR(CheckLengths(grad, state));
-    bool nothing = false;
-    ADAPS_RETURN_IF_ERROR(CheckFinite(grad, options_.non_finite, &nothing));
+    state.Discard();
     out.Clear();
     out.kind = CompressorKind::kSign;
     const size_t n = grad.size();
     out.length = static_cast<uint32_t>(n);
     out.sign_bits.assign((n + 63) / 64, 0);
-    if (nothing || n == 0) return absl::OkStatus();
+    absl::Span<float> r;
+    ADAPS_RETURN_IF_ERROR(SumResidue(grad, state, pending, options_.non_finite, "sign", &r));
+    if (r.empty()) return absl::OkStatus();
+    Quantize(r, out);
+    if (pending) state.set_pending();
+    return absl::OkStatus();
+  }
 
-    absl::Span<float> r = state.residue();
-    AddInPlace(grad, r);
+  // One bit per element of `r` (residue + gradient), two scales; `r` keeps the error.
+  static void Quantize(absl::Span<float> r, CompressedUpdate& out) {
+    const size_t n = r.size();
     double pos_sum = 0.0, neg_sum = 0.0;
     size_t pos_count = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -190,10 +287,8 @@ class SignCompressor final : public Compressor {
       const bool neg = (out.sign_bits[i / 64] >> (i % 64)) & 1;
       r[i] -= neg ? out.scale_neg : out.scale;
     }
-    return absl::OkStatus();
   }
 
- private:
   CompressorOptions options_;
 };
 

@@ -80,12 +80,19 @@ absl::Status ValidateOptions(const CompressorOptions& options);
 // The residue of one slice. Starts at zero. Owned by the caller.
 //
 // Memory: AdaComp keeps the residue double-buffered, so an AdaComp slice costs 2 x 4 B per
-// element (the second buffer is allocated by the first AdaComp Compress; Top-k, sign and dense
-// slices keep 4 B per element). The AdaComp pass reads the active buffer and writes the new
-// residue into the other one, and swaps only when the step succeeded: a NaN/Inf gradient (or an
-// overflow) is found during the pass and leaves the active residue bit-for-bit untouched
-// without a separate pre-scan of the gradient. A span from residue() refers to the buffer that
-// was active when it was taken; take it again after a Compress.
+// element (the second buffer is allocated by the first AdaComp Compress). Top-k, sign and dense
+// slices keep 4 B per element unless they are compressed in two phases (CompressPending), which
+// allocates the second buffer for them too. The AdaComp pass reads the active buffer and
+// writes the new residue into the other one, and swaps only when the step succeeded: a
+// NaN/Inf gradient (or an overflow) is found during the pass and leaves the active residue
+// bit-for-bit untouched without a separate pre-scan of the gradient. A span from residue()
+// refers to the buffer that was active when it was taken; take it again after a Compress or a
+// Commit.
+//
+// Two phases: after a successful Compressor::CompressPending the new residue waits in the
+// spare buffer (pending() is true) and residue() is still the old one; Commit() makes the
+// pending residue the active one, Discard() drops it. Any Compress or CompressPending on the
+// state replaces a residue still pending.
 class SliceState {
  public:
   explicit SliceState(size_t length) : size_(length) { buffers_[0].assign(length, 0.0f); }
@@ -94,20 +101,38 @@ class SliceState {
   absl::Span<const float> residue() const {
     return absl::MakeConstSpan(buffers_[active_].data(), size_);
   }
-  void Reset() { std::fill(buffers_[active_].begin(), buffers_[active_].end(), 0.0f); }
+  void Reset() {
+    std::fill(buffers_[active_].begin(), buffers_[active_].end(), 0.0f);
+    pending_ = false;
+  }
 
-  // For compressors: the inactive buffer (allocated on first use; contents unspecified), and
-  // making it the active one.
+  // Whether a residue from CompressPending waits for Commit or Discard.
+  bool pending() const { return pending_; }
+  // Makes the pending residue the active one; no-op when none is pending.
+  void Commit() {
+    if (pending_) active_ ^= 1;
+    pending_ = false;
+  }
+  // Drops the pending residue (the active one stays as it was); no-op when none is pending.
+  void Discard() { pending_ = false; }
+
+  // For compressors: the inactive buffer (allocated on first use; contents unspecified),
+  // making it the active one, and marking it pending instead.
   absl::Span<float> spare_residue() {
     std::vector<float, internal::AlignedAllocator<float>>& b = buffers_[active_ ^ 1];
     if (b.size() != size_) b.assign(size_, 0.0f);
     return absl::MakeSpan(b.data(), size_);
   }
-  void swap_residue() { active_ ^= 1; }
+  void swap_residue() {
+    active_ ^= 1;
+    pending_ = false;
+  }
+  void set_pending() { pending_ = true; }
 
  private:
   size_t size_;
   unsigned active_ = 0;
+  bool pending_ = false;
   std::vector<float, internal::AlignedAllocator<float>> buffers_[2];  // 64-byte aligned
 };
 
@@ -146,6 +171,15 @@ class Compressor {
   // unchanged on any error.
   virtual absl::Status Compress(absl::Span<const float> grad, SliceState& state,
                                 CompressedUpdate& out) = 0;
+
+  // The first phase of a two-phase step over several slices: like Compress, but on success
+  // the new residue is left pending in `state` (state.Commit() applies it, state.Discard()
+  // drops it), so a caller can commit every slice only when all of them compressed. Finds
+  // NaN/Inf (kInvalidArgument under kReject) and a float overflow of residue + gradient
+  // (kOutOfRange) in its single pass, without a pre-scan; on any error nothing is pending and
+  // the residue is unchanged. Dense has no residue: nothing is ever pending.
+  virtual absl::Status CompressPending(absl::Span<const float> grad, SliceState& state,
+                                       CompressedUpdate& out) = 0;
 };
 
 // kInvalidArgument for invalid options.

@@ -6,6 +6,34 @@
 
 namespace adaps {
 
+static_assert(static_cast<int>(msg::PayloadKind::Dense) ==
+              static_cast<int>(CompressorKind::kDense));
+static_assert(static_cast<int>(msg::PayloadKind::AdaComp) ==
+              static_cast<int>(CompressorKind::kAdaComp));
+static_assert(static_cast<int>(msg::PayloadKind::TopK) == static_cast<int>(CompressorKind::kTopK));
+static_assert(static_cast<int>(msg::PayloadKind::Sign) == static_cast<int>(CompressorKind::kSign));
+static_assert(static_cast<int>(msg::PayloadKind::MAX) == static_cast<int>(CompressorKind::kSign));
+
+absl::StatusOr<uint64_t> SliceKey(uint32_t tensor_id, uint64_t index) {
+  if (index >= kMaxSlicesPerTensor) {
+    return absl::InvalidArgumentError(absl::StrCat("slice index ", index, " of tensor ",
+                                                   tensor_id, " does not fit in 24 bits"));
+  }
+  return (uint64_t{tensor_id} << kSliceIndexBits) | index;
+}
+
+msg::PayloadKind PayloadKindFor(CompressorKind kind) {
+  return static_cast<msg::PayloadKind>(static_cast<uint8_t>(kind));
+}
+
+absl::StatusOr<CompressorKind> CompressorKindFor(msg::PayloadKind kind) {
+  if (static_cast<uint8_t>(kind) > static_cast<uint8_t>(msg::PayloadKind::MAX)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown payload kind ", static_cast<int>(kind)));
+  }
+  return static_cast<CompressorKind>(static_cast<uint8_t>(kind));
+}
+
 OutMessage MakeAck(const Sender& sender, uint64_t reply_to) {
   flatbuffers::FlatBufferBuilder fbb(128);
   auto body = msg::CreateAck(fbb);

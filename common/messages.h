@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/compressor.h"
 #include "flatbuffers/flatbuffers.h"
 #include "schemas/adaps_generated.h"
 
@@ -24,6 +25,19 @@ inline constexpr uint16_t kProtocolVersion = 1;
 
 using Bytes = std::vector<uint8_t>;
 using SharedBytes = std::shared_ptr<const Bytes>;
+
+// Slice keys (schemas/README.md): slice `index` of tensor `tensor_id` has the key
+// (tensor_id << 24) | index. The one place that spells the rule. kInvalidArgument when
+// `index` does not fit in 24 bits.
+inline constexpr int kSliceIndexBits = 24;
+inline constexpr uint64_t kMaxSlicesPerTensor = uint64_t{1} << kSliceIndexBits;
+absl::StatusOr<uint64_t> SliceKey(uint32_t tensor_id, uint64_t index);
+
+// The schema's payload kind and the codec's kind are one numbering (the static_asserts in
+// messages.cc); these are the only conversions between them.
+msg::PayloadKind PayloadKindFor(CompressorKind kind);
+// kInvalidArgument for a payload kind the codec does not know (a newer peer, a forged push).
+absl::StatusOr<CompressorKind> CompressorKindFor(msg::PayloadKind kind);
 
 // Who sends: put in every envelope.
 struct Sender {

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -17,6 +19,12 @@
 
 namespace adaps {
 
+namespace internal {
+void DcheckFailed(const char* file, int line, const char* what) {
+  std::fprintf(stderr, "%s:%d: ADAPS_DCHECK failed: %s\n", file, line, what);
+  std::abort();
+}
+}  // namespace internal
 namespace {
 
 std::string RandomRoutingId() {

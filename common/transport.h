@@ -43,7 +43,30 @@
 #include "spdlog/spdlog.h"
 #include "zmq.hpp"
 
+// ADAPS_DCHECK_ON_IO_THREAD(transport): state owned by a transport's I/O thread is touched
+// only there (tensorpipe's inLoop()). `transport` is a Transport* or a Transport&-like
+// pointer expression. Active when NDEBUG is not defined or ADAPS_DCHECKS is (the build
+// defines it whenever the tests are built, cmake/Options.cmake); a violation is a programmer
+// error: it prints where and aborts.
+#if !defined(NDEBUG) || defined(ADAPS_DCHECKS)
+#define ADAPS_DCHECK_ON_IO_THREAD(transport)                                        \
+  do {                                                                              \
+    if (!(transport)->OnIoThread()) {                                               \
+      ::adaps::internal::DcheckFailed(__FILE__, __LINE__, "not on the I/O thread"); \
+    }                                                                               \
+  } while (false)
+#else
+#define ADAPS_DCHECK_ON_IO_THREAD(transport) \
+  do {                                       \
+  } while (false)
+#endif
+
 namespace adaps {
+
+namespace internal {
+// Prints "file:line: what" to stderr and aborts. Only for the ADAPS_DCHECK macros.
+[[noreturn]] void DcheckFailed(const char* file, int line, const char* what);
+}  // namespace internal
 
 // A ZeroMQ context shared by the transports of one process (needed for inproc://).
 // With CURVE it also runs the process's ZAP handler (libzmq allows one per context): a

@@ -422,7 +422,56 @@ absl::Status Parse(absl::Span<const uint8_t> bytes, Parsed* p, std::vector<uint3
   return absl::OkStatus();
 }
 
+void PutHeader(CompressorKind kind, IndexCoding coding, uint64_t length,
+               std::vector<uint8_t>* out) {
+  PutU8(out, kWireMagic);
+  PutU8(out, kWireFormatVersion);
+  PutU8(out, static_cast<uint8_t>(kind));
+  PutU8(out, static_cast<uint8_t>(coding));
+  PutVarint(out, length);
+}
+
+// Appends the floats of a dense body in one copy. With `check_finite`, the same pass ORs
+// together whether any value's exponent is all ones (NaN or +-Inf) and returns false then.
+bool PutDenseBody(absl::Span<const float> values, bool check_finite, std::vector<uint8_t>* out) {
+  const size_t at = out->size();
+  const size_t n = values.size();
+  out->resize(at + 4 * n);
+  // memcpy from the null data() of an empty span is undefined, even for 0 bytes.
+  if (n == 0) return true;
+  uint8_t* dst = out->data() + at;
+  if (!check_finite) {
+    std::memcpy(dst, values.data(), 4 * n);
+    return true;
+  }
+  const float* src = values.data();
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, src + i, 4);
+    std::memcpy(dst + 4 * i, &bits, 4);
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
 }  // namespace
+
+absl::Status EncodeDense(absl::Span<const float> values, IndexCoding coding,
+                         std::vector<uint8_t>* out) {
+  out->clear();
+  if (values.size() > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dense update of ", values.size(), " elements is longer than 2^32-1"));
+  }
+  out->reserve(16 + 4 * values.size());
+  PutHeader(CompressorKind::kDense, coding, values.size(), out);
+  if (!PutDenseBody(values, /*check_finite=*/true, out)) {
+    out->clear();
+    return absl::InvalidArgumentError("dense values hold NaN or Inf");
+  }
+  return absl::OkStatus();
+}
 
 absl::Status EncodeUpdate(const CompressedUpdate& u, IndexCoding coding,
                           std::vector<uint8_t>* out) {
@@ -431,21 +480,11 @@ absl::Status EncodeUpdate(const CompressedUpdate& u, IndexCoding coding,
   if (u.kind == CompressorKind::kAdaComp && u.bin_size == 0) {
     return absl::InvalidArgumentError("AdaComp bin size 0");
   }
-  PutU8(out, kWireMagic);
-  PutU8(out, kWireFormatVersion);
-  PutU8(out, static_cast<uint8_t>(u.kind));
-  PutU8(out, static_cast<uint8_t>(coding));
-  PutVarint(out, u.length);
+  PutHeader(u.kind, coding, u.length, out);
   switch (u.kind) {
-    case CompressorKind::kDense: {
-      const size_t at = out->size();
-      out->resize(at + 4 * static_cast<size_t>(u.length));
-      // memcpy from the null data() of an empty vector is undefined, even for 0 bytes.
-      if (u.length != 0) {
-        std::memcpy(out->data() + at, u.values.data(), 4 * static_cast<size_t>(u.length));
-      }
+    case CompressorKind::kDense:
+      PutDenseBody(u.values, /*check_finite=*/false, out);
       break;
-    }
     case CompressorKind::kAdaComp:
       PutVarint(out, u.bin_size);
       PutVarint(out, u.indices.size());

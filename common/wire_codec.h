@@ -54,6 +54,13 @@ struct WireHeader {
 absl::Status EncodeUpdate(const CompressedUpdate& update, IndexCoding coding,
                           std::vector<uint8_t>* out);
 
+// The one encoder of dense wire bytes: the encoding of a dense update of `values` (byte for
+// byte what EncodeUpdate writes), straight from the floats in a single copy, with the
+// finiteness check fused into that copy. kInvalidArgument when a value is NaN or +-Inf, or
+// there are more than 2^32-1 values; `*out` is left cleared then.
+absl::Status EncodeDense(absl::Span<const float> values, IndexCoding coding,
+                         std::vector<uint8_t>* out);
+
 // Reads and checks the header only.
 absl::StatusOr<WireHeader> PeekHeader(absl::Span<const uint8_t> bytes);
 

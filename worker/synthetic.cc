@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/compressor.h"
 #include "common/status_macros.h"
+#include "worker/kinds.h"
 
 namespace adaps {
 
@@ -118,7 +119,7 @@ absl::Status RunSynthetic(Worker& worker, const SyntheticConfig& config) {
         "SUMMARY compressor=%s pull=%s params=%llu layers=%d workers=%d servers=%d "
         "step_ms=%.2f push_wire_bytes=%.0f pull_wire_bytes=%.0f push_rate=%.1fx "
         "total_rate=%.2fx effective_GBps=%.3f wire_GBps=%.3f cluster_effective_GBps=%.3f\n",
-        CompressorKindName(static_cast<CompressorKind>(config.layer.compression)),
+        CompressorKindName(CodecKind(config.layer.compression)),
         config.layer.pull == PullFormat::kDense ? "dense" : "recompressed",
         static_cast<unsigned long long>(config.total_params), n, worker.num_workers(),
         worker.num_servers(), step_s * 1e3, push_wire, pull_wire,

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/optimizer.h"
 #include "common/status_macros.h"
+#include "worker/kinds.h"
 #include "worker/trainer/idx_reader.h"
 #include "worker/trainer/model.h"
 #include "worker/trainer/sharding.h"
@@ -40,7 +41,7 @@ class ClusterExchange final : public trainer::GradientExchange {
       spec.name = p.name;
       spec.shape.assign(p.shape.begin(), p.shape.end());
       spec.bin_size = o.bin_size;
-      spec.compression = static_cast<Compression>(o.kind);
+      spec.compression = ApiCompression(o.kind);
       spec.topk_fraction = o.topk_fraction;
       spec.pull = config.pull;
       ADAPS_RETURN_IF_ERROR(worker_->Declare(spec, absl::MakeSpan(p.value)));

@@ -90,6 +90,39 @@ INSTANTIATE_TEST_SUITE_P(
              (std::get<1>(info.param) == IndexCoding::kRice ? "_rice" : "_plain32");
     });
 
+TEST(WireCodec, DenseEncoderWritesWhatEncodeUpdateWrites) {
+  for (size_t n : {0, 1, 127, 128, 20000}) {
+    std::vector<float> g(n);
+    for (size_t i = 0; i < n; ++i) g[i] = 0.5f * static_cast<float>(i) - 3.0f;
+    CompressedUpdate u;
+    u.kind = CompressorKind::kDense;
+    u.length = static_cast<uint32_t>(n);
+    u.values = g;
+    for (IndexCoding coding : {IndexCoding::kRice, IndexCoding::kPlain32}) {
+      std::vector<uint8_t> expected, direct;
+      ASSERT_TRUE(EncodeUpdate(u, coding, &expected).ok());
+      ASSERT_TRUE(EncodeDense(g, coding, &direct).ok());
+      EXPECT_EQ(direct, expected) << n;
+    }
+  }
+}
+
+TEST(WireCodec, DenseEncoderRejectsNanAndInfAnywhere) {
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(),
+                       std::numeric_limits<float>::infinity(),
+                       -std::numeric_limits<float>::infinity()};
+  for (float b : bad) {
+    for (size_t at : {size_t{0}, size_t{17}, size_t{999}}) {
+      std::vector<float> g(1000, 1.0f);
+      g[at] = b;
+      std::vector<uint8_t> out = {1, 2, 3};
+      const absl::Status s = EncodeDense(g, IndexCoding::kRice, &out);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << at;
+      EXPECT_TRUE(out.empty());
+    }
+  }
+}
+
 TEST(WireCodec, RoundTripsExtremeGaps) {
   CompressedUpdate u;
   u.kind = CompressorKind::kAdaComp;

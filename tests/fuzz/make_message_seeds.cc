@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
   }
   const std::pair<CompressorKind, msg::PayloadKind> kinds[] = {
       {CompressorKind::kDense, msg::PayloadKind::Dense},
-      {CompressorKind::kAdaComp, msg::PayloadKind::SparseTernary},
+      {CompressorKind::kAdaComp, msg::PayloadKind::AdaComp},
       {CompressorKind::kTopK, msg::PayloadKind::TopK},
       {CompressorKind::kSign, msg::PayloadKind::Sign}};
   for (const auto& [kind, pk] : kinds) {

@@ -174,7 +174,8 @@ TEST(HostileInput, GarbageTruncatedVersionLengthsNanInfAndForgeriesChangeNothing
   ASSERT_TRUE(worker.Declare({"a", {kLen}, 10, Compression::kAdaComp}, absl::MakeSpan(a)).ok());
   auto slices = worker.Slices("d");
   ASSERT_TRUE(slices.ok());
-  const uint64_t dense_key = 0, ada_key = uint64_t{1} << 24;
+  // Tensors 0 and 1 (declared in this order), one slice each.
+  const uint64_t dense_key = *SliceKey(0, 0), ada_key = *SliceKey(1, 0);
 
   zmq::context_t ctx(1);
   RawClient raw(ctx, "tcp://127.0.0.1:" + port);
@@ -266,7 +267,7 @@ TEST(HostileInput, GarbageTruncatedVersionLengthsNanInfAndForgeriesChangeNothing
   expect_error(PushMessage(dense_key, msg::PayloadKind::Dense, DenseBytes(kLen + 1, 1.0f), id),
                id, absl::StatusCode::kInvalidArgument, "wrong length");
   ++id;
-  expect_error(PushMessage(ada_key, msg::PayloadKind::SparseTernary, DenseBytes(kLen, 1.0f), id),
+  expect_error(PushMessage(ada_key, msg::PayloadKind::AdaComp, DenseBytes(kLen, 1.0f), id),
                id, absl::StatusCode::kInvalidArgument, "kind mismatch");
   {
     flatbuffers::FlatBufferBuilder fbb;
@@ -292,7 +293,7 @@ TEST(HostileInput, GarbageTruncatedVersionLengthsNanInfAndForgeriesChangeNothing
     expect_error(PushMessage(dense_key, msg::PayloadKind::Dense, dense, id), id,
                  absl::StatusCode::kInvalidArgument, "non-finite dense value");
     ++id;
-    expect_error(PushMessage(ada_key, msg::PayloadKind::SparseTernary, AdaCompWithScale(bad), id),
+    expect_error(PushMessage(ada_key, msg::PayloadKind::AdaComp, AdaCompWithScale(bad), id),
                  id, absl::StatusCode::kInvalidArgument, "non-finite AdaComp scale");
     CompressedUpdate u;
     u.kind = CompressorKind::kTopK;

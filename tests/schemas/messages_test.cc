@@ -9,7 +9,7 @@ namespace {
 
 OutMessage MakePush(uint16_t version) {
   flatbuffers::FlatBufferBuilder fbb;
-  auto body = msg::CreatePush(fbb, 42, 7, msg::PayloadKind::SparseTernary);
+  auto body = msg::CreatePush(fbb, 42, 7, msg::PayloadKind::AdaComp);
   msg::EnvelopeBuilder eb(fbb);
   eb.add_version(version);
   eb.add_sender_role(msg::Role::Worker);
@@ -78,6 +78,28 @@ TEST(Messages, ErrorBodyBecomesItsStatus) {
   ASSERT_TRUE(env.ok());
   absl::Status s = StatusFromError((*env)->body_as_Error());
   EXPECT_EQ(s, absl::InvalidArgumentError("bad key"));
+}
+
+TEST(SliceKey, PutsTheTensorAbove24BitsOfSliceIndex) {
+  EXPECT_EQ(*SliceKey(0, 0), 0u);
+  EXPECT_EQ(*SliceKey(1, 0), uint64_t{1} << 24);
+  EXPECT_EQ(*SliceKey(3, 5), (uint64_t{3} << 24) | 5);
+  EXPECT_EQ(*SliceKey(0xffffffffu, (1u << 24) - 1), (uint64_t{0xffffffffu} << 24) | 0xffffff);
+}
+
+TEST(SliceKey, IndexOf24BitsOrMoreIsRejected) {
+  EXPECT_EQ(SliceKey(1, uint64_t{1} << 24).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SliceKey(1, ~uint64_t{0}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PayloadKind, ConvertsBothWaysForEveryCodecKind) {
+  for (CompressorKind k : {CompressorKind::kDense, CompressorKind::kAdaComp,
+                           CompressorKind::kTopK, CompressorKind::kSign}) {
+    EXPECT_EQ(*CompressorKindFor(PayloadKindFor(k)), k);
+  }
+  EXPECT_EQ(PayloadKindFor(CompressorKind::kAdaComp), msg::PayloadKind::AdaComp);
+  EXPECT_EQ(CompressorKindFor(static_cast<msg::PayloadKind>(4)).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -12,24 +12,9 @@
 #include "gtest/gtest.h"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
-#include "worker/dense_wire.h"
 
 namespace adaps {
 namespace {
-
-TEST(WorkerWire, DirectDenseEncodingEqualsTheCodec) {
-  for (size_t n : {0, 1, 127, 128, 20000}) {
-    std::vector<float> g(n);
-    for (size_t i = 0; i < n; ++i) g[i] = 0.5f * static_cast<float>(i) - 3.0f;
-    CompressedUpdate u;
-    u.kind = CompressorKind::kDense;
-    u.length = static_cast<uint32_t>(n);
-    u.values = g;
-    Bytes expected;
-    ASSERT_TRUE(EncodeUpdate(u, IndexCoding::kRice, &expected).ok());
-    EXPECT_EQ(*EncodeDenseDirect(g, IndexCoding::kRice), expected) << n;
-  }
-}
 
 constexpr size_t kLen = 100;
 constexpr uint64_t kKey = 0;  // tensor 0, slice 0
@@ -153,7 +138,7 @@ TEST_F(ServerInproc, CorruptPayloadIsDataLossAndChangesNothing) {
 
 TEST_F(ServerInproc, PayloadOfAnotherKindThanTheHeaderSaysIsRejected) {
   flatbuffers::FlatBufferBuilder fbb;
-  auto body = msg::CreatePush(fbb, kKey, 0, msg::PayloadKind::SparseTernary);
+  auto body = msg::CreatePush(fbb, kKey, 0, msg::PayloadKind::AdaComp);
   const uint64_t id = client_->NewRequestId();
   absl::Status s =
       Call(FinishEnvelope(fbb, client_->self(), body, id, 0, DenseUpdate(kLen, 1.0f)), id)

@@ -1,0 +1,33 @@
+// Internal to the worker library: the one conversion between each public API enum
+// (adaps/worker.h, which may not include common/ headers) and its codec or schema twin.
+// The static_asserts keep the numberings equal.
+#ifndef ADAPS_WORKER_KINDS_H_
+#define ADAPS_WORKER_KINDS_H_
+
+#include <cstdint>
+
+#include "adaps/worker.h"
+#include "common/compressor.h"
+#include "schemas/adaps_generated.h"
+
+namespace adaps {
+
+static_assert(static_cast<int>(Compression::kDense) == static_cast<int>(CompressorKind::kDense));
+static_assert(static_cast<int>(Compression::kAdaComp) ==
+              static_cast<int>(CompressorKind::kAdaComp));
+static_assert(static_cast<int>(Compression::kTopK) == static_cast<int>(CompressorKind::kTopK));
+static_assert(static_cast<int>(Compression::kSign) == static_cast<int>(CompressorKind::kSign));
+static_assert(static_cast<int>(PullFormat::kDense) == static_cast<int>(msg::PullFormat::Dense));
+static_assert(static_cast<int>(PullFormat::kRecompressed) ==
+              static_cast<int>(msg::PullFormat::Recompressed));
+
+// A value outside the enum stays outside it; ValidateOptions rejects it.
+inline CompressorKind CodecKind(Compression c) { return static_cast<CompressorKind>(c); }
+inline Compression ApiCompression(CompressorKind k) { return static_cast<Compression>(k); }
+inline msg::PullFormat WirePullFormat(PullFormat p) {
+  return p == PullFormat::kRecompressed ? msg::PullFormat::Recompressed : msg::PullFormat::Dense;
+}
+
+}  // namespace adaps
+
+#endif  // ADAPS_WORKER_KINDS_H_

@@ -1,0 +1,100 @@
+#include "worker/tensor.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace adaps {
+
+void Op::Done(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (finished_) return;
+  if (!status.ok()) {
+    finished_ = true;
+    promise_.set_value(status);
+    return;
+  }
+  if (--remaining_ == 0) {
+    finished_ = true;
+    promise_.set_value(absl::OkStatus());
+  }
+}
+
+bool Op::IsFinished() {
+  absl::MutexLock lock(&mu_);
+  return finished_;
+}
+
+namespace {
+
+// Phase one for slice `i`: its wire bytes, its new residue (if any) left pending.
+absl::Status EncodeSlice(Tensor& t, size_t i, absl::Span<const float> grad, IndexCoding coding,
+                         Bytes* bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
+  SliceRt& rt = t.slices[i];
+  if (rt.residue == nullptr) return EncodeDense(grad, coding, bytes);
+  ADAPS_RETURN_IF_ERROR(t.compressor->CompressPending(grad, *rt.residue, t.update));
+  return EncodeUpdate(t.update, coding, bytes);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const float> grad,
+                                                    IndexCoding coding) {
+  std::vector<SharedBytes> encoded;
+  encoded.reserve(t.slices.size());
+  absl::Status status;
+  for (size_t i = 0; i < t.slices.size() && status.ok(); ++i) {
+    const SliceInfo& info = t.meta[i].info;
+    auto bytes = std::make_shared<Bytes>();
+    status = EncodeSlice(t, i, grad.subspan(info.offset, info.length), coding, bytes.get());
+    if (!status.ok()) {
+      status = absl::Status(status.code(),
+                            absl::StrCat("gradient of '", t.spec.name, "' (slice at ",
+                                         info.offset, "): ", status.message()));
+    }
+    encoded.push_back(std::move(bytes));
+  }
+  for (SliceRt& rt : t.slices) {
+    if (rt.residue == nullptr) continue;
+    if (status.ok()) {
+      rt.residue->Commit();
+    } else {
+      rt.residue->Discard();
+    }
+  }
+  if (!status.ok()) return status;
+  return encoded;
+}
+
+absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
+                       absl::Span<const uint8_t> payload, uint64_t wire_bytes,
+                       absl::Span<float> out) {
+  absl::MutexLock lock(&t.mu);
+  const SliceInfo& info = t.meta[i].info;
+  SliceRt& rt = t.slices[i];
+  t.traffic.pull_wire_bytes += wire_bytes;
+  t.traffic.pull_dense_bytes += uint64_t{info.length} * sizeof(float);
+  float* dst = out.data() + info.offset;
+  if (resp.format() == msg::PullFormat::Dense) {
+    if (payload.size() != uint64_t{info.length} * sizeof(float)) {
+      return absl::DataLossError("dense pull of the wrong size");
+    }
+    std::memcpy(dst, payload.data(), payload.size());
+    return absl::OkStatus();
+  }
+  if (resp.base_version() != rt.replica_version) {
+    return absl::DataLossError(absl::StrCat("recompressed pull from version ",
+                                            resp.base_version(), " but replica is at ",
+                                            rt.replica_version));
+  }
+  if (!payload.empty()) {
+    ADAPS_RETURN_IF_ERROR(DecodeAdd(payload, 1.0f, absl::MakeSpan(rt.replica)));
+  }
+  rt.replica_version = resp.version();
+  std::memcpy(dst, rt.replica.data(), rt.replica.size() * sizeof(float));
+  return absl::OkStatus();
+}
+
+}  // namespace adaps

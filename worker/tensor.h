@@ -1,0 +1,92 @@
+// Internal to the worker library: the state of one declared tensor and the encode/decode of
+// its pushes and pulls.
+//
+// Ownership: the Worker owns its Tensors for its whole life; reply callbacks on the
+// transport's I/O thread keep raw pointers to them (the transport stops before they go).
+// Thread-safety: `Tensor::mu` guards the mutable per-slice state and is taken by caller
+// threads and by the I/O thread, always briefly: never across a blocking call. `meta`, `spec`,
+// `length`, `tensor_id` and `compressor`'s options are set before the tensor is published and
+// read-only afterwards.
+#ifndef ADAPS_WORKER_TENSOR_H_
+#define ADAPS_WORKER_TENSOR_H_
+
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "adaps/worker.h"
+#include "common/compressor.h"
+#include "common/messages.h"
+#include "common/wire_codec.h"
+
+namespace adaps {
+
+// One asynchronous operation over several slices. Completes its promise once: at the first
+// error, or when every part has finished. Parts that finish after an error must not touch
+// the caller's buffers; they check IsFinished().
+class Op {
+ public:
+  explicit Op(int parts) : remaining_(parts) {}
+  void Done(const absl::Status& status);
+  bool IsFinished();
+  std::future<absl::Status> future() { return promise_.get_future(); }
+
+ private:
+  absl::Mutex mu_;
+  int remaining_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::promise<absl::Status> promise_;
+};
+
+// What never changes about a slice once declared.
+struct SliceMeta {
+  SliceInfo info;
+  uint64_t key = 0;
+};
+
+// What changes: the error feedback, the step, and the replica of recompressed pulls.
+struct SliceRt {
+  std::unique_ptr<SliceState> residue;  // null for dense tensors (no error feedback)
+  std::vector<float> replica;           // recompressed pulls: what the server published
+  uint64_t replica_version = 0;
+  uint64_t step = 0;  // the step this slice pushes next (the server's version)
+};
+
+struct Tensor {
+  TensorSpec spec;
+  uint64_t length = 0;
+  uint32_t tensor_id = 0;
+  std::vector<SliceMeta> meta;
+  absl::Mutex mu;
+  std::unique_ptr<Compressor> compressor ABSL_GUARDED_BY(mu);  // its scratch space changes
+  std::vector<SliceRt> slices ABSL_GUARDED_BY(mu);
+  CompressedUpdate update ABSL_GUARDED_BY(mu);
+  uint64_t server_generation ABSL_GUARDED_BY(mu) = 0;  // see WorkerImpl::server_generation_
+  TrafficCounters traffic ABSL_GUARDED_BY(mu);
+};
+
+// The wire payload of every slice of one push, in two phases: each slice is compressed with
+// its new residue left pending, and the residues are committed only when every slice
+// succeeded. On any error (kInvalidArgument for NaN/Inf, kOutOfRange for a residue overflow)
+// no residue of any slice changed. Dense slices are encoded straight from the gradient with
+// the finiteness check fused into that one copy.
+absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const float> grad,
+                                                    IndexCoding coding)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+
+// On the I/O thread: writes slice `i` of a pull answer into `out` (dense copy, or the
+// recompressed update applied to the replica) and counts `wire_bytes` of traffic.
+// kDataLoss for an answer that does not fit the slice. Takes t.mu.
+absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
+                       absl::Span<const uint8_t> payload, uint64_t wire_bytes,
+                       absl::Span<float> out);
+
+}  // namespace adaps
+
+#endif  // ADAPS_WORKER_TENSOR_H_

@@ -1,0 +1,322 @@
+// Worker::Impl, data path: declaring tensors, pushes and pulls, resynchronizing after a
+// server restart, barriers, hyper-parameters and checkpoints.
+#include "worker/worker_impl.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/kinds.h"
+
+namespace adaps {
+namespace {
+
+constexpr int kSchedulerPeer = 0;
+
+std::future<absl::Status> Ready(absl::Status status) {
+  std::promise<absl::Status> p;
+  p.set_value(std::move(status));
+  return p.get_future();
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor*> Worker::Impl::Find(absl::string_view name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = tensors_.find(std::string(name));
+  if (it == tensors_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' was not declared"));
+  }
+  return it->second.get();
+}
+
+// Checks the spec and asks the scheduler for the layout; the tensor is not yet published.
+absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewTensor(const TensorSpec& spec,
+                                                                uint64_t length) {
+  CompressorOptions copts;
+  copts.kind = CodecKind(spec.compression);
+  copts.bin_size = spec.bin_size;
+  copts.topk_fraction = spec.topk_fraction;
+  ADAPS_RETURN_IF_ERROR(ValidateOptions(copts));
+  ADAPS_RET_CHECK(spec.bin_size > 0, absl::StatusCode::kInvalidArgument, "bin size is zero");
+  auto tensor = std::make_unique<Tensor>();
+  tensor->spec = spec;
+  tensor->length = length;
+  ADAPS_ASSIGN_OR_RETURN(auto compressor, MakeCompressor(copts));
+
+  flatbuffers::FlatBufferBuilder fbb(256);
+  auto body = msg::CreateDeclareTensor(fbb, fbb.CreateString(spec.name), length, spec.bin_size);
+  ADAPS_ASSIGN_OR_RETURN(InMessage reply,
+                         Call(kSchedulerPeer, fbb, body, nullptr, options_.request_timeout));
+  const msg::TensorLayout* layout = reply.envelope()->body_as_TensorLayout();
+  ADAPS_RET_CHECK(layout != nullptr && layout->slices() != nullptr && layout->length() == length,
+                  absl::StatusCode::kDataLoss, "bad tensor layout from the scheduler");
+  tensor->tensor_id = layout->tensor_id();
+  const bool dense = spec.compression == Compression::kDense;
+  absl::MutexLock lock(&tensor->mu);  // not shared yet; held for the annotations only
+  tensor->compressor = std::move(compressor);
+  uint64_t covered = 0;
+  for (uint32_t i = 0; i < layout->slices()->size(); ++i) {
+    const msg::Slice* s = layout->slices()->Get(i);
+    ADAPS_RET_CHECK(s->offset() == covered && s->server() >= 0 && s->server() < num_servers_ &&
+                        s->length() > 0,
+                    absl::StatusCode::kDataLoss, "bad slice in the tensor layout");
+    covered += s->length();
+    ADAPS_ASSIGN_OR_RETURN(uint64_t key, SliceKey(tensor->tensor_id, i));
+    tensor->meta.push_back(SliceMeta{SliceInfo{s->offset(), s->length(), s->server()}, key});
+    SliceRt rt;
+    if (!dense) rt.residue = std::make_unique<SliceState>(s->length());
+    tensor->slices.push_back(std::move(rt));
+  }
+  ADAPS_RET_CHECK(covered == length, absl::StatusCode::kDataLoss,
+                  "tensor layout does not cover the tensor");
+  return tensor;
+}
+
+// Creates the slices on the servers (rank 0 sends the initial values), meets the others at
+// a barrier and pulls everyone's starting values (rank 0's, or the current ones for a worker
+// that rejoined) into `values`.
+absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
+  for (const SliceMeta& m : t.meta) {
+    flatbuffers::FlatBufferBuilder b(256);
+    auto d = msg::CreateDeclareSlice(b, m.key, b.CreateString(t.spec.name), m.info.length,
+                                     t.spec.bin_size, rank_ == 0);
+    SharedBytes init;
+    if (rank_ == 0) init = FloatsToBytes(values.subspan(m.info.offset, m.info.length));
+    ADAPS_RETURN_IF_ERROR(
+        Call(ServerPeer(m.info.server), b, d, std::move(init), options_.request_timeout)
+            .status());
+  }
+  // A worker that rejoined a running cluster does not meet the others at this barrier:
+  // they are training; it starts from the current parameters below.
+  if (!rejoined_) ADAPS_RETURN_IF_ERROR(Barrier());
+  ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls, PullAllDense(t, "initial pull"));
+  absl::MutexLock lock(&t.mu);
+  for (size_t i = 0; i < t.meta.size(); ++i) {
+    const SliceInfo& info = t.meta[i].info;
+    SliceRt& rt = t.slices[i];
+    std::memcpy(values.data() + info.offset, pulls[i].payload().data(), pulls[i].payload().size());
+    rt.replica.assign(values.begin() + info.offset, values.begin() + info.offset + info.length);
+    rt.replica_version = pulls[i].envelope()->body_as_PullResponse()->version();
+    rt.step = rt.replica_version;
+  }
+  t.server_generation = server_generation_.load();
+  return absl::OkStatus();
+}
+
+absl::Status Worker::Impl::Declare(const TensorSpec& spec, absl::Span<float> values) {
+  ADAPS_RETURN_IF_ERROR(CheckRunning());
+  ADAPS_RET_CHECK(!spec.name.empty(), absl::StatusCode::kInvalidArgument, "empty tensor name");
+  ADAPS_RET_CHECK(!spec.shape.empty(), absl::StatusCode::kInvalidArgument, "empty shape");
+  uint64_t length = 1;
+  for (int64_t d : spec.shape) {
+    ADAPS_RET_CHECK(d > 0, absl::StatusCode::kInvalidArgument, "shape dimensions must be > 0");
+    length *= static_cast<uint64_t>(d);
+  }
+  ADAPS_RET_CHECK(values.size() == length, absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("tensor '", spec.name, "': ", values.size(),
+                               " initial values for ", length, " elements"));
+  if (Find(spec.name).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name, "' declared twice"));
+  }
+  ADAPS_ASSIGN_OR_RETURN(std::unique_ptr<Tensor> tensor, NewTensor(spec, length));
+  ADAPS_RETURN_IF_ERROR(DeclareSlices(*tensor, values));
+  log_.get()->debug("declared '{}' ({} elements, {} slices)", spec.name, length,
+                    tensor->meta.size());
+  absl::MutexLock lock(&mu_);
+  tensors_.emplace(spec.name, std::move(tensor));
+  return absl::OkStatus();
+}
+
+// Blocking dense pulls of every slice at its current version; called with no lock held.
+absl::StatusOr<std::vector<InMessage>> Worker::Impl::PullAllDense(const Tensor& t,
+                                                                  const char* why) {
+  std::vector<InMessage> out;
+  for (const SliceMeta& m : t.meta) {
+    flatbuffers::FlatBufferBuilder b(128);
+    auto p = msg::CreatePullRequest(b, m.key, 0, 0, msg::PullFormat::Dense);
+    ADAPS_ASSIGN_OR_RETURN(InMessage r, Call(ServerPeer(m.info.server), b, p, nullptr,
+                                             options_.request_timeout));
+    ADAPS_RET_CHECK(r.envelope()->body_as_PullResponse() != nullptr &&
+                        r.payload().size() == uint64_t{m.info.length} * sizeof(float),
+                    absl::StatusCode::kDataLoss, absl::StrCat("bad ", why));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// After a server restarted (restored from its checkpoint, possibly at an earlier step):
+// learn each slice's current step and parameters, so the next push is for the step the
+// server is at and recompressed pulls start from its state. The pulls run without t.mu
+// (an I/O callback may need it meanwhile); the answers are applied under it afterwards.
+absl::Status Worker::Impl::Resync(Tensor& t) {
+  const uint64_t generation = server_generation_.load();
+  ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls, PullAllDense(t, "pull while resynchronizing"));
+  absl::MutexLock lock(&t.mu);
+  if (t.server_generation == generation) return absl::OkStatus();  // another caller did it
+  for (size_t i = 0; i < t.meta.size(); ++i) {
+    SliceRt& rt = t.slices[i];
+    const uint64_t version = pulls[i].envelope()->body_as_PullResponse()->version();
+    if (version != rt.step) {
+      log_.get()->warn("tensor '{}' slice at {}: server at step {}, this worker at {}",
+                       t.spec.name, t.meta[i].info.offset, version, rt.step);
+    }
+    rt.step = version;
+    std::memcpy(rt.replica.data(), pulls[i].payload().data(), pulls[i].payload().size());
+    rt.replica_version = version;
+  }
+  t.server_generation = generation;
+  return absl::OkStatus();
+}
+
+std::future<absl::Status> Worker::Impl::Run(absl::string_view name, absl::Span<const float> grad,
+                                            absl::Span<float> out, bool push, bool pull) {
+  if (auto s = CheckRunning(); !s.ok()) return Ready(s);
+  auto found = Find(name);
+  if (!found.ok()) return Ready(found.status());
+  Tensor& t = **found;
+  if ((push && grad.size() != t.length) || (pull && out.size() != t.length)) {
+    return Ready(absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "' has ", t.length, " elements; got ",
+                     push ? grad.size() : out.size())));
+  }
+  bool stale;
+  {
+    absl::MutexLock lock(&t.mu);
+    stale = t.server_generation != server_generation_.load();
+  }
+  if (stale) {
+    if (auto s = Resync(t); !s.ok()) return Ready(s);
+  }
+  const int parts = static_cast<int>(t.meta.size()) * ((push ? 1 : 0) + (pull ? 1 : 0));
+  auto op = std::make_shared<Op>(parts);
+  auto future = op->future();
+  absl::MutexLock lock(&t.mu);
+  if (push) {
+    if (auto s = StartPush(t, grad, op); !s.ok()) return Ready(s);
+  }
+  if (pull) StartPull(t, out, op);
+  return future;
+}
+
+// Sends the pushes of one step; every slice reports to `op`. Nothing is sent, and no
+// residue changes, unless every slice encoded.
+absl::Status Worker::Impl::StartPush(Tensor& t, absl::Span<const float> grad,
+                                     const std::shared_ptr<Op>& op) {
+  const IndexCoding coding = options_.compact_indices ? IndexCoding::kRice : IndexCoding::kPlain32;
+  ADAPS_ASSIGN_OR_RETURN(std::vector<SharedBytes> encoded, EncodePush(t, grad, coding));
+  const msg::PayloadKind kind = PayloadKindFor(CodecKind(t.spec.compression));
+  for (size_t i = 0; i < t.meta.size(); ++i) {
+    const SliceMeta& m = t.meta[i];
+    const uint64_t step = t.slices[i].step++;
+    flatbuffers::FlatBufferBuilder fbb(128);
+    auto body = msg::CreatePush(fbb, m.key, step, kind);
+    const uint64_t id = transport_->NewRequestId();
+    OutMessage msg = FinishEnvelope(fbb, transport_->self(), body, id, 0, encoded[i]);
+    t.traffic.push_wire_bytes += msg.header.size() + encoded[i]->size();
+    t.traffic.push_dense_bytes += uint64_t{m.info.length} * sizeof(float);
+    transport_->Request(ServerPeer(m.info.server), id, std::move(msg),
+                        absl::Now() + options_.request_timeout,
+                        [op, name = t.spec.name](absl::StatusOr<InMessage> reply) {
+                          if (!reply.ok()) {
+                            op->Done(absl::Status(reply.status().code(),
+                                                  absl::StrCat("push of '", name, "': ",
+                                                               reply.status().message())));
+                          } else {
+                            op->Done(absl::OkStatus());
+                          }
+                        });
+  }
+  ++t.traffic.pushes;
+  return absl::OkStatus();
+}
+
+void Worker::Impl::StartPull(Tensor& t, absl::Span<float> out, const std::shared_ptr<Op>& op) {
+  const msg::PullFormat format = WirePullFormat(t.spec.pull);
+  for (size_t i = 0; i < t.meta.size(); ++i) {
+    const SliceMeta& m = t.meta[i];
+    const SliceRt& rt = t.slices[i];
+    flatbuffers::FlatBufferBuilder fbb(128);
+    auto body = msg::CreatePullRequest(fbb, m.key, rt.step, rt.replica_version, format);
+    const uint64_t id = transport_->NewRequestId();
+    OutMessage msg = FinishEnvelope(fbb, transport_->self(), body, id, 0);
+    const size_t request_bytes = msg.header.size();
+    Tensor* tp = &t;
+    Transport* transport = transport_.get();
+    transport_->Request(
+        ServerPeer(m.info.server), id, std::move(msg), absl::Now() + options_.request_timeout,
+        [op, tp, i, out, request_bytes, transport](absl::StatusOr<InMessage> reply) {
+          ADAPS_DCHECK_ON_IO_THREAD(transport);
+          if (!reply.ok()) {
+            op->Done(absl::Status(reply.status().code(), absl::StrCat("pull of '", tp->spec.name,
+                                                                      "': ",
+                                                                      reply.status().message())));
+            return;
+          }
+          if (op->IsFinished()) return;  // an earlier part failed: leave `out` alone
+          const msg::PullResponse* resp = reply->envelope()->body_as_PullResponse();
+          if (resp == nullptr) {
+            op->Done(absl::DataLossError("pull answered with something else"));
+            return;
+          }
+          op->Done(ApplyPull(*tp, i, *resp, reply->payload(), reply->wire_bytes() + request_bytes,
+                             out));
+        });
+  }
+  ++t.traffic.pulls;
+}
+
+absl::Status Worker::Impl::Barrier() {
+  ADAPS_RETURN_IF_ERROR(CheckRunning());
+  flatbuffers::FlatBufferBuilder fbb(64);
+  auto body = msg::CreateBarrier(fbb, barrier_seq_.fetch_add(1));
+  return Call(kSchedulerPeer, fbb, body, nullptr, options_.request_timeout).status();
+}
+
+absl::Status Worker::Impl::SetHyper(const std::vector<std::pair<std::string, double>>& params) {
+  ADAPS_RETURN_IF_ERROR(CheckRunning());
+  for (int s = 0; s < num_servers_; ++s) {
+    flatbuffers::FlatBufferBuilder fbb(256);
+    std::vector<flatbuffers::Offset<msg::HyperParam>> ps;
+    for (const auto& [n, v] : params) {
+      ps.push_back(msg::CreateHyperParam(fbb, fbb.CreateString(n), v));
+    }
+    auto body = msg::CreateSetHyper(fbb, fbb.CreateVector(ps));
+    ADAPS_RETURN_IF_ERROR(
+        Call(ServerPeer(s), fbb, body, nullptr, options_.request_timeout).status());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::Impl::Checkpoint(const std::string& directory) {
+  ADAPS_RETURN_IF_ERROR(CheckRunning());
+  for (int s = 0; s < num_servers_; ++s) {
+    flatbuffers::FlatBufferBuilder fbb(256);
+    auto body = msg::CreateCheckpoint(fbb, fbb.CreateString(directory));
+    ADAPS_RETURN_IF_ERROR(
+        Call(ServerPeer(s), fbb, body, nullptr, options_.request_timeout).status());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrafficCounters> Worker::Impl::Traffic(absl::string_view name) const {
+  ADAPS_ASSIGN_OR_RETURN(Tensor * t, Find(name));
+  absl::MutexLock lock(&t->mu);
+  return t->traffic;
+}
+
+absl::StatusOr<std::vector<SliceInfo>> Worker::Impl::Slices(absl::string_view name) const {
+  ADAPS_ASSIGN_OR_RETURN(Tensor * t, Find(name));
+  std::vector<SliceInfo> out;
+  for (const SliceMeta& m : t->meta) out.push_back(m.info);
+  return out;
+}
+
+std::vector<std::string> Worker::Impl::TensorNames() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> names;
+  for (const auto& [n, t] : tensors_) names.push_back(n);
+  return names;
+}
+
+}  // namespace adaps
