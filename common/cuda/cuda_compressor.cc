@@ -288,6 +288,7 @@ class CudaDense final : public CudaCompressorBase {
     out.kind = CompressorKind::kDense;
     out.length = static_cast<uint32_t>(last_n_);
     out.values.resize(last_n_);
+    if (last_n_ == 0) return absl::OkStatus();
     ADAPS_RETURN_IF_ERROR(Download(out.values.data(), values_, last_n_ * sizeof(float)));
     ADAPS_CUDA_CALL(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     return absl::OkStatus();

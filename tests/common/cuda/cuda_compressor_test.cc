@@ -1,8 +1,12 @@
-// Conformance of the CUDA compressors with the CPU oracle (common/compressor.h): same indices,
-// same signs, same residue, scale equal (or, in the rare case documented in
-// cuda_compressor.h, one float ulp apart). Every test that needs a GPU skips with the reason
-// when none is usable.
+// The CUDA compressors: the shared AdaComp conformance suite (tests/common/
+// compressor_conformance.h: same indices, signs and residue as the oracle, scale within one
+// float ulp as documented in cuda_compressor.h), instantiated for the GPU, and the GPU-only
+// interface (Enqueue/Wait/Fetch/DecompressAddLast, streams, the dense baseline,
+// DecompressAddToDevice). Every test that needs a GPU skips with the reason when none is usable;
+// the host-side logic (argument checks, the result of a failed step, tile layouts) runs anywhere.
 #include "common/cuda/cuda_compressor.h"
+
+#include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
@@ -18,7 +22,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/compressor.h"
+#include "common/cuda/adacomp_kernels.h"
 #include "gtest/gtest.h"
+#include "tests/common/compressor_conformance.h"
 
 namespace adaps {
 namespace cuda {
@@ -164,30 +170,6 @@ std::vector<float> Normal(size_t n, float sigma, uint32_t seed) {
   return v;
 }
 
-// Heavy tails, exact zeros, repeated values and denormals: the shapes real gradients take.
-std::vector<float> Adversarial(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> pick(0, 9);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::cauchy_distribution<float> cauchy(0.0f, 1e-3f);
-  std::vector<float> v(n);
-  for (float& x : v) {
-    switch (pick(rng)) {
-      case 0: case 1: x = 0.0f; break;
-      case 2: x = 0.25f; break;
-      case 3: x = -0.25f; break;
-      case 4: x = std::numeric_limits<float>::denorm_min() * 7; break;
-      case 5: {
-        const float c = cauchy(rng);
-        x = std::isfinite(c) && std::fabs(c) < 1e30f ? c : 1.0f;
-        break;
-      }
-      default: x = normal(rng) * 1e-2f; break;
-    }
-  }
-  return v;
-}
-
 // ------------------------------------------------------------------------------------------
 // Without a GPU.
 
@@ -221,79 +203,6 @@ TEST(CudaCompressorOptions, InvalidOptionsAreRejectedBeforeTheDeviceIsTouched) {
 }
 
 // ------------------------------------------------------------------------------------------
-// Against the CPU oracle, over bin sizes and lengths around multiples of the bin size.
-
-enum class LengthCase { kOne, kBinMinusOne, kBin, kBinPlusOne, kSevenBinsPlus3, kLarge };
-
-std::string LengthName(LengthCase c) {
-  switch (c) {
-    case LengthCase::kOne: return "N1";
-    case LengthCase::kBinMinusOne: return "NTminus1";
-    case LengthCase::kBin: return "NT";
-    case LengthCase::kBinPlusOne: return "NTplus1";
-    case LengthCase::kSevenBinsPlus3: return "N7Tplus3";
-    case LengthCase::kLarge: return "NLarge";
-  }
-  return "?";
-}
-
-void PrintTo(LengthCase c, std::ostream* os) { *os << LengthName(c); }
-
-size_t Length(LengthCase c, uint32_t t) {
-  switch (c) {
-    case LengthCase::kOne: return 1;
-    case LengthCase::kBinMinusOne: return t > 1 ? t - 1 : 1;
-    case LengthCase::kBin: return t;
-    case LengthCase::kBinPlusOne: return t + 1;
-    case LengthCase::kSevenBinsPlus3: return 7 * static_cast<size_t>(t) + 3;
-    case LengthCase::kLarge: return (size_t{1} << 20) + 13;
-  }
-  return 1;
-}
-
-using ConformanceParam = std::tuple<uint32_t, LengthCase, bool>;
-
-class CudaAdaCompConformance : public ::testing::TestWithParam<ConformanceParam> {};
-
-TEST_P(CudaAdaCompConformance, MatchesTheCpuOnRandomGradientsOverSteps) {
-  SKIP_WITHOUT_GPU();
-  const auto [t, lc, defer] = GetParam();
-  const size_t n = Length(lc, t);
-  Pair pair(n, AdaCompOptions(t), defer);
-  for (uint32_t step = 0; step < 5; ++step) {
-    const float sigma = step == 3 ? 1e-6f : 1.0f / static_cast<float>(1 + step);
-    // Residue compared after steps 2 and 4 only: steps 1, 3 and 4 apply the deferred fix-up
-    // of the step before inside the pass.
-    ASSERT_TRUE(pair.Step(Normal(n, sigma, 1000 * t + step), absl::StrCat("step ", step),
-                          step == 2 || step == 4)
-                    .ok());
-  }
-}
-
-TEST_P(CudaAdaCompConformance, MatchesTheCpuOnAdversarialGradients) {
-  SKIP_WITHOUT_GPU();
-  const auto [t, lc, defer] = GetParam();
-  const size_t n = Length(lc, t);
-  Pair pair(n, AdaCompOptions(t), defer);
-  for (uint32_t step = 0; step < 4; ++step) {
-    ASSERT_TRUE(
-        pair.Step(Adversarial(n, 77 * t + step), absl::StrCat("step ", step), step == 3).ok());
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    BinSizesAndLengths, CudaAdaCompConformance,
-    ::testing::Combine(::testing::Values(1u, 3u, 50u, 500u, 2048u, 2049u, 5000u),
-                       ::testing::Values(LengthCase::kOne, LengthCase::kBinMinusOne,
-                                         LengthCase::kBin, LengthCase::kBinPlusOne,
-                                         LengthCase::kSevenBinsPlus3, LengthCase::kLarge),
-                       ::testing::Bool()),
-    [](const ::testing::TestParamInfo<ConformanceParam>& info) {
-      return absl::StrCat("T", std::get<0>(info.param), "_", LengthName(std::get<1>(info.param)),
-                          std::get<2>(info.param) ? "_deferred" : "_eager");
-    });
-
-// ------------------------------------------------------------------------------------------
 // Hand-made inputs.
 
 TEST(CudaAdaComp, AllZeroBinsSendNothing) {
@@ -312,27 +221,6 @@ TEST(CudaAdaComp, AllZeroBinsSendNothing) {
   for (uint32_t i : pair.gpu_out().indices) EXPECT_EQ((i / t) % 2, 1u) << "index " << i;
 }
 
-TEST(CudaAdaComp, AllZeroGradientSendsNothingAndScaleIsZero) {
-  SKIP_WITHOUT_GPU();
-  const size_t n = 12345;
-  Pair pair(n, AdaCompOptions(500));
-  ASSERT_TRUE(pair.Step(std::vector<float>(n, 0.0f), "zeros").ok());
-  EXPECT_TRUE(pair.gpu_out().indices.empty());
-  EXPECT_EQ(pair.gpu_out().scale, 0.0f);
-}
-
-TEST(CudaAdaComp, TiesWithTheBinMaximumAreAllSelected) {
-  SKIP_WITHOUT_GPU();
-  const uint32_t t = 50;
-  const size_t n = 10 * t;
-  std::vector<float> g(n);
-  for (size_t i = 0; i < n; ++i) g[i] = (i % 3 == 0) ? -0.5f : 0.5f;  // every |g| ties
-  Pair pair(n, AdaCompOptions(t));
-  ASSERT_TRUE(pair.Step(g, "ties").ok());
-  EXPECT_EQ(pair.gpu_out().indices.size(), n);
-  ASSERT_TRUE(pair.Step(g, "ties again").ok());
-}
-
 TEST(CudaAdaComp, SignsFollowTheResidue) {
   SKIP_WITHOUT_GPU();
   const size_t n = 4;
@@ -341,54 +229,6 @@ TEST(CudaAdaComp, SignsFollowTheResidue) {
   // Bin max 3: |2g| >= 3 for -3, 3 (and 1 -> |2| < 3 no).
   EXPECT_EQ(pair.gpu_out().indices, (std::vector<uint32_t>{1, 3}));
   EXPECT_EQ(pair.gpu_out().negative, (std::vector<uint8_t>{1, 0}));
-}
-
-TEST(CudaAdaComp, NonFiniteGradientIsRejectedAndLeavesResidueAndPendingFixupUntouched) {
-  SKIP_WITHOUT_GPU();
-  const uint32_t t = 50;
-  const size_t n = 40 * t + 11;
-  Pair pair(n, AdaCompOptions(t));
-  // No residue download after "before": its fix-up stays pending through the rejected steps.
-  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 5), "before", false).ok());
-  const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(),
-                              std::numeric_limits<float>::infinity(),
-                              -std::numeric_limits<float>::infinity()};
-  const size_t bad_positions[] = {0, n / 2, n - 1};
-  for (float bad : bad_values) {
-    for (size_t pos : bad_positions) {
-      std::vector<float> g = Normal(n, 1.0f, 6);
-      g[pos] = bad;
-      EXPECT_EQ(pair.Step(g, absl::StrCat("bad ", bad, " at ", pos), pos == n - 1).code(),
-                absl::StatusCode::kInvalidArgument);
-    }
-  }
-  // Both skipped the bad steps: the next good one must still agree.
-  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 7), "after").ok());
-}
-
-TEST(CudaAdaComp, NonFiniteGradientWithSendNothingGivesAnEmptyUpdate) {
-  SKIP_WITHOUT_GPU();
-  const size_t n = 1000;
-  Pair pair(n, AdaCompOptions(50, NonFinitePolicy::kSendNothing));
-  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 8), "before", false).ok());
-  std::vector<float> g = Normal(n, 1.0f, 9);
-  g[123] = std::numeric_limits<float>::quiet_NaN();
-  ASSERT_TRUE(pair.Step(g, "nan").ok());
-  EXPECT_TRUE(pair.gpu_out().indices.empty());
-  EXPECT_EQ(pair.gpu_out().length, n);
-  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 10), "after").ok());
-}
-
-TEST(CudaAdaComp, ResidueOverflowIsOutOfRangeLikeTheCpu) {
-  SKIP_WITHOUT_GPU();
-  const size_t n = 100;
-  Pair pair(n, AdaCompOptions(10));
-  std::vector<float> r = Normal(n, 1.0f, 20);
-  r[15] = 3e38f;
-  pair.SetResidue(r);
-  std::vector<float> g = Normal(n, 1.0f, 21);
-  g[15] = 3e38f;  // residue + gradient overflows to +Inf in bin 1
-  EXPECT_EQ(pair.Step(g, "overflow").code(), absl::StatusCode::kOutOfRange);
 }
 
 TEST(CudaAdaComp, UnalignedGradientPointerIsHandled) {
@@ -450,14 +290,6 @@ TEST(CudaAdaComp, ChangingTheBinSizeOnOneSliceMatchesTheCpu) {
   }
 }
 
-TEST(CudaAdaComp, EmptySliceGivesAnEmptyUpdate) {
-  SKIP_WITHOUT_GPU();
-  Pair pair(0, AdaCompOptions(50));
-  ASSERT_TRUE(pair.Step({}, "empty").ok());
-  EXPECT_EQ(pair.gpu_out().length, 0u);
-  EXPECT_TRUE(pair.gpu_out().indices.empty());
-}
-
 TEST(CudaAdaComp, WrongLengthIsInvalidArgumentAndFetchNeedsEnqueue) {
   SKIP_WITHOUT_GPU();
   auto gpu = MakeCudaAdaComp(AdaCompOptions(50));
@@ -471,17 +303,6 @@ TEST(CudaAdaComp, WrongLengthIsInvalidArgumentAndFetchNeedsEnqueue) {
   EXPECT_EQ((*gpu)->Compress(dev->floats(), 101, **st, out).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*gpu)->Compress(nullptr, 100, **st, out).code(), absl::StatusCode::kInvalidArgument);
-}
-
-TEST(CudaAdaComp, ResetZeroesTheResidueAndDropsThePendingFixup) {
-  SKIP_WITHOUT_GPU();
-  const size_t n = 5000;
-  Pair pair(n, AdaCompOptions(50));
-  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 12), "step").ok());
-  ASSERT_TRUE(pair.gpu_state().Reset().ok());
-  pair.cpu_state().Reset();
-  EXPECT_FALSE(pair.gpu_state().fixup_pending());
-  ASSERT_TRUE(pair.Step(Normal(n, 1.0f, 13), "after reset").ok());
 }
 
 // ------------------------------------------------------------------------------------------
@@ -608,6 +429,233 @@ TEST(CudaDense, MatchesTheCpuAndRejectsNonFinite) {
   ASSERT_TRUE(bad.ok());
   EXPECT_EQ((*gpu)->Compress(bad->floats(), n, **gst, gu).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// ------------------------------------------------------------------------------------------
+// The shared conformance suite on the GPU.
+
+class CudaBackend {
+ public:
+  static constexpr int kScaleUlps = 1;  // the documented fixed-order tree sum
+  static absl::Status Available() { return CudaAvailable(); }
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Make(const CompressorOptions& o,
+                                                           bool defer) {
+    auto c = MakeCudaAdaComp(o, defer);
+    if (!c.ok()) return c.status();
+    auto b = std::make_unique<CudaBackend>();
+    b->compressor_ = std::move(c).value();
+    return b;
+  }
+  absl::StatusOr<size_t> AddSlice(size_t n) {
+    auto st = CudaSliceState::Create(n);
+    if (!st.ok()) return st.status();
+    slices_.push_back(std::move(st).value());
+    return slices_.size() - 1;
+  }
+  absl::Status Compress(size_t slice, const std::vector<float>& g, size_t offset,
+                        CompressedUpdate& out) {
+    std::vector<float> buf(offset + g.size() + 3, 0.0f);
+    std::copy(g.begin(), g.end(), buf.begin() + offset);
+    auto dev = DeviceBuffer::FromHost(buf);
+    if (!dev.ok()) return dev.status();
+    return compressor_->Compress(dev->floats() + offset, g.size(), *slices_[slice], out);
+  }
+  absl::StatusOr<std::vector<float>> Residue(size_t slice) {
+    std::vector<float> r(slices_[slice]->size());
+    const absl::Status s = slices_[slice]->DownloadResidue(absl::MakeSpan(r));
+    if (!s.ok()) return s;
+    return r;
+  }
+  absl::Status SetResidue(size_t slice, const std::vector<float>& r) {
+    return slices_[slice]->UploadResidue(r);
+  }
+  absl::Status Reset(size_t slice) { return slices_[slice]->Reset(); }
+
+ private:
+  std::unique_ptr<CudaCompressor> compressor_;
+  std::vector<std::unique_ptr<CudaSliceState>> slices_;
+};
+
+}  // namespace
+}  // namespace cuda
+
+namespace testing {
+INSTANTIATE_TYPED_TEST_SUITE_P(Cuda, AdaCompConformance, cuda::CudaBackend);
+}  // namespace testing
+
+namespace cuda {
+namespace {
+
+// ------------------------------------------------------------------------------------------
+// Host-side logic, on any machine.
+
+TEST(CudaStepResult, AnOverflowGivesOutOfRangeAndTheCpusEmptyUpdate) {
+  CompressedUpdate out;
+  out.indices = {1, 2, 3};
+  out.negative = {0, 1, 0};
+  out.scale = std::numeric_limits<float>::infinity();
+  bool failed = false;
+  const absl::Status s =
+      internal::ResolveStep(false, true, AdaCompOptions(50), 100, out, &failed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_TRUE(failed);
+  EXPECT_EQ(out.kind, CompressorKind::kAdaComp);
+  EXPECT_EQ(out.length, 100u);
+  EXPECT_EQ(out.bin_size, 50u);
+  EXPECT_TRUE(out.indices.empty());
+  EXPECT_TRUE(out.negative.empty());
+  EXPECT_EQ(out.scale, 0.0f);
+}
+
+TEST(CudaStepResult, ANonFiniteGradientFollowsThePolicyAndASuccessLeavesTheUpdate) {
+  CompressedUpdate out;
+  bool failed = false;
+  EXPECT_EQ(internal::ResolveStep(true, true, AdaCompOptions(50), 10, out, &failed).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(failed);
+  EXPECT_TRUE(internal::ResolveStep(true, false,
+                                    AdaCompOptions(50, NonFinitePolicy::kSendNothing), 10, out,
+                                    &failed)
+                  .ok());
+  EXPECT_TRUE(failed);
+  EXPECT_TRUE(out.indices.empty());
+  out.indices = {4};
+  EXPECT_TRUE(internal::ResolveStep(false, false, AdaCompOptions(50), 10, out, &failed).ok());
+  EXPECT_FALSE(failed);
+  EXPECT_EQ(out.indices, std::vector<uint32_t>{4});
+}
+
+// Zero-length slices touch no device, so this runs without a GPU.
+TEST(CudaAdaComp, ARejectedEnqueueForgetsTheLastUpdate) {
+  for (CompressorKind kind : {CompressorKind::kAdaComp, CompressorKind::kDense}) {
+    SCOPED_TRACE(CompressorKindName(kind));
+    CudaCompressorOptions o;
+    o.base.kind = kind;
+    auto gpu = internal::MakeCudaCompressorWithoutDeviceCheck(o);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    auto st = CudaSliceState::Create(0);
+    ASSERT_TRUE(st.ok()) << st.status();
+    CompressedUpdate out;
+    ASSERT_TRUE((*gpu)->Enqueue(nullptr, 0, **st).ok());
+    ASSERT_TRUE((*gpu)->Fetch(out).ok());
+    EXPECT_EQ((*gpu)->Enqueue(nullptr, 5, **st).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*gpu)->Fetch(out).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ((*gpu)->Wait().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ((*gpu)->DecompressAddLast(1.0f, nullptr).code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+// 1024 < T <= 2048 must keep at least 3/4 of each block busy; every tile holds whole bins and
+// fits its rows; T <= 1024 keeps the 8-row layout.
+TEST(CudaLayout, TilesKeepBlocksBusyForEveryBinSize) {
+  for (uint32_t t = 1; t <= 2048; ++t) {
+    const kernels::Layout l = kernels::MakeLayout(1u << 24, t);
+    ASSERT_TRUE(l.fused) << t;
+    ASSERT_EQ(l.tile_elems % t, 0u) << t;
+    ASSERT_LE(l.tile_elems, l.rows * kernels::kBlock) << t;
+    ASSERT_LE(l.bins_per_tile, static_cast<uint32_t>(kernels::kMaxBinsPerTile)) << t;
+    if (t <= 1024) {
+      ASSERT_EQ(l.rows, 8u) << t;
+    } else {
+      ASSERT_GE(4u * l.tile_elems, 3u * l.rows * kernels::kBlock) << "T " << t << " rows " << l.rows;
+    }
+  }
+  EXPECT_FALSE(kernels::MakeLayout(100000, 2049).fused);
+}
+
+// ------------------------------------------------------------------------------------------
+// The device-resident path after failed and rejected steps, streams, scratch.
+
+TEST(CudaAdaComp, DecompressAddLastAfterAnOverflowAddsNothingAndWaitReportsIt) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 1000;
+  auto gpu = MakeCudaAdaComp(AdaCompOptions(10));
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto st = CudaSliceState::Create(n);
+  ASSERT_TRUE(st.ok());
+  std::vector<float> r = Normal(n, 1.0f, 30);
+  r[15] = 3e38f;
+  ASSERT_TRUE((*st)->UploadResidue(r).ok());
+  std::vector<float> g = Normal(n, 1.0f, 31);
+  g[15] = 3e38f;
+  auto dev = DeviceBuffer::FromHost(g);
+  ASSERT_TRUE(dev.ok());
+  ASSERT_TRUE((*gpu)->Enqueue(dev->floats(), n, **st).ok());
+  const std::vector<float> base(n, 1.0f);
+  auto dst = DeviceBuffer::FromHost(base);
+  ASSERT_TRUE(dst.ok());
+  ASSERT_TRUE((*gpu)->DecompressAddLast(1.0f, dst->floats()).ok());
+  EXPECT_EQ((*gpu)->Wait().code(), absl::StatusCode::kOutOfRange);
+  std::vector<float> got(n);
+  ASSERT_TRUE(dst->Download(got.data(), n * sizeof(float)).ok());
+  EXPECT_TRUE(SameFloats(base, got));
+  std::vector<float> after(n);
+  ASSERT_TRUE((*st)->DownloadResidue(absl::MakeSpan(after)).ok());
+  EXPECT_TRUE(SameFloats(r, after));
+}
+
+TEST(CudaAdaComp, FetchAndDecompressAddLastAfterARejectedEnqueueAreFailedPrecondition) {
+  SKIP_WITHOUT_GPU();
+  const size_t n = 5000;
+  auto gpu = MakeCudaAdaComp(AdaCompOptions(50));
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto st = CudaSliceState::Create(n);
+  ASSERT_TRUE(st.ok());
+  auto dev = DeviceBuffer::FromHost(Normal(n, 1.0f, 32));
+  ASSERT_TRUE(dev.ok());
+  ASSERT_TRUE((*gpu)->Enqueue(dev->floats(), n, **st).ok());
+  EXPECT_EQ((*gpu)->Enqueue(dev->floats(), n + 1, **st).code(),
+            absl::StatusCode::kInvalidArgument);
+  CompressedUpdate out;
+  EXPECT_EQ((*gpu)->Fetch(out).code(), absl::StatusCode::kFailedPrecondition);
+  auto dst = DeviceBuffer::FromHost(std::vector<float>(n, 0.0f));
+  ASSERT_TRUE(dst.ok());
+  EXPECT_EQ((*gpu)->DecompressAddLast(1.0f, dst->floats()).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// All work on a caller-given stream (blocking the legacy stream meanwhile would deadlock
+// nothing, but a result read on the wrong stream would race): same result as the CPU.
+TEST(CudaAdaComp, WorksOnACallerGivenStream) {
+  SKIP_WITHOUT_GPU();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const size_t n = 300007;
+  {
+    CudaCompressorOptions o;
+    o.base = AdaCompOptions(500);
+    o.stream = stream;
+    auto gpu = MakeCudaCompressor(o);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    auto st = CudaSliceState::Create(n, stream);
+    ASSERT_TRUE(st.ok());
+    auto cpu = MakeCompressor(o.base);
+    ASSERT_TRUE(cpu.ok());
+    SliceState cst(n);
+    for (uint32_t step = 0; step < 3; ++step) {
+      const std::vector<float> g = Normal(n, 1.0f, 33 + step);
+      auto dev = DeviceBuffer::FromHost(g);
+      ASSERT_TRUE(dev.ok());
+      CompressedUpdate cu, gu;
+      ASSERT_TRUE((*cpu)->Compress(g, cst, cu).ok());
+      ASSERT_TRUE((*gpu)->Compress(dev->floats(), n, **st, gu).ok());
+      EXPECT_TRUE(SameVector("indices", cu.indices, gu.indices));
+      auto dst = DeviceBuffer::FromHost(std::vector<float>(n, 0.0f));
+      ASSERT_TRUE(dst.ok());
+      ASSERT_TRUE((*gpu)->DecompressAddToDevice(cu, 1.0f, dst->floats(), n).ok());
+      std::vector<float> got(n), want(n, 0.0f);
+      ASSERT_TRUE(dst->Download(got.data(), n * sizeof(float)).ok());
+      ASSERT_TRUE(DecompressAdd(cu, 1.0f, absl::MakeSpan(want)).ok());
+      EXPECT_TRUE(SameFloats(want, got));
+      if (FloatBits(cu.scale) != FloatBits(gu.scale)) {
+        ASSERT_TRUE((*st)->UploadResidue(std::vector<float>(cst.residue().begin(),
+                                                            cst.residue().end()))
+                        .ok());
+      }
+    }
+  }
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 }  // namespace
