@@ -259,7 +259,7 @@ TEST(CudaAdaComp, ChangingTheBinSizeOnOneSliceMatchesTheCpu) {
   auto gpu_state = CudaSliceState::Create(n);
   ASSERT_TRUE(gpu_state.ok()) << gpu_state.status();
   uint32_t step = 0;
-  for (uint32_t t : {50u, 5000u, 500u, 500u, 1u, 50u}) {
+  for (uint32_t t : {50u, 5000u, 500u, 500u, 1500u, 1500u, 1u, 1025u, 50u}) {
     SCOPED_TRACE(absl::StrCat("T ", t));
     auto cpu = MakeCompressor(AdaCompOptions(t));
     auto gpu = MakeCudaAdaComp(AdaCompOptions(t));
