@@ -301,23 +301,26 @@ TYPED_TEST_P(AdaCompConformance, FiniteDataThroughAnOffsetPointerMatches) {
 }
 
 TYPED_TEST_P(AdaCompConformance, NonFiniteGradientIsRejectedAndLeavesTheResidueAndFixupAlone) {
-  const uint32_t t = 50;
-  const size_t n = 40 * t + 11;
-  Checked<TypeParam> c(ConformanceOptions(t), true);
-  ASSERT_TRUE(c.ok());
-  const size_t s = c.AddSlice(n);
-  // No residue comparison after "before": its fix-up stays pending through the bad steps.
-  ASSERT_EQ(c.Step(s, NormalVector(n, 1.0f, 5), "before", false), absl::StatusCode::kOk);
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                    -std::numeric_limits<float>::infinity()}) {
-    for (size_t pos : {size_t{0}, n / 2, n - 1}) {
-      std::vector<float> g = NormalVector(n, 1.0f, 6);
-      g[pos] = bad;
-      EXPECT_EQ(c.Step(s, g, absl::StrCat("bad ", bad, " at ", pos), pos == n - 1),
-                absl::StatusCode::kInvalidArgument);
+  for (uint32_t t : {50u, 1500u, 5000u}) {  // every kernel path finds it
+    const size_t n = 7 * size_t{t} + 11;
+    Checked<TypeParam> c(ConformanceOptions(t), true);
+    ASSERT_TRUE(c.ok());
+    const size_t s = c.AddSlice(n);
+    // No residue comparison after "before": its fix-up stays pending through the bad steps.
+    ASSERT_EQ(c.Step(s, NormalVector(n, 1.0f, 5), "before", false), absl::StatusCode::kOk);
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                      std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity()}) {
+      for (size_t pos : {size_t{0}, n / 2, n - 1}) {
+        std::vector<float> g = NormalVector(n, 1.0f, 6);
+        g[pos] = bad;
+        EXPECT_EQ(c.Step(s, g, absl::StrCat("T ", t, " bad ", bad, " at ", pos), pos == n - 1),
+                  absl::StatusCode::kInvalidArgument);
+      }
     }
+    ASSERT_EQ(c.Step(s, NormalVector(n, 1.0f, 7), absl::StrCat("T ", t, " after")),
+              absl::StatusCode::kOk);
   }
-  ASSERT_EQ(c.Step(s, NormalVector(n, 1.0f, 7), "after"), absl::StatusCode::kOk);
 }
 
 TYPED_TEST_P(AdaCompConformance, NonFiniteGradientWithSendNothingGivesAnEmptyUpdate) {
@@ -336,27 +339,29 @@ TYPED_TEST_P(AdaCompConformance, NonFiniteGradientWithSendNothingGivesAnEmptyUpd
 // An overflow is kOutOfRange with an empty update, leaves the residue (and a pending fix-up)
 // unchanged, and the slice keeps working: later steps match the oracle.
 TYPED_TEST_P(AdaCompConformance, OverflowIsOutOfRangeAndLaterStepsStillMatch) {
-  for (bool defer : {true, false}) {
-    SCOPED_TRACE(defer ? "deferred" : "eager");
-    const size_t n = 3000;
-    Checked<TypeParam> c(ConformanceOptions(10), defer);
-    ASSERT_TRUE(c.ok());
-    const size_t s = c.AddSlice(n);
-    std::vector<float> r = NormalVector(n, 1.0f, 20);
-    r[15] = 3e38f;
-    c.SetResidue(s, r);
-    ASSERT_EQ(c.Step(s, NormalVector(n, 1.0f, 19), "pending fix-up", false),
-              absl::StatusCode::kOk);
-    std::vector<float> g = NormalVector(n, 1.0f, 21);
-    g[15] = 3e38f;  // residue + gradient overflows to +Inf in bin 1
-    EXPECT_EQ(c.Step(s, g, "overflow"), absl::StatusCode::kOutOfRange);
-    EXPECT_TRUE(c.got().indices.empty());
-    EXPECT_EQ(c.got().scale, 0.0f);
-    EXPECT_EQ(c.Step(s, g, "overflow again", false), absl::StatusCode::kOutOfRange);
-    for (uint32_t step = 0; step < 4; ++step) {
-      ASSERT_EQ(c.Step(s, NormalVector(n, 1.0f, 22 + step), absl::StrCat("after ", step),
-                       step % 2 == 1),
+  for (uint32_t t : {10u, 1500u, 5000u}) {  // every kernel path
+    for (bool defer : {true, false}) {
+      SCOPED_TRACE(absl::StrCat("T ", t, defer ? " deferred" : " eager"));
+      const size_t n = 3 * size_t{t} + 1000;
+      Checked<TypeParam> c(ConformanceOptions(t), defer);
+      ASSERT_TRUE(c.ok());
+      const size_t s = c.AddSlice(n);
+      std::vector<float> r = NormalVector(n, 1.0f, 20);
+      r[t + 5] = 3e38f;
+      c.SetResidue(s, r);
+      ASSERT_EQ(c.Step(s, NormalVector(n, 1.0f, 19), "pending fix-up", false),
                 absl::StatusCode::kOk);
+      std::vector<float> g = NormalVector(n, 1.0f, 21);
+      g[t + 5] = 3e38f;  // residue + gradient overflows to +Inf in bin 1
+      EXPECT_EQ(c.Step(s, g, "overflow"), absl::StatusCode::kOutOfRange);
+      EXPECT_TRUE(c.got().indices.empty());
+      EXPECT_EQ(c.got().scale, 0.0f);
+      EXPECT_EQ(c.Step(s, g, "overflow again", false), absl::StatusCode::kOutOfRange);
+      for (uint32_t step = 0; step < 4; ++step) {
+        ASSERT_EQ(c.Step(s, NormalVector(n, 1.0f, 22 + step), absl::StrCat("after ", step),
+                         step % 2 == 1),
+                  absl::StatusCode::kOk);
+      }
     }
   }
 }

@@ -615,8 +615,8 @@ TEST(CudaAdaComp, FetchAndDecompressAddLastAfterARejectedEnqueueAreFailedPrecond
             absl::StatusCode::kFailedPrecondition);
 }
 
-// All work on a caller-given stream (blocking the legacy stream meanwhile would deadlock
-// nothing, but a result read on the wrong stream would race): same result as the CPU.
+// All work on a caller-given non-blocking stream (a result read or a buffer reused on another
+// stream would race): the same updates as the CPU, and DecompressAddToDevice on that stream.
 TEST(CudaAdaComp, WorksOnACallerGivenStream) {
   SKIP_WITHOUT_GPU();
   cudaStream_t stream = nullptr;
@@ -637,12 +637,15 @@ TEST(CudaAdaComp, WorksOnACallerGivenStream) {
       const std::vector<float> g = Normal(n, 1.0f, 33 + step);
       auto dev = DeviceBuffer::FromHost(g);
       ASSERT_TRUE(dev.ok());
+      auto dst = DeviceBuffer::FromHost(std::vector<float>(n, 0.0f));
+      ASSERT_TRUE(dst.ok());
+      // The uploads ran on the legacy stream, which a non-blocking stream is not ordered with.
+      ASSERT_TRUE(CudaSynchronize().ok());
       CompressedUpdate cu, gu;
       ASSERT_TRUE((*cpu)->Compress(g, cst, cu).ok());
       ASSERT_TRUE((*gpu)->Compress(dev->floats(), n, **st, gu).ok());
       EXPECT_TRUE(SameVector("indices", cu.indices, gu.indices));
-      auto dst = DeviceBuffer::FromHost(std::vector<float>(n, 0.0f));
-      ASSERT_TRUE(dst.ok());
+      EXPECT_TRUE(SameVector("negative", cu.negative, gu.negative));
       ASSERT_TRUE((*gpu)->DecompressAddToDevice(cu, 1.0f, dst->floats(), n).ok());
       std::vector<float> got(n), want(n, 0.0f);
       ASSERT_TRUE(dst->Download(got.data(), n * sizeof(float)).ok());
