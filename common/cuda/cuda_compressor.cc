@@ -206,8 +206,7 @@ class CudaAdaComp final : public CudaCompressorBase {
     a.out_indices = static_cast<uint32_t*>(indices_.data());
     a.out_negative = static_cast<uint8_t*>(negative_.data());
     ADAPS_CUDA_CALL(k::LaunchAdaCompPass(a, stream_), "AdaComp pass kernel launch");
-    st.pending = layout;  // pending in the new set if the step succeeds, else none changed
-    st.has_pending = true;
+    st.has_pending = true;  // in the new set if the step succeeded (layout st.bits_layout)
     if (!options_.defer_residue_fixup) ADAPS_RETURN_IF_ERROR(st.Materialize(stream_));
     have_last_ = true;
     return absl::OkStatus();

@@ -170,7 +170,8 @@ absl::Status CudaSliceState::Impl::Materialize(cudaStream_t s) {
   uint32_t* b[2];
   ResiduePtrs(r);
   BitsPtrs(b);
-  ADAPS_CUDA_CALL(k::LaunchApplyPending(r, b, ctl_ptr(), pending, s), "ApplyPending kernel launch");
+  ADAPS_CUDA_CALL(k::LaunchApplyPending(r, b, ctl_ptr(), bits_layout, s),
+                  "ApplyPending kernel launch");
   has_pending = false;
   return absl::OkStatus();
 }
@@ -199,16 +200,12 @@ absl::Status CudaSliceState::Impl::PrepareForPass(const k::Layout& layout, cudaS
   if (residue[1].bytes() < n * sizeof(float)) {
     ADAPS_RETURN_IF_ERROR(EnsureCapacity(residue[1], n * sizeof(float), s));
   }
-  if (has_pending && !pending.same_bits(layout)) {
-    ADAPS_RETURN_IF_ERROR(Materialize(s));
-    ADAPS_RETURN_IF_ERROR(ClearBits(s));
-  }
+  if (bits_layout.same_bits(layout)) return absl::OkStatus();
+  ADAPS_RETURN_IF_ERROR(Materialize(s));  // with the old layout
   const size_t bytes = layout.bit_words() * sizeof(uint32_t);
-  if (bits[0].bytes() < bytes || bits[1].bytes() < bytes) {
-    ADAPS_RETURN_IF_ERROR(Materialize(s));
-    for (DeviceBuffer& b : bits) ADAPS_RETURN_IF_ERROR(EnsureCapacity(b, bytes, s));
-    ADAPS_RETURN_IF_ERROR(ClearBits(s));
-  }
+  for (DeviceBuffer& b : bits) ADAPS_RETURN_IF_ERROR(EnsureCapacity(b, bytes, s));
+  ADAPS_RETURN_IF_ERROR(ClearBits(s));
+  bits_layout = layout;
   return absl::OkStatus();
 }
 

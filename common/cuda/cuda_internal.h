@@ -34,9 +34,10 @@ struct CudaSliceState::Impl {
   DeviceBuffer residue[2];        // n floats each; residue[1] allocated by the first pass
   DeviceBuffer bits[2];           // selection bitmask sets
   DeviceBuffer ctl;               // kernels::SliceCtl
-  // The bitmask layout of a fix-up that may be pending (in whichever set is active: after a
-  // pass the host does not know whether it succeeded, but both candidates have this layout).
-  kernels::Layout pending;
+  // The bitmask layout of the last pass on this slice, and so of a fix-up that may be pending
+  // (in whichever set is active: after a pass the host does not know whether it succeeded, but
+  // both candidates have this layout). Both bitmask sets are zero outside it.
+  kernels::Layout bits_layout;
   bool has_pending = false;
 
   kernels::SliceCtl* ctl_ptr() const { return static_cast<kernels::SliceCtl*>(ctl.data()); }
@@ -57,8 +58,10 @@ struct CudaSliceState::Impl {
   absl::Status ResetControl(cudaStream_t s);
   // Which set is active. Blocks on `s`.
   absl::StatusOr<unsigned> Active(cudaStream_t s) const;
-  // Before a pass with `layout`: the spare residue, bitmask capacity, and a pending fix-up of
-  // another layout applied (then both bitmask sets cleared, so no stale bits remain).
+  // Before a pass with `layout`: the spare residue; when the layout differs from the last
+  // pass's, a pending fix-up applied, the bitmasks grown as needed and both sets cleared (a
+  // failed pass may have left bits in the spare set that no later pass of another layout
+  // overwrites).
   absl::Status PrepareForPass(const kernels::Layout& layout, cudaStream_t s);
 };
 
