@@ -1,4 +1,5 @@
-// AdaComp kernels (DESIGN.md section 1; design notes in docs/gpu.md).
+// The AdaComp pass kernels (DESIGN.md section 1; design notes in docs/gpu.md). The
+// decompress-and-add kernels and the dense finiteness check are in add_kernels.cu.
 //
 // Fused pass (bin size T <= kTileCap): one thread block per tile of K whole bins (K*T <= 2048
 // elements). The block streams the residue and the gradient once (coalesced: thread t owns
@@ -15,6 +16,11 @@
 // General path (T > kTileCap): one kernel updates the residue and takes bin maxima with global
 // atomics; a second selects and compacts exactly like the fused kernel, reading the maxima from
 // global memory.
+//
+// Double buffering: the pass reads the residue and the bitmask of the active set and writes the
+// new residue and selection into the other set; NaN/Inf in the gradient and in residue +
+// gradient are flagged per block as the data streams by, and the last block switches the active
+// set only when no block flagged anything. There is no separate finiteness pass.
 //
 // Floating point: only adds, comparisons and maxima touch the data, each rounded exactly as on
 // the CPU (IEEE, no fused multiply-add is possible; denormals are kept: no fast-math).
@@ -67,36 +73,55 @@ __device__ double BlockSumFixedOrder(double x, double* s_red) {
   return total;
 }
 
-// Loads the tile's gradient and residue, applies the pending fix-up, adds the gradient and
-// stores the new residue. v[k], g[k] hold element k * kBlock + threadIdx.x of the tile.
-__device__ __forceinline__ void LoadUpdateStore(const PassArgs& p, uint32_t lo, uint32_t cnt,
-                                                const uint32_t* bits, float (&v)[kRows],
-                                                float (&g)[kRows]) {
+// Loads the tile's gradient and residue (set `in`), applies the pending fix-up `sp` recorded in
+// `bits`, adds the gradient and stores the new residue (set `out`). v[k], g[k] hold element
+// k * kBlock + threadIdx.x of the tile; bad_g / bad_v are set when this thread saw a non-finite
+// gradient / residue + gradient.
+template <int kR>
+__device__ __forceinline__ void LoadUpdateStore(const float* grad, const float* in, float* out,
+                                                float sp, uint32_t lo, uint32_t cnt,
+                                                const uint32_t* bits, float (&v)[kR],
+                                                float (&g)[kR], bool& bad_g, bool& bad_v) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const float sp = *p.pending_scale;
-  float r[kRows];
-  unsigned old[kRows];
+  float r[kR];
+  unsigned old[kR];
 #pragma unroll
-  for (int k = 0; k < kRows; ++k) {
+  for (int k = 0; k < kR; ++k) {
     const uint32_t e = k * kBlock + tid;
     g[k] = 0.0f;
     r[k] = 0.0f;
     old[k] = 0u;
     if (e < cnt) {
-      g[k] = __ldcs(p.grad + lo + e);
-      r[k] = p.residue[lo + e];
+      g[k] = __ldcs(grad + lo + e);
+      r[k] = in[lo + e];
     }
     if (static_cast<uint32_t>(k * kBlock + warp * 32) < cnt) old[k] = bits[k * kWarps + warp];
   }
 #pragma unroll
-  for (int k = 0; k < kRows; ++k) {
+  for (int k = 0; k < kR; ++k) {
     const uint32_t e = k * kBlock + tid;
     float x = r[k];
     if ((old[k] >> lane) & 1u) x = x < 0.0f ? __fadd_rn(x, sp) : __fsub_rn(x, sp);
     v[k] = __fadd_rn(x, g[k]);
-    if (e < cnt) p.residue[lo + e] = v[k];
+    if (e < cnt) {
+      bad_g |= IsNonFinite(g[k]);
+      bad_v |= IsNonFinite(v[k]);
+      out[lo + e] = v[k];
+    }
   }
 }
+
+// Raises the header's failure flags for the block (every thread must call it; a barrier).
+__device__ __forceinline__ void FlagFailures(Header* h, bool bad_g, bool bad_v) {
+  const int any_g = __syncthreads_or(bad_g);
+  const int any_v = __syncthreads_or(bad_v);
+  if (threadIdx.x == 0) {
+    if (any_g) atomicOr(&h->nonfinite, 1u);
+    if (any_v) atomicOr(&h->overflow, 1u);
+  }
+}
+
+constexpr int MinBlocksFor(int rows) { return rows <= 8 ? 4 : (rows <= 12 ? 3 : 2); }
 
 // The maximum of |v| over the lanes of one warp row, per bin, into gmax[] (shared or global).
 // `b` is this lane's bin, `b0` lane 0's; the row spans at most two bins when T >= 32.
@@ -118,15 +143,16 @@ __device__ __forceinline__ void RowMax(unsigned* gmax, uint32_t b, uint32_t b0, 
   }
 }
 
-template <bool kFused>
-__global__ void __launch_bounds__(kBlock, 4) PassKernel(KernelArgs ka) {
+template <bool kFused, int kR>
+__global__ void __launch_bounds__(kBlock, MinBlocksFor(kR)) PassKernel(KernelArgs ka) {
   const PassArgs& p = ka.p;
-  __shared__ unsigned s_gmax[kFused ? kTileCap : 1];
-  __shared__ unsigned s_off[kRows * kWarps];
+  constexpr int kWpt = kR * kWarps;  // bitmask words per tile
+  __shared__ unsigned s_gmax[kFused ? kMaxBinsPerTile : 1];
+  __shared__ unsigned s_off[kWpt];
   __shared__ double s_red[kWarps];
   __shared__ uint32_t s_tile, s_prefix, s_last;
 
-  if (p.header->nonfinite != 0u) return;  // uniform: set by the kernel before this one
+  const unsigned a = p.ctl->active & 1u;  // the same in every block: only the last one flips it
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t T = p.bin_size;
   if (tid == 0) s_tile = atomicAdd(&p.header->tile_counter, 1u);
@@ -138,42 +164,46 @@ __global__ void __launch_bounds__(kBlock, 4) PassKernel(KernelArgs ka) {
   const uint32_t E = p.layout.tile_elems;
   const uint32_t lo = tile * E;
   const uint32_t cnt = min(E, p.n - lo);
-  uint32_t* bits = p.bits + static_cast<size_t>(tile) * kWordsPerTile;
+  const uint32_t* bits_in = p.bits[a] + static_cast<size_t>(tile) * kWpt;
+  uint32_t* bits_out = p.bits[a ^ 1u] + static_cast<size_t>(tile) * kWpt;
 
-  float v[kRows], g[kRows];
+  float v[kR], g[kR];
   if constexpr (kFused) {
-    LoadUpdateStore(p, lo, cnt, bits, v, g);
+    bool bad_g = false, bad_v = false;
+    LoadUpdateStore<kR>(p.grad, p.residue[a], p.residue[a ^ 1u], p.ctl->pending_scale[a], lo,
+                        cnt, bits_in, v, g, bad_g, bad_v);
 #pragma unroll
-    for (int k = 0; k < kRows; ++k) {
+    for (int k = 0; k < kR; ++k) {
       const uint32_t row = k * kBlock + warp * 32;
       if (row >= cnt) continue;  // warp-uniform
       const uint32_t e = row + lane;
       const uint32_t b0 = static_cast<uint32_t>((row * ka.bin_magic) >> 32);
       const bool valid = e < cnt;
       const uint32_t b = valid ? static_cast<uint32_t>((e * ka.bin_magic) >> 32) : b0;
-      const unsigned a = valid ? __float_as_uint(fabsf(v[k])) : 0u;
-      RowMax(s_gmax, b, b0, a, T);
+      const unsigned mag = valid ? __float_as_uint(fabsf(v[k])) : 0u;
+      RowMax(s_gmax, b, b0, mag, T);
     }
-    __syncthreads();
+    FlagFailures(p.header, bad_g, bad_v);  // also the barrier before s_gmax is read
   } else {
+    // The residue was updated (into set a ^ 1) and the failures flagged by UpdateMaxKernel.
 #pragma unroll
-    for (int k = 0; k < kRows; ++k) {
+    for (int k = 0; k < kR; ++k) {
       const uint32_t e = k * kBlock + tid;
       v[k] = 0.0f;
       g[k] = 0.0f;
       if (e < cnt) {
-        v[k] = p.residue[lo + e];
+        v[k] = p.residue[a ^ 1u][lo + e];
         g[k] = __ldcs(p.grad + lo + e);
       }
     }
   }
 
   // Selection: gmax[b] > 0, G != 0, |G + g| >= gmax[b].
-  unsigned ball[kRows];
+  unsigned ball[kR];
   const uint32_t gbin_lo = kFused ? 0u : lo / T;
   const uint64_t gnext = (static_cast<uint64_t>(gbin_lo) + 1u) * T;
 #pragma unroll
-  for (int k = 0; k < kRows; ++k) {
+  for (int k = 0; k < kR; ++k) {
     const uint32_t e = k * kBlock + tid;
     bool sel = false;
     if (e < cnt) {
@@ -189,7 +219,7 @@ __global__ void __launch_bounds__(kBlock, 4) PassKernel(KernelArgs ka) {
     ball[k] = __ballot_sync(kFull, sel);
     if (lane == 0) {
       s_off[k * kWarps + warp] = __popc(ball[k]);
-      bits[k * kWarps + warp] = ball[k];
+      bits_out[k * kWarps + warp] = ball[k];
     }
   }
   __syncthreads();
@@ -197,7 +227,8 @@ __global__ void __launch_bounds__(kBlock, 4) PassKernel(KernelArgs ka) {
   // Block scan of the kRows * kWarps row/warp counts (in index order), then the decoupled
   // look-back across tiles.
   if (warp == 0) {
-    constexpr int kPer = kRows * kWarps / 32;
+    constexpr int kPer = kWpt / 32;
+    static_assert(kWpt % 32 == 0, "the block scan gives each lane of warp 0 whole counts");
     unsigned c[kPer];
     unsigned sum = 0u;
 #pragma unroll
@@ -261,7 +292,7 @@ __global__ void __launch_bounds__(kBlock, 4) PassKernel(KernelArgs ka) {
   const unsigned base = s_prefix;
   const unsigned lt = (1u << lane) - 1u;
 #pragma unroll
-  for (int k = 0; k < kRows; ++k) {
+  for (int k = 0; k < kR; ++k) {
     if ((ball[k] >> lane) & 1u) {
       const unsigned pos = base + s_off[k * kWarps + warp] + __popc(ball[k] & lt);
       p.out_indices[pos] = lo + k * kBlock + tid;
@@ -286,11 +317,22 @@ __global__ void __launch_bounds__(kBlock, 4) PassKernel(KernelArgs ka) {
   }
   const double gsum = BlockSumFixedOrder(acc, s_red);
   if (tid == 0) {
-    const float s = static_cast<float>(gsum / static_cast<double>(p.layout.num_bins));
-    p.header->count = static_cast<unsigned>(LoadStatus(p.status, p.layout.num_tiles - 1));
-    p.header->scale = s;
-    // A non-finite scale means overflow: like the CPU, no fix-up (a fix-up by 0 is none).
-    *p.pending_scale = isfinite(s) ? s : 0.0f;
+    // Every other block raised its flags before its done_counter ticket (fence, then atomic).
+    const volatile Header* vh = p.header;
+    const bool failed = vh->nonfinite != 0u || vh->overflow != 0u;
+    if (failed) {
+      // The step did not happen: set a stays active with its residue and pending fix-up.
+      p.header->count = 0u;
+      p.header->scale = 0.0f;
+      p.header->ok = 0u;
+    } else {
+      const float s = static_cast<float>(gsum / static_cast<double>(p.layout.num_bins));
+      p.header->count = static_cast<unsigned>(LoadStatus(p.status, p.layout.num_tiles - 1));
+      p.header->scale = s;
+      p.ctl->pending_scale[a ^ 1u] = isfinite(s) ? s : 0.0f;  // finite maxima: always finite
+      p.ctl->active = a ^ 1u;
+      p.header->ok = 1u;
+    }
   }
 }
 
@@ -298,14 +340,17 @@ __global__ void __launch_bounds__(kBlock, 4) PassKernel(KernelArgs ka) {
 // so a tile meets at most two bins).
 __global__ void __launch_bounds__(kBlock, 4) UpdateMaxKernel(KernelArgs ka) {
   const PassArgs& p = ka.p;
-  if (p.header->nonfinite != 0u) return;
+  const unsigned a = p.ctl->active & 1u;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t tile = blockIdx.x;
   const uint32_t lo = tile * static_cast<uint32_t>(kTileCap);
   const uint32_t cnt = min(static_cast<uint32_t>(kTileCap), p.n - lo);
-  const uint32_t* bits = p.bits + static_cast<size_t>(tile) * kWordsPerTile;
+  const uint32_t* bits = p.bits[a] + static_cast<size_t>(tile) * (kRows * kWarps);
   float v[kRows], g[kRows];
-  LoadUpdateStore(p, lo, cnt, bits, v, g);
+  bool bad_g = false, bad_v = false;
+  LoadUpdateStore<kRows>(p.grad, p.residue[a], p.residue[a ^ 1u], p.ctl->pending_scale[a], lo,
+                         cnt, bits, v, g, bad_g, bad_v);
+  FlagFailures(p.header, bad_g, bad_v);
   const uint32_t T = p.bin_size;
   const uint32_t bin_lo = lo / T;
   const uint64_t next = (static_cast<uint64_t>(bin_lo) + 1u) * T;
@@ -318,39 +363,29 @@ __global__ void __launch_bounds__(kBlock, 4) UpdateMaxKernel(KernelArgs ka) {
     const bool valid = e < cnt;
     const uint32_t b =
         valid ? ((static_cast<uint64_t>(lo) + e >= next) ? bin_lo + 1 : bin_lo) : b0;
-    const unsigned a = valid ? __float_as_uint(fabsf(v[k])) : 0u;
-    RowMax(p.gmax, b, b0, a, T);
+    const unsigned mag = valid ? __float_as_uint(fabsf(v[k])) : 0u;
+    RowMax(p.gmax, b, b0, mag, T);
   }
 }
 
-__global__ void CheckFiniteKernel(const float* g, size_t n, Header* header) {
-  const size_t misalign = (reinterpret_cast<uintptr_t>(g) & 15u) / 4u;
-  size_t head = misalign == 0 ? 0 : 4 - misalign;
-  if (head > n) head = n;
-  const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  bool bad = false;
-  if (tid < head) bad = IsNonFinite(g[tid]);
-  const float4* g4 = reinterpret_cast<const float4*>(g + head);
-  const size_t n4 = (n - head) / 4;
-#pragma unroll 4
-  for (size_t i = tid; i < n4; i += stride) {
-    const float4 x = g4[i];
-    bad |= IsNonFinite(x.x) | IsNonFinite(x.y) | IsNonFinite(x.z) | IsNonFinite(x.w);
-  }
-  for (size_t i = head + n4 * 4 + tid; i < n; i += stride) bad |= IsNonFinite(g[i]);
-  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(&header->nonfinite, 1u);
-}
+struct PendingArgs {
+  float* residue[2];
+  uint32_t* bits[2];
+  const SliceCtl* ctl;
+  uint32_t tile_elems, words_per_tile, num_words;
+};
 
-__global__ void ApplyPendingKernel(float* r, uint32_t tile_elems, uint32_t num_words,
-                                   uint32_t* bits, const float* pending_scale) {
+__global__ void ApplyPendingKernel(PendingArgs pa) {
   const uint32_t wi = blockIdx.x * blockDim.x + threadIdx.x;
-  if (wi >= num_words) return;
+  if (wi >= pa.num_words) return;
+  const unsigned a = pa.ctl->active & 1u;
+  uint32_t* bits = a != 0u ? pa.bits[1] : pa.bits[0];  // no local-memory copy of the array
   unsigned w = bits[wi];
   if (w == 0u) return;
-  const float s = *pending_scale;
-  const size_t base = static_cast<size_t>(wi / kWordsPerTile) * tile_elems +
-                      static_cast<size_t>(wi % kWordsPerTile) * 32u;
+  float* r = a != 0u ? pa.residue[1] : pa.residue[0];
+  const float s = pa.ctl->pending_scale[a];
+  const size_t base = static_cast<size_t>(wi / pa.words_per_tile) * pa.tile_elems +
+                      static_cast<size_t>(wi % pa.words_per_tile) * 32u;
   while (w != 0u) {
     const int b = __ffs(w) - 1;
     const float x = r[base + b];
@@ -358,47 +393,6 @@ __global__ void ApplyPendingKernel(float* r, uint32_t tile_elems, uint32_t num_w
     w &= w - 1u;
   }
   bits[wi] = 0u;
-}
-
-__global__ void AdaCompAddKernel(const uint32_t* idx, const uint8_t* neg, uint32_t count,
-                                 float scale, const Header* header, float factor, float* dst) {
-  if (header != nullptr) {
-    if (header->nonfinite != 0u) return;
-    count = header->count;
-    scale = header->scale;
-  }
-  const float pos = __fmul_rn(factor, scale);
-  for (size_t j = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < count;
-       j += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const uint32_t i = idx[j];
-    dst[i] = __fadd_rn(dst[i], neg[j] ? -pos : pos);
-  }
-}
-
-__global__ void DenseAddKernel(const float* values, size_t n, const Header* header, float factor,
-                               float* dst) {
-  if (header != nullptr && header->nonfinite != 0u) return;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    dst[i] = __fadd_rn(dst[i], __fmul_rn(factor, values[i]));
-  }
-}
-
-__global__ void SparseAddKernel(const uint32_t* idx, const float* values, size_t count,
-                                float factor, float* dst) {
-  for (size_t j = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < count;
-       j += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    dst[idx[j]] = __fadd_rn(dst[idx[j]], __fmul_rn(factor, values[j]));
-  }
-}
-
-__global__ void SignAddKernel(const uint64_t* sign_bits, size_t n, float scale, float scale_neg,
-                              float factor, float* dst) {
-  const float pos = __fmul_rn(factor, scale), negv = __fmul_rn(factor, scale_neg);
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    dst[i] = __fadd_rn(dst[i], ((sign_bits[i / 64] >> (i % 64)) & 1u) ? negv : pos);
-  }
 }
 
 unsigned Gcd(unsigned a, unsigned b) {
@@ -410,10 +404,13 @@ unsigned Gcd(unsigned a, unsigned b) {
   return a;
 }
 
-unsigned GridFor(size_t work, int sm_count, int per_sm) {
-  const size_t blocks = (work + kBlock - 1) / kBlock;
-  const size_t cap = static_cast<size_t>(sm_count > 0 ? sm_count : 1) * per_sm;
-  return static_cast<unsigned>(blocks < cap ? (blocks == 0 ? 1 : blocks) : cap);
+uint32_t BinsPerTile(uint32_t t, uint32_t cap, bool align) {
+  const uint32_t kmax = cap / t;
+  if (!align) return kmax;
+  const uint32_t step = 8u / Gcd(t, 8u);
+  uint32_t k = (kmax / step) * step;
+  if (k == 0 || static_cast<uint64_t>(k) * 8u < static_cast<uint64_t>(kmax) * 7u) k = kmax;
+  return k;
 }
 
 }  // namespace
@@ -423,16 +420,27 @@ Layout MakeLayout(uint32_t n, uint32_t bin_size) {
   const uint32_t t = bin_size;
   l.num_bins = n == 0 ? 0 : (n - 1) / t + 1;
   if (t <= static_cast<uint32_t>(kTileCap)) {
-    const uint32_t kmax = kTileCap / t;
-    // Prefer tiles that start on a 32-byte sector, unless that wastes over 1/8 of a tile.
-    const uint32_t step = 8u / Gcd(t, 8u);
-    uint32_t k = (kmax / step) * step;
-    if (k == 0 || static_cast<uint64_t>(k) * 8u < static_cast<uint64_t>(kmax) * 7u) k = kmax;
     l.fused = true;
-    l.bins_per_tile = k;
-    l.tile_elems = k * t;
+    l.rows = kRows;
+    l.bins_per_tile = BinsPerTile(t, kTileCap, true);
+    // 1024 < T <= 2048: one bin per 2048-element tile idles up to half of the block; take 12
+    // or 16 rows when they hold more of the block busy (at least 3/4 of it for every such T).
+    if (t > static_cast<uint32_t>(kTileCap) / 2) {
+      uint64_t best = static_cast<uint64_t>(l.bins_per_tile) * t * 16u / kRows;  // busy / row
+      for (uint32_t rows : {12u, 16u}) {
+        const uint32_t k = BinsPerTile(t, rows * kBlock, false);
+        const uint64_t busy = static_cast<uint64_t>(k) * t * 16u / rows;
+        if (busy > best) {
+          best = busy;
+          l.rows = rows;
+          l.bins_per_tile = k;
+        }
+      }
+    }
+    l.tile_elems = l.bins_per_tile * t;
   } else {
     l.fused = false;
+    l.rows = kRows;
     l.bins_per_tile = 0;
     l.tile_elems = kTileCap;
   }
@@ -440,73 +448,40 @@ Layout MakeLayout(uint32_t n, uint32_t bin_size) {
   return l;
 }
 
-int MultiProcessorCount() {
-  int dev = 0, count = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 1;
-  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    return 1;
-  }
-  return count;
-}
-
-cudaError_t LaunchCheckFinite(const float* grad, size_t n, Header* header, int sm_count) {
-  if (n == 0) return cudaSuccess;
-  CheckFiniteKernel<<<GridFor((n + 3) / 4, sm_count, 8), kBlock>>>(grad, n, header);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchAdaCompPass(const PassArgs& args) {
+cudaError_t LaunchAdaCompPass(const PassArgs& args, cudaStream_t stream) {
   if (args.layout.num_tiles == 0) return cudaSuccess;
   KernelArgs ka;
   ka.p = args;
   ka.bin_magic = ((uint64_t{1} << 32) + args.bin_size - 1) / args.bin_size;
-  if (args.layout.fused) {
-    PassKernel<true><<<args.layout.num_tiles, kBlock>>>(ka);
+  const unsigned grid = args.layout.num_tiles;
+  if (!args.layout.fused) {
+    UpdateMaxKernel<<<grid, kBlock, 0, stream>>>(ka);
+    PassKernel<false, kRows><<<grid, kBlock, 0, stream>>>(ka);
+  } else if (args.layout.rows == 16u) {
+    PassKernel<true, 16><<<grid, kBlock, 0, stream>>>(ka);
+  } else if (args.layout.rows == 12u) {
+    PassKernel<true, 12><<<grid, kBlock, 0, stream>>>(ka);
   } else {
-    UpdateMaxKernel<<<args.layout.num_tiles, kBlock>>>(ka);
-    PassKernel<false><<<args.layout.num_tiles, kBlock>>>(ka);
+    PassKernel<true, kRows><<<grid, kBlock, 0, stream>>>(ka);
   }
   return cudaGetLastError();
 }
 
-cudaError_t LaunchApplyPending(float* residue, uint32_t tile_elems, uint32_t num_tiles,
-                               uint32_t* bits, const float* pending_scale) {
-  const uint32_t words = num_tiles * static_cast<uint32_t>(kWordsPerTile);
+cudaError_t LaunchApplyPending(float* const residue[2], uint32_t* const bits[2],
+                               const SliceCtl* ctl, const Layout& layout, cudaStream_t stream) {
+  const size_t words = layout.bit_words();
   if (words == 0) return cudaSuccess;
-  ApplyPendingKernel<<<(words + kBlock - 1) / kBlock, kBlock>>>(residue, tile_elems, words,
-                                                                bits, pending_scale);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchAdaCompAdd(const uint32_t* indices, const uint8_t* negative, uint32_t count,
-                             float scale, const Header* header, float factor, float* dst,
-                             int sm_count) {
-  const unsigned grid = header != nullptr ? static_cast<unsigned>(sm_count > 0 ? sm_count : 1) * 4
-                                          : GridFor(count, sm_count, 4);
-  if (header == nullptr && count == 0) return cudaSuccess;
-  AdaCompAddKernel<<<grid, kBlock>>>(indices, negative, count, scale, header, factor, dst);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchDenseAdd(const float* values, size_t n, const Header* header, float factor,
-                           float* dst, int sm_count) {
-  if (n == 0) return cudaSuccess;
-  DenseAddKernel<<<GridFor(n, sm_count, 8), kBlock>>>(values, n, header, factor, dst);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchSparseAdd(const uint32_t* indices, const float* values, size_t count,
-                            float factor, float* dst, int sm_count) {
-  if (count == 0) return cudaSuccess;
-  SparseAddKernel<<<GridFor(count, sm_count, 4), kBlock>>>(indices, values, count, factor, dst);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchSignAdd(const uint64_t* sign_bits, size_t n, float scale, float scale_neg,
-                          float factor, float* dst, int sm_count) {
-  if (n == 0) return cudaSuccess;
-  SignAddKernel<<<GridFor(n, sm_count, 8), kBlock>>>(sign_bits, n, scale, scale_neg, factor,
-                                                      dst);
+  PendingArgs pa;
+  pa.residue[0] = residue[0];
+  pa.residue[1] = residue[1];
+  pa.bits[0] = bits[0];
+  pa.bits[1] = bits[1];
+  pa.ctl = ctl;
+  pa.tile_elems = layout.tile_elems;
+  pa.words_per_tile = layout.words_per_tile();
+  pa.num_words = static_cast<uint32_t>(words);
+  ApplyPendingKernel<<<static_cast<unsigned>((words + kBlock - 1) / kBlock), kBlock, 0,
+                       stream>>>(pa);
   return cudaGetLastError();
 }
 

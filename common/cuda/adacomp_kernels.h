@@ -1,5 +1,5 @@
 // Internal to adaps_cuda: the kernel launchers of adacomp_kernels.cu. Plain C++ types plus
-// cudaError_t; only files of the adaps_cuda target include this.
+// cudaError_t / cudaStream_t; only files of the adaps_cuda target include this.
 #ifndef ADAPS_COMMON_CUDA_ADACOMP_KERNELS_H_
 #define ADAPS_COMMON_CUDA_ADACOMP_KERNELS_H_
 
@@ -12,43 +12,64 @@ namespace adaps {
 namespace cuda {
 namespace kernels {
 
-// One thread block handles one tile of at most kTileCap elements: kRows rows of kBlock
+// One thread block handles one tile of at most rows * kBlock elements: `rows` rows of kBlock
 // consecutive elements; thread t owns element t of every row (coalesced), and warp w's 32
-// elements of row k form selection-bitmask word k * kWarps + w of the tile.
+// elements of row k form selection-bitmask word k * kWarps + w of the tile. Rows: 8 (tile cap
+// 2048) for every bin size, and 12 or 16 (caps 3072, 4096) for 1024 < T <= 2048, where a
+// 2048-element tile would hold one bin and leave up to half of the block idle.
 constexpr int kBlock = 256;
 constexpr int kWarps = kBlock / 32;
 constexpr int kRows = 8;
-constexpr int kTileCap = kBlock * kRows;        // 2048 elements
-constexpr int kWordsPerTile = kTileCap / 32;    // 64 bitmask words
+constexpr int kTileCap = kBlock * kRows;        // 2048 elements (the general path's tile)
+constexpr int kMaxRows = 16;
+constexpr int kMaxBinsPerTile = kTileCap;       // T = 1 with 8 rows
+
+// Per-slice control word in device memory. The residue and the selection bitmask are double
+// buffered ("sets" 0 and 1): a pass reads set `active` and writes the other one, and only a
+// successful pass makes the other one active (on the device, so that no host round trip is
+// needed). A failed step therefore leaves residue and pending fix-up untouched.
+struct SliceCtl {
+  unsigned int active;      // 0 or 1
+  float pending_scale[2];   // s of the fix-up recorded in bits[set]; 0: none (x -+ 0 == x)
+  unsigned int pad;
+};
 
 // Per-compress device scratch header; zeroed before each compress.
 struct Header {
-  unsigned int nonfinite;     // set by CheckFinite
-  unsigned int count;         // number of selected elements
+  unsigned int nonfinite;     // a NaN or +-Inf in the gradient
+  unsigned int overflow;      // residue + gradient not finite somewhere
+  unsigned int count;         // number of selected elements (0 when the step failed)
   float scale;                // s
   unsigned int tile_counter;  // dynamic tile ids (decoupled look-back needs launch order)
   unsigned int done_counter;  // last-block detection
-  unsigned int pad[3];
+  unsigned int ok;            // AdaComp: 1 when the step succeeded (written by the last block)
+  unsigned int pad;
 };
 
 // How a slice of n elements is cut into tiles for bin size T.
 struct Layout {
-  bool fused = true;         // T <= kTileCap: tiles hold whole bins (one kernel)
-  uint32_t tile_elems = 0;   // E: elements per tile (K * T when fused, kTileCap otherwise)
+  bool fused = true;           // T <= kTileCap: tiles hold whole bins (one kernel)
+  uint32_t rows = kRows;       // rows per tile (8, 12 or 16); bitmask words per tile: rows * 8
+  uint32_t tile_elems = 0;     // E: elements per tile (K * T when fused, kTileCap otherwise)
   uint32_t bins_per_tile = 0;  // K (fused only)
   uint32_t num_tiles = 0;
   uint32_t num_bins = 0;
+  uint32_t words_per_tile() const { return rows * static_cast<uint32_t>(kWarps); }
+  size_t bit_words() const { return static_cast<size_t>(num_tiles) * words_per_tile(); }
+  bool same_bits(const Layout& o) const {
+    return tile_elems == o.tile_elems && rows == o.rows && num_tiles == o.num_tiles;
+  }
 };
 Layout MakeLayout(uint32_t n, uint32_t bin_size);
 
 struct PassArgs {
   const float* grad;
-  float* residue;
+  float* residue[2];           // the two residue sets, n floats each
+  uint32_t* bits[2];           // the two bitmask sets, layout.bit_words() words each
+  SliceCtl* ctl;
   uint32_t n;
   uint32_t bin_size;
   Layout layout;
-  uint32_t* bits;              // selection bitmask, kWordsPerTile words per tile
-  float* pending_scale;        // s of the deferred fix-up; written with the new s
   Header* header;
   unsigned long long* status;  // num_tiles words, zeroed
   double* tile_sums;           // num_tiles (fused)
@@ -59,28 +80,31 @@ struct PassArgs {
 
 int MultiProcessorCount();
 
-// header->nonfinite = 1 when grad[0, n) holds NaN or +-Inf.
-cudaError_t LaunchCheckFinite(const float* grad, size_t n, Header* header, int sm_count);
-// The AdaComp pass (fused, or the two kernels of the general path for T > kTileCap). Does
-// nothing when header->nonfinite is set. Leaves the fix-up of the new selection pending.
-cudaError_t LaunchAdaCompPass(const PassArgs& args);
-// Applies the pending fix-up recorded in `bits` (layout `tile_elems`) and clears the bits.
-cudaError_t LaunchApplyPending(float* residue, uint32_t tile_elems, uint32_t num_tiles,
-                               uint32_t* bits, const float* pending_scale);
+// header->nonfinite = 1 when grad[0, n) holds NaN or +-Inf (the dense baseline).
+cudaError_t LaunchCheckFinite(const float* grad, size_t n, Header* header, int sm_count,
+                              cudaStream_t stream);
+// The AdaComp pass (fused, or the two kernels of the general path for T > kTileCap): reads set
+// ctl->active, writes the other set, finds a non-finite gradient (header->nonfinite) or
+// residue + gradient (header->overflow) as it goes, and only when neither was found switches
+// ctl->active and sets header->ok, count and scale. Leaves the new selection's fix-up pending.
+cudaError_t LaunchAdaCompPass(const PassArgs& args, cudaStream_t stream);
+// Applies the pending fix-up of the active set (bitmask layout `layout`) and clears its bits.
+cudaError_t LaunchApplyPending(float* const residue[2], uint32_t* const bits[2],
+                               const SliceCtl* ctl, const Layout& layout, cudaStream_t stream);
 // dst[idx[j]] += (neg[j] ? -1 : 1) * (factor * scale) for j < count; count and scale read from
-// `header` when non-null (nothing added when header->nonfinite), else from the arguments.
+// `header` when non-null (nothing added unless header->ok), else from the arguments.
 cudaError_t LaunchAdaCompAdd(const uint32_t* indices, const uint8_t* negative, uint32_t count,
                              float scale, const Header* header, float factor, float* dst,
-                             int sm_count);
+                             int sm_count, cudaStream_t stream);
 // dst[i] += factor * values[i]; nothing when header (nullable) has nonfinite set.
 cudaError_t LaunchDenseAdd(const float* values, size_t n, const Header* header, float factor,
-                           float* dst, int sm_count);
+                           float* dst, int sm_count, cudaStream_t stream);
 // dst[idx[j]] += factor * values[j].
 cudaError_t LaunchSparseAdd(const uint32_t* indices, const float* values, size_t count,
-                            float factor, float* dst, int sm_count);
+                            float factor, float* dst, int sm_count, cudaStream_t stream);
 // dst[i] += factor * (bit i of sign_bits ? scale_neg : scale).
 cudaError_t LaunchSignAdd(const uint64_t* sign_bits, size_t n, float scale, float scale_neg,
-                          float factor, float* dst, int sm_count);
+                          float factor, float* dst, int sm_count, cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace cuda

@@ -9,9 +9,17 @@
 // sequential double sum after rounding to float except when the mean lies within ~2^-40 of a
 // float rounding boundary (then the two differ by one ulp, and so may the fixed-up residues).
 //
-// Streams: all work is issued on the CUDA legacy default stream, so it is ordered after any
-// kernel that produced the gradient on a blocking stream (PyTorch's default). Device: the
-// calling thread's current CUDA device.
+// Streams: a compressor issues all its work on the stream of its options (`stream`, a
+// cudaStream_t passed as void*; null: the CUDA legacy default stream, which is ordered after
+// any kernel on a blocking stream, e.g. PyTorch's default). A slice state's own operations
+// (Reset, UploadResidue, DownloadResidue, Materialize) run on the stream given to Create; use
+// the compressor's. Blocking calls synchronise that stream only, never the whole device.
+// Device: the calling thread's current CUDA device.
+//
+// Failure: a failed step (NaN/Inf gradient, residue overflow) leaves the residue and any pending
+// fix-up bit-for-bit unchanged: the residue is double-buffered as on the CPU (2 x 4 B per
+// element), the pass writes the spare buffer and finds NaN/Inf in the gradient and in
+// residue + gradient as it goes, and only a successful pass makes the spare buffer current.
 //
 // Ownership and thread-safety as on the CPU: the caller owns one `CudaSliceState` per tensor
 // slice; a `CudaCompressor` holds device scratch space and is thread-compatible.
@@ -72,37 +80,40 @@ class DeviceBuffer {
   // Synchronous copies; `offset` and `bytes` in bytes; kOutOfRange past the end.
   absl::Status Upload(const void* host, size_t bytes, size_t offset = 0);
   absl::Status Download(void* host, size_t bytes, size_t offset = 0) const;
-  // Sets every byte to zero (asynchronous, stream-ordered).
-  absl::Status Zero();
+  // Sets every byte to zero (asynchronous, on `stream`; null: the legacy default stream).
+  absl::Status Zero(void* stream = nullptr);
 
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
 
-// dst <- src, `bytes` bytes, device to device, asynchronous (stream-ordered).
-absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes);
+// dst <- src, `bytes` bytes, device to device, asynchronous on `stream` (null: legacy default).
+absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, void* stream = nullptr);
 
 // The residue of one slice, in device memory. Starts at zero.
 class CudaSliceState {
  public:
   ~CudaSliceState();
-  static absl::StatusOr<std::unique_ptr<CudaSliceState>> Create(size_t length);
+  // `stream`: a cudaStream_t as void* (null: the legacy default stream) for the state's own
+  // operations. A zero-length state holds no device memory (and touches no device).
+  static absl::StatusOr<std::unique_ptr<CudaSliceState>> Create(size_t length,
+                                                                 void* stream = nullptr);
 
   size_t size() const;
-  // Applies a deferred residue fix-up, if any (asynchronous). After it, device_residue()
-  // holds the residue exactly as the CPU code would.
+  // Applies a deferred residue fix-up, if any (asynchronous).
   absl::Status Materialize();
-  // True when a deferred fix-up is pending (the device residue is not yet the true one).
+  // True when a deferred fix-up may be pending (the device residue may not be the true one).
   bool fixup_pending() const;
-  // The residue buffer (`size()` floats). Holds the true residue only after Materialize().
-  float* device_residue();
+  // Materializes and returns the buffer that holds the current residue (`size()` floats). Blocks
+  // (the stream) to learn which of the two buffers that is; valid until the next Enqueue.
+  absl::StatusOr<float*> DeviceResidue();
 
   // Materializes, then copies the residue to `host` (size() floats). Blocks.
   absl::Status DownloadResidue(absl::Span<float> host);
   // Replaces the residue (size() floats) and drops any pending fix-up. Blocks.
   absl::Status UploadResidue(absl::Span<const float> host);
-  // Zeroes the residue and drops any pending fix-up.
+  // Zeroes the residue and drops any pending fix-up (asynchronous).
   absl::Status Reset();
 
   struct Impl;
@@ -119,6 +130,9 @@ struct CudaCompressorOptions {
   CompressorOptions base;
   // See the file comment. Off: every Compress leaves the true residue.
   bool defer_residue_fixup = true;
+  // The CUDA stream (cudaStream_t as void*) all work of the compressor goes to; null: the
+  // legacy default stream. The caller keeps the stream alive as long as the compressor.
+  void* stream = nullptr;
 };
 
 class CudaCompressor {
@@ -129,24 +143,37 @@ class CudaCompressor {
   // Compresses the gradient `device_grad` (`n` floats in device memory) for the slice whose
   // residue is `state` and copies the update to host memory in `out` (previous contents
   // replaced). Blocks until done. Same errors and guarantees as Compressor::Compress:
-  // kInvalidArgument when n != state.size() or n > 2^32-1, or (policy kReject) when the
-  // gradient holds NaN/Inf, in which case residue and `out` are untouched; kOutOfRange when the
-  // residue overflowed the float range (as on the CPU).
+  // kInvalidArgument when n != state.size() or n > 2^32-1 (nothing done), or (policy kReject)
+  // when the gradient holds NaN/Inf; kOutOfRange when residue + gradient overflowed the float
+  // range. On the last two the residue is untouched and `out` is the CPU's empty update.
   virtual absl::Status Compress(const float* device_grad, size_t n, CudaSliceState& state,
                                 CompressedUpdate& out) = 0;
 
   // The asynchronous half of Compress: validates the arguments on the host, enqueues the
   // kernels and returns without waiting. The update stays in device memory (see
-  // DecompressAddLast) until Fetch copies it out. A NaN/Inf gradient is detected on the device:
-  // the kernels then leave the residue untouched and Fetch reports it.
+  // DecompressAddLast) until Fetch copies it out. A NaN/Inf gradient or an overflow is detected
+  // on the device: the kernels then leave the residue untouched and Wait/Fetch report it.
+  // A rejected call (bad arguments) forgets the previous update: Wait, Fetch and
+  // DecompressAddLast are kFailedPrecondition until the next successful Enqueue. One
+  // compressor may serve several slices; "the last update" is that of the last Enqueue.
   virtual absl::Status Enqueue(const float* device_grad, size_t n, CudaSliceState& state) = 0;
-  // Waits for the last Enqueue and copies its update to `out`, with Compress's status.
-  // kFailedPrecondition when nothing was enqueued.
+  // Waits for the last Enqueue and returns Compress's status for it without copying the update
+  // (the status of the device-resident path). kFailedPrecondition when nothing was enqueued.
+  virtual absl::Status Wait() = 0;
+  // Waits for the last Enqueue and copies its update to `out`, with Compress's status (on a
+  // failed step `out` is the CPU's empty update). kFailedPrecondition when nothing was enqueued.
   virtual absl::Status Fetch(CompressedUpdate& out) = 0;
   // device_dst[i] += factor * decompress(last update)[i], for the `n` floats of the last
-  // Enqueue, entirely on the device (no host round trip). Adds nothing when the gradient held
-  // NaN/Inf. kFailedPrecondition when nothing was enqueued.
+  // Enqueue, entirely on the device (no host round trip, asynchronous). Adds nothing when the
+  // step failed (NaN/Inf gradient or overflow; Wait or Fetch gives its status).
+  // kFailedPrecondition when nothing was enqueued.
   virtual absl::Status DecompressAddLast(float factor, float* device_dst) = 0;
+  // device_dst[i] += factor * decompress(update)[i] for an update in host memory (any kind),
+  // on this compressor's stream, with device scratch kept in the compressor (no allocation
+  // once it is large enough). Validation as adaps::DecompressAdd (kInvalidArgument, device_dst
+  // unchanged). Blocks until done (synchronises this compressor's stream only).
+  virtual absl::Status DecompressAddToDevice(const CompressedUpdate& update, float factor,
+                                             float* device_dst, size_t n) = 0;
 };
 
 // kInvalidArgument for invalid options, kUnimplemented for kinds without a GPU path;
@@ -158,11 +185,27 @@ absl::StatusOr<std::unique_ptr<CudaCompressor>> MakeCudaAdaComp(CompressorOption
                                                                bool defer_residue_fixup = true);
 
 // device_dst[i] += factor * decompress(update)[i] for an update in host memory (any kind),
-// `n` floats at device_dst. Same validation as adaps::DecompressAdd (kInvalidArgument, and
-// device_dst unchanged, when n != update.length or the update is malformed); the update is
-// uploaded to temporary device memory. Blocks.
+// `n` floats at device_dst, on the legacy default stream. Same validation as
+// adaps::DecompressAdd (kInvalidArgument, and device_dst unchanged, when n != update.length or
+// the update is malformed). Scratch is kept per thread (no allocation once large enough);
+// blocks on the legacy default stream only. CudaCompressor::DecompressAddToDevice is the same
+// on a compressor's stream.
 absl::Status DecompressAddToDevice(const CompressedUpdate& update, float factor,
                                    float* device_dst, size_t n);
+
+namespace internal {
+// The result of a finished step, from the device's flags: when the step failed (a NaN/Inf
+// gradient, or an AdaComp residue overflow) `out` becomes the CPU's empty update (kind, length
+// n, AdaComp bin size, dense: n zeros under kSendNothing) and *failed is set; the status is the
+// CPU's (NaN/Inf: kInvalidArgument under kReject, OK under kSendNothing; overflow:
+// kOutOfRange). Otherwise OK with *failed false and `out` untouched.
+absl::Status ResolveStep(bool nonfinite_gradient, bool overflow, const CompressorOptions& options,
+                         size_t n, CompressedUpdate& out, bool* failed);
+// MakeCudaCompressor without the device check, for tests of the host-side logic on machines
+// without a GPU (only calls that touch no device may then be made: zero-length slices).
+absl::StatusOr<std::unique_ptr<CudaCompressor>> MakeCudaCompressorWithoutDeviceCheck(
+    const CudaCompressorOptions& options);
+}  // namespace internal
 
 }  // namespace cuda
 }  // namespace adaps

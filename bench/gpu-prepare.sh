@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Prepares the GPU check on a machine WITHOUT a GPU (docs/gpu.md, "Running the GPU check"): the
+# GPU machine has no network, none of the -dev packages and only a pip CMake, so everything is
+# built here and carried there in one folder, which bench/gpu-check.sh then only runs.
+#
+#   bash bench/gpu-prepare.sh        # from the repository root (or anywhere)
+#
+# Configures ${ADAPS_GPU_BUILD_DIR:-build-gpu} (-DADAPS_CUDA=ON, Release, architectures
+# ${ADAPS_CUDA_ARCHITECTURES:-90}), builds only the CUDA target, the gpu test binary, the CPU
+# conformance test and the GPU benchmark, and collects into ${ADAPS_GPU_CARRY:-.gpu}/:
+#   bin/   the binaries (debug info stripped)
+#   lib/   the shared libraries they load (from ldd; without the C library family and the
+#          NVIDIA driver's libraries, which the GPU machine provides)
+#   MANIFEST  what was built from which commit, and the sizes
+# Fails when the folder is over 48 MiB (the device tool carries at most 64 MiB in all).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+START=$(date +%s)
+say() { echo "== gpu-prepare [$(( $(date +%s) - START ))s]: $*"; }
+
+BUILD=${ADAPS_GPU_BUILD_DIR:-build-gpu}
+CARRY=${ADAPS_GPU_CARRY:-.gpu}
+ARCH=${ADAPS_CUDA_ARCHITECTURES:-90}
+JOBS=${JOBS:-$(nproc)}
+NVCC=$(command -v nvcc || true)
+[[ -z "$NVCC" && -x /usr/local/cuda/bin/nvcc ]] && NVCC=/usr/local/cuda/bin/nvcc
+[[ -n "$NVCC" ]] || { say "FAIL: no nvcc (PATH or /usr/local/cuda/bin)"; exit 1; }
+[[ -f /root/adaps-env.sh ]] && source /root/adaps-env.sh  # ccache, where there is one
+
+say "configure $BUILD (ADAPS_CUDA=ON, Release, architectures $ARCH, nvcc $NVCC)"
+if ! cmake -S . -B "$BUILD" -G Ninja -DADAPS_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+     -DCMAKE_CUDA_COMPILER="$NVCC" -DADAPS_CUDA_ARCHITECTURES="$ARCH" \
+     -DADAPS_BUILD_BENCH=OFF -DADAPS_BUILD_TESTS=ON >"$BUILD.configure.log" 2>&1; then
+  tail -30 "$BUILD.configure.log"
+  say "FAIL: configure (log: $BUILD.configure.log)"
+  exit 1
+fi
+TARGETS=(cuda_compressor_test compressor_conformance_test adaps_gpu_bench)
+say "build ${TARGETS[*]} (-j$JOBS)"
+if ! ninja -C "$BUILD" -j"$JOBS" "${TARGETS[@]}" >"$BUILD.build.log" 2>&1; then
+  tail -40 "$BUILD.build.log"
+  say "FAIL: build (log: $BUILD.build.log)"
+  exit 1
+fi
+
+rm -rf "$CARRY"
+mkdir -p "$CARRY/bin" "$CARRY/lib"
+for t in "${TARGETS[@]}"; do
+  f=$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)
+  [[ -n "$f" ]] || { say "FAIL: $t not built"; exit 1; }
+  cp "$f" "$CARRY/bin/$t"
+  strip --strip-debug "$CARRY/bin/$t"
+done
+# Shared libraries: everything ldd resolves except the C library family (libc, libm, libdl,
+# libpthread, librt, the loader, vdso) and the driver's libcuda / libnvidia-*.
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libnvidia)'
+for b in "$CARRY"/bin/*; do
+  ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
+    [[ "$name" =~ $skip ]] && continue
+    [[ -e "$CARRY/lib/$name" ]] || cp -L "$path" "$CARRY/lib/$name"
+  done
+done
+missing=$(LD_LIBRARY_PATH="$CARRY/lib" ldd "$CARRY"/bin/* | grep "not found" || true)
+[[ -z "$missing" ]] || { echo "$missing"; say "FAIL: unresolved libraries"; exit 1; }
+
+bytes=$(du -sb "$CARRY" | cut -f1)
+{
+  echo "built: $(date -u +%FT%TZ) on $(hostname)"
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+  echo "nvcc: $("$NVCC" --version | tail -1)"
+  echo "architectures: $ARCH"
+  echo "bytes: $bytes"
+  (cd "$CARRY" && find bin lib -type f -printf '%s %p\n' | sort -k2)
+} >"$CARRY/MANIFEST"
+say "$CARRY: $(( bytes / 1024 / 1024 )) MiB ($bytes bytes), $(ls "$CARRY/lib" | wc -l) libraries"
+if (( bytes > 48 * 1024 * 1024 )); then
+  say "FAIL: $CARRY is over 48 MiB (the device tool carries 64 MiB at most)"
+  exit 1
+fi
+say "ready: run bench/gpu-check.sh on the GPU machine with $CARRY carried (docs/gpu.md)"
