@@ -538,7 +538,8 @@ class FastRiceDecoder {
     std::memcpy(&scale, p + pos, 4);
     pos += 4;
     if (!std::isfinite(scale)) return false;
-    if (!u8(&k) || k > 31) return false;
+    if (!u8(&k)) return false;
+    k &= 31;  // format 2: the high 3 bits are the padding bit count
     if (uint64_t{count} * (k + 2) > uint64_t{size - pos} * 8) return false;
 
     idx_.resize(count);
