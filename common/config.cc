@@ -1,7 +1,14 @@
 #include "common/config.h"
 
+#include <arpa/inet.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/flags/commandlineflag.h"
@@ -10,6 +17,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
@@ -111,6 +119,14 @@ void InstallUsage(const std::string& usage) {
     return absl::EndsWith(file, "main.cc");
   };
   config.contains_helpshort_flags = config.contains_help_flags;
+  // "scheduler/main.cc", not the build's "../scheduler/main.cc" or an absolute path.
+  config.normalize_filename = [](absl::string_view file) {
+    const size_t last = file.rfind('/');
+    const size_t dir = last == absl::string_view::npos || last == 0
+                           ? absl::string_view::npos
+                           : file.rfind('/', last - 1);
+    return std::string(dir == absl::string_view::npos ? file : file.substr(dir + 1));
+  };
   absl::SetFlagsUsageConfig(config);
 }
 
@@ -242,6 +258,81 @@ absl::Status WritePortFile(const std::string& path, const std::string& endpoint)
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPort(absl::string_view flag, int64_t port) {
+  if (port >= 0 && port <= 65535) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, "=", port, ": not a TCP port (0 to 65535; 0: the OS chooses)"));
+}
+
+absl::Status CheckFraction(absl::string_view flag, double value) {
+  if (value > 0.0 && value <= 1.0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, "=", value, ": must be a fraction in (0, 1]"));
+}
+
+absl::StatusOr<std::string> ResolveListenHost(absl::string_view flag, const std::string& host) {
+  if (host == "*") return host;
+  unsigned char addr[sizeof(struct in6_addr)];
+  if (inet_pton(AF_INET, host.c_str(), addr) == 1 || inet_pton(AF_INET6, host.c_str(), addr) == 1) {
+    return host;
+  }
+  if (!host.empty() && host.size() < IF_NAMESIZE && if_nametoindex(host.c_str()) != 0) {
+    return host;  // an interface name, e.g. eth0
+  }
+  if (!host.empty()) {
+    struct addrinfo hints = {};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    struct addrinfo* found = nullptr;
+    if (getaddrinfo(host.c_str(), nullptr, &hints, &found) == 0 && found != nullptr) {
+      char text[INET_ADDRSTRLEN] = {};
+      const auto* in = reinterpret_cast<const struct sockaddr_in*>(found->ai_addr);
+      const bool ok = inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr;
+      freeaddrinfo(found);
+      if (ok) return std::string(text);
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--", flag, "='", host,
+      "': not an IP address, '*', a network interface or a resolvable host name"));
+}
+
+absl::Status CheckConnectEndpoint(absl::string_view flag, const std::string& endpoint) {
+  absl::string_view rest = endpoint;
+  if (absl::StartsWith(rest, "ipc://") || absl::StartsWith(rest, "inproc://")) {
+    return absl::OkStatus();
+  }
+  const size_t colon = rest.rfind(':');
+  int port = 0;
+  if (!absl::ConsumePrefix(&rest, "tcp://") || colon == absl::string_view::npos ||
+      colon <= 6 || !absl::SimpleAtoi(absl::string_view(endpoint).substr(colon + 1), &port) ||
+      port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "='", endpoint, "': expected tcp://HOST:PORT (port 1 to 65535)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckReadableDir(absl::string_view flag, const std::string& path) {
+  std::error_code ec;
+  if (path.empty() || !std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "='", path, "': no such directory"));
+  }
+  if (access(path.c_str(), R_OK | X_OK) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "='", path, "': directory is not readable"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FirstError(std::initializer_list<absl::Status> checks) {
+  for (const absl::Status& s : checks) {
+    if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }

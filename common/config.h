@@ -10,12 +10,15 @@
 #ifndef ADAPS_COMMON_CONFIG_H_
 #define ADAPS_COMMON_CONFIG_H_
 
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace adaps {
@@ -37,6 +40,42 @@ void InstallUsage(const std::string& usage);
 
 // "name=value, name=value ..." for the named flags: the effective config, for the start log.
 std::string DescribeFlags(absl::Span<const std::string> flag_names);
+
+// ---- Flag checks, run on the parsed flags before any network activity. Each returns OK or
+// kInvalidArgument whose message starts with the flag and its value ("--port=70000: ...").
+
+// A TCP port to listen on: 0 (the OS chooses) to 65535.
+absl::Status CheckPort(absl::string_view flag, int64_t port);
+
+// value > 0 (counts, sizes, timeouts) and value >= 0 (limits where 0 means "none").
+template <typename T>
+absl::Status CheckPositive(absl::string_view flag, T value) {
+  if (value > T{0}) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": must be > 0"));
+}
+template <typename T>
+absl::Status CheckNonNegative(absl::string_view flag, T value) {
+  if (value >= T{0}) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": must be >= 0"));
+}
+
+// 0 < value <= 1.
+absl::Status CheckFraction(absl::string_view flag, double value);
+
+// The address to bind for `--host`: "*", a numeric IPv4 or IPv6 address or a network
+// interface name (what ZeroMQ binds) come back unchanged; a host name is resolved to its
+// first IPv4 address. kInvalidArgument naming the flag for anything else.
+absl::StatusOr<std::string> ResolveListenHost(absl::string_view flag, const std::string& host);
+
+// "tcp://HOST:PORT" with a non-empty host and a port 1..65535 (ipc:// and inproc://
+// endpoints are accepted as they are). Not resolved: the peer may not be up yet.
+absl::Status CheckConnectEndpoint(absl::string_view flag, const std::string& endpoint);
+
+// An existing, readable directory.
+absl::Status CheckReadableDir(absl::string_view flag, const std::string& path);
+
+// The first error of `checks`, or OK.
+absl::Status FirstError(std::initializer_list<absl::Status> checks);
 
 // ZeroMQ CURVE keys (Z85 text, 40 characters each) of one process. Empty server_secret_key
 // and client_secret_key: plaintext. See docs/reliability.md, "Access".

@@ -11,6 +11,10 @@ namespace adaps {
 namespace {
 
 constexpr uint32_t kRiceEscape = 32;  // unary prefix of this many ones: raw 32-bit gap follows
+// The Rice parameter byte: k in the low 5 bits, the number of padding bits of the stream's
+// last byte (0..7) in the high 3, so the stream's exact bit length is known (format 2).
+constexpr unsigned kRicePadShift = 5;
+constexpr uint8_t kRiceKMask = 0x1f;
 
 // ---- byte-level writer and reader -------------------------------------------------------
 
@@ -110,10 +114,13 @@ class BitWriter {
     }
     if (n) Put((1u << n) - 1, n);
   }
-  void Flush() {
+  // Pads the last byte with zero bits; returns how many (0..7).
+  unsigned Flush() {
+    const unsigned pad = fill_ ? 8 - fill_ : 0;
     if (fill_) out_->push_back(static_cast<uint8_t>(acc_));
     acc_ = 0;
     fill_ = 0;
+    return pad;
   }
 
  private:
@@ -155,6 +162,7 @@ unsigned ChooseRiceK(const std::vector<uint32_t>& idx, uint32_t length) {
 
 void PutRiceIndices(const CompressedUpdate& u, bool with_signs, std::vector<uint8_t>* out) {
   const unsigned k = ChooseRiceK(u.indices, u.length);
+  const size_t k_at = out->size();
   PutU8(out, static_cast<uint8_t>(k));
   BitWriter w(out);
   int64_t prev = -1;
@@ -173,7 +181,7 @@ void PutRiceIndices(const CompressedUpdate& u, bool with_signs, std::vector<uint
     if (with_signs) w.Put(u.negative[j] ? 1 : 0, 1);
     prev = i;
   }
-  w.Flush();
+  (*out)[k_at] |= static_cast<uint8_t>(w.Flush() << kRicePadShift);
 }
 
 void PutPlainIndices(const CompressedUpdate& u, bool with_signs, std::vector<uint8_t>* out) {
@@ -206,14 +214,16 @@ inline uint64_t LoadLE64(const uint8_t* data, size_t byte, size_t nbytes) {
 // checked against the real end (`bits`) before it is used.
 class RiceReader {
  public:
-  RiceReader(const uint8_t* data, size_t nbytes)
-      : data_(data), nbytes_(nbytes), bits_(uint64_t{nbytes} * 8) {}
+  // `nbytes` bytes of which the last `pad` bits are padding: the stream is nbytes * 8 - pad
+  // bits long (pad <= 7, and 0 when nbytes is 0: checked by the caller).
+  RiceReader(const uint8_t* data, size_t nbytes, unsigned pad)
+      : data_(data), nbytes_(nbytes), bits_(uint64_t{nbytes} * 8 - pad) {}
   uint64_t Peek(uint64_t bit) const { return LoadLE64(data_, bit >> 3, nbytes_) >> (bit & 7); }
   uint64_t bits() const { return bits_; }
-  // The unused high bits of the byte holding bit `bit - 1` must be zero padding.
-  bool PaddingOk(uint64_t bit) const {
-    if ((bit & 7) == 0) return true;
-    return (data_[bit >> 3] >> (bit & 7)) == 0;
+  // The padding bits after the stream's end must be zero.
+  bool PaddingOk() const {
+    if ((bits_ & 7) == 0) return true;
+    return (data_[bits_ >> 3] >> (bits_ & 7)) == 0;
   }
 
  private:
@@ -222,12 +232,12 @@ class RiceReader {
   uint64_t bits_;
 };
 
-// Decodes `count` indices (and, with_signs, their sign bits) into idx[0..count) and
-// neg[0..count), validating every index (in range, ascending), the padding and the exact byte
-// extent; `r` is advanced past the index data. The caller sizes idx and neg to `count` only
-// after CheckIndexBytes() has shown that the data can hold that many elements.
+// Reads the Rice parameter byte and checks that the data can hold `count` elements; for
+// Rice sets *k, *pad and *stream_bytes (the index stream's extent: the rest of the buffer
+// less `trailing_bytes`, the Top-k values that follow it).
 absl::Status CheckIndexBytes(ByteReader& r, IndexCoding coding, uint32_t length, uint32_t count,
-                             bool with_signs, unsigned* k) {
+                             bool with_signs, uint64_t trailing_bytes, unsigned* k,
+                             unsigned* pad, size_t* stream_bytes) {
   if (count > length) {
     return absl::DataLossError(absl::StrCat("count ", count, " exceeds slice length ", length));
   }
@@ -238,16 +248,26 @@ absl::Status CheckIndexBytes(ByteReader& r, IndexCoding coding, uint32_t length,
   }
   uint8_t k8 = 0;
   ADAPS_RETURN_IF_ERROR(r.U8(&k8));
-  if (k8 > 31) return absl::DataLossError(absl::StrCat("Rice parameter ", k8, " > 31"));
-  *k = k8;
+  *k = k8 & kRiceKMask;
+  *pad = k8 >> kRicePadShift;
+  if (r.remaining() < trailing_bytes) return ByteReader::Truncated();
+  *stream_bytes = r.remaining() - static_cast<size_t>(trailing_bytes);
+  if (*stream_bytes == 0 && *pad != 0) {
+    return absl::DataLossError("padding bits claimed for an empty index stream");
+  }
   // Each element takes at least k + 1 (+1 sign) bits: reject counts the data cannot hold.
   const uint64_t min_bits = uint64_t{count} * (*k + 1 + (with_signs ? 1 : 0));
-  if (min_bits > uint64_t{r.remaining()} * 8) return ByteReader::Truncated();
+  if (min_bits > uint64_t{*stream_bytes} * 8 - *pad) return ByteReader::Truncated();
   return absl::OkStatus();
 }
 
-absl::Status DecodeIndices(ByteReader& r, IndexCoding coding, unsigned k, uint32_t length,
-                           uint32_t count, bool with_signs, uint32_t* idx, uint8_t* neg) {
+// Decodes `count` indices (and, with_signs, their sign bits) into idx[0..count) and
+// neg[0..count), validating every index (in range, ascending), the padding and the exact bit
+// extent; `r` is advanced past the index data. The caller sizes idx and neg to `count` only
+// after CheckIndexBytes() has shown that the data can hold that many elements.
+absl::Status DecodeIndices(ByteReader& r, IndexCoding coding, unsigned k, unsigned pad,
+                           size_t stream_bytes, uint32_t length, uint32_t count,
+                           bool with_signs, uint32_t* idx, uint8_t* neg) {
   int64_t prev = -1;
   if (coding == IndexCoding::kPlain32) {
     const uint64_t idx_bytes = uint64_t{4} * count;
@@ -269,15 +289,17 @@ absl::Status DecodeIndices(ByteReader& r, IndexCoding coding, unsigned k, uint32
     }
     return r.Skip(idx_bytes + sign_bytes);
   }
-  const RiceReader br(r.here(), r.remaining());
+  const RiceReader br(r.here(), stream_bytes, pad);
   const uint64_t end = br.bits();
   const unsigned sign_bits = with_signs ? 1 : 0;
   const uint64_t low_mask = (uint64_t{1} << k) - 1;
   uint64_t bit = 0;
   for (uint32_t j = 0; j < count; ++j) {
-    // Unary part: the run of one-bits, counted at once. Zeros read past the end stop the run
+    // Unary part: the run of one-bits, counted at once (a window of only ones -- 64 or more in
+    // a row -- is an escape; ctz of 0 is undefined). Zeros read past the end stop the run
     // early, and the extent check below then finds the stream truncated.
-    const unsigned q = static_cast<unsigned>(__builtin_ctzll(~br.Peek(bit)));
+    const uint64_t zeros = ~br.Peek(bit);
+    const unsigned q = zeros ? static_cast<unsigned>(__builtin_ctzll(zeros)) : 64;
     uint64_t gap;
     if (q >= kRiceEscape) {
       if (end - bit < uint64_t{kRiceEscape} + 32 + sign_bits) return ByteReader::Truncated();
@@ -302,8 +324,14 @@ absl::Status DecodeIndices(ByteReader& r, IndexCoding coding, unsigned k, uint32
     }
     prev = i;
   }
-  if (!br.PaddingOk(bit)) return absl::DataLossError("nonzero padding after the index stream");
-  return r.Skip((bit + 7) / 8);
+  // The stream's bit length is known: elements decoded from padding (a raised count) or
+  // left over (a lowered one) both show here.
+  if (bit != end) {
+    return absl::DataLossError(absl::StrCat("index stream of ", end, " bits holds ", bit,
+                                            " bits of ", count, " elements"));
+  }
+  if (!br.PaddingOk()) return absl::DataLossError("nonzero padding after the index stream");
+  return r.Skip(stream_bytes);
 }
 
 absl::Status ReadHeader(ByteReader& r, WireHeader* h) {
@@ -384,13 +412,16 @@ absl::Status Parse(absl::Span<const uint8_t> bytes, Parsed* p, std::vector<uint3
         ADAPS_RETURN_IF_ERROR(r.F32(&p->scale));
         if (!std::isfinite(p->scale)) return NonFinite("scale");
       }
-      unsigned k = 0;
-      ADAPS_RETURN_IF_ERROR(CheckIndexBytes(r, h->coding, h->length, h->count, ternary, &k));
+      unsigned k = 0, pad = 0;
+      size_t stream_bytes = 0;
+      const uint64_t value_bytes = ternary ? 0 : uint64_t{4} * h->count;
+      ADAPS_RETURN_IF_ERROR(CheckIndexBytes(r, h->coding, h->length, h->count, ternary,
+                                            value_bytes, &k, &pad, &stream_bytes));
       // Sized only now: the data has been shown to hold `count` elements.
       idx->resize(h->count);
       neg->resize(ternary ? h->count : 0);
-      ADAPS_RETURN_IF_ERROR(DecodeIndices(r, h->coding, k, h->length, h->count, ternary,
-                                          idx->data(), neg->data()));
+      ADAPS_RETURN_IF_ERROR(DecodeIndices(r, h->coding, k, pad, stream_bytes, h->length,
+                                          h->count, ternary, idx->data(), neg->data()));
       if (!ternary) {
         const uint64_t vbytes = uint64_t{4} * h->count;
         if (r.remaining() < vbytes) return ByteReader::Truncated();

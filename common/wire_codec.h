@@ -1,18 +1,20 @@
 // The wire encoding of one compressed slice update (the payload of a push and of a
 // recompressed pull). Layout, all little-endian (also documented in schemas/README.md):
 //
-//   u8 magic 0xAD | u8 format version (1) | u8 kind | u8 index coding | varint length
+//   u8 magic 0xAD | u8 format version (2) | u8 kind | u8 index coding | varint length
 //   dense:   length x f32
 //   adacomp: varint bin_size | varint count | f32 scale | body
 //   topk:    varint count | body, then count x f32 values
 //   sign:    f32 positive value | f32 negative value | ceil(length/8) bytes of sign bits
 //
 // Index coding applies to adacomp and topk bodies:
-//   kRice (compact): u8 rice parameter k, then a bit stream (LSB first) with, per element,
+//   kRice (compact): u8 k | pad << 5 (rice parameter k, and pad = the number of zero bits
+//     that fill the stream's last byte, 0..7), then a bit stream (LSB first) with, per element,
 //     the gap to the previous index (idx - prev - 1, prev starts at -1) as a Rice code --
 //     q = gap >> k in unary as q one-bits and a zero-bit, then the k low bits -- where
 //     q >= 32 is written as 32 one-bits followed by the gap in 32 bits; adacomp follows
-//     each gap with its sign bit (1 = negative). The stream is padded to a byte.
+//     each gap with its sign bit (1 = negative). The stream is padded to a byte; the decoder
+//     requires the elements to end exactly at its bit length and the padding to be zero.
 //   kPlain32 (baseline): count x u32 indices; adacomp adds ceil(count/8) bytes of sign bits.
 //
 // Decoding is bounds-checked: a truncated, oversized or corrupt buffer, an index past the
@@ -33,7 +35,9 @@
 namespace adaps {
 
 inline constexpr uint8_t kWireMagic = 0xAD;
-inline constexpr uint8_t kWireFormatVersion = 1;
+// 2: the Rice parameter byte carries the padding bit count (version 1 did not, so a raised
+// count could decode its padding as extra elements).
+inline constexpr uint8_t kWireFormatVersion = 2;
 
 enum class IndexCoding : uint8_t {
   kPlain32 = 0,

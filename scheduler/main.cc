@@ -1,16 +1,13 @@
 // adaps-scheduler: the cluster's rendezvous point. Thin: builds SchedulerConfig from
 // defaults < config file < ADAPS_* environment < flags, then runs a Scheduler.
-#include <csignal>
-#include <cstdio>
 #include <string>
-#include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/config.h"
+#include "common/logging.h"
 #include "common/metrics.h"
+#include "common/main_util.h"
 #include "scheduler/scheduler.h"
 
 ABSL_FLAG(std::string, config, "", "Config file of 'name = value' lines (also ADAPS_CONFIG)");
@@ -44,40 +41,36 @@ ABSL_FLAG(std::string, metrics_port_file, "",
           "Write the metrics endpoint's port here (atomically) once it listens");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical, off");
 
-namespace {
-
-volatile std::sig_atomic_t g_signal = 0;  // the one thing a signal handler may touch
-void OnSignal(int sig) { g_signal = sig; }
-
-int Fail(const std::string& reason) {
-  std::fprintf(stderr, "adaps-scheduler: %s\n", reason.c_str());
-  return 1;
-}
-
-
-}  // namespace
-
 int main(int argc, char** argv) {
-  adaps::InstallUsage(
-      "adaps-scheduler: waits for the servers and workers, assigns ranks and tensor slices, "
-      "runs barriers and heartbeats, and coordinates shutdown.");
-  const std::vector<std::string> names = {"host",         "port",           "port_file",
-                                          "num_servers",  "num_workers",    "heartbeat_ms",
-                                          "dead_timeout_ms", "split_threshold", "log_level", "curve_server_key", "curve_client_key", "curve_allowed_clients",
-                                          "on_worker_death", "admin_token", "metrics_port",
-                                          "metrics_host", "metrics_port_file"};
-  if (auto s = adaps::LoadLayeredFlags(argc, argv, names); !s.ok()) return Fail(s.ToString());
-  absl::ParseCommandLine(argc, argv);
+  adaps::MainProgram program(
+      "adaps-scheduler", "scheduler",
+      "waits for the servers and workers, assigns ranks and tensor slices, runs barriers and "
+      "heartbeats, and coordinates shutdown.");
+  if (auto exit_code = program.Init(argc, argv)) return *exit_code;
 
+  auto host = adaps::ResolveListenHost("host", absl::GetFlag(FLAGS_host));
+  if (!host.ok()) return program.UsageError(host.status());
+  if (auto s = adaps::FirstError({
+          adaps::CheckPort("port", absl::GetFlag(FLAGS_port)),
+          adaps::CheckPositive("num_servers", absl::GetFlag(FLAGS_num_servers)),
+          adaps::CheckPositive("num_workers", absl::GetFlag(FLAGS_num_workers)),
+          adaps::CheckPositive("heartbeat_ms", absl::GetFlag(FLAGS_heartbeat_ms)),
+          adaps::CheckPositive("dead_timeout_ms", absl::GetFlag(FLAGS_dead_timeout_ms)),
+          adaps::CheckPositive("split_threshold", absl::GetFlag(FLAGS_split_threshold)),
+      });
+      !s.ok()) {
+    return program.UsageError(s);
+  }
   adaps::SchedulerConfig config;
-  config.bind = absl::StrCat("tcp://", absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  config.bind = adaps::BindEndpoint(*host, absl::GetFlag(FLAGS_port));
   config.num_servers = absl::GetFlag(FLAGS_num_servers);
   config.num_workers = absl::GetFlag(FLAGS_num_workers);
   config.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   config.dead_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_dead_timeout_ms));
   const std::string on_death = absl::GetFlag(FLAGS_on_worker_death);
   if (on_death != "continue" && on_death != "fail") {
-    return Fail("--on_worker_death must be continue or fail");
+    return program.UsageError(
+        absl::InvalidArgumentError("--on_worker_death must be continue or fail"));
   }
   config.on_worker_death = on_death == "fail" ? adaps::SchedulerConfig::OnWorkerDeath::kFail
                                               : adaps::SchedulerConfig::OnWorkerDeath::kContinue;
@@ -87,40 +80,37 @@ int main(int argc, char** argv) {
   auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),
                                     absl::GetFlag(FLAGS_curve_client_key),
                                     absl::GetFlag(FLAGS_curve_allowed_clients), /*serving=*/true);
-  if (!curve.ok()) return Fail(curve.status().ToString());
+  if (!curve.ok()) return program.UsageError(curve.status());
   config.curve = *std::move(curve);
-  if (auto s = adaps::ValidateSchedulerConfig(config); !s.ok()) return Fail(s.ToString());
+  if (auto s = adaps::ValidateSchedulerConfig(config); !s.ok()) return program.UsageError(s);
 
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
   adaps::MetricsOptions metrics_options;
   metrics_options.port = absl::GetFlag(FLAGS_metrics_port);
   metrics_options.host = absl::GetFlag(FLAGS_metrics_host);
   metrics_options.port_file = absl::GetFlag(FLAGS_metrics_port_file);
   metrics_options.role = "scheduler";
   auto metrics = adaps::Metrics::Create(metrics_options);
-  if (!metrics.ok()) return Fail(metrics.status().ToString());
+  if (!metrics.ok()) return program.Fail(metrics.status());
+
+  adaps::MainProgram::CatchStopSignals();
   adaps::Scheduler scheduler(config, nullptr, metrics->get());
   auto logger = adaps::MakeLogger("scheduler", 0, config.log_level);
-  logger->info("effective config: {}", adaps::DescribeFlags(names));
+  logger->info("effective config: {}", program.EffectiveConfig());
   if ((*metrics)->enabled()) {
     logger->info("metrics on http://{}:{}/metrics", metrics_options.host, (*metrics)->port());
   }
-  if (auto s = scheduler.Start(); !s.ok()) return Fail(s.ToString());
+  if (auto s = scheduler.Start(); !s.ok()) return program.Fail(s);
   const std::string endpoint = scheduler.endpoint();
   logger->info("bound {} port {}", endpoint, endpoint.substr(endpoint.rfind(':') + 1));
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty() && !adaps::WritePortFile(port_file, endpoint).ok()) {
-    return Fail("cannot write port file " + port_file);
+  if (auto s = adaps::WritePortFileIfSet(absl::GetFlag(FLAGS_port_file), endpoint); !s.ok()) {
+    scheduler.Stop();
+    return program.Fail(s);
   }
-  while (!scheduler.WaitForShutdown(absl::Milliseconds(200))) {
-    if (g_signal != 0) {
-      logger->info("signal {}: stopping", static_cast<int>(g_signal));
-      break;
-    }
-  }
+  const int sig = adaps::MainProgram::WaitForShutdownOrSignal(
+      [&](absl::Duration timeout) { return scheduler.WaitForShutdown(timeout); });
+  if (sig != 0) logger->info("signal {}: stopping", sig);
   // Give the final Shutdown messages a moment to leave.
   absl::SleepFor(absl::Milliseconds(100));
   scheduler.Stop();
-  return 0;
+  return adaps::kExitOk;
 }

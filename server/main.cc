@@ -1,16 +1,12 @@
 // adaps-server: one shard of the parameters. Thin: builds ServerConfig from defaults <
 // config file < ADAPS_* environment < flags, then runs a Server until the scheduler says
 // shutdown.
-#include <csignal>
-#include <cstdio>
 #include <string>
-#include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/logging.h"
+#include "common/main_util.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, config, "", "Config file of 'name = value' lines (also ADAPS_CONFIG)");
@@ -46,39 +42,45 @@ ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, crit
 
 namespace {
 
-volatile std::sig_atomic_t g_signal = 0;  // the one thing a signal handler may touch
-void OnSignal(int sig) { g_signal = sig; }
-
-int Fail(const std::string& reason) {
-  std::fprintf(stderr, "adaps-server: %s\n", reason.c_str());
-  return 1;
+// Every range check of the flags, before anything touches the network.
+absl::Status CheckFlags() {
+  return adaps::FirstError({
+      adaps::CheckConnectEndpoint("scheduler", absl::GetFlag(FLAGS_scheduler)),
+      adaps::CheckPort("port", absl::GetFlag(FLAGS_port)),
+      absl::GetFlag(FLAGS_advertise).empty()
+          ? absl::OkStatus()
+          : adaps::CheckConnectEndpoint("advertise", absl::GetFlag(FLAGS_advertise)),
+      adaps::CheckPositive("register_timeout_ms", absl::GetFlag(FLAGS_register_timeout_ms)),
+      adaps::CheckNonNegative("checkpoint_interval_s", absl::GetFlag(FLAGS_checkpoint_interval_s)),
+      adaps::CheckPositive("scheduler_grace_s", absl::GetFlag(FLAGS_scheduler_grace_s)),
+      adaps::CheckPositive("max_slice_elements", absl::GetFlag(FLAGS_max_slice_elements)),
+  });
 }
-
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  adaps::InstallUsage(
-      "adaps-server: holds a shard of the parameters, aggregates pushes, applies the "
-      "optimizer and answers pulls.");
-  const std::vector<std::string> names = {
-      "scheduler", "host",      "port",         "advertise", "identity",
-      "mode",      "optimizer", "learning_rate", "momentum", "weight_decay",
-      "beta1",     "beta2",     "epsilon",      "register_timeout_ms", "checkpoint_dir",
-      "checkpoint_interval_s", "restore", "log_level", "curve_server_key", "curve_client_key", "curve_allowed_clients", "port_file", "scheduler_grace_s", "max_slice_elements"};
-  if (auto s = adaps::LoadLayeredFlags(argc, argv, names); !s.ok()) return Fail(s.ToString());
-  absl::ParseCommandLine(argc, argv);
+  adaps::MainProgram program(
+      "adaps-server", "server",
+      "holds a shard of the parameters, aggregates pushes, applies the optimizer and answers "
+      "pulls.");
+  if (auto exit_code = program.Init(argc, argv)) return *exit_code;
 
+  auto host = adaps::ResolveListenHost("host", absl::GetFlag(FLAGS_host));
+  if (!host.ok()) return program.UsageError(host.status());
+  if (auto s = CheckFlags(); !s.ok()) return program.UsageError(s);
   adaps::ServerConfig config;
   config.scheduler = absl::GetFlag(FLAGS_scheduler);
-  config.bind = absl::StrCat("tcp://", absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  config.bind = adaps::BindEndpoint(*host, absl::GetFlag(FLAGS_port));
   config.advertise = absl::GetFlag(FLAGS_advertise);
   config.identity = absl::GetFlag(FLAGS_identity);
   const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode != "sync" && mode != "async") return Fail("--mode must be sync or async");
+  if (mode != "sync" && mode != "async") {
+    return program.UsageError(absl::InvalidArgumentError("--mode must be sync or async"));
+  }
   config.sync = mode == "sync";
   auto kind = adaps::ParseOptimizerKind(absl::GetFlag(FLAGS_optimizer));
-  if (!kind.ok()) return Fail(kind.status().ToString());
+  if (!kind.ok()) return program.UsageError(kind.status());
   config.optimizer.kind = *kind;
   config.optimizer.learning_rate = static_cast<float>(absl::GetFlag(FLAGS_learning_rate));
   config.optimizer.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
@@ -96,25 +98,23 @@ int main(int argc, char** argv) {
   auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),
                                     absl::GetFlag(FLAGS_curve_client_key),
                                     absl::GetFlag(FLAGS_curve_allowed_clients), /*serving=*/true);
-  if (!curve.ok()) return Fail(curve.status().ToString());
+  if (!curve.ok()) return program.UsageError(curve.status());
   config.curve = *std::move(curve);
-  if (auto s = adaps::ValidateServerConfig(config); !s.ok()) return Fail(s.ToString());
+  if (auto s = adaps::ValidateServerConfig(config); !s.ok()) return program.UsageError(s);
 
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
+  adaps::MainProgram::CatchStopSignals();
   adaps::MakeLogger("server", -1, config.log_level)
-      ->info("effective config: {}", adaps::DescribeFlags(names));
+      ->info("effective config: {}", program.EffectiveConfig());
   adaps::Server server(config);
-  if (auto s = server.Start(); !s.ok()) return Fail(s.ToString());
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty() && !adaps::WritePortFile(port_file, server.endpoint()).ok()) {
+  if (auto s = server.Start(); !s.ok()) return program.Fail(s);
+  if (auto s = adaps::WritePortFileIfSet(absl::GetFlag(FLAGS_port_file), server.endpoint());
+      !s.ok()) {
     server.Stop();
-    return Fail("cannot write port file " + port_file);
+    return program.Fail(s);
   }
-  while (!server.WaitForShutdown(absl::Milliseconds(200))) {
-    if (g_signal != 0) break;
-  }
+  adaps::MainProgram::WaitForShutdownOrSignal(
+      [&](absl::Duration timeout) { return server.WaitForShutdown(timeout); });
   server.Stop();
-  if (!server.exit_status().ok()) return Fail(server.exit_status().ToString());
-  return 0;
+  if (!server.exit_status().ok()) return program.Fail(server.exit_status());
+  return adaps::kExitOk;
 }

@@ -2,17 +2,16 @@
 // ADAPS_* environment < flags, creates an adaps::Worker and runs a mode:
 //   --mode=synthetic  push and pull tensors of given sizes (benchmark; worker/synthetic.h)
 //   --mode=train      the Fashion-MNIST trainer (worker/train_mode.h over worker/trainer/)
-#include <cstdio>
 #include <string>
-#include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "adaps/worker.h"
 #include "common/compressor.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/main_util.h"
 #include "worker/synthetic.h"
 #include "worker/train_mode.h"
 
@@ -54,27 +53,108 @@ ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
 
 namespace {
 
-int Fail(const std::string& reason) {
-  std::fprintf(stderr, "adaps-worker: %s\n", reason.c_str());
-  return 1;
+// Every range check of the flags, before anything touches the network. The data directory
+// is checked here too, not after the cluster formed.
+absl::Status CheckFlags(const std::string& mode) {
+  if (mode != "synthetic" && mode != "train") {
+    return absl::InvalidArgumentError("--mode must be synthetic or train");
+  }
+  const std::string pull = absl::GetFlag(FLAGS_pull);
+  if (pull != "dense" && pull != "recompressed") {
+    return absl::InvalidArgumentError("--pull must be dense or recompressed");
+  }
+  absl::Status common = adaps::FirstError({
+      adaps::CheckConnectEndpoint("scheduler", absl::GetFlag(FLAGS_scheduler)),
+      adaps::CheckPositive("register_timeout_ms", absl::GetFlag(FLAGS_register_timeout_ms)),
+      adaps::CheckPositive("request_timeout_ms", absl::GetFlag(FLAGS_request_timeout_ms)),
+      adaps::CheckFraction("topk_fraction", absl::GetFlag(FLAGS_topk_fraction)),
+      adaps::CheckPositive("bin_size", absl::GetFlag(FLAGS_bin_size)),
+  });
+  if (!common.ok()) return common;
+  if (mode == "synthetic") {
+    return adaps::FirstError({
+        adaps::CheckPositive("layers", absl::GetFlag(FLAGS_layers)),
+        adaps::CheckPositive("steps", absl::GetFlag(FLAGS_steps)),
+        adaps::CheckNonNegative("warmup", absl::GetFlag(FLAGS_warmup)),
+    });
+  }
+  return adaps::FirstError({
+      adaps::CheckPositive("epochs", absl::GetFlag(FLAGS_epochs)),
+      adaps::CheckPositive("batch", absl::GetFlag(FLAGS_batch)),
+      adaps::CheckPositive("lr", absl::GetFlag(FLAGS_lr)),
+      adaps::CheckNonNegative("train_limit", absl::GetFlag(FLAGS_train_limit)),
+      adaps::CheckNonNegative("test_limit", absl::GetFlag(FLAGS_test_limit)),
+      adaps::CheckNonNegative("max_steps", absl::GetFlag(FLAGS_max_steps)),
+      adaps::CheckNonNegative("eval_every", absl::GetFlag(FLAGS_eval_every)),
+      adaps::CheckPositive("bin_size_conv", absl::GetFlag(FLAGS_bin_size_conv)),
+      adaps::CheckPositive("bin_size_fc", absl::GetFlag(FLAGS_bin_size_fc)),
+      adaps::CheckReadableDir("data_dir", absl::GetFlag(FLAGS_data_dir)),
+  });
+}
+
+adaps::PullFormat Pull() {
+  return absl::GetFlag(FLAGS_pull) == "dense" ? adaps::PullFormat::kDense
+                                              : adaps::PullFormat::kRecompressed;
+}
+
+absl::StatusOr<adaps::SyntheticConfig> SyntheticFromFlags(adaps::CompressorKind kind) {
+  adaps::SyntheticConfig synthetic;
+  auto total = adaps::ParseCount(absl::GetFlag(FLAGS_tensors));
+  if (!total.ok() || *total == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tensors='", absl::GetFlag(FLAGS_tensors), "': ",
+        total.ok() ? "must be > 0" : std::string(total.status().message())));
+  }
+  synthetic.total_params = *total;
+  synthetic.layers = absl::GetFlag(FLAGS_layers);
+  if (synthetic.total_params < static_cast<uint64_t>(synthetic.layers)) {
+    return absl::InvalidArgumentError("--tensors must give each of --layers an element");
+  }
+  synthetic.steps = absl::GetFlag(FLAGS_steps);
+  synthetic.warmup = absl::GetFlag(FLAGS_warmup);
+  synthetic.layer.compression = static_cast<adaps::Compression>(kind);
+  synthetic.layer.bin_size = static_cast<uint32_t>(absl::GetFlag(FLAGS_bin_size));
+  synthetic.layer.topk_fraction = absl::GetFlag(FLAGS_topk_fraction);
+  synthetic.layer.pull = Pull();
+  return synthetic;
+}
+
+absl::StatusOr<adaps::TrainConfig> TrainFromFlags(adaps::CompressorKind kind) {
+  adaps::TrainConfig train;
+  train.model = absl::GetFlag(FLAGS_model);
+  train.epochs = absl::GetFlag(FLAGS_epochs);
+  train.batch = absl::GetFlag(FLAGS_batch);
+  train.seed = absl::GetFlag(FLAGS_seed);
+  train.learning_rate = absl::GetFlag(FLAGS_lr);
+  const std::string schedule = absl::GetFlag(FLAGS_lr_schedule);
+  if (schedule != "constant" && schedule != "cosine") {
+    return absl::InvalidArgumentError("--lr_schedule must be constant or cosine");
+  }
+  train.cosine = schedule == "cosine";
+  train.train_limit = absl::GetFlag(FLAGS_train_limit);
+  train.test_limit = absl::GetFlag(FLAGS_test_limit);
+  train.steps_limit = absl::GetFlag(FLAGS_max_steps);
+  train.log_every = absl::GetFlag(FLAGS_eval_every);
+  train.data_dir = absl::GetFlag(FLAGS_data_dir);
+  train.compression.kind = kind;
+  train.compression.bin_size_conv = static_cast<uint32_t>(absl::GetFlag(FLAGS_bin_size_conv));
+  train.compression.bin_size_fc = static_cast<uint32_t>(absl::GetFlag(FLAGS_bin_size_fc));
+  train.compression.topk_fraction = absl::GetFlag(FLAGS_topk_fraction);
+  train.compression.compress_bias = absl::GetFlag(FLAGS_compress_bias);
+  train.pull = Pull();
+  return train;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  adaps::InstallUsage(
-      "adaps-worker: a worker of an adaps cluster (synthetic benchmark or trainer).");
-  const std::vector<std::string> names = {
-      "scheduler", "identity",      "mode",       "tensors",         "layers",
-      "steps",     "warmup",        "compressor", "bin_size",        "topk_fraction",
-      "pull",      "compact_indices", "register_timeout_ms", "request_timeout_ms", "log_level",
-      "model",     "epochs",        "batch",      "seed",            "lr",
-      "lr_schedule", "train_limit", "test_limit", "max_steps",       "bin_size_conv",
-      "bin_size_fc", "compress_bias", "data_dir", "eval_every", "curve_server_key",
-      "curve_client_key"};
-  if (auto s = adaps::LoadLayeredFlags(argc, argv, names); !s.ok()) return Fail(s.ToString());
-  absl::ParseCommandLine(argc, argv);
+  adaps::MainProgram program(
+      "adaps-worker", "worker",
+      "a worker of an adaps cluster (synthetic benchmark or trainer).");
+  if (auto exit_code = program.Init(argc, argv)) return *exit_code;
 
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (auto s = CheckFlags(mode); !s.ok()) return program.UsageError(s);
   adaps::WorkerOptions options;
   options.scheduler = absl::GetFlag(FLAGS_scheduler);
   options.identity = absl::GetFlag(FLAGS_identity);
@@ -82,72 +162,33 @@ int main(int argc, char** argv) {
   options.request_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_request_timeout_ms));
   options.compact_indices = absl::GetFlag(FLAGS_compact_indices);
   options.log_level = absl::GetFlag(FLAGS_log_level);
-  if (options.scheduler.empty()) return Fail("--scheduler is required");
   auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),
                                     absl::GetFlag(FLAGS_curve_client_key), "", /*serving=*/false);
-  if (!curve.ok()) return Fail(curve.status().ToString());
+  if (!curve.ok()) return program.UsageError(curve.status());
   options.curve_server_public_key = curve->server_public_key;
   options.curve_public_key = curve->client_public_key;
   options.curve_secret_key = curve->client_secret_key;
-  if (auto s = adaps::ValidateLogLevel(options.log_level); !s.ok()) return Fail(s.ToString());
-
-  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (auto s = adaps::ValidateLogLevel(options.log_level); !s.ok()) return program.UsageError(s);
   auto kind = adaps::ParseCompressorKind(absl::GetFlag(FLAGS_compressor));
-  if (!kind.ok()) return Fail(kind.status().ToString());
-  const std::string pull = absl::GetFlag(FLAGS_pull);
-  if (pull != "dense" && pull != "recompressed") {
-    return Fail("--pull must be dense or recompressed");
-  }
-  adaps::SyntheticConfig synthetic;
-  adaps::TrainConfig train;
+  if (!kind.ok()) return program.UsageError(kind.status());
+  absl::StatusOr<adaps::SyntheticConfig> synthetic;
+  absl::StatusOr<adaps::TrainConfig> train;
   if (mode == "synthetic") {
-    auto total = adaps::ParseCount(absl::GetFlag(FLAGS_tensors));
-    if (!total.ok()) return Fail(total.status().ToString());
-    synthetic.total_params = *total;
-    synthetic.layers = absl::GetFlag(FLAGS_layers);
-    synthetic.steps = absl::GetFlag(FLAGS_steps);
-    synthetic.warmup = absl::GetFlag(FLAGS_warmup);
-    synthetic.layer.compression = static_cast<adaps::Compression>(*kind);
-    synthetic.layer.bin_size = static_cast<uint32_t>(absl::GetFlag(FLAGS_bin_size));
-    synthetic.layer.topk_fraction = absl::GetFlag(FLAGS_topk_fraction);
-    synthetic.layer.pull =
-        pull == "dense" ? adaps::PullFormat::kDense : adaps::PullFormat::kRecompressed;
-  } else if (mode == "train") {
-    train.model = absl::GetFlag(FLAGS_model);
-    train.epochs = absl::GetFlag(FLAGS_epochs);
-    train.batch = absl::GetFlag(FLAGS_batch);
-    train.seed = absl::GetFlag(FLAGS_seed);
-    train.learning_rate = absl::GetFlag(FLAGS_lr);
-    const std::string schedule = absl::GetFlag(FLAGS_lr_schedule);
-    if (schedule != "constant" && schedule != "cosine") {
-      return Fail("--lr_schedule must be constant or cosine");
-    }
-    train.cosine = schedule == "cosine";
-    train.train_limit = absl::GetFlag(FLAGS_train_limit);
-    train.test_limit = absl::GetFlag(FLAGS_test_limit);
-    train.steps_limit = absl::GetFlag(FLAGS_max_steps);
-    train.log_every = absl::GetFlag(FLAGS_eval_every);
-    train.data_dir = absl::GetFlag(FLAGS_data_dir);
-    const int conv = absl::GetFlag(FLAGS_bin_size_conv), fc = absl::GetFlag(FLAGS_bin_size_fc);
-    if (conv < 1 || fc < 1) return Fail("--bin_size_conv and --bin_size_fc must be >= 1");
-    train.compression.kind = *kind;
-    train.compression.bin_size_conv = static_cast<uint32_t>(conv);
-    train.compression.bin_size_fc = static_cast<uint32_t>(fc);
-    train.compression.topk_fraction = absl::GetFlag(FLAGS_topk_fraction);
-    train.compression.compress_bias = absl::GetFlag(FLAGS_compress_bias);
-    train.pull = pull == "dense" ? adaps::PullFormat::kDense : adaps::PullFormat::kRecompressed;
+    synthetic = SyntheticFromFlags(*kind);
+    if (!synthetic.ok()) return program.UsageError(synthetic.status());
   } else {
-    return Fail("--mode must be synthetic or train");
+    train = TrainFromFlags(*kind);
+    if (!train.ok()) return program.UsageError(train.status());
   }
 
   adaps::MakeLogger("worker", -1, options.log_level)
-      ->info("effective config: {}", adaps::DescribeFlags(names));
+      ->info("effective config: {}", program.EffectiveConfig());
   auto worker = adaps::Worker::Create(options);
-  if (!worker.ok()) return Fail(worker.status().ToString());
-  absl::Status status = mode == "train" ? adaps::RunTraining(**worker, train)
-                                         : adaps::RunSynthetic(**worker, synthetic);
+  if (!worker.ok()) return program.Fail(worker.status());
+  absl::Status status = mode == "train" ? adaps::RunTraining(**worker, *train)
+                                         : adaps::RunSynthetic(**worker, *synthetic);
   absl::Status stop = (*worker)->Stop();
-  if (!status.ok()) return Fail(status.ToString());
-  if (!stop.ok()) return Fail(stop.ToString());
-  return 0;
+  if (!status.ok()) return program.Fail(status);
+  if (!stop.ok()) return program.Fail(stop);
+  return adaps::kExitOk;
 }

@@ -284,6 +284,109 @@ TEST(WireCodecCorrupt, CountPastTheDataIsAnError) {
   }
 }
 
+// `bytes` with the header's count field (adacomp, topk) raised by `by`; the varint may grow.
+std::vector<uint8_t> WithCountRaised(const std::vector<uint8_t>& bytes, uint32_t by) {
+  size_t pos = 4;
+  auto skip_varint = [&] {
+    while (bytes[pos] & 0x80) ++pos;
+    ++pos;
+  };
+  skip_varint();  // length
+  if (bytes[2] == static_cast<uint8_t>(CompressorKind::kAdaComp)) skip_varint();  // bin size
+  const size_t at = pos;
+  uint64_t count = 0;
+  for (int shift = 0;; shift += 7) {
+    count |= uint64_t{bytes[pos] & 0x7fu} << shift;
+    if (!(bytes[pos++] & 0x80)) break;
+  }
+  std::vector<uint8_t> out(bytes.begin(), bytes.begin() + at);
+  for (uint64_t v = count + by; ; v >>= 7) {
+    if (v < 0x80) {
+      out.push_back(static_cast<uint8_t>(v));
+      break;
+    }
+    out.push_back(static_cast<uint8_t>(v | 0x80));
+  }
+  out.insert(out.end(), bytes.begin() + pos, bytes.end());
+  return out;
+}
+
+// Dense index sets (small Rice parameter, so that a whole element fits in the padding of the
+// last byte) and sparse ones, AdaComp and Top-k, small and large.
+std::vector<CompressedUpdate> UpdatesForCountTests() {
+  std::vector<CompressedUpdate> out;
+  for (uint32_t n : {1u, 2u, 3u, 5u, 6u, 7u, 9u, 13u, 40u}) {
+    CompressedUpdate a;
+    a.kind = CompressorKind::kAdaComp;
+    a.length = n + 3;
+    a.bin_size = 4;
+    a.scale = 0.5f;
+    for (uint32_t i = 0; i < n; ++i) {
+      a.indices.push_back(i);
+      a.negative.push_back(0);
+    }
+    out.push_back(a);
+    CompressedUpdate t;
+    t.kind = CompressorKind::kTopK;
+    t.length = n + 3;
+    t.indices = a.indices;
+    t.values.assign(n, 0.0f);
+    out.push_back(t);
+  }
+  std::mt19937 rng(3);
+  for (double density : {0.9, 0.5, 0.2, 0.02}) {
+    for (int rep = 0; rep < 8; ++rep) out.push_back(RandomAdaComp(rng, 100 + 37 * rep, density));
+  }
+  out.push_back(Compressed(CompressorKind::kAdaComp, 3000, 4));
+  out.push_back(Compressed(CompressorKind::kTopK, 3000, 4));
+  return out;
+}
+
+TEST(WireCodecCorrupt, CountRaisedOverARealEncodingNeverDecodes) {
+  // The stream is padded with zero bits to a byte; a count raised by 1..3 must not turn that
+  // padding into extra elements.
+  int checked = 0;
+  for (const CompressedUpdate& u : UpdatesForCountTests()) {
+    for (IndexCoding coding : {IndexCoding::kRice, IndexCoding::kPlain32}) {
+      std::vector<uint8_t> bytes;
+      ASSERT_TRUE(EncodeUpdate(u, coding, &bytes).ok());
+      for (uint32_t by = 1; by <= 3; ++by) {
+        if (u.indices.size() + by > u.length) continue;  // "count > length" is checked anyway
+        const std::vector<uint8_t> raised = WithCountRaised(bytes, by);
+        std::vector<float> dst(u.length, 7.0f);
+        const absl::Status st = DecodeAdd(raised, 1.0f, absl::MakeSpan(dst));
+        EXPECT_TRUE(st.code() == absl::StatusCode::kDataLoss ||
+                    st.code() == absl::StatusCode::kInvalidArgument)
+            << CompressorKindName(u.kind) << " n=" << u.indices.size() << " length=" << u.length
+            << " +" << by << (coding == IndexCoding::kRice ? " rice: " : " plain32: ") << st;
+        EXPECT_THAT(dst, Each(7.0f));
+        CompressedUpdate back;
+        EXPECT_FALSE(DecodeUpdate(raised, &back).ok());
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
+}
+
+TEST(WireCodecCorrupt, SixtyFourOneBitsInARowAreAnError) {
+  // The unary run is counted on a 64-bit window; a window of only one-bits once reached
+  // __builtin_ctzll(0), which is undefined (UBSan). Here: an escape whose raw gap is all ones.
+  for (CompressorKind kind : {CompressorKind::kAdaComp, CompressorKind::kTopK}) {
+    std::vector<uint8_t> bytes = {kWireMagic, kWireFormatVersion, static_cast<uint8_t>(kind),
+                                  static_cast<uint8_t>(IndexCoding::kRice), 100};
+    if (kind == CompressorKind::kAdaComp) {
+      bytes.insert(bytes.end(), {10, 1, 0, 0, 0x80, 0x3f});  // bin 10, count 1, scale 1.0
+    } else {
+      bytes.push_back(1);  // count 1
+    }
+    bytes.push_back(0);  // Rice parameter 0
+    bytes.insert(bytes.end(), 12, 0xff);
+    if (kind == CompressorKind::kTopK) bytes.insert(bytes.end(), {0, 0, 0x80, 0x3f});
+    ExpectRejected(bytes, 100, absl::StatusCode::kDataLoss);
+  }
+}
+
 TEST(WireCodecCorrupt, HugeClaimedLengthDoesNotAllocate) {
   // A dense update claiming 2^32-1 floats with 3 bytes of data: must fail fast.
   std::vector<uint8_t> bytes = {kWireMagic, kWireFormatVersion, 0, 1, 0xff, 0xff, 0xff, 0xff,

@@ -1,0 +1,164 @@
+#include "common/main_util.h"
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/config.h"
+
+namespace adaps {
+namespace {
+
+volatile std::sig_atomic_t g_signal = 0;  // the one thing a signal handler may touch
+void OnSignal(int sig) { g_signal = sig; }
+
+// The directory name of a flag's source file: "scheduler" for "../scheduler/main.cc".
+absl::string_view SourceDirName(absl::string_view file) {
+  const size_t slash = file.rfind('/');
+  if (slash == absl::string_view::npos) return "";
+  file = file.substr(0, slash);
+  const size_t parent = file.rfind('/');
+  return parent == absl::string_view::npos ? file : file.substr(parent + 1);
+}
+
+bool IsHelpFlag(absl::string_view arg) {
+  if (!absl::ConsumePrefix(&arg, "--")) absl::ConsumePrefix(&arg, "-");
+  return arg == "help" || arg == "helpshort" || arg == "helpfull";
+}
+
+}  // namespace
+
+std::vector<std::string> FlagsDefinedIn(absl::string_view source_dir) {
+  std::vector<std::string> names;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (name != "config" && SourceDirName(flag->Filename()) == source_dir) {
+      names.emplace_back(name);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+absl::Status CheckCommandLine(int argc, char** argv, const std::vector<std::string>& own) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") {
+      if (i + 1 < argc) {
+        return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", argv[i + 1], "'"));
+      }
+      break;
+    }
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", argv[i], "'"));
+    }
+    const size_t eq = arg.find('=');
+    const absl::string_view name = arg.substr(0, eq);
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && eq == absl::string_view::npos && absl::StartsWith(name, "no")) {
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) continue;
+    }
+    if (flag == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    std::string value;
+    if (eq != absl::string_view::npos) {
+      value = std::string(arg.substr(eq + 1));
+    } else if (flag->IsOfType<bool>()) {
+      value = "true";
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
+    }
+    if (std::find(own.begin(), own.end(), name) == own.end()) continue;  // absl's own flags
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, "='", value, "': ", error));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string HelpText(absl::string_view program, absl::string_view summary,
+                     const std::vector<std::string>& names) {
+  std::string out = absl::StrCat(
+      program, ": ", summary, "\n\nUsage: ", program,
+      " [--flag=value ...]\nEvery flag can also be set in a config file of 'name = value' "
+      "lines (--config=PATH or ADAPS_CONFIG) or as an ADAPS_<FLAG> environment variable; "
+      "the command line wins.\n\nFlags:\n");
+  std::vector<std::string> all = names;
+  all.push_back("config");
+  std::sort(all.begin(), all.end());
+  for (const std::string& name : all) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) continue;
+    const bool quote = flag->IsOfType<std::string>();
+    absl::StrAppend(&out, "  --", name, " (", flag->Help(), "); default: ",
+                    quote ? "\"" : "", flag->DefaultValue(), quote ? "\"" : "", ";\n");
+  }
+  absl::StrAppend(&out,
+                  "\nExit codes: 0 success, 1 runtime failure, 2 usage error (a bad flag, "
+                  "config file or environment value; nothing was started).\n");
+  return out;
+}
+
+MainProgram::MainProgram(std::string program, std::string source_dir, std::string summary)
+    : program_(std::move(program)), summary_(std::move(summary)),
+      names_(FlagsDefinedIn(source_dir)) {}
+
+std::optional<int> MainProgram::Init(int argc, char** argv) {
+  InstallUsage(absl::StrCat(program_, ": ", summary_));
+  for (int i = 1; i < argc && absl::string_view(argv[i]) != "--"; ++i) {
+    if (IsHelpFlag(argv[i])) {
+      std::fputs(HelpText(program_, summary_, names_).c_str(), stdout);
+      return kExitOk;
+    }
+  }
+  if (auto s = LoadLayeredFlags(argc, argv, names_); !s.ok()) return UsageError(s);
+  if (auto s = CheckCommandLine(argc, argv, names_); !s.ok()) return UsageError(s);
+  absl::ParseCommandLine(argc, argv);
+  return std::nullopt;
+}
+
+int MainProgram::UsageError(const absl::Status& status) const {
+  std::fprintf(stderr, "%s: %s (see --help)\n", program_.c_str(),
+               std::string(status.message()).c_str());
+  return kExitUsage;
+}
+
+int MainProgram::Fail(const absl::Status& status) const {
+  std::fprintf(stderr, "%s: %s\n", program_.c_str(), status.ToString().c_str());
+  return kExitFailure;
+}
+
+std::string MainProgram::EffectiveConfig() const { return DescribeFlags(names_); }
+
+void MainProgram::CatchStopSignals() {
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+}
+
+int MainProgram::WaitForShutdownOrSignal(const std::function<bool(absl::Duration)>& wait) {
+  while (!wait(absl::Milliseconds(200))) {
+    if (g_signal != 0) return g_signal;
+  }
+  return 0;
+}
+
+std::string BindEndpoint(const std::string& host, int port) {
+  return absl::StrCat("tcp://", host, ":", port);
+}
+
+absl::Status WritePortFileIfSet(const std::string& path, const std::string& endpoint) {
+  if (path.empty()) return absl::OkStatus();
+  return WritePortFile(path, endpoint);
+}
+
+}  // namespace adaps

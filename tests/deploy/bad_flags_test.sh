@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Every executable refuses bad flags at once, before any network activity: it exits with 2
+# (usage error) within 2 seconds, with one line on stderr naming the flag, and no
+# scheduler running. --help exits 0 and shows no build paths.
+#   tests/deploy/bad_flags_test.sh BUILD_DIR
+set -uo pipefail
+build=$(cd "${1:?build dir}" && pwd)
+failures=0
+sched="--scheduler=tcp://127.0.0.1:1"  # nothing listens there
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# expect ROLE FLAG_NAMED ARGS...: exit 2 within 2 s, stderr naming --FLAG_NAMED.
+expect() {
+  local role=$1 flag=$2
+  shift 2
+  local start=$SECONDS
+  timeout 2 "$build/$role/adaps-$role" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [[ $rc -ne 2 ]] || ! grep -q -- "--$flag" "$tmp/err" || [[ $(wc -l <"$tmp/err") -ne 1 ]]; then
+    echo "FAILED: adaps-$role $* -> exit $rc after $((SECONDS - start)) s, stderr: $(head -3 "$tmp/err")"
+    failures=$((failures + 1))
+  else
+    echo "ok: adaps-$role $* -> $(cat "$tmp/err")"
+  fi
+}
+
+for role in scheduler server; do
+  extra=()
+  [[ $role == server ]] && extra=("$sched")
+  expect $role port "${extra[@]}" --port=-1
+  expect $role port "${extra[@]}" --port=70000
+  expect $role host "${extra[@]}" --host=no-such-host.invalid
+  expect $role host "${extra[@]}" --host=256.1.1.1
+  expect $role port "${extra[@]}" --port=abc
+  expect $role bogus "${extra[@]}" --bogus=1
+done
+(export ADAPS_PORT=99999; expect scheduler port)
+expect scheduler num_workers --num_workers=0
+expect scheduler num_servers --num_servers=-1
+expect scheduler heartbeat_ms --heartbeat_ms=0
+expect scheduler dead_timeout_ms --dead_timeout_ms=0
+expect server scheduler --scheduler=tcp://127.0.0.1:70000
+expect server register_timeout_ms "$sched" --register_timeout_ms=0
+expect server max_slice_elements "$sched" --max_slice_elements=0
+expect worker scheduler
+expect worker scheduler --scheduler=127.0.0.1:5510
+expect worker bin_size "$sched" --bin_size=0
+expect worker layers "$sched" --layers=0
+expect worker steps "$sched" --steps=0
+expect worker tensors "$sched" --tensors=0
+expect worker request_timeout_ms "$sched" --request_timeout_ms=0
+expect worker register_timeout_ms "$sched" --register_timeout_ms=-5
+expect worker topk_fraction "$sched" --topk_fraction=2
+expect worker data_dir "$sched" --mode=train --data_dir="$tmp/no-such-dir"
+expect worker batch "$sched" --mode=train --batch=0
+expect worker bin_size_fc "$sched" --mode=train --bin_size_fc=0
+
+for role in scheduler server worker; do
+  timeout 2 "$build/$role/adaps-$role" --help >"$tmp/help" 2>&1
+  rc=$?
+  if [[ $rc -ne 0 ]] || grep -qE '\.cc\b|\.\./' "$tmp/help" || ! grep -q -- '--port\|--scheduler' "$tmp/help" ||
+     ! grep -q "Exit codes" "$tmp/help"; then
+    echo "FAILED: adaps-$role --help -> exit $rc: $(grep -m1 -E '\.cc|\.\./' "$tmp/help")"
+    failures=$((failures + 1))
+  else
+    echo "ok: adaps-$role --help exits 0, $(grep -c -- '^  --' "$tmp/help") flags, no build path"
+  fi
+done
+
+[[ $failures -eq 0 ]] || { echo "FAILED: $failures checks"; exit 1; }
+echo PASSED
