@@ -23,7 +23,8 @@ ClusterClient::ClusterClient(Transport& transport, RoleLog& log,
     : transport_(transport),
       log_(log),
       options_(std::move(options)),
-      callbacks_(std::move(callbacks)) {
+      callbacks_(std::move(callbacks)),
+      address_(options_.address) {
   transport_.AddTimer(absl::Milliseconds(100), [this] { Heartbeat(); });
 }
 
@@ -38,7 +39,7 @@ absl::StatusOr<InMessage> ClusterClient::Register(std::function<absl::Status()> 
   scheduler_peer_.store(*peer);
 
   flatbuffers::FlatBufferBuilder fbb(256);
-  auto body = msg::CreateRegister(fbb, transport_.self().role, fbb.CreateString(options_.address),
+  auto body = msg::CreateRegister(fbb, transport_.self().role, fbb.CreateString(address_),
                                   fbb.CreateString(options_.identity));
   const uint64_t id = transport_.NewRequestId();
   auto promise = std::make_shared<std::promise<absl::StatusOr<InMessage>>>();
@@ -174,7 +175,7 @@ void ClusterClient::Reregister() {
   log_.get()->warn("the scheduler does not know this node: registering again as rank {}",
                    transport_.rank());
   flatbuffers::FlatBufferBuilder fbb(256);
-  auto body = msg::CreateRegister(fbb, transport_.self().role, fbb.CreateString(options_.address),
+  auto body = msg::CreateRegister(fbb, transport_.self().role, fbb.CreateString(address_),
                                   fbb.CreateString(options_.identity), transport_.rank(),
                                   epoch_.load());
   const uint64_t id = transport_.NewRequestId();

@@ -77,6 +77,10 @@ class ClusterClient {
   // kDeadlineExceeded: no view within register_timeout; kDataLoss: a wrong answer.
   absl::StatusOr<InMessage> Register(std::function<absl::Status()> on_registered = nullptr);
 
+  // The address registered (servers: known only once the ROUTER is bound). Call before
+  // Register.
+  void SetAddress(std::string address) { address_ = std::move(address); }
+
   // I/O thread: handles ClusterView and Shutdown (from the scheduler, or refuses them).
   // Returns true when the message was one of those, false for any other body.
   bool Handle(const InMessage& in);
@@ -103,6 +107,7 @@ class ClusterClient {
   Transport& transport_;
   RoleLog& log_;
   const ClusterClientOptions options_;
+  std::string address_;  // set before Register, read-only afterwards
   const Callbacks callbacks_;
 
   std::atomic<int> scheduler_peer_{-1};

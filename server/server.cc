@@ -36,7 +36,23 @@ Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context)
   topts.curve = config_.curve;
   transport_ = std::make_unique<Transport>(std::move(topts),
                                            [this](InMessage in) { Handle(std::move(in)); });
-  transport_->AddTimer(absl::Milliseconds(100), [this] { Heartbeat(); });
+  ClusterClientOptions copts;
+  copts.scheduler = config_.scheduler;
+  copts.identity = config_.identity;
+  copts.register_timeout = config_.register_timeout;
+  copts.scheduler_grace = config_.scheduler_grace;
+  ClusterClient::Callbacks callbacks;
+  callbacks.on_view = [this](const msg::ClusterView& view) { OnView(view); };
+  callbacks.on_shutdown = [this](const absl::Status& status) { Finish(status); };
+  cluster_ = std::make_unique<ClusterClient>(*transport_, log_, copts, std::move(callbacks));
+  transport_->AddTimer(absl::Milliseconds(100), [this] {
+    if (transport_->rank() < 0) return;  // not registered yet
+    {
+      absl::MutexLock lock(&mu_);
+      if (done_) return;
+    }
+    MaybeTimedCheckpoint(absl::Now());
+  });
 }
 
 Server::~Server() { Stop(); }
@@ -49,14 +65,9 @@ void Server::ReplyError(const InMessage& in, const absl::Status& status) {
 }
 
 void Server::Handle(InMessage in) {
+  if (cluster_->Handle(in)) return;  // views and shutdowns (forged ones refused there)
   const msg::Envelope* env = in.envelope();
   switch (env->body_type()) {
-    case msg::Body::ClusterView:
-      if (AcceptFromScheduler(in)) OnView(env->body_as_ClusterView());
-      break;
-    case msg::Body::Shutdown:
-      if (AcceptFromScheduler(in)) OnShutdown(env->body_as_Shutdown());
-      break;
     case msg::Body::DeclareSlice:
       OnDeclare(in);
       break;

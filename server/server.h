@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
+#include "common/cluster_client.h"
 #include "common/optimizer.h"
 #include "common/transport.h"
 #include "server/shard.h"
@@ -100,16 +101,9 @@ class Server {
   absl::Status ReadCheckpoint(const std::string& dir);
   void ReplyError(const InMessage& in, const absl::Status& status);
 
-  // Membership: registering with the scheduler, its views, heartbeats, re-registering and
-  // its Shutdown (membership.cc), on the I/O thread but for Start and the waits.
-  absl::Status Register(const std::string& address);
-  // Views and shutdowns come only from the scheduler: false (and an error reply) for a
-  // forged one arriving from a client.
-  bool AcceptFromScheduler(const InMessage& in);
-  void OnView(const msg::ClusterView* view);
-  void OnShutdown(const msg::Shutdown* shutdown);
-  void Heartbeat();
-  void Reregister();
+  // Membership (membership.cc): common/cluster_client registers, heartbeats, re-registers
+  // and guards views and shutdowns; these are its callbacks, on the I/O thread.
+  void OnView(const msg::ClusterView& view);
   void Finish(absl::Status status);
 
   const ServerConfig config_;
@@ -120,20 +114,12 @@ class Server {
   OptimizerConfig optimizer_;
   std::map<uint64_t, Shard> shards_;
   absl::Time last_checkpoint_;
+  std::unique_ptr<ClusterClient> cluster_;
   // Membership (I/O thread only).
   std::set<int> live_workers_;
   int num_workers_ = 0;
-  uint32_t epoch_ = 0;
-  absl::Time last_heartbeat_ok_;
-  absl::Time last_heartbeat_sent_;
-  absl::Duration heartbeat_interval_ = absl::Seconds(1);
-  uint64_t refused_ = 0;  // forged scheduler messages refused
-  std::string address_;   // what we registered
-  bool reregistering_ = false;
 
   mutable absl::Mutex mu_;
-  bool registered_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status register_status_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status exit_status_ ABSL_GUARDED_BY(mu_);
 };

@@ -1,9 +1,7 @@
-// Worker::Impl, membership part: registering with the scheduler, heartbeats, registering
-// again after a scheduler restart, cluster views (servers dead or moved), Shutdown, and the
-// guard against scheduler-only messages from other peers. Kept apart from the data path:
-// common/cluster_client is to replace it.
-#include <algorithm>
-
+// Worker::Impl, membership part: what the cluster means for the worker. common/cluster_client
+// registers, heartbeats, re-registers with a restarted scheduler and refuses forged views and
+// shutdowns; here the registration answer becomes rank and servers, later views become
+// servers declared dead or moved, and a shutdown fails what is in flight.
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/worker_impl.h"
@@ -24,7 +22,15 @@ Worker::Impl::Impl(const WorkerOptions& options)
   topts.curve.client_secret_key = options_.curve_secret_key;
   transport_ = std::make_unique<Transport>(std::move(topts),
                                            [this](InMessage in) { Handle(std::move(in)); });
-  transport_->AddTimer(absl::Milliseconds(100), [this] { Heartbeat(); });
+  ClusterClientOptions copts;
+  copts.scheduler = options_.scheduler;
+  copts.identity = options_.identity;
+  copts.register_timeout = options_.register_timeout;
+  copts.scheduler_grace = options_.scheduler_grace;
+  ClusterClient::Callbacks callbacks;
+  callbacks.on_view = [this](const msg::ClusterView& view) { OnView(view); };
+  callbacks.on_shutdown = [this](const absl::Status& status) { OnShutdown(status); };
+  cluster_ = std::make_unique<ClusterClient>(*transport_, log_, copts, std::move(callbacks));
 }
 
 Worker::Impl::~Impl() { Stop().IgnoreError(); }
@@ -33,51 +39,26 @@ absl::Status Worker::Impl::Init() {
   ADAPS_RET_CHECK(!options_.scheduler.empty(), absl::StatusCode::kInvalidArgument,
                   "no scheduler address");
   ADAPS_RET_CHECK(options_.request_timeout > absl::ZeroDuration() &&
-                      options_.register_timeout > absl::ZeroDuration(),
+                      options_.register_timeout > absl::ZeroDuration() &&
+                      options_.scheduler_grace > absl::ZeroDuration(),
                   absl::StatusCode::kInvalidArgument, "timeouts must be positive");
   ADAPS_RETURN_IF_ERROR(ValidateLogLevel(options_.log_level));
   ADAPS_RETURN_IF_ERROR(transport_->Start());
-  ADAPS_ASSIGN_OR_RETURN(int peer, transport_->Connect(options_.scheduler));
-  ADAPS_RET_CHECK(peer == kSchedulerPeer, absl::StatusCode::kInternal, "unexpected peer id");
-  return Register();
+  ADAPS_ASSIGN_OR_RETURN(InMessage reply, cluster_->Register());
+  ADAPS_RET_CHECK(cluster_->scheduler_peer() == kSchedulerPeer, absl::StatusCode::kInternal,
+                  "unexpected peer id");
+  return ApplyRegistration(*reply.envelope()->body_as_ClusterView());
 }
 
-absl::Status Worker::Impl::Register() {
-  flatbuffers::FlatBufferBuilder fbb(256);
-  auto body = msg::CreateRegister(fbb, msg::Role::Worker, fbb.CreateString(""),
-                                  fbb.CreateString(options_.identity));
-  auto reply = Call(kSchedulerPeer, fbb, body, nullptr, options_.register_timeout);
-  if (!reply.ok()) {
-    if (reply.status().code() == absl::StatusCode::kUnavailable) {
-      return absl::UnavailableError(absl::StrCat("scheduler at ", options_.scheduler,
-                                                 " unreachable: ", reply.status().message()));
-    }
-    if (reply.status().code() == absl::StatusCode::kDeadlineExceeded) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("no cluster view from the scheduler at ", options_.scheduler, " within ",
-                       absl::FormatDuration(options_.register_timeout)));
-    }
-    return reply.status();
-  }
-  const msg::ClusterView* view = reply->envelope()->body_as_ClusterView();
-  ADAPS_RET_CHECK(view != nullptr, absl::StatusCode::kDataLoss,
-                  "scheduler answered Register with something else");
-  rank_ = view->your_rank();
-  num_workers_ = view->num_workers();
-  num_servers_ = view->num_servers();
-  heartbeat_interval_ms_ = std::max<uint32_t>(10, view->heartbeat_interval_ms());
-  transport_->SetRank(rank_);
-  log_.SetRank(rank_);
-  ADAPS_RETURN_IF_ERROR(ConnectServers(*view));
-  rejoined_ = view->rejoined();
-  barrier_seq_ = view->next_barrier();
+absl::Status Worker::Impl::ApplyRegistration(const msg::ClusterView& view) {
+  rank_ = view.your_rank();
+  num_workers_ = view.num_workers();
+  num_servers_ = view.num_servers();
+  ADAPS_RETURN_IF_ERROR(ConnectServers(view));
+  rejoined_ = view.rejoined();
+  barrier_seq_ = view.next_barrier();
   if (rejoined_) {
-    log_.get()->info("rejoined a running cluster at barrier {}", view->next_barrier());
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    last_heartbeat_ok_ = absl::Now();
-    epoch_ = view->epoch();
+    log_.get()->info("rejoined a running cluster at barrier {}", view.next_barrier());
   }
   log_.get()->info("registered: worker {} of {}, {} servers", rank_, num_workers_, num_servers_);
   return absl::OkStatus();
@@ -134,57 +115,38 @@ absl::Status Worker::Impl::Stop() {
     leave = rank_ >= 0 && !shutdown_;
   }
   absl::Status status;
-  if (leave) {
-    flatbuffers::FlatBufferBuilder fbb(64);
-    auto body = msg::CreateLeave(fbb);
-    status = Call(kSchedulerPeer, fbb, body, nullptr, absl::Seconds(2)).status();
-  }
+  if (leave) status = cluster_->Leave(absl::Seconds(2));
   transport_->Stop();
   return status;
 }
 
 void Worker::Impl::Handle(InMessage in) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
+  if (cluster_->Handle(in)) return;  // views and shutdowns (forged ones refused there)
   const msg::Envelope* env = in.envelope();
-  const bool scheduler_only =
-      env->body_type() == msg::Body::Shutdown || env->body_type() == msg::Body::ClusterView;
-  if (scheduler_only && in.peer() != kSchedulerPeer) {
-    log_.get()->warn("ignored a {} that did not come from the scheduler",
-                     msg::EnumNameBody(env->body_type()));
-    return;
-  }
-  if (env->body_type() == msg::Body::Shutdown) {
-    OnShutdown(*env->body_as_Shutdown());
-    return;
-  }
-  if (env->body_type() == msg::Body::ClusterView) {
-    OnView(env->body_as_ClusterView());
-    return;
-  }
   if (env->request_id()) {
     transport_->Reply(in, MakeError(transport_->self(), env->request_id(),
                                     absl::InvalidArgumentError("workers take no requests")));
   }
 }
 
-void Worker::Impl::OnShutdown(const msg::Shutdown& sd) {
-  const std::string reason = sd.reason() ? sd.reason()->str() : "";
-  log_.get()->info("the scheduler shut the cluster down: {}", reason);
+// The scheduler ended the job (OK: a clean end), or was silent past the grace period.
+void Worker::Impl::OnShutdown(const absl::Status& status) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
+  const std::string why = status.ok() ? "the cluster has shut down" : std::string(status.message());
   std::vector<int> peers;
   {
     absl::MutexLock lock(&mu_);
     shutdown_ = true;
-    const int code = sd.code();
-    shutdown_status_ = code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
-                           ? absl::Status(static_cast<absl::StatusCode>(code),
-                                          absl::StrCat("the cluster was stopped: ", reason))
-                           : absl::FailedPreconditionError("the cluster has shut down");
+    shutdown_status_ = status.ok() ? absl::FailedPreconditionError(why) : status;
     peers = server_peer_;
   }
   // Nothing in flight will be answered now: fail it at once with the reason.
+  const absl::StatusCode code = status.code() == absl::StatusCode::kUnavailable
+                                    ? absl::StatusCode::kUnavailable
+                                    : absl::StatusCode::kAborted;
   for (int peer : peers) {
-    transport_->FailPeer(peer,
-                         absl::AbortedError(absl::StrCat("the cluster was shut down: ", reason)));
+    transport_->FailPeer(peer, absl::Status(code, absl::StrCat("the cluster was shut down: ", why)));
   }
 }
 
@@ -192,17 +154,14 @@ void Worker::Impl::OnShutdown(const msg::Shutdown& sd) {
 // that came back at another address (restarted): requests still queued for the old address
 // fail with kUnavailable, and every tensor resynchronizes its steps with the servers before
 // its next operation.
-void Worker::Impl::OnView(const msg::ClusterView* view) {
+void Worker::Impl::OnView(const msg::ClusterView& view) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  {
-    absl::MutexLock lock(&mu_);
-    if (view->epoch() < epoch_) return;
-    epoch_ = view->epoch();
-  }
-  if (view->nodes() == nullptr) return;
-  for (const auto* n : *view->nodes()) {
+  if (view.nodes() == nullptr) return;
+  for (const auto* n : *view.nodes()) {
     if (n->role() != msg::Role::Server || n->rank() < 0 || n->rank() >= num_servers_) continue;
     const int r = n->rank();
+    // The registration answer arrives before the servers are connected: nothing to update.
+    if (static_cast<size_t>(r) >= server_address_.size()) continue;
     if (!n->alive()) {
       log_.get()->warn("server {} declared dead", r);
       transport_->FailPeer(ServerPeer(r),
@@ -210,10 +169,7 @@ void Worker::Impl::OnView(const msg::ClusterView* view) {
       continue;
     }
     const std::string address = n->address() ? n->address()->str() : "";
-    if (address.empty() || static_cast<size_t>(r) >= server_address_.size() ||
-        address == server_address_[r]) {
-      continue;
-    }
+    if (address.empty() || address == server_address_[r]) continue;
     auto peer = transport_->Connect(address);
     if (!peer.ok()) {
       log_.get()->error("server {} moved to {}: {}", r, address, peer.status().ToString());
@@ -230,60 +186,6 @@ void Worker::Impl::OnView(const msg::ClusterView* view) {
     ++server_generation_;
     transport_->FailPeer(old, absl::UnavailableError(absl::StrCat("server ", r, " restarted")));
   }
-}
-
-// The scheduler does not know us (it restarted). Register again with our identity, rank
-// and epoch; training goes on meanwhile on the view we have.
-void Worker::Impl::Reregister() {
-  ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  if (reregistering_) return;
-  reregistering_ = true;
-  log_.get()->warn("the scheduler does not know this worker: registering again as rank {}",
-                   rank_);
-  uint32_t epoch;
-  {
-    absl::MutexLock lock(&mu_);
-    epoch = epoch_;
-  }
-  flatbuffers::FlatBufferBuilder fbb(256);
-  auto body = msg::CreateRegister(fbb, msg::Role::Worker, fbb.CreateString(""),
-                                  fbb.CreateString(options_.identity), rank_, epoch);
-  const uint64_t id = transport_->NewRequestId();
-  transport_->Request(kSchedulerPeer, id, FinishEnvelope(fbb, transport_->self(), body, id, 0),
-                      absl::Now() + options_.register_timeout,
-                      [this](absl::StatusOr<InMessage> reply) {
-                        ADAPS_DCHECK_ON_IO_THREAD(transport_);
-                        reregistering_ = false;
-                        if (!reply.ok() ||
-                            reply->envelope()->body_type() != msg::Body::ClusterView) {
-                          return;
-                        }
-                        OnView(reply->envelope()->body_as_ClusterView());
-                        log_.get()->info("registered again with the scheduler");
-                      });
-}
-
-void Worker::Impl::Heartbeat() {
-  ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  if (rank_ < 0) return;
-  const absl::Time now = absl::Now();
-  if (now - last_heartbeat_sent_ < absl::Milliseconds(heartbeat_interval_ms_)) return;
-  last_heartbeat_sent_ = now;
-  flatbuffers::FlatBufferBuilder fbb(64);
-  auto body = msg::CreateHeartbeat(fbb, 0);
-  const uint64_t id = transport_->NewRequestId();
-  transport_->Request(kSchedulerPeer, id, FinishEnvelope(fbb, transport_->self(), body, id, 0),
-                      now + absl::Milliseconds(2 * heartbeat_interval_ms_),
-                      [this](absl::StatusOr<InMessage> reply) {
-                        if (!reply.ok()) {
-                          if (reply.status().code() == absl::StatusCode::kFailedPrecondition) {
-                            Reregister();
-                          }
-                          return;
-                        }
-                        absl::MutexLock lock(&mu_);
-                        last_heartbeat_ok_ = absl::Now();
-                      });
 }
 
 }  // namespace adaps

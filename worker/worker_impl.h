@@ -3,11 +3,11 @@
 //
 // Parts: the data path (Declare, Run: push/pull, Resync, Barrier, SetHyper, Checkpoint;
 // worker_impl.cc) over per-tensor state (worker/tensor.h), and the membership part
-// (Register in Init, Heartbeat, Reregister, OnView, Shutdown and the forged-message guard;
-// worker/membership.cc), which common/cluster_client will replace.
+// (worker/membership.cc: what cluster views and a shutdown mean for the worker, over
+// common/cluster_client, which registers, heartbeats and re-registers).
 //
 // Threads: caller threads run the public methods; the transport's I/O thread runs Handle,
-// OnView, Heartbeat, Reregister and every reply callback. State marked "I/O thread" is
+// OnView, OnShutdown, the cluster client and every reply callback. State marked "I/O thread" is
 // checked with ADAPS_DCHECK_ON_IO_THREAD. No lock is held across a blocking call.
 #ifndef ADAPS_WORKER_WORKER_IMPL_H_
 #define ADAPS_WORKER_WORKER_IMPL_H_
@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "adaps/worker.h"
+#include "common/cluster_client.h"
 #include "common/logging.h"
 #include "common/messages.h"
 #include "common/transport.h"
@@ -77,39 +78,34 @@ class Worker::Impl {
   void StartPull(Tensor& t, absl::Span<float> out, const std::shared_ptr<Op>& op)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
 
-  // Membership (membership.cc); all but ApplyView's caller Init on the I/O thread.
-  absl::Status Register();
+  // Membership (membership.cc): common/cluster_client registers, heartbeats, re-registers
+  // and guards views and shutdowns; OnView and OnShutdown are its callbacks (I/O thread).
+  absl::Status ApplyRegistration(const msg::ClusterView& view);
   absl::Status ConnectServers(const msg::ClusterView& view);
   void Handle(InMessage in);
-  void OnShutdown(const msg::Shutdown& shutdown);
-  void OnView(const msg::ClusterView* view);
-  void Reregister();
-  void Heartbeat();
+  void OnShutdown(const absl::Status& status);
+  void OnView(const msg::ClusterView& view);
 
   const WorkerOptions options_;
   RoleLog log_;
   std::unique_ptr<Transport> transport_;
+  std::unique_ptr<ClusterClient> cluster_;
   // Set in Init, read-only afterwards.
   int rank_ = -1;
   int num_workers_ = 0;
   int num_servers_ = 0;
-  uint32_t heartbeat_interval_ms_ = 1000;
   bool rejoined_ = false;  // we re-registered into a formed cluster
   std::vector<int> server_peer_ ABSL_GUARDED_BY(mu_);  // changes when a server moves
   std::atomic<uint64_t> server_generation_{0};          // bumped when a server moved
   std::atomic<uint64_t> barrier_seq_{0};
   // I/O thread only (ADAPS_DCHECK_ON_IO_THREAD).
   std::vector<std::string> server_address_;
-  bool reregistering_ = false;
-  absl::Time last_heartbeat_sent_;
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Tensor>> tensors_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status shutdown_status_ ABSL_GUARDED_BY(mu_);
-  uint32_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time last_heartbeat_ok_ ABSL_GUARDED_BY(mu_);
 };
 
 template <typename T>

@@ -43,6 +43,10 @@ struct WorkerOptions {
   std::string identity;   // optional stable identity (a restarted worker keeps its rank)
   // Waiting for the whole cluster to register.
   absl::Duration register_timeout = absl::Seconds(60);
+  // How long the worker keeps training without hearing from the scheduler (re-registering
+  // when a restarted one answers) before every operation fails with kUnavailable. The
+  // servers follow the same policy (adaps-server --scheduler_grace_s).
+  absl::Duration scheduler_grace = absl::Seconds(60);
   // Every push, pull, declare and barrier request.
   absl::Duration request_timeout = absl::Seconds(30);
   // Compact (Rice) index coding on the wire; false sends plain 32-bit indices.
