@@ -539,7 +539,8 @@ class FastRiceDecoder {
     pos += 4;
     if (!std::isfinite(scale)) return false;
     if (!u8(&k)) return false;
-    k &= 31;  // format 2: the high 3 bits are the padding bit count
+    const uint32_t pad = k >> 5;  // format 2: the padding bits of the stream's last byte
+    k &= 31;
     if (uint64_t{count} * (k + 2) > uint64_t{size - pos} * 8) return false;
 
     idx_.resize(count);
@@ -595,9 +596,10 @@ class FastRiceDecoder {
       neg_[j] = static_cast<uint8_t>(take(1));
       prev = i;
     }
-    // Padding bits of the last byte must be zero, and the stream must end exactly there.
-    if ((have & 7) != 0 && (buf & ((uint64_t{1} << (have & 7)) - 1)) != 0) return false;
-    if (byte - have / 8 != nbytes) return false;
+    // The stream must end exactly at its bit length (nbytes * 8 - pad); what is left in the
+    // buffer then is the padding, which must be zero.
+    if (uint64_t{byte} * 8 - have != uint64_t{nbytes} * 8 - pad) return false;
+    if (buf != 0) return false;
     const float pos_v = factor * scale;
     float* d = dst.data();
     for (uint32_t j = 0; j < count; ++j) d[idx_[j]] += neg_[j] ? -pos_v : pos_v;
