@@ -2,6 +2,7 @@
 // ADAPS_* environment < flags, creates an adaps::Worker and runs a mode:
 //   --mode=synthetic  push and pull tensors of given sizes (benchmark; worker/synthetic.h)
 //   --mode=train      the Fashion-MNIST trainer (worker/train_mode.h over worker/trainer/)
+#include <cstdio>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -48,6 +49,9 @@ ABSL_FLAG(int, eval_every, 0, "train: rank 0 evaluates every N steps too (0: per
 ABSL_FLAG(int, bin_size_conv, 50, "train: AdaComp bin size of conv layers");
 ABSL_FLAG(int, bin_size_fc, 500, "train: AdaComp bin size of fully-connected layers");
 ABSL_FLAG(bool, compress_bias, false, "train: compress biases too (default: sent dense)");
+ABSL_FLAG(std::string, ready_file, "",
+          "Write this worker's rank here (atomically) once it has joined the cluster; removed "
+          "when it leaves (for health checks)");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "train: directory of the Fashion-MNIST IDX files");
 
@@ -183,11 +187,22 @@ int main(int argc, char** argv) {
 
   adaps::MakeLogger("worker", -1, options.log_level)
       ->info("effective config: {}", program.EffectiveConfig());
+  // A file left by an earlier run that crashed must not make this one look joined.
+  const std::string ready_file = absl::GetFlag(FLAGS_ready_file);
+  if (!ready_file.empty()) std::remove(ready_file.c_str());
   auto worker = adaps::Worker::Create(options);
   if (!worker.ok()) return program.Fail(worker.status());
+  if (!ready_file.empty()) {
+    auto s = adaps::WriteFileAtomically(ready_file, absl::StrCat((*worker)->rank(), "\n"));
+    if (!s.ok()) {
+      (void)(*worker)->Stop();
+      return program.Fail(s);
+    }
+  }
   absl::Status status = mode == "train" ? adaps::RunTraining(**worker, *train)
                                          : adaps::RunSynthetic(**worker, *synthetic);
   absl::Status stop = (*worker)->Stop();
+  if (!ready_file.empty()) std::remove(ready_file.c_str());
   if (!status.ok()) return program.Fail(status);
   if (!stop.ok()) return program.Fail(stop);
   return adaps::kExitOk;
