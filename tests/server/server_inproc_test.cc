@@ -2,6 +2,7 @@
 // TransportContext; a raw client sends hostile messages and the state must not change.
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <thread>
 
@@ -242,8 +243,10 @@ struct MiniCluster {
 };
 
 TEST(Checkpoint, RestartedServerResumesFromItsCheckpoint) {
-  const std::string dir = ::testing::TempDir();
-  std::remove((dir + "/server-0.ckpt").c_str());
+  // A directory of its own: other runs (or tests) may leave checkpoints in the temp root.
+  std::string tmpl = ::testing::TempDir() + "/adaps-restart-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string dir = tmpl;
   std::vector<float> g = {1, 2, 3, 4};
   {
     MiniCluster c(dir);
