@@ -1,12 +1,14 @@
-"""adaps.progress: plain lines in logs, one line rewritten in place on a terminal, rank 0
-only; adaps.launch forwards the live line to its terminal (a pty here) and plain lines to a
-pipe."""
+"""Progress a person can watch: adaps.progress (plain lines in logs, one line rewritten in
+place on a terminal, rank 0 only), adaps.launch forwarding the live line to its terminal (a
+pty here) and plain lines to a pipe, and adaps-worker --mode=train doing the same."""
 import io
 import os
 import pty
 import select
 import subprocess
 import sys
+
+import pytest
 
 from conftest import SCHEDULER_BIN, run_launch
 
@@ -68,14 +70,17 @@ def test_compression_given_as_a_function_is_called_only_when_a_line_is_printed()
     assert len(calls) == 9 and "compression 9.0x" in out.getvalue()
 
 
-def launch_on_a_pty(args, timeout=60):
-    """Runs adaps.launch with its stdout and stderr on a pseudo-terminal; its output."""
-    bin_dir = os.path.dirname(os.path.dirname(SCHEDULER_BIN))
+BIN_DIR = os.path.dirname(os.path.dirname(SCHEDULER_BIN))
+WORKER_BIN = os.path.join(BIN_DIR, "worker", "adaps-worker")
+DATA_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+def on_a_pty(argv, timeout=60):
+    """Runs argv with its stdout and stderr on a pseudo-terminal; (exit code, output)."""
     master, slave = pty.openpty()
-    env = dict(os.environ, ADAPS_BIN_DIR=bin_dir)
+    env = dict(os.environ, ADAPS_BIN_DIR=BIN_DIR)
     env.pop("ADAPS_PROGRESS", None)
-    p = subprocess.Popen([sys.executable, "-m", "adaps.launch", "--bin-dir", bin_dir] + args,
-                         stdout=slave, stderr=slave, stdin=subprocess.DEVNULL, env=env)
+    p = subprocess.Popen(argv, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL, env=env)
     os.close(slave)
     chunks = []
     while True:
@@ -93,6 +98,44 @@ def launch_on_a_pty(args, timeout=60):
     os.close(master)
     p.wait(timeout=10)
     return p.returncode, b"".join(chunks).decode("utf-8", "replace")
+
+
+def launch_on_a_pty(args):
+    return on_a_pty([sys.executable, "-m", "adaps.launch", "--bin-dir", BIN_DIR] + args)
+
+
+def train_args(cluster):
+    return [WORKER_BIN, "--mode=train", "--scheduler=" + cluster.address, "--train_limit=3200",
+            "--epochs=2", "--batch=32", "--test_limit=200", "--log_level=warn",
+            "--data_dir=" + DATA_DIR]
+
+
+needs_data = pytest.mark.skipif(not os.path.isdir(DATA_DIR) or not os.path.exists(WORKER_BIN),
+                                reason="no Fashion-MNIST (dataset-fashion-mnist) or adaps-worker")
+
+
+@needs_data
+def test_adaps_worker_train_on_a_terminal_rewrites_one_line_per_epoch(cluster):
+    code, out = on_a_pty(train_args(cluster(workers=1)))
+    assert code == 0, out
+    for epoch in (1, 2):
+        assert "\repoch %d/2  step 1/100 (  1%%)" % epoch in out, repr(out)
+        assert "\repoch %d/2  step 100/100 (100%%)" % epoch in out, repr(out)
+    assert out.count("\x1b[K\r\n") == 2, repr(out)  # each epoch's line ends once (pty: \r\n)
+
+
+@needs_data
+def test_adaps_worker_train_into_a_log_prints_plain_progress_lines(cluster):
+    c = cluster(workers=1)
+    p = subprocess.run(train_args(c), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       timeout=120)
+    out = p.stdout.decode()
+    assert p.returncode == 0, out
+    assert "\r" not in out and "\x1b" not in out, repr(out)
+    progress = [l for l in out.splitlines() if l.startswith("epoch ") and " step " in l and "ETA" in l]
+    assert len(progress) == 18, out  # 10% .. 90% of each of 2 epochs
+    assert progress[0].startswith("epoch 1/2  step 10/100 ( 10%)  ETA "), progress[0]
+    assert "loss " in progress[0] and "img/s" in progress[0] and "compression" in progress[0]
 
 
 def test_launch_on_a_terminal_rewrites_rank_zeros_line_in_place():
