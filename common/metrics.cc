@@ -203,7 +203,8 @@ auto& FamilyFor(Builder builder, FamilyMap& families, const MetricInfo& info,
   auto it = families.find(info.name);
   if (it == families.end()) {
     auto& family =
-        builder.Name(info.name).Help(info.help).Labels(ConstantLabels(options, rank)).Register(registry);
+        builder.Name(info.name).Help(info.help).Labels(ConstantLabels(options, rank)).Register(
+            registry);
     it = families.emplace(info.name, &family).first;
   }
   return *it->second;

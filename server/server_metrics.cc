@@ -132,9 +132,10 @@ void ServerMetrics::PullAnswered(const Shard& shard, size_t wire_bytes) {
 Counter& ServerMetrics::RejectedCounter(const char* reason) {
   auto it = rejected_.find(reason);
   if (it == rejected_.end()) {
-    it = rejected_.emplace(reason, metrics_.GetCounter(n::kRejectedMessagesTotal,
-                                                       {{l::kReason, reason}}))
-             .first;
+    it =
+        rejected_
+            .emplace(reason, metrics_.GetCounter(n::kRejectedMessagesTotal, {{l::kReason, reason}}))
+            .first;
   }
   return it->second;
 }

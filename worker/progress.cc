@@ -42,10 +42,10 @@ bool ProgressLine::Due(int done, absl::Time now) const {
 std::string ProgressLine::Format(const ProgressSample& s, absl::Time now) const {
   const double elapsed = absl::ToDoubleSeconds(now - start_);
   const double eta = s.done > 0 ? elapsed / s.done * (steps_ - s.done) : 0;
-  std::string line = absl::StrFormat("epoch %d/%d  step %d/%d (%3d%%)  ETA %s  loss %.4f  %.0f img/s",
-                                     epoch_ + 1, epochs_, s.done, steps_,
-                                     static_cast<int>(int64_t{s.done} * 100 / steps_),
-                                     Clock(eta), s.mean_loss, s.images_per_s);
+  std::string line =
+      absl::StrFormat("epoch %d/%d  step %d/%d (%3d%%)  ETA %s  loss %.4f  %.0f img/s", epoch_ + 1,
+                      epochs_, s.done, steps_, static_cast<int>(int64_t{s.done} * 100 / steps_),
+                      Clock(eta), s.mean_loss, s.images_per_s);
   if (s.compression > 0) absl::StrAppendFormat(&line, "  compression %.1fx", s.compression);
   return line;
 }
@@ -64,8 +64,8 @@ void ProgressLine::Print(const ProgressSample& s, absl::Time now) {
 void ProgressLine::Show(const ProgressSample& s, absl::Time now) {
   if (!Due(s.done, now)) return;
   if (!options_.terminal) {
-    last_bucket_ = static_cast<int>(int64_t{s.done} * 100 / steps_) /
-                   std::clamp(options_.log_percent, 1, 100);
+    last_bucket_ =
+        static_cast<int>(int64_t{s.done} * 100 / steps_) / std::clamp(options_.log_percent, 1, 100);
   }
   Print(s, now);
 }

@@ -24,10 +24,10 @@ struct ProgressOptions {
 };
 
 struct ProgressSample {
-  int done = 0;               // steps done in this epoch
-  double mean_loss = 0;       // over those steps
-  double images_per_s = 0;    // throughput of this worker over the epoch so far
-  double compression = 0;     // dense / wire bytes pushed so far (0: unknown)
+  int done = 0;             // steps done in this epoch
+  double mean_loss = 0;     // over those steps
+  double images_per_s = 0;  // throughput of this worker over the epoch so far
+  double compression = 0;   // dense / wire bytes pushed so far (0: unknown)
 };
 
 class ProgressLine {

@@ -115,8 +115,8 @@ void WorkerMetrics::Decoded(uint64_t step, absl::Time started) {
   step_seconds_.Observe(absl::ToDoubleSeconds(wall));
   compress_.Observe(absl::ToDoubleSeconds(s.compress));
   decode_.Observe(absl::ToDoubleSeconds(s.decode));
-  wait_.Observe(absl::ToDoubleSeconds(std::max(absl::ZeroDuration(),
-                                               wall - s.compress - s.decode)));
+  wait_.Observe(
+      absl::ToDoubleSeconds(std::max(absl::ZeroDuration(), wall - s.compress - s.decode)));
   steps_.erase(step);
 }
 

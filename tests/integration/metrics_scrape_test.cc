@@ -144,8 +144,8 @@ TEST_F(MetricsScrape, CountersAgreeWithTheWorkersOwnTrafficCounters) {
     SCOPED_TRACE(name);
     auto traffic = (*worker)->Traffic(name);
     ASSERT_TRUE(traffic.ok());
-    const std::map<std::string, std::string> t = {{"tensor", name}, {"role", "worker"},
-                                                  {"rank", "0"}};
+    const std::map<std::string, std::string> t = {
+        {"tensor", name}, {"role", "worker"}, {"rank", "0"}};
     EXPECT_EQ(Value(w, "adaps_pushes_total", t), traffic->pushes);
     EXPECT_EQ(Value(w, "adaps_pulls_total", t), traffic->pulls);
     EXPECT_EQ(Value(w, "adaps_push_bytes_total", t), traffic->push_wire_bytes);
@@ -191,8 +191,7 @@ TEST_F(MetricsScrape, AServerRefusesAMetricsPortInUseAtStart) {
   const std::string port = WaitForPortFile(dir_ + "/server0", absl::Seconds(20));
   ASSERT_FALSE(port.empty()) << servers_[0]->Log();
   Process clash(ADAPS_SERVER_BIN,
-                {"--scheduler=" + address_, "--metrics_port=" + port,
-                 "--metrics_host=127.0.0.1"},
+                {"--scheduler=" + address_, "--metrics_port=" + port, "--metrics_host=127.0.0.1"},
                 dir_ + "/clash.log");
   EXPECT_EQ(clash.WaitExit(absl::Seconds(10)), 1) << clash.Log();
   EXPECT_NE(clash.Log().find("metrics: cannot serve"), std::string::npos) << clash.Log();
