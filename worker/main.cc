@@ -31,6 +31,12 @@ ABSL_FLAG(std::string, pull, "dense", "dense or recompressed pulls");
 ABSL_FLAG(bool, compact_indices, true, "Rice-coded indices (false: plain 32-bit)");
 ABSL_FLAG(int, register_timeout_ms, 60000, "How long to wait for the cluster to form");
 ABSL_FLAG(int, request_timeout_ms, 30000, "Deadline of every request");
+ABSL_FLAG(int, metrics_port, -1,
+          "Serve Prometheus metrics on http://metrics_host:PORT/metrics; -1: off, 0: the OS "
+          "picks (see --metrics_port_file)");
+ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint listens on");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "Write the metrics endpoint's port here (atomically) once it listens");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical, off");
 ABSL_FLAG(std::string, model, "mlp", "train: mlp or cnn");
 ABSL_FLAG(int, epochs, 3, "train: passes over the training data");
@@ -73,6 +79,9 @@ absl::Status CheckFlags(const std::string& mode) {
       adaps::CheckPositive("request_timeout_ms", absl::GetFlag(FLAGS_request_timeout_ms)),
       adaps::CheckFraction("topk_fraction", absl::GetFlag(FLAGS_topk_fraction)),
       adaps::CheckPositive("bin_size", absl::GetFlag(FLAGS_bin_size)),
+      absl::GetFlag(FLAGS_metrics_port) == -1
+          ? absl::OkStatus()
+          : adaps::CheckPort("metrics_port", absl::GetFlag(FLAGS_metrics_port)),
   });
   if (!common.ok()) return common;
   if (mode == "synthetic") {
@@ -166,6 +175,9 @@ int main(int argc, char** argv) {
   options.request_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_request_timeout_ms));
   options.compact_indices = absl::GetFlag(FLAGS_compact_indices);
   options.log_level = absl::GetFlag(FLAGS_log_level);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  options.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),
                                     absl::GetFlag(FLAGS_curve_client_key), "", /*serving=*/false);
   if (!curve.ok()) return program.UsageError(curve.status());

@@ -24,6 +24,7 @@
 #include "common/compressor.h"
 #include "common/messages.h"
 #include "common/wire_codec.h"
+#include "worker/worker_metrics.h"
 
 namespace adaps {
 
@@ -69,6 +70,7 @@ struct Tensor {
   CompressedUpdate update ABSL_GUARDED_BY(mu);
   uint64_t server_generation ABSL_GUARDED_BY(mu) = 0;  // see WorkerImpl::server_generation_
   TrafficCounters traffic ABSL_GUARDED_BY(mu);
+  TensorMetrics metrics ABSL_GUARDED_BY(mu);  // mirrors `traffic` (worker/worker_metrics.h)
 };
 
 // The wire payload of every slice of one push, in two phases: each slice is compressed with

@@ -15,6 +15,7 @@
 #include "common/optimizer.h"
 #include "common/status_macros.h"
 #include "worker/kinds.h"
+#include "worker/progress.h"
 #include "worker/trainer/idx_reader.h"
 #include "worker/trainer/model.h"
 #include "worker/trainer/sharding.h"
@@ -186,6 +187,8 @@ absl::Status RunTraining(Worker& worker, const TrainConfig& cfg) {
     std::fflush(stdout);
   }
 
+  // Rank 0's live progress line per epoch (worker/progress.h).
+  ProgressLine progress(stdout, ProgressOptions{ProgressLine::IsTerminal(stdout)});
   int64_t global_step = 0;
   double train_seconds = 0.0;
   const absl::Time start = absl::Now();
@@ -198,6 +201,7 @@ absl::Status RunTraining(Worker& worker, const TrainConfig& cfg) {
       const absl::Time t0 = absl::Now();
       ADAPS_ASSIGN_OR_RETURN(trainer::EvalResult e, trainer::Evaluate(*model, test));
       eval_time += absl::Now() - t0;
+      progress.Clear();
       std::printf("step %lld  test_acc %.4f  elapsed %.2f s\n",
                   static_cast<long long>(step + 1), e.accuracy, elapsed());
       std::fflush(stdout);
@@ -205,10 +209,32 @@ absl::Status RunTraining(Worker& worker, const TrainConfig& cfg) {
     });
   }
   trainer::EvalResult eval;
+  // Dense over wire bytes pushed so far (0 when unknown): only when a line is shown.
+  auto sample = [&](int done, double loss_sum, absl::Time epoch_start, absl::Time now) {
+    ProgressSample s{done, done > 0 ? loss_sum / done : 0.0, 0.0, 0.0};
+    const double seconds = absl::ToDoubleSeconds(now - epoch_start);
+    if (seconds > 0) s.images_per_s = static_cast<double>(done) * cfg.batch / seconds;
+    if (auto traffic = TrafficByKind(worker, model->params()); traffic.ok()) {
+      uint64_t wire = 0, dense = 0;
+      for (const KindTraffic& k : *traffic) wire += k.wire, dense += k.dense;
+      if (wire > 0) s.compression = static_cast<double>(dense) / static_cast<double>(wire);
+    }
+    return s;
+  };
   for (int epoch = 0; epoch < epochs; ++epoch) {
+    const absl::Time epoch_start = absl::Now();
+    if (lead) {
+      progress.BeginEpoch(epoch, epochs, steps, epoch_start);
+      loop.set_on_step([&](int done, double loss_sum) {
+        const absl::Time now = absl::Now();
+        if (progress.Due(done, now)) progress.Show(sample(done, loss_sum, epoch_start, now), now);
+      });
+    }
     ADAPS_ASSIGN_OR_RETURN(trainer::EpochStats stats, loop.RunEpoch(epoch, steps, &global_step));
     train_seconds += stats.seconds;
     if (!lead) continue;
+    progress.EndEpoch(sample(steps, stats.mean_loss * steps, epoch_start, absl::Now()),
+                      absl::Now());
     const absl::Time t0 = absl::Now();
     ADAPS_ASSIGN_OR_RETURN(eval, trainer::Evaluate(*model, test));
     eval_time += absl::Now() - t0;

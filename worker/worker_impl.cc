@@ -121,6 +121,7 @@ absl::Status Worker::Impl::Declare(const TensorSpec& spec, absl::Span<float> val
   }
   ADAPS_ASSIGN_OR_RETURN(std::unique_ptr<Tensor> tensor, NewTensor(spec, length));
   ADAPS_RETURN_IF_ERROR(DeclareSlices(*tensor, values));
+  worker_metrics_->Attach(*tensor);
   log_.get()->debug("declared '{}' ({} elements, {} slices)", spec.name, length,
                     tensor->meta.size());
   absl::MutexLock lock(&mu_);
@@ -204,6 +205,7 @@ std::future<absl::Status> Worker::Impl::Run(absl::string_view name, absl::Span<c
 absl::Status Worker::Impl::StartPush(Tensor& t, absl::Span<const float> grad,
                                      const std::shared_ptr<Op>& op) {
   const IndexCoding coding = options_.compact_indices ? IndexCoding::kRice : IndexCoding::kPlain32;
+  const absl::Time started = worker_metrics_->Now();
   ADAPS_ASSIGN_OR_RETURN(std::vector<SharedBytes> encoded, EncodePush(t, grad, coding));
   const msg::PayloadKind kind = PayloadKindFor(CodecKind(t.spec.compression));
   for (size_t i = 0; i < t.meta.size(); ++i) {
@@ -228,6 +230,7 @@ absl::Status Worker::Impl::StartPush(Tensor& t, absl::Span<const float> grad,
                         });
   }
   ++t.traffic.pushes;
+  worker_metrics_->Pushed(t, started);
   return absl::OkStatus();
 }
 
@@ -243,9 +246,11 @@ void Worker::Impl::StartPull(Tensor& t, absl::Span<float> out, const std::shared
     const size_t request_bytes = msg.header.size();
     Tensor* tp = &t;
     Transport* transport = transport_.get();
+    WorkerMetrics* metrics = worker_metrics_.get();
     transport_->Request(
         ServerPeer(m.info.server), id, std::move(msg), absl::Now() + options_.request_timeout,
-        [op, tp, i, out, request_bytes, transport](absl::StatusOr<InMessage> reply) {
+        [op, tp, i, out, request_bytes, transport, metrics,
+         step = rt.step](absl::StatusOr<InMessage> reply) {
           ADAPS_DCHECK_ON_IO_THREAD(transport);
           if (!reply.ok()) {
             op->Done(absl::Status(reply.status().code(), absl::StrCat("pull of '", tp->spec.name,
@@ -259,11 +264,14 @@ void Worker::Impl::StartPull(Tensor& t, absl::Span<float> out, const std::shared
             op->Done(absl::DataLossError("pull answered with something else"));
             return;
           }
-          op->Done(ApplyPull(*tp, i, *resp, reply->payload(), reply->wire_bytes() + request_bytes,
-                             out));
+          op->Done(metrics->Decode(step, [&] {
+            return ApplyPull(*tp, i, *resp, reply->payload(), reply->wire_bytes() + request_bytes,
+                             out);
+          }));
         });
   }
   ++t.traffic.pulls;
+  t.metrics.Sync(t.traffic);
 }
 
 absl::Status Worker::Impl::Barrier() {

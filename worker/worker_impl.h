@@ -28,8 +28,10 @@
 #include "common/cluster_client.h"
 #include "common/logging.h"
 #include "common/messages.h"
+#include "common/metrics.h"
 #include "common/transport.h"
 #include "worker/tensor.h"
+#include "worker/worker_metrics.h"
 
 namespace adaps {
 
@@ -80,6 +82,7 @@ class Worker::Impl {
 
   // Membership (membership.cc): common/cluster_client registers, heartbeats, re-registers
   // and guards views and shutdowns; OnView and OnShutdown are its callbacks (I/O thread).
+  absl::Status StartMetrics();
   absl::Status ApplyRegistration(const msg::ClusterView& view);
   absl::Status ConnectServers(const msg::ClusterView& view);
   void Handle(InMessage in);
@@ -88,6 +91,10 @@ class Worker::Impl {
 
   const WorkerOptions options_;
   RoleLog log_;
+  // Before the transport: its callbacks use them until it stops. Replaced in Init when
+  // options_.metrics_port >= 0, before the transport starts; never null.
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<WorkerMetrics> worker_metrics_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<ClusterClient> cluster_;
   // Set in Init, read-only afterwards.
