@@ -1,6 +1,6 @@
 // One slice of the server's parameters with everything it needs to serve it: parameters,
 // optimizer state, the aggregation buffer of the current step, the published (downlink)
-// replica with its residue and compressor, the encoded pull answers of the current
+// replica with its residue, the encoded pull answers of the current
 // version, and the pulls held until a later version (DESIGN.md section 2).
 //
 // Sync mode: AddPush decodes a worker's wire payload straight into the aggregation buffer;
@@ -130,10 +130,11 @@ class Shard {
   // the change from down_base_ to down_version_, and buffers reused from version to version.
   std::vector<float> published_;
   std::unique_ptr<SliceState> down_residue_;
-  std::unique_ptr<Compressor> down_compressor_;
   std::shared_ptr<std::vector<uint8_t>> down_bytes_, down_spare_;
   uint64_t down_base_ = 0, down_version_ = 0;
-  std::vector<float> down_change_;
+  // Scratch of the fused pass (common/compressor.h, internal::AdaCompChangeStep), kept
+  // from version to version: no allocation per version once sized.
+  std::vector<float> down_gmax_, down_scratch_;
   CompressedUpdate down_update_;
 };
 
