@@ -14,7 +14,7 @@
 // Knows nothing of sockets or FlatBuffers: takes spans, returns status and bytes. Ownership:
 // a shard owns all its state (no globals, nothing shared with another shard); answer
 // bytes are shared with whoever sends them and never changed while anyone else holds them.
-// Thread-safety: none; one thread owns a shard (today the server's I/O thread).
+// Thread-safety: none; one thread owns a shard (its engine thread, server/engine.h).
 #ifndef ADAPS_SERVER_SHARD_H_
 #define ADAPS_SERVER_SHARD_H_
 
@@ -45,6 +45,7 @@ class Shard {
     uint64_t min_version = 0;
     uint64_t have_version = 0;
     Format format = Format::kDense;
+    int peer = -1;  // opaque too: the route's alternative (a DEALER peer) when >= 0
   };
   // What a pull is answered with: the version it brings the puller to, the version the
   // payload is a change from (recompressed; 0 for dense), and the payload (null: nothing
