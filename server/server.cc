@@ -114,6 +114,19 @@ void Server::OnDeclare(InMessage& in) {
   if (env->sender_role() != msg::Role::Worker || env->sender_rank() < 0) {
     return ReplyError(in, absl::InvalidArgumentError("slice declared by a non-worker"));
   }
+  // A new key is checked here in full, so that every key given an owner gets a slice.
+  if (engine_->OwnerOf(d->key()) < 0) {
+    if (d->length() > config_.max_slice_elements) {
+      return ReplyError(in, absl::ResourceExhaustedError(absl::StrCat(
+                                "slice of ", d->length(), " elements exceeds --max_slice_elements ",
+                                config_.max_slice_elements)));
+    }
+    if (d->has_init()) {
+      if (auto st = Shard::CheckInitialValues(d->length(), in.payload()); !st.ok()) {
+        return ReplyError(in, st);
+      }
+    }
+  }
   EngineWork work;
   work.kind = EngineWork::Kind::kDeclare;
   work.key = d->key();
