@@ -316,8 +316,8 @@ void PrintSummary(const SummaryReporter& rep) {
     std::printf("  optimizer %-9s %8.1f M params/s  %.2fx plain\n", name, v / 1e6, v / plain);
   }
   const double recompress = rep.Get("recompress/T:500");
-  const double one = rep.Get("engine_8_slices/threads:1");
-  const double two = rep.Get("engine_8_slices/threads:2");
+  const double one = rep.Get("engine_8_slices/threads:1/real_time");
+  const double two = rep.Get("engine_8_slices/threads:2/real_time");
   std::printf("  engine 1 thread: %.1f M params/s per step; 2 threads: %.1f M\n", one / 1e6,
               two / 1e6);
   std::printf("\n  issue 12 targets                             measured   unit       target\n");

@@ -537,10 +537,33 @@ bool Streaming(AdaCompStores stores, uint32_t n) {
 constexpr uint64_t kChangeBlockElements = 4096;
 
 // change[i] = (params[i] - published[i]) - residue[i], the same float operations in the same
-// order as the scalar expression `params[i] - published[i] - residue[i]`.
-void ChangeBlock(const float* __restrict p, const float* __restrict pub,
-                 const float* __restrict in, float* __restrict change, uint64_t n) {
+// order as the scalar expression `params[i] - published[i] - residue[i]` (so the SIMD and
+// the scalar loops give the same bits).
+void ChangeBlockPortable(const float* __restrict p, const float* __restrict pub,
+                         const float* __restrict in, float* __restrict change, uint64_t n) {
   for (uint64_t i = 0; i < n; ++i) change[i] = p[i] - pub[i] - in[i];
+}
+
+#if ADAPS_X86
+ADAPS_TARGET_AVX2 void ChangeBlockAvx2(const float* __restrict p, const float* __restrict pub,
+                                       const float* __restrict in, float* __restrict change,
+                                       uint64_t n) {
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(p + i), _mm256_loadu_ps(pub + i));
+    _mm256_storeu_ps(change + i, _mm256_sub_ps(d, _mm256_loadu_ps(in + i)));
+  }
+  for (; i < n; ++i) change[i] = p[i] - pub[i] - in[i];
+}
+#endif
+
+void ChangeBlock(AdaCompIsa isa, const float* p, const float* pub, const float* in,
+                 float* change, uint64_t n) {
+#if ADAPS_X86
+  if (isa != AdaCompIsa::kPortable) return ChangeBlockAvx2(p, pub, in, change, n);
+#endif
+  (void)isa;
+  ChangeBlockPortable(p, pub, in, change, n);
 }
 
 }  // namespace
@@ -584,7 +607,7 @@ bool AdaCompChangeStep(absl::Span<const float> params, absl::Span<const float> p
   bool ok = true;
   for (uint64_t a = 0; a < n && ok; a += block) {
     const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(block, n - a));
-    ChangeBlock(params.data() + a, published.data() + a, in + a, change, len);
+    ChangeBlock(isa, params.data() + a, published.data() + a, in + a, change, len);
     const size_t before = sink.cnt;
     ok = RunPass(isa, stream, change, in + a, r + a, len, t, gmax_scratch.data() + a / t, sink);
     // The pass numbers elements from the start of the block.

@@ -105,7 +105,7 @@ void Engine::Checkpoint(std::string path, std::function<void(absl::Status, size_
     return;
   }
   {
-    absl::MutexLock lock(&job->mu);
+    std::lock_guard<std::mutex> lock(job->mu);
     job->remaining = static_cast<int>(threads_.size());
   }
   if (threads_.empty()) return HandToWriter(std::move(job));
@@ -127,7 +127,7 @@ void Engine::RunWriter() {
     for (auto& job : batch) {
       std::vector<SliceRecord> records;
       {
-        absl::MutexLock lock(&job->mu);
+        std::lock_guard<std::mutex> lock(job->mu);
         records = std::move(job->records);
       }
       // Key order, as one thread wrote them: the same state gives the same file.

@@ -29,6 +29,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -106,9 +107,9 @@ struct CheckpointJob {
   std::string path;
   // Runs on the writer thread (or on the caller's, when the engine is stopped) once.
   std::function<void(absl::Status, size_t slices)> done;
-  absl::Mutex mu;
-  std::vector<SliceRecord> records ABSL_GUARDED_BY(mu);
-  int remaining ABSL_GUARDED_BY(mu) = 0;
+  std::mutex mu;  // (std::mutex: see engine_queue.h)
+  std::vector<SliceRecord> records;  // guarded by mu
+  int remaining = 0;                 // guarded by mu
 };
 
 class EngineThread;

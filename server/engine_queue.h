@@ -5,14 +5,16 @@
 // is closed, then takes everything queued at once (one lock per batch, not per item); it
 // returns false only when the queue is closed and empty, so a consumer that loops on it
 // finishes what was queued before Close. Thread-safety: all methods are thread-safe.
+// std::mutex, not absl::Mutex: Debian's abseil is not built for ThreadSanitizer, which then
+// cannot see absl::Mutex synchronise (tests/tsan.supp); with the pthread-based std::mutex
+// the engine's hand-overs stay checkable under TSan.
 #ifndef ADAPS_SERVER_ENGINE_QUEUE_H_
 #define ADAPS_SERVER_ENGINE_QUEUE_H_
 
+#include <condition_variable>
 #include <deque>
+#include <mutex>
 #include <utility>
-
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 
 namespace adaps {
 
@@ -20,40 +22,38 @@ template <typename T>
 class ClosableQueue {
  public:
   bool Push(T item) {
-    absl::MutexLock lock(&mu_);
-    if (closed_) return false;
-    items_.push_back(std::move(item));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return false;
+      items_.push_back(std::move(item));
+    }
+    cv_.notify_one();
     return true;
   }
 
   // Replaces `batch` with everything queued; false when closed and nothing is left.
   bool PopAll(std::deque<T>& batch) {
     batch.clear();
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &ClosableQueue::ReadyLocked));
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return closed_ || !items_.empty(); });
     if (items_.empty()) return false;
     batch.swap(items_);
     return true;
   }
 
   void Close() {
-    absl::MutexLock lock(&mu_);
-    closed_ = true;
-  }
-
-  void Reopen() {
-    absl::MutexLock lock(&mu_);
-    closed_ = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+    }
+    cv_.notify_all();
   }
 
  private:
-  bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return closed_ || !items_.empty();
-  }
-
-  absl::Mutex mu_;
-  std::deque<T> items_ ABSL_GUARDED_BY(mu_);
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<T> items_;  // guarded by mu_
+  bool closed_ = false;  // guarded by mu_
 };
 
 }  // namespace adaps

@@ -145,7 +145,7 @@ void EngineThread::OnSnapshot(EngineWork& work) {
   std::shared_ptr<CheckpointJob> job = std::move(work.job);
   bool last = false;
   {
-    absl::MutexLock lock(&job->mu);
+    std::lock_guard<std::mutex> lock(job->mu);
     for (const auto& [key, shard] : shards_) job->records.push_back(shard.ToRecord());
     last = --job->remaining == 0;
   }

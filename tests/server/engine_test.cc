@@ -2,6 +2,9 @@
 // one producer as the server's I/O thread feeds them; answers recorded by a test sink. And
 // one in-process server with two engine threads trained by two workers.
 #include <array>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <future>
 #include <map>
@@ -37,30 +40,32 @@ class RecordingSink final : public EngineSink {
     if (a.type == msg::Body::Error) a.status = StatusFromError(env->body_as_Error());
     if (a.type == msg::Body::PullResponse) a.version = env->body_as_PullResponse()->version();
     a.payload = m.payload;
-    absl::MutexLock lock(&mu_);
-    answers_[env->reply_to()] = std::move(a);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      answers_[env->reply_to()] = std::move(a);
+    }
+    cv_.notify_all();
   }
   Sender self() const override { return Sender{msg::Role::Server, 0}; }
 
   // The answer to request `id`, waiting up to 10 s (type NONE when none came).
   Answer Wait(uint64_t id) {
-    absl::MutexLock lock(&mu_);
-    auto has = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return answers_.count(id) > 0; };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&has), absl::Seconds(10))) return Answer{};
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(10), [&] { return answers_.count(id) > 0; })) {
+      return Answer{};
+    }
     return answers_[id];
   }
   bool Has(uint64_t id) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return answers_.count(id) > 0;
-  }
-  size_t count() {
-    absl::MutexLock lock(&mu_);
-    return answers_.size();
   }
 
  private:
-  absl::Mutex mu_;
-  std::map<uint64_t, Answer> answers_ ABSL_GUARDED_BY(mu_);
+  // std::mutex, so that TSan sees the hand-over (server/engine_queue.h).
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, Answer> answers_;  // guarded by mu_
 };
 
 SharedBytes DenseBytes(const std::vector<float>& values) {
