@@ -20,8 +20,8 @@
 // Threads: engine threads are started as slices arrive (never more than slices, nor than
 // EngineOptions::threads), the writer at Start. Stop closes every queue, lets the threads
 // finish what is queued (answers then go to the sink, which may drop them), and joins.
-// Thread-safety: the methods but Start/Stop are for the one producer thread (the I/O
-// thread); Start/Stop from the owner (Server).
+// Thread-safety: Start/Stop from the owner (Server), after the producer stopped; HandToWriter
+// from any engine thread; every other method from the one producer thread (the I/O thread).
 #ifndef ADAPS_SERVER_ENGINE_H_
 #define ADAPS_SERVER_ENGINE_H_
 
