@@ -222,6 +222,19 @@ bool AdaCompStep(absl::Span<const float> grad, absl::Span<const float> residue_i
                  std::vector<float>& gmax_scratch, CompressedUpdate& out,
                  AdaCompIsa isa = AdaCompIsa::kAuto,
                  AdaCompStores stores = AdaCompStores::kAuto);
+
+// AdaCompStep over the gradient grad[i] = params[i] - published[i] - residue_in[i] (that
+// expression, evaluated left to right), computed block by block as the pass goes instead of
+// being stored: one pass over params, published and the residue (the server's recompressed
+// pulls: residue_in + grad is the change from the published state). Bit-identical to
+// AdaCompStep over the stored gradient. `change_scratch` holds one block (a few KiB, resized
+// on first use); false as AdaCompStep (NaN/Inf of the gradient or of residue_in + grad).
+bool AdaCompChangeStep(absl::Span<const float> params, absl::Span<const float> published,
+                       absl::Span<const float> residue_in, absl::Span<float> residue_out,
+                       uint32_t bin_size, std::vector<float>& gmax_scratch,
+                       std::vector<float>& change_scratch, CompressedUpdate& out,
+                       AdaCompIsa isa = AdaCompIsa::kAuto,
+                       AdaCompStores stores = AdaCompStores::kAuto);
 }  // namespace internal
 
 }  // namespace adaps

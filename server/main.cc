@@ -33,6 +33,9 @@ ABSL_FLAG(int, scheduler_grace_s, 60,
           "Keep serving this long without the scheduler (re-registering when it is back)");
 ABSL_FLAG(uint64_t, max_slice_elements, uint64_t{1} << 28,
           "Largest slice a worker may declare (elements): bounds what a client can allocate");
+ABSL_FLAG(int, engine_threads, 0,
+          "Threads that own the slices and do the work on them; 0: the cores this process may "
+          "use (never more than slices)");
 ABSL_FLAG(bool, restore, true, "Restore from checkpoint_dir at start when a checkpoint exists");
 ABSL_FLAG(std::string, curve_server_key, "",
           "CURVE: key file of the cluster's server key pair (adaps-keygen); enables encryption");
@@ -64,6 +67,7 @@ absl::Status CheckFlags() {
       absl::GetFlag(FLAGS_metrics_port) == -1
           ? absl::OkStatus()
           : adaps::CheckPort("metrics_port", absl::GetFlag(FLAGS_metrics_port)),
+      adaps::CheckNonNegative("engine_threads", absl::GetFlag(FLAGS_engine_threads)),
   });
 }
 
@@ -104,6 +108,7 @@ int main(int argc, char** argv) {
   config.restore = absl::GetFlag(FLAGS_restore);
   config.max_slice_elements = absl::GetFlag(FLAGS_max_slice_elements);
   config.scheduler_grace = absl::Seconds(absl::GetFlag(FLAGS_scheduler_grace_s));
+  config.engine_threads = absl::GetFlag(FLAGS_engine_threads);
   config.log_level = absl::GetFlag(FLAGS_log_level);
   auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),
                                     absl::GetFlag(FLAGS_curve_client_key),

@@ -42,7 +42,10 @@ absl::Status Server::exit_status() const {
   return exit_status_;
 }
 
-void Server::Stop() { transport_->Stop(); }
+void Server::Stop() {
+  transport_->Stop();  // nothing is routed to the engine any more
+  engine_->Stop();     // drains what is queued and joins (idempotent)
+}
 
 void Server::Finish(absl::Status status) {
   if (status.ok()) {

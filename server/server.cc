@@ -1,6 +1,8 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -16,6 +18,8 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
                   "register timeout must be positive");
   ADAPS_RET_CHECK(c.scheduler_grace > absl::ZeroDuration(), absl::StatusCode::kInvalidArgument,
                   "scheduler grace must be positive");
+  ADAPS_RET_CHECK(c.engine_threads >= 0 && c.engine_threads <= 1024,
+                  absl::StatusCode::kInvalidArgument, "engine threads must be in [0, 1024]");
   OptimizerConfig probe = c.optimizer;
   ADAPS_RETURN_IF_ERROR(SetHyperParam(probe, "learning_rate", c.optimizer.learning_rate));
   ADAPS_RETURN_IF_ERROR(SetHyperParam(probe, "momentum", c.optimizer.momentum));
@@ -24,6 +28,14 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
   ADAPS_RETURN_IF_ERROR(SetHyperParam(probe, "epsilon", c.optimizer.epsilon));
   ADAPS_RETURN_IF_ERROR(SetHyperParam(probe, "weight_decay", c.optimizer.weight_decay));
   return ValidateLogLevel(c.log_level);
+}
+
+void TransportSink::Send(const std::string& route, int peer, OutMessage message) {
+  if (peer >= 0) {
+    transport_->Send(peer, std::move(message));
+  } else {
+    transport_->SendRoute(route, std::move(message));
+  }
 }
 
 Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context, Metrics* metrics)
@@ -58,6 +70,16 @@ Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context, M
   if (metrics_->enabled()) {
     transport_->AddTimer(absl::Milliseconds(500), [this] { metrics_->Tick(transport_->stats()); });
   }
+  sink_ = std::make_unique<TransportSink>(transport_.get());
+  EngineOptions eopts;
+  eopts.threads = DefaultEngineThreads(config_.engine_threads);
+  eopts.sync = config_.sync;
+  eopts.optimizer = config_.optimizer;
+  eopts.max_slice_elements = config_.max_slice_elements;
+  eopts.metrics = metrics_.get();
+  engine_ = std::make_unique<Engine>(eopts, sink_.get());
+  // Running before Start: a restore at registration hands its slices to it.
+  engine_->Start();
 }
 
 Server::~Server() { Stop(); }
@@ -105,41 +127,47 @@ void Server::OnDeclare(InMessage& in) {
   if (env->sender_role() != msg::Role::Worker || env->sender_rank() < 0) {
     return ReplyError(in, absl::InvalidArgumentError("slice declared by a non-worker"));
   }
-  auto it = shards_.find(d->key());
-  if (d->length() > config_.max_slice_elements && it == shards_.end()) {
-    return ReplyError(in, absl::ResourceExhaustedError(absl::StrCat(
-                              "slice of ", d->length(), " elements exceeds --max_slice_elements ",
-                              config_.max_slice_elements)));
-  }
-  if (d->has_init()) {
-    if (auto st = Shard::CheckInitialValues(d->length(), in.payload()); !st.ok()) {
-      return ReplyError(in, st);
+  // A new key is checked here in full, so that every key given an owner gets a slice.
+  if (engine_->OwnerOf(d->key()) < 0) {
+    if (d->length() > config_.max_slice_elements) {
+      return ReplyError(in, absl::ResourceExhaustedError(absl::StrCat(
+                                "slice of ", d->length(), " elements exceeds --max_slice_elements ",
+                                config_.max_slice_elements)));
+    }
+    if (d->has_init()) {
+      if (auto st = Shard::CheckInitialValues(d->length(), in.payload()); !st.ok()) {
+        return ReplyError(in, st);
+      }
     }
   }
-  if (it == shards_.end()) {
-    auto shard = Shard::Create(d->key(), d->name() ? d->name()->str() : "", d->length(),
-                               d->bin_size());
-    if (!shard.ok()) return ReplyError(in, shard.status());
-    it = shards_.emplace(d->key(), *std::move(shard)).first;
-  } else if (it->second.length() != d->length() || it->second.bin_size() != d->bin_size()) {
-    return ReplyError(in, absl::InvalidArgumentError(absl::StrCat(
-                              "slice ", d->key(), " exists with length ", it->second.length(),
-                              " and bin size ", it->second.bin_size())));
+  EngineWork work;
+  work.kind = EngineWork::Kind::kDeclare;
+  work.key = d->key();
+  work.name = d->name() ? d->name()->str() : "";
+  work.length = d->length();
+  work.bin_size = d->bin_size();
+  work.has_init = d->has_init();
+  Route(std::move(in), engine_->AssignOwner(work.key), std::move(work));
+}
+
+void Server::Route(InMessage in, int owner, EngineWork work) {
+  work.route = in.route();
+  work.peer = in.peer();
+  work.request_id = in.envelope()->request_id();
+  work.frame = std::move(in);  // the frames travel with the work: no copy of the payload
+  if (!engine_->Submit(owner, std::move(work))) {
+    log_.get()->warn("engine stopped: message dropped");
   }
-  if (d->has_init()) it->second.Initialize(in.payload());
-  transport_->Reply(in, MakeAck(transport_->self(), in.envelope()->request_id()));
 }
 
 void Server::OnPush(InMessage& in) {
   const msg::Envelope* env = in.envelope();
   const msg::Push* p = env->body_as_Push();
-  auto it = shards_.find(p->key());
-  if (it == shards_.end()) {
+  const int owner = engine_->OwnerOf(p->key());
+  if (owner < 0) {
     return ReplyError(in, absl::InvalidArgumentError(
                               absl::StrCat("push to undeclared slice ", p->key())));
   }
-  Shard& shard = it->second;
-  ServerMetrics::Work work = metrics_->Time(shard, ServerMetrics::Op::kPush);
   const int worker = env->sender_rank();
   if (env->sender_role() != msg::Role::Worker || worker < 0 || worker >= num_workers_) {
     return ReplyError(in, absl::InvalidArgumentError("push from an unknown worker"));
@@ -151,82 +179,42 @@ void Server::OnPush(InMessage& in) {
                               "push says payload kind ", msg::EnumNamePayloadKind(p->kind()),
                               " but carries ", CompressorKindName(header->kind))));
   }
-  if (config_.sync) {
-    if (auto st = shard.AddPush(worker, p->step(), in.payload()); !st.ok()) {
-      return ReplyError(in, st);
-    }
-    metrics_->Pushed(shard, in.wire_bytes());
-    transport_->Reply(in, MakeAck(transport_->self(), env->request_id()));
-    if (shard.CompleteStepIfReady(live_workers_, optimizer_)) AnswerHeld(shard);
-    return;
-  }
-  if (auto st = shard.ApplyPush(in.payload(), optimizer_); !st.ok()) return ReplyError(in, st);
-  metrics_->Pushed(shard, in.wire_bytes());
-  transport_->Reply(in, MakeAck(transport_->self(), env->request_id()));
-  AnswerHeld(shard);
+  SyncLiveWorkers();  // the step completes against the live workers as of this push
+  EngineWork work;
+  work.kind = EngineWork::Kind::kPush;
+  work.key = p->key();
+  work.worker = worker;
+  work.step = p->step();
+  Route(std::move(in), owner, std::move(work));
 }
+
+void Server::SyncLiveWorkers() { engine_->SetLiveWorkers(live_workers_); }
 
 void Server::CompleteStepsWithoutLostWorkers() {
   if (!config_.sync) return;
-  for (auto& [key, shard] : shards_) {
-    ServerMetrics::Work work = metrics_->Time(shard, ServerMetrics::Op::kPush);
-    if (shard.CompleteStepIfReady(live_workers_, optimizer_)) AnswerHeld(shard);
-  }
-}
-
-void Server::AnswerHeld(Shard& shard) {
-  for (const Shard::Pull& pull : shard.TakeReadyPulls()) {
-    if (auto st = SendAnswer(shard, pull); !st.ok()) {
-      transport_->SendRoute(pull.route, MakeError(transport_->self(), pull.request_id, st));
-    }
-  }
-}
-
-absl::Status Server::SendAnswer(Shard& shard, const Shard::Pull& pull) {
-  ADAPS_ASSIGN_OR_RETURN(Shard::Answer answer, shard.AnswerPull(pull));
-  const msg::PullFormat format = pull.format == Shard::Format::kDense
-                                     ? msg::PullFormat::Dense
-                                     : msg::PullFormat::Recompressed;
-  flatbuffers::FlatBufferBuilder fbb(128);
-  auto body = msg::CreatePullResponse(fbb, shard.key(), answer.version, answer.base, format);
-  OutMessage out =
-      FinishEnvelope(fbb, transport_->self(), body, 0, pull.request_id, std::move(answer.payload));
-  metrics_->PullAnswered(shard, out.header.size() + (out.payload ? out.payload->size() : 0));
-  transport_->SendRoute(pull.route, std::move(out));
-  return absl::OkStatus();
+  SyncLiveWorkers();  // each engine thread completes the steps it can on the new set
 }
 
 void Server::OnPull(InMessage& in) {
   const msg::Envelope* env = in.envelope();
   const msg::PullRequest* p = env->body_as_PullRequest();
-  auto it = shards_.find(p->key());
-  if (it == shards_.end()) {
+  const int owner = engine_->OwnerOf(p->key());
+  if (owner < 0) {
     return ReplyError(in, absl::InvalidArgumentError(
                               absl::StrCat("pull of undeclared slice ", p->key())));
   }
-  Shard& shard = it->second;
-  ServerMetrics::Work work = metrics_->Time(shard, ServerMetrics::Op::kPull);
   if (p->format() == msg::PullFormat::Recompressed && !config_.sync) {
     return ReplyError(in, absl::FailedPreconditionError(
                               "recompressed pulls need a server in sync mode"));
   }
-  // A worker never waits for more than the step after the current one (its push for this
-  // step is in); anything further would be held forever, so a client could pile them up.
-  if (config_.sync && p->min_version() > shard.version() + 1) {
-    return ReplyError(in, absl::FailedPreconditionError(absl::StrCat(
-                              "pull for version ", p->min_version(), " but slice '",
-                              shard.name(), "' is at ", shard.version())));
-  }
-  metrics_->PullRequested(shard, in.wire_bytes());
-  Shard::Pull pull{in.route(), env->request_id(), config_.sync ? p->min_version() : 0,
-                   p->have_version(),
-                   p->format() == msg::PullFormat::Dense ? Shard::Format::kDense
-                                                         : Shard::Format::kRecompressed};
-  if (pull.min_version > shard.version()) {
-    shard.Hold(std::move(pull));
-    return;
-  }
-  if (auto st = SendAnswer(shard, pull); !st.ok()) ReplyError(in, st);
+  EngineWork work;
+  work.kind = EngineWork::Kind::kPull;
+  work.key = p->key();
+  work.min_version = p->min_version();
+  work.have_version = p->have_version();
+  work.format = p->format() == msg::PullFormat::Dense ? Shard::Format::kDense
+                                                      : Shard::Format::kRecompressed;
+  Route(std::move(in), owner, std::move(work));
 }
 
 void Server::OnSetHyper(InMessage& in) {
@@ -241,6 +229,8 @@ void Server::OnSetHyper(InMessage& in) {
     }
   }
   optimizer_ = next;
+  // Queued to every engine thread before the ack: a push sent after the ack is behind it.
+  engine_->SetOptimizer(optimizer_);
   transport_->Reply(in, MakeAck(transport_->self(), in.envelope()->request_id()));
 }
 
@@ -251,21 +241,24 @@ void Server::MaybeTimedCheckpoint(absl::Time now) {
   if (last_checkpoint_ == absl::Time()) last_checkpoint_ = now;
   if (now - last_checkpoint_ < config_.checkpoint_interval) return;
   last_checkpoint_ = now;
-  if (auto st = WriteCheckpoint(config_.checkpoint_dir); !st.ok()) {
-    log_.get()->error("timed checkpoint failed: {}", st.ToString());
-  }
+  // One timed checkpoint at a time: a slow disk skips ticks instead of piling up snapshots.
+  if (timed_checkpoint_busy_->exchange(true)) return;
+  StartCheckpoint(config_.checkpoint_dir, [this, busy = timed_checkpoint_busy_](absl::Status st) {
+    if (!st.ok()) log_.get()->error("timed checkpoint failed: {}", st.ToString());
+    busy->store(false);
+  });
 }
 
-absl::Status Server::WriteCheckpoint(const std::string& dir) {
-  ADAPS_RET_CHECK(!dir.empty(), absl::StatusCode::kInvalidArgument, "no checkpoint directory");
+void Server::StartCheckpoint(const std::string& dir, std::function<void(absl::Status)> done) {
   const std::string path = CheckpointPath(dir, transport_->rank());
-  std::vector<SliceRecord> records;
-  records.reserve(shards_.size());
-  for (const auto& [key, shard] : shards_) records.push_back(shard.ToRecord());
-  ADAPS_RETURN_IF_ERROR(WriteCheckpointFile(path, records));
-  metrics_->Checkpointed();
-  log_.get()->info("checkpoint of {} slices written to {}", shards_.size(), path);
-  return absl::OkStatus();
+  // `this` outlives the callback: the engine (and its writer) stops in ~Server.
+  engine_->Checkpoint(path, [this, path, done = std::move(done)](absl::Status st, size_t n) {
+    if (st.ok()) {
+      metrics_->Checkpointed();
+      log_.get()->info("checkpoint of {} slices written to {}", n, path);
+    }
+    done(std::move(st));
+  });
 }
 
 absl::Status Server::ReadCheckpoint(const std::string& dir) {
@@ -275,21 +268,23 @@ absl::Status Server::ReadCheckpoint(const std::string& dir) {
     log_.get()->info("no checkpoint at {}; starting fresh", path);
     return absl::OkStatus();
   }
-  std::map<uint64_t, Shard> loaded;
+  std::vector<Shard> loaded;
   for (SliceRecord& record : restored.slices) {
-    const uint64_t key = record.key;
     ADAPS_ASSIGN_OR_RETURN(Shard shard, Shard::FromRecord(std::move(record)));
-    loaded.emplace(key, std::move(shard));
+    loaded.push_back(std::move(shard));
   }
-  shards_ = std::move(loaded);
-  for (const auto& [key, shard] : shards_) {
+  std::sort(loaded.begin(), loaded.end(),
+            [](const Shard& a, const Shard& b) { return a.key() < b.key(); });
+  const size_t count = loaded.size();
+  for (Shard& shard : loaded) {
     log_.get()->info("slice '{}' restored at step {}", shard.name(), shard.version());
+    engine_->Adopt(std::move(shard));  // before any worker message: the queues keep order
   }
   if (restored.from_previous) {
     log_.get()->error("{}; refused, restored {} slices from the previous checkpoint {}.prev",
-                      restored.refused.ToString(), shards_.size(), path);
+                      restored.refused.ToString(), count, path);
   } else {
-    log_.get()->info("restored {} slices from {}", shards_.size(), path);
+    log_.get()->info("restored {} slices from {}", count, path);
   }
   return absl::OkStatus();
 }
@@ -308,9 +303,16 @@ void Server::OnCheckpoint(InMessage& in) {
                               "checkpoint directory '", dir, "' refused: this server writes only to ",
                               config_.checkpoint_dir)));
   }
-  dir = config_.checkpoint_dir;
-  if (auto st = WriteCheckpoint(dir); !st.ok()) return ReplyError(in, st);
-  transport_->Reply(in, MakeAck(transport_->self(), in.envelope()->request_id()));
+  // Acked once the file is durable, from the checkpoint writer (the sink is thread-safe).
+  const uint64_t id = in.envelope()->request_id();
+  StartCheckpoint(config_.checkpoint_dir,
+                  [this, route = in.route(), peer = in.peer(), id](absl::Status st) {
+                    if (st.ok()) {
+                      sink_->Send(route, peer, MakeAck(sink_->self(), id));
+                    } else if (id != 0) {
+                      sink_->Send(route, peer, MakeError(sink_->self(), id, st));
+                    }
+                  });
 }
 
 }  // namespace adaps

@@ -3,8 +3,10 @@
 // routes pushes and pulls to them (DESIGN.md section 2). Membership (registering, views,
 // heartbeats, Shutdown) lives in membership.cc, checkpoint files in server/checkpoint.h.
 //
-// Owns one Transport: a ROUTER for workers and a DEALER to the scheduler. All slice state is
-// touched only on the transport's I/O thread; the public methods are thread-safe.
+// Owns one Transport: a ROUTER for workers and a DEALER to the scheduler, and one Engine
+// (server/engine.h): the engine threads own the slices and do all the work on them; the
+// I/O thread checks what needs no slice state and routes each message to the slice's owner.
+// Membership state is the I/O thread's; the public methods are thread-safe.
 //
 // Sync mode: a push for step t is decoded straight into the aggregation buffer; when every
 // live worker has pushed, the buffer is averaged (summed for sum-only), the optimizer runs
@@ -16,7 +18,9 @@
 #ifndef ADAPS_SERVER_SERVER_H_
 #define ADAPS_SERVER_SERVER_H_
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -33,6 +37,7 @@
 #include "common/metrics.h"
 #include "common/transport.h"
 #include "server/server_metrics.h"
+#include "server/engine.h"
 #include "server/shard.h"
 
 namespace adaps {
@@ -58,11 +63,25 @@ struct ServerConfig {
   absl::Duration scheduler_grace = absl::Seconds(60);
   // Largest slice a DeclareSlice may create (elements): memory a client can make us take.
   uint64_t max_slice_elements = uint64_t{1} << 28;
+  // Engine threads owning the slices (server/engine.h); 0: the cores this process may use
+  // (sched_getaffinity). Never more are started than there are slices.
+  int engine_threads = 0;
   std::string log_level = "info";
   CurveKeys curve;  // enabled: encrypted; only allowed_clients may connect (common/config.h)
 };
 
 absl::Status ValidateServerConfig(const ServerConfig& config);
+
+// Engine answers go out through the transport (thread-safe).
+class TransportSink final : public EngineSink {
+ public:
+  explicit TransportSink(Transport* transport) : transport_(transport) {}
+  void Send(const std::string& route, int peer, OutMessage message) override;
+  Sender self() const override { return transport_->self(); }
+
+ private:
+  Transport* const transport_;
+};
 
 class Server {
  public:
@@ -87,22 +106,27 @@ class Server {
   void Stop();
 
  private:
-  // Routing of worker messages to shards (server.cc), on the I/O thread.
+  // Routing of worker messages to the engine (server.cc), on the I/O thread.
   void Handle(InMessage in);
   void OnDeclare(InMessage& in);
+  // Fills the answer's address into `work`, moves the message into it, queues it to `owner`.
+  void Route(InMessage in, int owner, EngineWork work);
   void OnPush(InMessage& in);
   void OnPull(InMessage& in);
   void OnSetHyper(InMessage& in);
   void OnCheckpoint(InMessage& in);
-  // Sync: completes every step the lost workers were holding up.
+  // Sync: completes every step the lost workers were holding up (membership code calls it
+  // when workers are lost); the engine threads learn the live workers and complete them.
   void CompleteStepsWithoutLostWorkers();
-  void AnswerHeld(Shard& shard);
-  // Sends the shard's answer to `pull`; the shard's error is returned, not sent.
-  absl::Status SendAnswer(Shard& shard, const Shard::Pull& pull);
+  // Hands the live workers to the engine when they changed since it last heard.
+  void SyncLiveWorkers();
   void MaybeTimedCheckpoint(absl::Time now);
-  absl::Status WriteCheckpoint(const std::string& dir);
+  // Starts a checkpoint to dir; `done` runs on the checkpoint writer once the file is
+  // durable (or failed). The I/O thread does not wait.
+  void StartCheckpoint(const std::string& dir, std::function<void(absl::Status)> done);
   // Reads dir/server-<rank>.ckpt, or server-<rank>.ckpt.prev when that is damaged, and
-  // recreates the slices. OK without a checkpoint; kDataLoss when every copy is damaged.
+  // hands the slices to the engine. OK without a checkpoint; kDataLoss when every copy is
+  // damaged.
   absl::Status ReadCheckpoint(const std::string& dir);
   void ReplyError(const InMessage& in, const absl::Status& status);
 
@@ -117,11 +141,16 @@ class Server {
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<Transport> transport_;
 
+  std::unique_ptr<TransportSink> sink_;
+  // Owns the slices; fed by the I/O thread; stopped (drained and joined) in the destructor.
+  std::unique_ptr<Engine> engine_;
+
   // I/O thread only.
-  OptimizerConfig optimizer_;
-  std::map<uint64_t, Shard> shards_;
+  OptimizerConfig optimizer_;  // what SetHyper validates against (the engine has copies)
   absl::Time last_checkpoint_;
   std::unique_ptr<ClusterClient> cluster_;
+  std::shared_ptr<std::atomic<bool>> timed_checkpoint_busy_ =
+      std::make_shared<std::atomic<bool>>(false);
   // Membership (I/O thread only).
   std::set<int> live_workers_;
   int num_workers_ = 0;

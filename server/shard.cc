@@ -10,18 +10,6 @@
 #include "common/wire_codec.h"
 
 namespace adaps {
-namespace {
-
-absl::StatusOr<std::unique_ptr<Compressor>> MakeDownlinkCompressor(uint32_t bin_size) {
-  CompressorOptions copts;
-  copts.kind = CompressorKind::kAdaComp;
-  copts.bin_size = bin_size;
-  copts.non_finite = NonFinitePolicy::kSendNothing;
-  return MakeCompressor(copts);
-}
-
-}  // namespace
-
 absl::StatusOr<Shard> Shard::Create(uint64_t key, std::string name, uint32_t length,
                                     uint32_t bin_size) {
   ADAPS_RET_CHECK(length > 0 && bin_size > 0, absl::StatusCode::kInvalidArgument,
@@ -35,7 +23,6 @@ absl::StatusOr<Shard> Shard::Create(uint64_t key, std::string name, uint32_t len
   s.agg_.assign(length, 0.0f);
   s.published_.assign(length, 0.0f);
   s.down_residue_ = std::make_unique<SliceState>(length);
-  ADAPS_ASSIGN_OR_RETURN(s.down_compressor_, MakeDownlinkCompressor(bin_size));
   return s;
 }
 
@@ -62,7 +49,6 @@ absl::StatusOr<Shard> Shard::FromRecord(SliceRecord r) {
   std::copy(r.residue.begin(), r.residue.end(), s.down_residue_->residue().begin());
   s.down_base_ = r.down_base;
   s.down_version_ = r.down_version;
-  ADAPS_ASSIGN_OR_RETURN(s.down_compressor_, MakeDownlinkCompressor(r.bin_size));
   return s;
 }
 
@@ -182,14 +168,31 @@ std::shared_ptr<std::vector<uint8_t>> Shard::Reusable(
 }
 
 absl::Status Shard::PublishRecompressed() {
-  // AdaComp over the change the compressor has not seen yet: params - published - residue.
-  down_change_.resize(length_);
-  const float* r = down_residue_->residue().data();
-  for (uint32_t i = 0; i < length_; ++i) down_change_[i] = params_[i] - published_[i] - r[i];
-  ADAPS_RETURN_IF_ERROR(down_compressor_->Compress(down_change_, *down_residue_, down_update_));
+  // AdaComp over the change the compressor has not seen yet, params - published - residue,
+  // computed inside the pass (one pass over the three arrays, no stored change), into the
+  // residue's spare buffer: the residue changes only when the step succeeds.
+  SliceState& state = *down_residue_;
+  state.Discard();
+  const absl::Span<float> next = state.spare_residue();
+  if (internal::AdaCompChangeStep(params_, published_, state.residue(), next, bin_size_,
+                                  down_gmax_, down_scratch_, down_update_)) {
+    state.swap_residue();
+  } else {
+    // Rare: as the downlink compressor's kSendNothing policy, a NaN/Inf change sends an empty
+    // update; a float overflow of residue + change is an error (nothing changes).
+    std::vector<float> change(length_);
+    const float* r = state.residue().data();
+    for (uint32_t i = 0; i < length_; ++i) change[i] = params_[i] - published_[i] - r[i];
+    if (AllFinite(change)) {
+      return absl::OutOfRangeError(
+          "AdaComp residue + gradient overflows the float range; residue left unchanged");
+    }
+  }
   std::shared_ptr<std::vector<uint8_t>> bytes = Reusable(down_spare_);
   ADAPS_RETURN_IF_ERROR(EncodeUpdate(down_update_, IndexCoding::kRice, bytes.get()));
-  ADAPS_RETURN_IF_ERROR(DecodeAdd(*bytes, 1.0f, absl::MakeSpan(published_)));
+  // The same additions a worker's decode makes (published[i] += +-scale), from the update
+  // in memory instead of the encoded bytes.
+  ADAPS_RETURN_IF_ERROR(DecompressAdd(down_update_, 1.0f, absl::MakeSpan(published_)));
   down_base_ = down_version_;
   down_version_ = version_;
   down_spare_ = std::move(down_bytes_);

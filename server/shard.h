@@ -1,6 +1,6 @@
 // One slice of the server's parameters with everything it needs to serve it: parameters,
 // optimizer state, the aggregation buffer of the current step, the published (downlink)
-// replica with its residue and compressor, the encoded pull answers of the current
+// replica with its residue, the encoded pull answers of the current
 // version, and the pulls held until a later version (DESIGN.md section 2).
 //
 // Sync mode: AddPush decodes a worker's wire payload straight into the aggregation buffer;
@@ -14,7 +14,7 @@
 // Knows nothing of sockets or FlatBuffers: takes spans, returns status and bytes. Ownership:
 // a shard owns all its state (no globals, nothing shared with another shard); answer
 // bytes are shared with whoever sends them and never changed while anyone else holds them.
-// Thread-safety: none; one thread owns a shard (today the server's I/O thread).
+// Thread-safety: none; one thread owns a shard (its engine thread, server/engine.h).
 #ifndef ADAPS_SERVER_SHARD_H_
 #define ADAPS_SERVER_SHARD_H_
 
@@ -45,6 +45,7 @@ class Shard {
     uint64_t min_version = 0;
     uint64_t have_version = 0;
     Format format = Format::kDense;
+    int peer = -1;  // opaque too: the route's alternative (a DEALER peer) when >= 0
   };
   // What a pull is answered with: the version it brings the puller to, the version the
   // payload is a change from (recompressed; 0 for dense), and the payload (null: nothing
@@ -130,10 +131,11 @@ class Shard {
   // the change from down_base_ to down_version_, and buffers reused from version to version.
   std::vector<float> published_;
   std::unique_ptr<SliceState> down_residue_;
-  std::unique_ptr<Compressor> down_compressor_;
   std::shared_ptr<std::vector<uint8_t>> down_bytes_, down_spare_;
   uint64_t down_base_ = 0, down_version_ = 0;
-  std::vector<float> down_change_;
+  // Scratch of the fused pass (common/compressor.h, internal::AdaCompChangeStep), kept
+  // from version to version: no allocation per version once sized.
+  std::vector<float> down_gmax_, down_scratch_;
   CompressedUpdate down_update_;
 };
 

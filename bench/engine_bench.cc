@@ -1,0 +1,394 @@
+// adaps-engine-bench: the server's work on one step, in process (no sockets), against the
+// memory-bandwidth limit (issue 12).
+//
+// Per received element: dense add (a dense push decoded into the aggregation buffer) and
+// sparse decode-add (a Rice-coded AdaComp push, per *sent* element). Per parameter: each
+// optimizer, and recompression (Shard::AnswerPull of a recompressed pull after a step: the
+// fused AdaComp pass over params - published, encode, apply to the published replica). The
+// per-parameter figures are also given as a ratio to a plain pass (r[i] += g[i]) measured in
+// the same run. Then the engine (server/engine.h) with 1 and 2 engine threads on 8 slices:
+// one step = a sparse push to every slice, the SGD step and a recompressed pull of every
+// slice, waited for; wall time, so the ratio shows what a second thread adds.
+//
+// Inputs: the bench/gradient_stream.h stream (AdaComp sends about 1% at T=500), as in
+// adaps-codec-bench. After Google Benchmark's own output, a summary with issue 12's targets.
+// Extra flags (mixed freely with --benchmark_* flags):
+//   --elements=N    parameters in all (default 8000000; the engine cuts them in 8 slices)
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "bench/gradient_stream.h"
+#include "benchmark/benchmark.h"
+#include "common/compressor.h"
+#include "common/optimizer.h"
+#include "common/wire_codec.h"
+#include "server/engine.h"
+#include "server/shard.h"
+
+namespace adaps {
+namespace {
+
+constexpr int kSteps = 4;
+constexpr int kSlices = 8;
+constexpr uint32_t kBinSize = 500;
+size_t g_elements = 8'000'000;
+
+struct Data {
+  size_t n = 0;
+  std::vector<std::vector<float>> grads;  // kSteps consecutive steps of the stream
+  SharedBytes dense;                      // a dense push of grads[0]
+  std::map<uint32_t, CompressedUpdate> update;  // steady-state AdaComp update per bin size
+  std::map<uint32_t, SharedBytes> rice;
+  std::vector<SharedBytes> slice_pushes;  // per engine slice: a steady Rice push
+};
+
+SharedBytes Encode(const CompressedUpdate& u) {
+  auto bytes = std::make_shared<Bytes>();
+  if (!EncodeUpdate(u, IndexCoding::kRice, bytes.get()).ok()) std::exit(1);
+  return bytes;
+}
+
+// A steady-state AdaComp update of `g` (after warm-up steps over the stream).
+CompressedUpdate Steady(const std::vector<std::vector<float>>& grads, size_t lo, size_t len,
+                        uint32_t t) {
+  CompressorOptions o;
+  o.bin_size = t;
+  auto c = MakeCompressor(o);
+  SliceState state(len);
+  CompressedUpdate u;
+  for (int s = 0; s < 4 * kSteps; ++s) {
+    const auto g = absl::MakeConstSpan(grads[s % kSteps]).subspan(lo, len);
+    if (!c.ok() || !(*c)->Compress(g, state, u).ok()) std::exit(1);
+  }
+  return u;
+}
+
+Data& GetData() {
+  static Data* data = [] {
+    auto* d = new Data;
+    d->n = g_elements;
+    bench::GradientStream stream(bench::GradientStream::Tuned1Percent(d->n, 42));
+    d->grads.assign(kSteps, std::vector<float>(d->n));
+    for (auto& g : d->grads) stream.Next(absl::MakeSpan(g));
+    CompressedUpdate dense;
+    dense.kind = CompressorKind::kDense;
+    dense.length = static_cast<uint32_t>(d->n);
+    dense.values = d->grads[0];
+    d->dense = Encode(dense);
+    for (uint32_t t : {50u, 500u}) {
+      d->update[t] = Steady(d->grads, 0, d->n, t);
+      d->rice[t] = Encode(d->update[t]);
+    }
+    const size_t per = d->n / kSlices;
+    for (int s = 0; s < kSlices; ++s) {
+      d->slice_pushes.push_back(Encode(Steady(d->grads, s * per, per, kBinSize)));
+    }
+    return d;
+  }();
+  return *data;
+}
+
+void PerElement(benchmark::State& state, size_t n) {
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n));
+}
+
+__attribute__((noinline)) void PlainPass(const float* g, float* r, size_t n) {
+  for (size_t i = 0; i < n; ++i) r[i] += g[i];
+}
+
+void BM_PlainPass(benchmark::State& state) {
+  const Data& d = GetData();
+  std::vector<float> r(d.n, 0.0f);
+  for (auto _ : state) {
+    PlainPass(d.grads[0].data(), r.data(), d.n);
+    benchmark::DoNotOptimize(r.data());
+    benchmark::ClobberMemory();
+  }
+  PerElement(state, d.n);
+}
+
+void BM_DenseAdd(benchmark::State& state) {
+  const Data& d = GetData();
+  std::vector<float> agg(d.n, 0.0f);
+  for (auto _ : state) {
+    if (!DecodeAdd(*d.dense, 1.0f, absl::MakeSpan(agg)).ok()) state.SkipWithError("decode");
+    benchmark::ClobberMemory();
+  }
+  PerElement(state, d.n);
+}
+
+void BM_SparseDecodeAdd(benchmark::State& state, uint32_t t) {
+  const Data& d = GetData();
+  std::vector<float> agg(d.n, 0.0f);
+  for (auto _ : state) {
+    if (!DecodeAdd(*d.rice.at(t), 1.0f, absl::MakeSpan(agg)).ok()) state.SkipWithError("decode");
+    benchmark::ClobberMemory();
+  }
+  PerElement(state, d.update.at(t).indices.size());  // per sent element
+}
+
+void BM_Optimizer(benchmark::State& state, OptimizerKind kind) {
+  const Data& d = GetData();
+  OptimizerConfig config;
+  config.kind = kind;
+  std::vector<float> params(d.n, 0.0f);
+  OptimizerState os;
+  ApplyOptimizer(config, d.grads[0], absl::MakeSpan(params), os);  // sizes m, v
+  for (auto _ : state) {
+    ApplyOptimizer(config, d.grads[1], absl::MakeSpan(params), os);
+    benchmark::ClobberMemory();
+  }
+  PerElement(state, d.n);
+}
+
+// Shard::AnswerPull (recompressed) after each SGD step; the step itself is not timed.
+void BM_Recompress(benchmark::State& state) {
+  const Data& d = GetData();
+  auto shard = Shard::Create(1, "bench", static_cast<uint32_t>(d.n), kBinSize);
+  if (!shard.ok()) return state.SkipWithError("create");
+  OptimizerConfig sgd;
+  for (int s = 0; s < kSteps; ++s) {  // warm the downlink residue up
+    if (!shard->ApplyPush(*d.dense, sgd).ok()) return state.SkipWithError("push");
+    if (!shard->AnswerPull({"r", 1, 0, shard->version() - 1, Shard::Format::kRecompressed})
+             .ok()) {
+      return state.SkipWithError("pull");
+    }
+  }
+  for (auto _ : state) {
+    state.PauseTiming();
+    if (!shard->ApplyPush(*d.dense, sgd).ok()) return state.SkipWithError("push");
+    state.ResumeTiming();
+    auto a = shard->AnswerPull({"r", 1, 0, shard->version() - 1, Shard::Format::kRecompressed});
+    if (!a.ok() || !a->payload) return state.SkipWithError("pull");
+  }
+  PerElement(state, d.n);
+}
+
+// The recompression as the server did it before the fused pass (commit ac34a5b): the change
+// stored, Compress, Rice encode, decode of the bytes into the published replica. For the
+// ratio fused / unfused in the same run.
+void BM_RecompressUnfused(benchmark::State& state) {
+  const Data& d = GetData();
+  CompressorOptions o;
+  o.bin_size = kBinSize;
+  o.non_finite = NonFinitePolicy::kSendNothing;
+  auto c = MakeCompressor(o);
+  if (!c.ok()) return state.SkipWithError("compressor");
+  std::vector<float> params(d.n, 0.0f), published(d.n, 0.0f), change(d.n);
+  SliceState residue(d.n);
+  CompressedUpdate u;
+  std::vector<uint8_t> bytes;
+  int step = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    const std::vector<float>& g = d.grads[step++ % kSteps];
+    for (size_t i = 0; i < d.n; ++i) params[i] -= 0.01f * g[i];
+    state.ResumeTiming();
+    const float* r = residue.residue().data();
+    for (size_t i = 0; i < d.n; ++i) change[i] = params[i] - published[i] - r[i];
+    if (!(*c)->Compress(change, residue, u).ok()) return state.SkipWithError("compress");
+    bytes.clear();
+    if (!EncodeUpdate(u, IndexCoding::kRice, &bytes).ok()) return state.SkipWithError("encode");
+    if (!DecodeAdd(bytes, 1.0f, absl::MakeSpan(published)).ok()) return state.SkipWithError("add");
+  }
+  PerElement(state, d.n);
+}
+
+// Counts pull answers; the engine threads call it.
+class CountingSink final : public EngineSink {
+ public:
+  void Send(const std::string&, int, OutMessage m) override {
+    const msg::Envelope* env = msg::GetEnvelope(m.header.data());
+    if (env->body_type() == msg::Body::Error) errors_.fetch_add(1);
+    if (env->body_type() != msg::Body::PullResponse) return;
+    absl::MutexLock lock(&mu_);
+    ++answers_;
+  }
+  Sender self() const override { return Sender{msg::Role::Server, 0}; }
+  void WaitFor(uint64_t answers) {
+    absl::MutexLock lock(&mu_);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return answers_ >= answers; };
+    mu_.Await(absl::Condition(&done));
+  }
+  uint64_t errors() const { return errors_.load(); }
+
+ private:
+  absl::Mutex mu_;
+  uint64_t answers_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> errors_{0};
+};
+
+void BM_Engine(benchmark::State& state, int threads) {
+  const Data& d = GetData();
+  const uint32_t per = static_cast<uint32_t>(d.n / kSlices);
+  CountingSink sink;
+  EngineOptions o;
+  o.threads = threads;
+  Engine engine(o, &sink);
+  engine.Start();
+  for (uint64_t key = 0; key < kSlices; ++key) {
+    EngineWork w;
+    w.kind = EngineWork::Kind::kDeclare;
+    w.key = key;
+    w.length = per;
+    w.bin_size = kBinSize;
+    engine.Submit(engine.AssignOwner(key), std::move(w));
+  }
+  engine.SetLiveWorkers({0});
+  uint64_t step = 0, answers = 0;
+  for (auto _ : state) {
+    for (uint64_t key = 0; key < kSlices; ++key) {
+      EngineWork push;
+      push.kind = EngineWork::Kind::kPush;
+      push.key = key;
+      push.worker = 0;
+      push.step = step;
+      push.bytes = d.slice_pushes[key];
+      engine.Submit(engine.OwnerOf(key), std::move(push));
+      EngineWork pull;
+      pull.kind = EngineWork::Kind::kPull;
+      pull.key = key;
+      pull.request_id = 1;
+      pull.min_version = step + 1;
+      pull.have_version = step;
+      pull.format = Shard::Format::kRecompressed;
+      engine.Submit(engine.OwnerOf(key), std::move(pull));
+    }
+    ++step;
+    answers += kSlices;
+    sink.WaitFor(answers);
+  }
+  engine.Stop();
+  if (sink.errors() != 0) state.SkipWithError("engine answered with errors");
+  PerElement(state, d.n);
+}
+
+class SummaryReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& run : runs) {
+      if (run.run_type != Run::RT_Iteration || run.error_occurred) continue;
+      auto it = run.counters.find("items_per_second");
+      if (it != run.counters.end()) values_[run.run_name.str()].push_back(it->second.value);
+    }
+  }
+  // Median items/s of a benchmark; NaN when absent.
+  double Get(const std::string& name) const {
+    auto it = values_.find(name);
+    if (it == values_.end() || it->second.empty()) return std::nan("");
+    std::vector<double> v = it->second;
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  }
+
+ private:
+  std::map<std::string, std::vector<double>> values_;
+};
+
+const std::vector<std::pair<const char*, OptimizerKind>>& Optimizers() {
+  static const auto* list = new std::vector<std::pair<const char*, OptimizerKind>>{
+      {"sum", OptimizerKind::kSumOnly},   {"mean", OptimizerKind::kMean},
+      {"sgd", OptimizerKind::kSgd},       {"momentum", OptimizerKind::kMomentum},
+      {"nesterov", OptimizerKind::kNesterov}, {"adam", OptimizerKind::kAdam}};
+  return *list;
+}
+
+void RegisterAll() {
+  benchmark::RegisterBenchmark("plain_pass", BM_PlainPass)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("dense_add", BM_DenseAdd)->Unit(benchmark::kMillisecond);
+  for (uint32_t t : {50u, 500u}) {
+    benchmark::RegisterBenchmark(absl::StrCat("sparse_decode_add/T:", t).c_str(),
+                                 BM_SparseDecodeAdd, t)
+        ->Unit(benchmark::kMicrosecond);
+  }
+  for (const auto& [name, kind] : Optimizers()) {
+    benchmark::RegisterBenchmark(absl::StrCat("optimizer/", name).c_str(), BM_Optimizer, kind)
+        ->Unit(benchmark::kMillisecond);
+  }
+  benchmark::RegisterBenchmark("recompress/T:500", BM_Recompress)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("recompress_unfused/T:500", BM_RecompressUnfused)
+      ->Unit(benchmark::kMillisecond);
+  for (int threads : {1, 2}) {
+    benchmark::RegisterBenchmark(absl::StrCat("engine_8_slices/threads:", threads).c_str(),
+                                 BM_Engine, threads)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  }
+}
+
+void Line(const char* what, double value, const char* unit, const char* target, bool met) {
+  std::printf("  %-44s %10.2f %-10s %-22s %s\n", what, value, unit, target,
+              std::isnan(value) ? "(not run)" : met ? "met" : "NOT met");
+}
+
+void PrintSummary(const SummaryReporter& rep) {
+  const double plain = rep.Get("plain_pass");
+  std::printf("\n== Summary: %zu parameters, %d engine slices, median over repetitions ==\n",
+              g_elements, kSlices);
+  std::printf("  plain pass r += g: %.1f M elements/s (the reference of the ratios)\n",
+              plain / 1e6);
+  std::printf("  dense add: %.1f M received elements/s\n", rep.Get("dense_add") / 1e6);
+  const double sparse = rep.Get("sparse_decode_add/T:500");
+  std::printf("  sparse decode-add T=50: %.1f M sent elements/s\n",
+              rep.Get("sparse_decode_add/T:50") / 1e6);
+  for (const auto& [name, kind] : Optimizers()) {
+    const double v = rep.Get(absl::StrCat("optimizer/", name));
+    std::printf("  optimizer %-9s %8.1f M params/s  %.2fx plain\n", name, v / 1e6, v / plain);
+  }
+  const double recompress = rep.Get("recompress/T:500");
+  const double unfused = rep.Get("recompress_unfused/T:500");
+  std::printf("  recompression: fused %.1f M params/s (%.2fx plain), the unfused path of before "
+              "%.1f M (%.2fx plain): %.2fx faster\n",
+              recompress / 1e6, recompress / plain, unfused / 1e6, unfused / plain,
+              recompress / unfused);
+  const double one = rep.Get("engine_8_slices/threads:1/real_time");
+  const double two = rep.Get("engine_8_slices/threads:2/real_time");
+  std::printf("  engine 1 thread: %.1f M params/s per step; 2 threads: %.1f M\n", one / 1e6,
+              two / 1e6);
+  std::printf("\n  issue 12 targets                             measured   unit       target\n");
+  Line("2 engine threads vs 1 on 8 slices", two / one, "x", ">= 1.7x", two / one >= 1.7);
+  Line("sparse decode-add T=500 (one thread)", sparse / 1e6, "M sent/s", ">= 60 M/s",
+       sparse >= 60e6);
+  Line("recompression vs plain pass", recompress / plain, "x", ">= 0.6x",
+       recompress / plain >= 0.6);
+}
+
+}  // namespace
+}  // namespace adaps
+
+int main(int argc, char** argv) {
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    const char* kFlag = "--elements=";
+    if (i > 0 && std::strncmp(argv[i], kFlag, std::strlen(kFlag)) == 0) {
+      adaps::g_elements = std::strtoull(argv[i] + std::strlen(kFlag), nullptr, 10);
+      continue;
+    }
+    args.push_back(argv[i]);
+  }
+  int new_argc = static_cast<int>(args.size());
+  benchmark::Initialize(&new_argc, args.data());
+  if (benchmark::ReportUnrecognizedArguments(new_argc, args.data())) return 1;
+  if (adaps::g_elements < 8000) {
+    std::fprintf(stderr, "--elements must be at least 8000\n");
+    return 1;
+  }
+  adaps::RegisterAll();
+  adaps::SummaryReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  adaps::PrintSummary(reporter);
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,192 @@
+#include "server/engine_thread.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "server/server_metrics.h"
+
+namespace adaps {
+
+EngineThread::EngineThread(const EngineOptions& options, EngineSink* sink, Engine* engine,
+                           std::set<int> live, OptimizerConfig optimizer)
+    : options_(options),
+      sink_(sink),
+      engine_(engine),
+      live_(std::move(live)),
+      optimizer_(optimizer) {}
+
+void EngineThread::Start() { thread_ = std::thread([this] { Run(); }); }
+
+void EngineThread::Join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineThread::Run() {
+  std::deque<EngineWork> batch;
+  while (queue_.PopAll(batch)) {
+    for (EngineWork& work : batch) Handle(work);
+    batch.clear();  // frees the frames now, not at the next wake-up
+  }
+}
+
+void EngineThread::Handle(EngineWork& work) {
+  switch (work.kind) {
+    case EngineWork::Kind::kDeclare:
+      return OnDeclare(work);
+    case EngineWork::Kind::kPush:
+      return OnPush(work);
+    case EngineWork::Kind::kPull:
+      return OnPull(work);
+    case EngineWork::Kind::kLiveWorkers:
+      return OnLiveWorkers(work);
+    case EngineWork::Kind::kOptimizer:
+      optimizer_ = work.optimizer;
+      return;
+    case EngineWork::Kind::kSnapshot:
+      return OnSnapshot(work);
+    case EngineWork::Kind::kAdopt:
+      if (work.shard) shards_.emplace(work.shard->key(), *std::move(work.shard));
+      return;
+  }
+}
+
+void EngineThread::Ack(const EngineWork& work) {
+  sink_->Send(work.route, work.peer, MakeAck(sink_->self(), work.request_id));
+}
+
+ServerMetrics::Work EngineThread::Time(const Shard& shard, bool push) {
+  if (options_.metrics == nullptr) return ServerMetrics::Work();
+  return options_.metrics->Time(shard, push ? ServerMetrics::Op::kPush : ServerMetrics::Op::kPull);
+}
+
+void EngineThread::ReplyError(const EngineWork& work, const absl::Status& status) {
+  if (options_.metrics != nullptr) options_.metrics->Rejected(status);
+  if (work.request_id == 0) return;
+  sink_->Send(work.route, work.peer, MakeError(sink_->self(), work.request_id, status));
+}
+
+void EngineThread::OnDeclare(EngineWork& work) {
+  auto it = shards_.find(work.key);
+  if (work.length > options_.max_slice_elements && it == shards_.end()) {
+    return ReplyError(work, absl::ResourceExhaustedError(absl::StrCat(
+                                "slice of ", work.length, " elements exceeds --max_slice_elements ",
+                                options_.max_slice_elements)));
+  }
+  if (work.has_init) {
+    if (auto st = Shard::CheckInitialValues(work.length, work.payload()); !st.ok()) {
+      return ReplyError(work, st);
+    }
+  }
+  if (it == shards_.end()) {
+    auto shard = Shard::Create(work.key, work.name, work.length, work.bin_size);
+    if (!shard.ok()) return ReplyError(work, shard.status());
+    it = shards_.emplace(work.key, *std::move(shard)).first;
+  } else if (it->second.length() != work.length || it->second.bin_size() != work.bin_size) {
+    return ReplyError(work, absl::InvalidArgumentError(absl::StrCat(
+                                "slice ", work.key, " exists with length ", it->second.length(),
+                                " and bin size ", it->second.bin_size())));
+  }
+  if (work.has_init) it->second.Initialize(work.payload());
+  Ack(work);
+}
+
+void EngineThread::OnPush(EngineWork& work) {
+  auto it = shards_.find(work.key);
+  if (it == shards_.end()) {
+    return ReplyError(work, absl::InvalidArgumentError(
+                                absl::StrCat("push to undeclared slice ", work.key)));
+  }
+  Shard& shard = it->second;
+  ServerMetrics::Work timing = Time(shard, /*push=*/true);
+  if (options_.sync) {
+    if (auto st = shard.AddPush(work.worker, work.step, work.payload()); !st.ok()) {
+      return ReplyError(work, st);
+    }
+    if (options_.metrics != nullptr) options_.metrics->Pushed(shard, work.frame.wire_bytes());
+    Ack(work);
+    if (shard.CompleteStepIfReady(live_, optimizer_)) AnswerHeld(shard);
+    return;
+  }
+  if (auto st = shard.ApplyPush(work.payload(), optimizer_); !st.ok()) {
+    return ReplyError(work, st);
+  }
+  if (options_.metrics != nullptr) options_.metrics->Pushed(shard, work.frame.wire_bytes());
+  Ack(work);
+  AnswerHeld(shard);
+}
+
+void EngineThread::OnPull(EngineWork& work) {
+  auto it = shards_.find(work.key);
+  if (it == shards_.end()) {
+    return ReplyError(work, absl::InvalidArgumentError(
+                                absl::StrCat("pull of undeclared slice ", work.key)));
+  }
+  Shard& shard = it->second;
+  // A worker never waits for more than the step after the current one (its push for this
+  // step is in); anything further would be held forever, so a client could pile them up.
+  if (options_.sync && work.min_version > shard.version() + 1) {
+    return ReplyError(work, absl::FailedPreconditionError(absl::StrCat(
+                                "pull for version ", work.min_version, " but slice '",
+                                shard.name(), "' is at ", shard.version())));
+  }
+  ServerMetrics::Work timing = Time(shard, /*push=*/false);
+  if (options_.metrics != nullptr) options_.metrics->PullRequested(shard, work.frame.wire_bytes());
+  Shard::Pull pull{std::move(work.route), work.request_id,
+                   options_.sync ? work.min_version : 0, work.have_version, work.format};
+  pull.peer = work.peer;
+  if (pull.min_version > shard.version()) {
+    shard.Hold(std::move(pull));
+    return;
+  }
+  if (auto st = SendAnswer(shard, pull); !st.ok()) {
+    sink_->Send(pull.route, pull.peer, MakeError(sink_->self(), pull.request_id, st));
+  }
+}
+
+void EngineThread::OnLiveWorkers(EngineWork& work) {
+  live_ = std::move(work.live);
+  if (!options_.sync) return;
+  // Sync: every step the lost workers were holding up completes now.
+  for (auto& [key, shard] : shards_) {
+    ServerMetrics::Work timing = Time(shard, /*push=*/true);
+    if (shard.CompleteStepIfReady(live_, optimizer_)) AnswerHeld(shard);
+  }
+}
+
+void EngineThread::OnSnapshot(EngineWork& work) {
+  std::shared_ptr<CheckpointJob> job = std::move(work.job);
+  bool last = false;
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    for (const auto& [key, shard] : shards_) job->records.push_back(shard.ToRecord());
+    last = --job->remaining == 0;
+  }
+  if (last) engine_->HandToWriter(std::move(job));
+}
+
+void EngineThread::AnswerHeld(Shard& shard) {
+  for (const Shard::Pull& pull : shard.TakeReadyPulls()) {
+    if (auto st = SendAnswer(shard, pull); !st.ok()) {
+      sink_->Send(pull.route, pull.peer, MakeError(sink_->self(), pull.request_id, st));
+    }
+  }
+}
+
+absl::Status EngineThread::SendAnswer(Shard& shard, const Shard::Pull& pull) {
+  ADAPS_ASSIGN_OR_RETURN(Shard::Answer answer, shard.AnswerPull(pull));
+  const msg::PullFormat format = pull.format == Shard::Format::kDense
+                                     ? msg::PullFormat::Dense
+                                     : msg::PullFormat::Recompressed;
+  flatbuffers::FlatBufferBuilder fbb(128);
+  auto body = msg::CreatePullResponse(fbb, shard.key(), answer.version, answer.base, format);
+  OutMessage out =
+      FinishEnvelope(fbb, sink_->self(), body, 0, pull.request_id, std::move(answer.payload));
+  if (options_.metrics != nullptr) {
+    options_.metrics->PullAnswered(shard, out.header.size() + (out.payload ? out.payload->size() : 0));
+  }
+  sink_->Send(pull.route, pull.peer, std::move(out));
+  return absl::OkStatus();
+}
+
+}  // namespace adaps

@@ -1,0 +1,64 @@
+// One engine thread (server/engine.h): its shards, its copy of the live workers and of the
+// optimizer, its queue. Everything but Submit/Close/Join runs on the thread itself.
+#ifndef ADAPS_SERVER_ENGINE_THREAD_H_
+#define ADAPS_SERVER_ENGINE_THREAD_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "server/engine.h"
+#include "server/engine_queue.h"
+#include "server/server_metrics.h"
+#include "server/shard.h"
+
+namespace adaps {
+
+class EngineThread {
+ public:
+  // `live` and `optimizer`: the broadcasts so far (the thread may start late).
+  EngineThread(const EngineOptions& options, EngineSink* sink, Engine* engine,
+               std::set<int> live, OptimizerConfig optimizer);
+  EngineThread(const EngineThread&) = delete;
+  EngineThread& operator=(const EngineThread&) = delete;
+
+  void Start();
+  bool Submit(EngineWork work) { return queue_.Push(std::move(work)); }
+  // Refuses further work; the thread finishes what is queued and ends.
+  void Close() { queue_.Close(); }
+  void Join();
+
+ private:
+  void Run();
+  void Handle(EngineWork& work);
+  void OnDeclare(EngineWork& work);
+  void OnPush(EngineWork& work);
+  void OnPull(EngineWork& work);
+  void OnLiveWorkers(EngineWork& work);
+  void OnSnapshot(EngineWork& work);
+  void AnswerHeld(Shard& shard);
+  // Sends the shard's answer to `pull`; the shard's error is returned, not sent.
+  absl::Status SendAnswer(Shard& shard, const Shard::Pull& pull);
+  void Ack(const EngineWork& work);
+  void ReplyError(const EngineWork& work, const absl::Status& status);
+  // Times a request on `shard` (inert without metrics).
+  ServerMetrics::Work Time(const Shard& shard, bool push);
+
+  const EngineOptions& options_;
+  EngineSink* const sink_;
+  Engine* const engine_;
+  ClosableQueue<EngineWork> queue_;
+  std::thread thread_;
+
+  // The thread's own state (touched only by the thread after Start).
+  std::map<uint64_t, Shard> shards_;
+  std::set<int> live_;
+  OptimizerConfig optimizer_;
+};
+
+}  // namespace adaps
+
+#endif  // ADAPS_SERVER_ENGINE_THREAD_H_
