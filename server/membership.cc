@@ -19,8 +19,11 @@ absl::Status Server::Start() {
   // Restore on the I/O thread, right after the view and before any worker message is
   // handled: a worker that learns our address from the same view must find the slices.
   auto view = cluster_->Register([this]() -> absl::Status {
-    if (!config_.restore || config_.checkpoint_dir.empty()) return absl::OkStatus();
-    return ReadCheckpoint(config_.checkpoint_dir);
+    if (config_.restore && !config_.checkpoint_dir.empty()) {
+      ADAPS_RETURN_IF_ERROR(ReadCheckpoint(config_.checkpoint_dir));
+    }
+    serving_ = true;
+    return absl::OkStatus();
   });
   if (!view.ok()) {
     transport_->Stop();

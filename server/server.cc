@@ -67,6 +67,12 @@ void Server::ReplyError(const InMessage& in, const absl::Status& status) {
 void Server::Handle(InMessage in) {
   if (cluster_->Handle(in)) return;  // views and shutdowns (forged ones refused there)
   const msg::Envelope* env = in.envelope();
+  // Until registered (and restored), a pull or push would find no slice or an older one:
+  // the worker retries kUnavailable (a restarted server's first moments).
+  if (!serving_ && (env->body_type() == msg::Body::Push ||
+                    env->body_type() == msg::Body::PullRequest)) {
+    return ReplyError(in, absl::UnavailableError("server starting: not registered yet"));
+  }
   switch (env->body_type()) {
     case msg::Body::DeclareSlice:
       OnDeclare(in);

@@ -113,6 +113,7 @@ class Server {
   // I/O thread only.
   OptimizerConfig optimizer_;
   std::map<uint64_t, Shard> shards_;
+  bool serving_ = false;  // registered, and restored when there was a checkpoint
   absl::Time last_checkpoint_;
   std::unique_ptr<ClusterClient> cluster_;
   // Membership (I/O thread only).
