@@ -216,6 +216,13 @@ void Scheduler::OnRegister(InMessage& in) {
                            identity, n.rank);
           if (was_dead || moved) {
             BroadcastView();  // includes n, but as an unsolicited view: answer it too
+          } else if (n.role == msg::Role::Server) {
+            // Restarted at the same address: workers cannot tell by the address. Show it
+            // dead, then alive, so they fail what the old process held and resynchronize.
+            n.alive = false;
+            BroadcastView();
+            n.alive = true;
+            BroadcastView();
           }
           SendView(n, env->request_id(), /*rejoined=*/true);
         }

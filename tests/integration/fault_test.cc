@@ -226,7 +226,7 @@ TEST(Faults, KilledServerRestartsFromItsCheckpointAndWorkersCarryOn) {
 // restarted server, resynchronizes the slice's step with the restored shard and sends the
 // same update again. Every PushPull succeeds; the parameters fall back once, to the last
 // timed checkpoint, and from there every step adds the two pushes exactly once.
-TEST(Faults, ServerKilledMidStepIsResumedAndTheStepInFlightIsRetried) {
+void KillServerMidStepAndRestart(bool same_port) {
   ClusterOptions options = SumCluster(2, {"--dead_timeout_ms=1000", "--num_servers=1"});
   options.num_servers = 0;
   LocalCluster cluster(options);
@@ -237,7 +237,10 @@ TEST(Faults, ServerKilledMidStepIsResumedAndTheStepInFlightIsRetried) {
                                          "--optimizer=sum", "--identity=shard0",
                                          "--checkpoint_dir=" + ckpt, "--checkpoint_interval_s=1",
                                          "--log_level=info"};
-  auto server = std::make_unique<Process>(ADAPS_SERVER_BIN, args, cluster.dir() + "/s-a.log");
+  std::vector<std::string> first = args;
+  if (same_port) first.push_back("--port_file=" + cluster.dir() + "/server.port");
+  auto server = std::make_unique<Process>(ADAPS_SERVER_BIN, first, cluster.dir() + "/s-a.log");
+  std::vector<std::string> second = args;
   std::unique_ptr<Process> restarted;
   constexpr int kSteps = 90, kKillAt = 60;
   std::vector<std::vector<float>> seen(2);
@@ -250,8 +253,13 @@ TEST(Faults, ServerKilledMidStepIsResumedAndTheStepInFlightIsRetried) {
       ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
       for (int s = 0; s < kSteps; ++s) {
         if ((*w)->rank() == 0 && s == kKillAt) {
+          if (same_port) {  // written once the cluster formed
+            second.push_back("--port=" + WaitForPortFile(cluster.dir() + "/server.port",
+                                                         absl::Seconds(1)));
+          }
           server->Kill();  // the other worker is inside its step
-          restarted = std::make_unique<Process>(ADAPS_SERVER_BIN, args, cluster.dir() + "/s-b.log");
+          restarted =
+              std::make_unique<Process>(ADAPS_SERVER_BIN, second, cluster.dir() + "/s-b.log");
         }
         absl::Status st = (*w)->PushPull("t", g, absl::MakeSpan(p)).get();
         ASSERT_TRUE(st.ok()) << "step " << s << ": " << st;
@@ -281,6 +289,16 @@ TEST(Faults, ServerKilledMidStepIsResumedAndTheStepInFlightIsRetried) {
   }
   // (No fall at all only if the last checkpoint was at the very step of the kill.)
   EXPECT_LE(falls, 1) << "steps were lost or doubled";
+}
+
+TEST(Faults, ServerKilledMidStepIsResumedAndTheStepInFlightIsRetried) {
+  KillServerMidStepAndRestart(/*same_port=*/false);
+}
+
+// The same when the restarted server listens on the same address (fixed --port, as on
+// hosts): the scheduler shows it dead and alive again so that workers see the restart.
+TEST(Faults, ServerRestartedAtTheSameAddressIsResumedToo) {
+  KillServerMidStepAndRestart(/*same_port=*/true);
 }
 
 TEST(Faults, TrainingGoesOnWhileTheSchedulerIsDownAndARestartedOneTakesNodesBack) {
