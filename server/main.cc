@@ -32,7 +32,12 @@ ABSL_FLAG(int, scheduler_grace_s, 60,
           "Keep serving this long without the scheduler (re-registering when it is back)");
 ABSL_FLAG(uint64_t, max_slice_elements, uint64_t{1} << 28,
           "Largest slice a worker may declare (elements): bounds what a client can allocate");
-ABSL_FLAG(bool, restore, true, "Restore from checkpoint_dir at start when a checkpoint exists");
+ABSL_FLAG(bool, restore, true,
+          "Restore from checkpoint_dir at start when a checkpoint of this job (the scheduler's "
+          "--job_id) exists; another job's is moved aside");
+ABSL_FLAG(std::string, restore_from, "",
+          "Restore from this checkpoint file whatever job wrote it (e.g. a .job-<id> file, or "
+          "one of format 2), instead of checkpoint_dir's");
 ABSL_FLAG(std::string, curve_server_key, "",
           "CURVE: key file of the cluster's server key pair (adaps-keygen); enables encryption");
 ABSL_FLAG(std::string, curve_client_key, "", "CURVE: this node's client key pair file");
@@ -92,6 +97,7 @@ int main(int argc, char** argv) {
   config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   config.checkpoint_interval = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
   config.restore = absl::GetFlag(FLAGS_restore);
+  config.restore_from = absl::GetFlag(FLAGS_restore_from);
   config.max_slice_elements = absl::GetFlag(FLAGS_max_slice_elements);
   config.scheduler_grace = absl::Seconds(absl::GetFlag(FLAGS_scheduler_grace_s));
   config.log_level = absl::GetFlag(FLAGS_log_level);

@@ -19,7 +19,9 @@ absl::Status Server::Start() {
   // Restore on the I/O thread, right after the view and before any worker message is
   // handled: a worker that learns our address from the same view must find the slices.
   auto view = cluster_->Register([this]() -> absl::Status {
-    if (config_.restore && !config_.checkpoint_dir.empty()) {
+    if (!config_.restore_from.empty()) {
+      ADAPS_RETURN_IF_ERROR(RestoreFrom(config_.restore_from));
+    } else if (config_.restore && !config_.checkpoint_dir.empty()) {
       ADAPS_RETURN_IF_ERROR(ReadCheckpoint(config_.checkpoint_dir));
     }
     serving_ = true;
@@ -48,19 +50,29 @@ absl::Status Server::exit_status() const {
 void Server::Stop() { transport_->Stop(); }
 
 void Server::Finish(absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (done_) return;
+  }
   if (status.ok()) {
     log_.get()->info("the cluster shut down");
+    // A final checkpoint: a later run of this job (--job_id) resumes from the end.
+    if (!config_.checkpoint_dir.empty() && serving_) {
+      if (auto st = WriteCheckpoint(config_.checkpoint_dir); !st.ok()) {
+        log_.get()->error("final checkpoint failed: {}", st.ToString());
+      }
+    }
   } else {
     log_.get()->error("stopping: {}", status.ToString());
   }
   absl::MutexLock lock(&mu_);
-  if (done_) return;
   done_ = true;
   exit_status_ = std::move(status);
 }
 
 void Server::OnView(const msg::ClusterView& view) {
   num_workers_ = view.num_workers();
+  if (view.job_id() != nullptr) job_id_ = view.job_id()->str();
   std::set<int> live;
   if (view.nodes()) {
     for (const auto* n : *view.nodes()) {

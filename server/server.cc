@@ -1,5 +1,8 @@
 #include "server/server.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -254,9 +257,33 @@ absl::Status Server::WriteCheckpoint(const std::string& dir) {
   std::vector<SliceRecord> records;
   records.reserve(shards_.size());
   for (const auto& [key, shard] : shards_) records.push_back(shard.ToRecord());
-  ADAPS_RETURN_IF_ERROR(WriteCheckpointFile(path, records));
+  ADAPS_RETURN_IF_ERROR(WriteCheckpointFile(path, records, job_id_));
   log_.get()->info("checkpoint of {} slices written to {}", shards_.size(), path);
   return absl::OkStatus();
+}
+
+absl::Status Server::InstallSlices(std::vector<SliceRecord> records) {
+  std::map<uint64_t, Shard> loaded;
+  for (SliceRecord& record : records) {
+    const uint64_t key = record.key;
+    ADAPS_ASSIGN_OR_RETURN(Shard shard, Shard::FromRecord(std::move(record)));
+    loaded.emplace(key, std::move(shard));
+  }
+  shards_ = std::move(loaded);
+  for (const auto& [key, shard] : shards_) {
+    log_.get()->info("slice '{}' restored at step {}", shard.name(), shard.version());
+  }
+  return absl::OkStatus();
+}
+
+void Server::SetAside(const std::string& path, const std::string& job_id) {
+  const std::string aside = absl::StrCat(path, ".job-", job_id.empty() ? "none" : job_id);
+  for (const char* suffix : {"", ".prev"}) {
+    const std::string from = path + suffix, to = aside + suffix;
+    if (::access(from.c_str(), F_OK) == 0 && std::rename(from.c_str(), to.c_str()) != 0) {
+      log_.get()->error("cannot move {} aside to {}", from, to);
+    }
+  }
 }
 
 absl::Status Server::ReadCheckpoint(const std::string& dir) {
@@ -266,22 +293,32 @@ absl::Status Server::ReadCheckpoint(const std::string& dir) {
     log_.get()->info("no checkpoint at {}; starting fresh", path);
     return absl::OkStatus();
   }
-  std::map<uint64_t, Shard> loaded;
-  for (SliceRecord& record : restored.slices) {
-    const uint64_t key = record.key;
-    ADAPS_ASSIGN_OR_RETURN(Shard shard, Shard::FromRecord(std::move(record)));
-    loaded.emplace(key, std::move(shard));
+  if (restored.job_id != job_id_) {
+    // Another run's model must not be resumed into this job silently.
+    SetAside(path, restored.job_id);
+    log_.get()->warn(
+        "checkpoint {} is of job '{}', not this job '{}': not restored, moved aside to "
+        "{}.job-{} (--restore_from=PATH resumes it); starting fresh",
+        path, restored.job_id.empty() ? "none (format 2)" : restored.job_id, job_id_, path,
+        restored.job_id.empty() ? "none" : restored.job_id);
+    return absl::OkStatus();
   }
-  shards_ = std::move(loaded);
-  for (const auto& [key, shard] : shards_) {
-    log_.get()->info("slice '{}' restored at step {}", shard.name(), shard.version());
-  }
+  ADAPS_RETURN_IF_ERROR(InstallSlices(std::move(restored.slices)));
   if (restored.from_previous) {
     log_.get()->error("{}; refused, restored {} slices from the previous checkpoint {}.prev",
                       restored.refused.ToString(), shards_.size(), path);
   } else {
     log_.get()->info("restored {} slices from {}", shards_.size(), path);
   }
+  return absl::OkStatus();
+}
+
+absl::Status Server::RestoreFrom(const std::string& path) {
+  std::string job;
+  ADAPS_ASSIGN_OR_RETURN(std::vector<SliceRecord> records, ReadCheckpointFile(path, &job));
+  ADAPS_RETURN_IF_ERROR(InstallSlices(std::move(records)));
+  log_.get()->info("restored {} slices from {} (--restore_from; job '{}', this job '{}')",
+                   shards_.size(), path, job.empty() ? "none" : job, job_id_);
   return absl::OkStatus();
 }
 

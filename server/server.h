@@ -47,10 +47,16 @@ struct ServerConfig {
   // `checkpoint_dir/server-<rank>.ckpt` (the one before it kept as `.ckpt.prev`). A file is
   // written to a temporary name, fsynced and renamed, and carries a CRC-32; it holds per
   // slice the parameters, optimizer state, step and downlink residue. Restored slices exist
-  // from the start (workers need not declare them again).
+  // from the start (workers need not declare them again). Every file carries the job id
+  // of the scheduler's view; `restore` takes only a checkpoint of the same job (another
+  // job's, or one without a job id, is moved aside to <name>.job-<its id>, and the server
+  // starts fresh). A final checkpoint is written at a clean shutdown.
   std::string checkpoint_dir;
   absl::Duration checkpoint_interval = absl::ZeroDuration();  // zero: no timer
   bool restore = true;
+  // Restore from this file whatever job wrote it (format 2 files included), instead of
+  // checkpoint_dir's. kNotFound/kDataLoss at Start when it cannot be read.
+  std::string restore_from;
   // How long the server keeps serving without hearing from the scheduler (it re-registers
   // meanwhile when a restarted scheduler answers) before it stops with kUnavailable.
   absl::Duration scheduler_grace = absl::Seconds(60);
@@ -99,6 +105,11 @@ class Server {
   // Reads dir/server-<rank>.ckpt, or server-<rank>.ckpt.prev when that is damaged, and
   // recreates the slices. OK without a checkpoint; kDataLoss when every copy is damaged.
   absl::Status ReadCheckpoint(const std::string& dir);
+  // Restores config_.restore_from (any job).
+  absl::Status RestoreFrom(const std::string& path);
+  absl::Status InstallSlices(std::vector<SliceRecord> records);
+  // Moves a checkpoint of another job (and its .prev) aside to <path>.job-<id>.
+  void SetAside(const std::string& path, const std::string& job_id);
   void ReplyError(const InMessage& in, const absl::Status& status);
 
   // Membership (membership.cc): common/cluster_client registers, heartbeats, re-registers
@@ -114,6 +125,7 @@ class Server {
   OptimizerConfig optimizer_;
   std::map<uint64_t, Shard> shards_;
   bool serving_ = false;  // registered, and restored when there was a checkpoint
+  std::string job_id_;    // of the latest cluster view
   absl::Time last_checkpoint_;
   std::unique_ptr<ClusterClient> cluster_;
   // Membership (I/O thread only).
