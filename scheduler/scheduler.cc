@@ -287,6 +287,7 @@ void Scheduler::OnRegister(InMessage& in) {
   node.rank = rank;
   node.address = address;
   node.identity = identity;
+  if (node.role == msg::Role::Worker) node.secret = RandomHex(16);
   node.route = in.route();
   node.register_request = env->request_id();
   node.last_seen = absl::Now();
@@ -313,15 +314,21 @@ void Scheduler::OnRegister(InMessage& in) {
 void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
   flatbuffers::FlatBufferBuilder fbb(1024);
   std::vector<flatbuffers::Offset<msg::NodeInfo>> infos;
+  std::vector<flatbuffers::Offset<flatbuffers::String>> secrets;
   for (const auto& n : nodes_) {
     infos.push_back(msg::CreateNodeInfo(fbb, n.role, n.rank, fbb.CreateString(n.address),
                                         fbb.CreateString(n.identity), n.alive && !n.left));
+    if (node.role == msg::Role::Server && n.role == msg::Role::Worker) {
+      secrets.push_back(fbb.CreateString(n.secret));
+    }
   }
+  auto secret = fbb.CreateString(node.role == msg::Role::Worker ? node.secret : "");
+  auto worker_secrets = fbb.CreateVector(secrets);
   auto body = msg::CreateClusterView(
       fbb, node.rank, config_.num_servers, config_.num_workers, epoch_,
       fbb.CreateVector(infos),
       static_cast<uint32_t>(absl::ToInt64Milliseconds(config_.heartbeat_interval)), rejoined,
-      next_barrier_, fbb.CreateString(job_id_));
+      next_barrier_, fbb.CreateString(job_id_), secret, worker_secrets);
   transport_->SendRoute(node.route,
                         FinishEnvelope(fbb, transport_->self(), body, 0, reply_to));
   metrics_->ViewSent(epoch_);

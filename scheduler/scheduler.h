@@ -103,6 +103,7 @@ class Scheduler {
     absl::Time last_seen;
     bool alive = true;
     bool left = false;
+    std::string secret;  // workers: random, sent only in this node's views (kept on rejoin)
   };
   struct Layout {
     uint32_t tensor_id = 0;

@@ -32,6 +32,9 @@ ABSL_FLAG(int, scheduler_grace_s, 60,
           "Keep serving this long without the scheduler (re-registering when it is back)");
 ABSL_FLAG(uint64_t, max_slice_elements, uint64_t{1} << 28,
           "Largest slice a worker may declare (elements): bounds what a client can allocate");
+ABSL_FLAG(uint64_t, max_memory, 0,
+          "Memory all slices together may take (bytes, budgeted at 32 per element); a "
+          "DeclareSlice beyond it is refused. 0: half of the physical memory");
 ABSL_FLAG(bool, restore, true,
           "Restore from checkpoint_dir at start when a checkpoint of this job (the scheduler's "
           "--job_id) exists; another job's is moved aside");
@@ -99,6 +102,7 @@ int main(int argc, char** argv) {
   config.restore = absl::GetFlag(FLAGS_restore);
   config.restore_from = absl::GetFlag(FLAGS_restore_from);
   config.max_slice_elements = absl::GetFlag(FLAGS_max_slice_elements);
+  config.max_memory = absl::GetFlag(FLAGS_max_memory);
   config.scheduler_grace = absl::Seconds(absl::GetFlag(FLAGS_scheduler_grace_s));
   config.log_level = absl::GetFlag(FLAGS_log_level);
   auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),

@@ -73,6 +73,12 @@ void Server::Finish(absl::Status status) {
 void Server::OnView(const msg::ClusterView& view) {
   num_workers_ = view.num_workers();
   if (view.job_id() != nullptr) job_id_ = view.job_id()->str();
+  if (view.worker_secrets() != nullptr) {
+    // Accumulated: a worker may use a secret of a newer view (a restarted scheduler) first.
+    for (const auto* s : *view.worker_secrets()) {
+      if (s->size() > 0) worker_secrets_.insert(s->str());
+    }
+  }
   std::set<int> live;
   if (view.nodes()) {
     for (const auto* n : *view.nodes()) {

@@ -30,7 +30,13 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
 }
 
 Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context)
-    : config_(std::move(config)), log_("server", config_.log_level), optimizer_(config_.optimizer) {
+    : config_(std::move(config)),
+      log_("server", config_.log_level),
+      optimizer_(config_.optimizer),
+      memory_budget_(config_.max_memory > 0
+                         ? config_.max_memory
+                         : uint64_t{static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES))} *
+                               static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) / 2) {
   TransportOptions topts;
   topts.self = Sender{msg::Role::Server, -1};
   topts.bind_endpoint = config_.bind;
@@ -67,13 +73,23 @@ void Server::ReplyError(const InMessage& in, const absl::Status& status) {
   transport_->Reply(in, MakeError(transport_->self(), in.envelope()->request_id(), status));
 }
 
+absl::Status Server::CheckWorkerSecret(const flatbuffers::String* secret,
+                                       const char* what) const {
+  if (secret != nullptr && secret->size() > 0 && worker_secrets_.count(secret->str())) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat(what, " refused: not from a worker of this job (no valid secret)"));
+}
+
 void Server::Handle(InMessage in) {
   if (cluster_->Handle(in)) return;  // views and shutdowns (forged ones refused there)
   const msg::Envelope* env = in.envelope();
   // Until registered (and restored), a pull or push would find no slice or an older one:
   // the worker retries kUnavailable (a restarted server's first moments).
   if (!serving_ && (env->body_type() == msg::Body::Push ||
-                    env->body_type() == msg::Body::PullRequest)) {
+                    env->body_type() == msg::Body::PullRequest ||
+                    env->body_type() == msg::Body::DeclareSlice)) {
     return ReplyError(in, absl::UnavailableError("server starting: not registered yet"));
   }
   switch (env->body_type()) {
@@ -104,15 +120,24 @@ void Server::OnDeclare(InMessage& in) {
     return ReplyError(in, absl::InvalidArgumentError("slice length and bin size must be > 0"));
   }
   const msg::Envelope* env = in.envelope();
-  // (Not checked against num_workers_: a worker may declare before our own view arrived.)
   if (env->sender_role() != msg::Role::Worker || env->sender_rank() < 0) {
     return ReplyError(in, absl::InvalidArgumentError("slice declared by a non-worker"));
+  }
+  if (auto st = CheckWorkerSecret(d->secret(), "DeclareSlice"); !st.ok()) {
+    return ReplyError(in, st);
   }
   auto it = shards_.find(d->key());
   if (d->length() > config_.max_slice_elements && it == shards_.end()) {
     return ReplyError(in, absl::ResourceExhaustedError(absl::StrCat(
                               "slice of ", d->length(), " elements exceeds --max_slice_elements ",
                               config_.max_slice_elements)));
+  }
+  const uint64_t cost = uint64_t{d->length()} * kSliceBytesPerElement;
+  if (it == shards_.end() && memory_used_ + cost > memory_budget_) {
+    return ReplyError(in, absl::ResourceExhaustedError(absl::StrCat(
+                              "slice of ", d->length(), " elements (", cost,
+                              " bytes budgeted) exceeds --max_memory ", memory_budget_, " (",
+                              memory_used_, " bytes in use)")));
   }
   if (d->has_init()) {
     if (auto st = Shard::CheckInitialValues(d->length(), in.payload()); !st.ok()) {
@@ -124,6 +149,7 @@ void Server::OnDeclare(InMessage& in) {
                                d->bin_size());
     if (!shard.ok()) return ReplyError(in, shard.status());
     it = shards_.emplace(d->key(), *std::move(shard)).first;
+    memory_used_ += cost;
   } else if (it->second.length() != d->length() || it->second.bin_size() != d->bin_size()) {
     return ReplyError(in, absl::InvalidArgumentError(absl::StrCat(
                               "slice ", d->key(), " exists with length ", it->second.length(),
@@ -226,6 +252,7 @@ void Server::OnPull(InMessage& in) {
 
 void Server::OnSetHyper(InMessage& in) {
   const msg::SetHyper* h = in.envelope()->body_as_SetHyper();
+  if (auto st = CheckWorkerSecret(h->secret(), "SetHyper"); !st.ok()) return ReplyError(in, st);
   OptimizerConfig next = optimizer_;
   if (h->params()) {
     for (const auto* p : *h->params()) {
@@ -270,6 +297,10 @@ absl::Status Server::InstallSlices(std::vector<SliceRecord> records) {
     loaded.emplace(key, std::move(shard));
   }
   shards_ = std::move(loaded);
+  memory_used_ = 0;
+  for (const auto& [key, shard] : shards_) {
+    memory_used_ += uint64_t{shard.length()} * kSliceBytesPerElement;
+  }
   for (const auto& [key, shard] : shards_) {
     log_.get()->info("slice '{}' restored at step {}", shard.name(), shard.version());
   }
@@ -324,6 +355,7 @@ absl::Status Server::RestoreFrom(const std::string& path) {
 
 void Server::OnCheckpoint(InMessage& in) {
   const msg::Checkpoint* c = in.envelope()->body_as_Checkpoint();
+  if (auto st = CheckWorkerSecret(c->secret(), "Checkpoint"); !st.ok()) return ReplyError(in, st);
   std::string dir = c->directory() ? c->directory()->str() : "";
   // A request may not pick where the server writes: that would let any client that reaches
   // the port create files anywhere the server may write. Only --checkpoint_dir is used.

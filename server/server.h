@@ -62,11 +62,18 @@ struct ServerConfig {
   absl::Duration scheduler_grace = absl::Seconds(60);
   // Largest slice a DeclareSlice may create (elements): memory a client can make us take.
   uint64_t max_slice_elements = uint64_t{1} << 28;
+  // Memory all slices together may take (bytes, estimated as kSliceBytesPerElement per
+  // element: parameters, optimizer state, aggregation, published replica, residue, answer).
+  // A DeclareSlice beyond it is kResourceExhausted. 0: half of the physical memory.
+  uint64_t max_memory = 0;
   std::string log_level = "info";
   CurveKeys curve;  // enabled: encrypted; only allowed_clients may connect (common/config.h)
 };
 
 absl::Status ValidateServerConfig(const ServerConfig& config);
+
+// What one slice element is budgeted at against ServerConfig::max_memory (8 floats).
+inline constexpr uint64_t kSliceBytesPerElement = 32;
 
 class Server {
  public:
@@ -111,6 +118,8 @@ class Server {
   // Moves a checkpoint of another job (and its .prev) aside to <path>.job-<id>.
   void SetAside(const std::string& path, const std::string& job_id);
   void ReplyError(const InMessage& in, const absl::Status& status);
+  // kPermissionDenied unless `secret` is one of the job's workers' (from the views).
+  absl::Status CheckWorkerSecret(const flatbuffers::String* secret, const char* what) const;
 
   // Membership (membership.cc): common/cluster_client registers, heartbeats, re-registers
   // and guards views and shutdowns; these are its callbacks, on the I/O thread.
@@ -126,6 +135,9 @@ class Server {
   std::map<uint64_t, Shard> shards_;
   bool serving_ = false;  // registered, and restored when there was a checkpoint
   std::string job_id_;    // of the latest cluster view
+  std::set<std::string> worker_secrets_;  // every worker secret of this job's views
+  const uint64_t memory_budget_;          // config_.max_memory, or its default
+  uint64_t memory_used_ = 0;              // budgeted bytes of shards_
   absl::Time last_checkpoint_;
   std::unique_ptr<ClusterClient> cluster_;
   // Membership (I/O thread only).

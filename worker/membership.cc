@@ -110,6 +110,11 @@ absl::Status Worker::Impl::CheckRunning() {
   return absl::OkStatus();
 }
 
+std::string Worker::Impl::Secret() const {
+  absl::MutexLock lock(&mu_);
+  return secret_;
+}
+
 int Worker::Impl::ServerPeer(int server) const {
   absl::MutexLock lock(&mu_);
   return server_peer_[server];
@@ -170,6 +175,10 @@ void Worker::Impl::OnShutdown(const absl::Status& status) {
 // bumped, and run.cc resends what was in flight and resynchronizes stale slices.
 void Worker::Impl::OnView(const msg::ClusterView& view) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
+  if (view.secret() != nullptr && view.secret()->size() > 0) {
+    absl::MutexLock lock(&mu_);
+    secret_ = view.secret()->str();  // a restarted scheduler hands out new ones
+  }
   if (view.nodes() == nullptr) return;
   for (const auto* n : *view.nodes()) {
     if (n->role() != msg::Role::Server || n->rank() < 0 || n->rank() >= num_servers_) continue;

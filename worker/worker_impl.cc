@@ -72,14 +72,17 @@ absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewTensor(const TensorSpec
 // that rejoined) into `values`.
 absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
   for (const SliceMeta& m : t.meta) {
-    flatbuffers::FlatBufferBuilder b(256);
-    auto d = msg::CreateDeclareSlice(b, m.key, b.CreateString(t.spec.name), m.info.length,
-                                     t.spec.bin_size, rank_ == 0);
     SharedBytes init;
     if (rank_ == 0) init = FloatsToBytes(values.subspan(m.info.offset, m.info.length));
-    ADAPS_RETURN_IF_ERROR(
-        Call(ServerPeer(m.info.server), b, d, std::move(init), options_.request_timeout)
-            .status());
+    // (A server still registering answers kUnavailable: it cannot check our secret yet.)
+    ADAPS_RETURN_IF_ERROR(CallServerResuming(
+        m.info.server,
+        [&](flatbuffers::FlatBufferBuilder& fbb) {
+          return msg::CreateDeclareSlice(fbb, m.key, fbb.CreateString(t.spec.name),
+                                         m.info.length, t.spec.bin_size, rank_ == 0,
+                                         fbb.CreateString(Secret()));
+        },
+        init));
   }
   // A worker that rejoined a running cluster does not meet the others at this barrier:
   // they are training; it starts from the current parameters below.
@@ -158,14 +161,13 @@ absl::Status Worker::Impl::Barrier() {
 absl::Status Worker::Impl::SetHyper(const std::vector<std::pair<std::string, double>>& params) {
   ADAPS_RETURN_IF_ERROR(CheckRunning());
   for (int s = 0; s < num_servers_; ++s) {
-    flatbuffers::FlatBufferBuilder fbb(256);
-    std::vector<flatbuffers::Offset<msg::HyperParam>> ps;
-    for (const auto& [n, v] : params) {
-      ps.push_back(msg::CreateHyperParam(fbb, fbb.CreateString(n), v));
-    }
-    auto body = msg::CreateSetHyper(fbb, fbb.CreateVector(ps));
-    ADAPS_RETURN_IF_ERROR(
-        Call(ServerPeer(s), fbb, body, nullptr, options_.request_timeout).status());
+    ADAPS_RETURN_IF_ERROR(CallServerResuming(s, [&](flatbuffers::FlatBufferBuilder& fbb) {
+      std::vector<flatbuffers::Offset<msg::HyperParam>> ps;
+      for (const auto& [n, v] : params) {
+        ps.push_back(msg::CreateHyperParam(fbb, fbb.CreateString(n), v));
+      }
+      return msg::CreateSetHyper(fbb, fbb.CreateVector(ps), fbb.CreateString(Secret()));
+    }));
   }
   return absl::OkStatus();
 }
@@ -173,10 +175,9 @@ absl::Status Worker::Impl::SetHyper(const std::vector<std::pair<std::string, dou
 absl::Status Worker::Impl::Checkpoint(const std::string& directory) {
   ADAPS_RETURN_IF_ERROR(CheckRunning());
   for (int s = 0; s < num_servers_; ++s) {
-    flatbuffers::FlatBufferBuilder fbb(256);
-    auto body = msg::CreateCheckpoint(fbb, fbb.CreateString(directory));
-    ADAPS_RETURN_IF_ERROR(
-        Call(ServerPeer(s), fbb, body, nullptr, options_.request_timeout).status());
+    ADAPS_RETURN_IF_ERROR(CallServerResuming(s, [&](flatbuffers::FlatBufferBuilder& fbb) {
+      return msg::CreateCheckpoint(fbb, fbb.CreateString(directory), fbb.CreateString(Secret()));
+    }));
   }
   return absl::OkStatus();
 }

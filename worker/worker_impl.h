@@ -14,6 +14,7 @@
 #ifndef ADAPS_WORKER_WORKER_IMPL_H_
 #define ADAPS_WORKER_WORKER_IMPL_H_
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -69,9 +70,17 @@ class Worker::Impl {
                                  flatbuffers::Offset<T> body, SharedBytes payload,
                                  absl::Duration timeout);
 
+  // A blocking request to server `server`, built by `build(fbb)` (returns the body offset),
+  // that survives its restart: kUnavailable is asked again (new incarnation, or a server
+  // still registering) until request_timeout has passed (so a server that is gone for good
+  // fails it only then). Call it with no lock held.
+  template <typename Build>
+  absl::Status CallServerResuming(int server, Build build, SharedBytes payload = nullptr);
+
   absl::Status CheckRunning();
   absl::StatusOr<Tensor*> Find(absl::string_view name) const;
   int ServerPeer(int server) const;
+  std::string Secret() const;
   // The server's current peer id and incarnation (bumped each time it restarted).
   int ServerPeer(int server, uint64_t* incarnation) const;
 
@@ -141,6 +150,8 @@ class Worker::Impl {
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Tensor>> tensors_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  // This worker's secret from its latest view: proves to servers it is a worker of the job.
+  std::string secret_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status shutdown_status_ ABSL_GUARDED_BY(mu_);
 };
@@ -163,6 +174,26 @@ absl::StatusOr<InMessage> Worker::Impl::Call(int peer, flatbuffers::FlatBufferBu
     return absl::DeadlineExceededError("request not answered");
   }
   return future.get();
+}
+
+template <typename Build>
+absl::Status Worker::Impl::CallServerResuming(int server, Build build, SharedBytes payload) {
+  const absl::Time deadline = absl::Now() + options_.request_timeout;
+  while (true) {
+    uint64_t incarnation = 0;
+    const int peer = ServerPeer(server, &incarnation);
+    flatbuffers::FlatBufferBuilder fbb(256);
+    auto body = build(fbb);
+    absl::Status st = Call(peer, fbb, body, payload, options_.request_timeout).status();
+    if (st.code() != absl::StatusCode::kUnavailable || absl::Now() >= deadline) return st;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopped_ || shutdown_) return st;
+    }
+    // Wait a little for the restarted server's view, then ask again either way.
+    WaitForNewIncarnation(server, incarnation,
+                          std::min(deadline, absl::Now() + absl::Milliseconds(100)));
+  }
 }
 
 }  // namespace adaps
