@@ -185,13 +185,14 @@ void Worker::Impl::SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer
   transport_->Request(
       peer, id, std::move(msg), absl::Now() + options_.request_timeout,
       [this, op, i, request_bytes](absl::StatusOr<InMessage> reply) {
-        ADAPS_DCHECK_ON_IO_THREAD(transport_);
+        // (A stopped transport fails a request on the sending thread.)
         if (!reply.ok()) {
           return PartDone(op, i, true,
                           absl::Status(reply.status().code(),
                                        absl::StrCat("pull of '", op->t->spec.name,
                                                     "': ", reply.status().message())));
         }
+        ADAPS_DCHECK_ON_IO_THREAD(transport_);
         {
           absl::MutexLock lock(&op->mu);
           if (op->finished) {  // failed already: leave `out` alone
@@ -227,7 +228,7 @@ bool Worker::Impl::Retryable(RunOp& op, size_t i, const absl::Status& status) {
 
 void Worker::Impl::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool /*pull_part*/,
                             absl::Status status) {
-  ADAPS_DCHECK_ON_IO_THREAD(transport_);
+  // On the I/O thread, or on the sending thread when the transport has stopped.
   const bool retryable = status.ok() || Retryable(*op, i, status);
   absl::Time retry_until;
   {

@@ -104,7 +104,8 @@ class Worker::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op->t->mu);
   void SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer, uint64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op->t->mu);
-  // I/O thread: one part finished; the last one ends the attempt (done, or a retry queued).
+  // One part finished (I/O thread; the sending thread once the transport stopped); the
+  // last one ends the attempt (done, or a retry queued).
   void PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pull_part,
                 absl::Status status);
   bool Retryable(RunOp& op, size_t i, const absl::Status& status);
