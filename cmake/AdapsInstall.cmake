@@ -16,7 +16,7 @@ target_include_directories(adaps_worker_shared PUBLIC
   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 target_link_libraries(adaps_worker_shared PUBLIC absl::status absl::statusor absl::time
                       absl::span absl::strings
-                      PRIVATE adaps_net)
+                      PRIVATE adaps_net adaps_metrics)
 target_link_options(adaps_worker_shared PRIVATE -Wl,--exclude-libs,ALL -Wl,--no-undefined
                     -Wl,--version-script=${PROJECT_SOURCE_DIR}/cmake/adaps_worker.map)
 set_property(TARGET adaps_worker_shared APPEND PROPERTY LINK_DEPENDS

@@ -1,13 +1,71 @@
 #include "common/cluster_client.h"
 
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace adaps {
+
+std::string ProbeEndpoint(const std::string& endpoint, absl::Duration timeout) {
+  constexpr absl::string_view kTcp = "tcp://";
+  if (!absl::StartsWith(endpoint, kTcp)) return "";
+  const std::string rest = endpoint.substr(kTcp.size());
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string::npos) return "no port in the address";
+  std::string host = rest.substr(0, colon);
+  const std::string port = rest.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return absl::StrCat("unknown host '", host, "' (", ::gai_strerror(rc), ")");
+  }
+  std::string why = "no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    int err = 0;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      err = errno;
+      if (err == EINPROGRESS) {
+        pollfd p{fd, POLLOUT, 0};
+        const int ready = ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+        socklen_t len = sizeof(err);
+        if (ready <= 0) {
+          err = ETIMEDOUT;
+        } else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
+          err = errno;
+        }
+      }
+    }
+    ::close(fd);
+    if (err == 0) {
+      ::freeaddrinfo(found);
+      return "";
+    }
+    why = err == ETIMEDOUT
+              ? absl::StrCat("no answer within ", absl::FormatDuration(timeout))
+              : std::string(std::strerror(err));
+    for (char& c : why) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  ::freeaddrinfo(found);
+  return why;
+}
 
 absl::Status ShutdownStatus(const msg::Shutdown& shutdown) {
   const std::string reason = shutdown.reason() ? shutdown.reason()->str() : "";
@@ -61,31 +119,46 @@ absl::StatusOr<InMessage> ClusterClient::Register(std::function<absl::Status()> 
         }
         promise->set_value(std::move(reply));
       });
-  // Silence is the worst answer to a mistyped address: say that we are still waiting.
+  // Silence is the worst answer to a mistyped address: probe it at once, then say every
+  // few seconds what we are waiting for and why, while the deadline runs.
   const absl::Time deadline = absl::Now() + options_.register_timeout;
-  absl::Duration waited = absl::ZeroDuration();
-  const absl::Duration tick = absl::Seconds(3);
+  const absl::Time start = absl::Now();
+  std::string cause;
+  absl::Duration tick = absl::Seconds(1);
   while (future.wait_for(std::chrono::milliseconds(absl::ToInt64Milliseconds(tick))) !=
          std::future_status::ready) {
-    waited += tick;
+    tick = absl::Seconds(3);
     if (absl::Now() > deadline + absl::Seconds(5)) {
       return absl::DeadlineExceededError("register request not answered");  // a transport bug
     }
-    log_.get()->warn(
-        "no cluster view from the scheduler at {} after {} (not reachable yet, or other nodes "
-        "still missing); waiting up to {}",
-        options_.scheduler, absl::FormatDuration(waited),
-        absl::FormatDuration(options_.register_timeout));
+    cause = ProbeEndpoint(options_.scheduler, absl::Seconds(1));
+    const std::string waited = absl::FormatDuration(absl::Trunc(absl::Now() - start,
+                                                                absl::Seconds(1)));
+    if (!cause.empty()) {
+      log_.get()->warn("scheduler at {} not reachable after {}: {}; retrying until {} have passed",
+                       options_.scheduler, waited, cause,
+                       absl::FormatDuration(options_.register_timeout));
+    } else {
+      log_.get()->info("scheduler at {} reachable; after {} still waiting for the other nodes",
+                       options_.scheduler, waited);
+    }
   }
   absl::StatusOr<InMessage> reply = future.get();
-  if (reply.status().code() == absl::StatusCode::kUnavailable) {
-    return absl::UnavailableError(absl::StrCat("scheduler at ", options_.scheduler,
-                                               " unreachable: ", reply.status().message()));
-  }
-  if (reply.status().code() == absl::StatusCode::kDeadlineExceeded) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("no cluster view from the scheduler at ", options_.scheduler, " within ",
-                     absl::FormatDuration(options_.register_timeout)));
+  if (!reply.ok() && (reply.status().code() == absl::StatusCode::kUnavailable ||
+                      reply.status().code() == absl::StatusCode::kDeadlineExceeded)) {
+    if (cause.empty()) cause = ProbeEndpoint(options_.scheduler, absl::Seconds(1));
+    if (!cause.empty()) {
+      return absl::UnavailableError(absl::StrCat("scheduler at ", options_.scheduler,
+                                                 " not reachable: ", cause));
+    }
+    if (reply.status().code() == absl::StatusCode::kUnavailable) {
+      return absl::UnavailableError(absl::StrCat("scheduler at ", options_.scheduler,
+                                                 " unreachable: ", reply.status().message()));
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "no cluster view from the scheduler at ", options_.scheduler, " within ",
+        absl::FormatDuration(options_.register_timeout),
+        " (it was reachable: the other nodes did not all register)"));
   }
   return reply;
 }

@@ -48,6 +48,11 @@ struct ClusterClientOptions {
   absl::Duration scheduler_grace = absl::Seconds(60);
 };
 
+// Why `endpoint` cannot be reached right now, in words: "connection refused", "no route to
+// host", "unknown host 'x'", "no answer within 1s"; empty when a TCP connection to it
+// succeeds or the endpoint is not tcp:// (inproc, ipc). Blocks up to `timeout`.
+std::string ProbeEndpoint(const std::string& endpoint, absl::Duration timeout);
+
 // The status a Shutdown stands for: OK for a clean end (code 0 or out of range), else
 // the scheduler's code with "cluster stopped: <reason>".
 absl::Status ShutdownStatus(const msg::Shutdown& shutdown);
@@ -107,8 +112,8 @@ class ClusterClient {
   Transport& transport_;
   RoleLog& log_;
   const ClusterClientOptions options_;
-  std::string address_;  // set before Register, read-only afterwards
   const Callbacks callbacks_;
+  std::string address_;  // set before Register, read-only afterwards
 
   std::atomic<int> scheduler_peer_{-1};
   std::atomic<uint32_t> epoch_{0};

@@ -249,17 +249,20 @@ absl::StatusOr<CurveKeys> LoadCurveKeys(const std::string& server_key_file,
   return keys;
 }
 
-absl::Status WritePortFile(const std::string& path, const std::string& endpoint) {
-  const std::string port = endpoint.substr(endpoint.rfind(':') + 1);
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    if (!(out << port << "\n")) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+    if (!(out << text)) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
   }
   return absl::OkStatus();
+}
+
+absl::Status WritePortFile(const std::string& path, const std::string& endpoint) {
+  return WriteFileAtomically(path, endpoint.substr(endpoint.rfind(':') + 1) + "\n");
 }
 
 absl::Status CheckPort(absl::string_view flag, int64_t port) {

@@ -101,6 +101,9 @@ absl::StatusOr<CurveKeys> LoadCurveKeys(const std::string& server_key_file,
 // file cannot be written.
 absl::Status WritePortFile(const std::string& path, const std::string& endpoint);
 
+// Replaces `path` with `text` atomically (temporary file, rename). kUnavailable on failure.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text);
+
 }  // namespace adaps
 
 #endif  // ADAPS_COMMON_CONFIG_H_

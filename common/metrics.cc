@@ -49,8 +49,20 @@ const std::vector<MetricInfo>& MetricCatalog() {
        {l::kTensor}},
       {n::kServerPullBytesTotal, T::kCounter, "Pull reply bytes sent by this server, per tensor",
        {l::kTensor}},
+      {n::kServerPushDenseBytesTotal, T::kCounter,
+       "Bytes the pushes received would take uncompressed, per tensor", {l::kTensor}},
+      {n::kServerPullDenseBytesTotal, T::kCounter,
+       "Bytes the pull replies sent would take uncompressed, per tensor", {l::kTensor}},
+      {n::kServerStepsTotal, T::kCounter,
+       "Steps this server completed (sync: every live worker pushed; async: pushes applied), "
+       "per tensor", {l::kTensor}},
       {n::kServerWorkSeconds, T::kHistogram,
-       "Server time spent on one request (decode, apply, encode), by op", {l::kOp}},
+       "Server time on one request (push: decode-add or apply; pull: encode and send), by op",
+       {l::kOp}},
+      {n::kServerStepWorkSeconds, T::kHistogram,
+       "Server time per completed step of a slice: decode-add of every push, the optimizer "
+       "and publishing the answer, per tensor", {l::kTensor}},
+      {n::kServerLiveWorkers, T::kGauge, "Live workers in this server's last cluster view", {}},
       {n::kCheckpointAgeSeconds, T::kGauge,
        "Seconds since this server last wrote a checkpoint (since start when none yet)", {}},
       {n::kCheckpointsTotal, T::kCounter, "Checkpoints written", {}},
@@ -127,10 +139,22 @@ std::unique_ptr<Metrics> Metrics::Disabled() {
 
 Metrics::Metrics(MetricsOptions options, std::shared_ptr<prometheus::Registry> registry)
     : options_(std::move(options)),
+      rank_(options_.rank),
       registry_(std::move(registry)),
       families_(std::make_unique<Families>()) {}
 
 Metrics::~Metrics() { exposer_.reset(); }
+
+absl::Status Metrics::SetRank(int rank) {
+  absl::MutexLock lock(&mu_);
+  if (!families_->counters.empty() || !families_->gauges.empty() ||
+      !families_->histograms.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("metrics: rank ", rank, " set after series exist with rank ", rank_));
+  }
+  rank_ = rank;
+  return absl::OkStatus();
+}
 
 absl::Status Metrics::status() const {
   absl::MutexLock lock(&mu_);
@@ -168,18 +192,19 @@ const MetricInfo* Metrics::Check(absl::string_view name, MetricType type,
 
 namespace {
 
-prometheus::Labels ConstantLabels(const MetricsOptions& o) {
-  return {{"role", o.role}, {"rank", absl::StrCat(o.rank)}};
+prometheus::Labels ConstantLabels(const MetricsOptions& o, int rank) {
+  return {{"role", o.role}, {"rank", absl::StrCat(rank)}};
 }
 
 // The family of `info` in `families`, registered on first use.
 template <typename Builder, typename FamilyMap>
 auto& FamilyFor(Builder builder, FamilyMap& families, const MetricInfo& info,
-                prometheus::Registry& registry, const MetricsOptions& options) {
+                prometheus::Registry& registry, const MetricsOptions& options, int rank) {
   auto it = families.find(info.name);
   if (it == families.end()) {
     auto& family =
-        builder.Name(info.name).Help(info.help).Labels(ConstantLabels(options)).Register(registry);
+        builder.Name(info.name).Help(info.help).Labels(ConstantLabels(options, rank)).Register(
+            registry);
     it = families.emplace(info.name, &family).first;
   }
   return *it->second;
@@ -192,7 +217,8 @@ Counter Metrics::GetCounter(absl::string_view name, const MetricLabels& labels) 
   if (info == nullptr || !enabled()) return Counter();
   absl::MutexLock lock(&mu_);
   auto& family =
-      FamilyFor(prometheus::BuildCounter(), families_->counters, *info, *registry_, options_);
+      FamilyFor(prometheus::BuildCounter(), families_->counters, *info, *registry_, options_,
+                rank_);
   return Counter(&family.Add(labels));
 }
 
@@ -201,7 +227,8 @@ Gauge Metrics::GetGauge(absl::string_view name, const MetricLabels& labels) {
   if (info == nullptr || !enabled()) return Gauge();
   absl::MutexLock lock(&mu_);
   auto& family =
-      FamilyFor(prometheus::BuildGauge(), families_->gauges, *info, *registry_, options_);
+      FamilyFor(prometheus::BuildGauge(), families_->gauges, *info, *registry_, options_,
+                rank_);
   return Gauge(&family.Add(labels));
 }
 
@@ -210,7 +237,8 @@ Histogram Metrics::GetHistogram(absl::string_view name, const MetricLabels& labe
   if (info == nullptr || !enabled()) return Histogram();
   absl::MutexLock lock(&mu_);
   auto& family =
-      FamilyFor(prometheus::BuildHistogram(), families_->histograms, *info, *registry_, options_);
+      FamilyFor(prometheus::BuildHistogram(), families_->histograms, *info, *registry_,
+                options_, rank_);
   return Histogram(&family.Add(labels, DefaultSecondsBuckets()));
 }
 

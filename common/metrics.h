@@ -65,7 +65,13 @@ inline constexpr char kServerPushesTotal[] = "adaps_server_pushes_total";
 inline constexpr char kServerPullsTotal[] = "adaps_server_pulls_total";
 inline constexpr char kServerPushBytesTotal[] = "adaps_server_push_bytes_total";
 inline constexpr char kServerPullBytesTotal[] = "adaps_server_pull_bytes_total";
+inline constexpr char kServerPushDenseBytesTotal[] = "adaps_server_push_dense_bytes_total";
+inline constexpr char kServerPullDenseBytesTotal[] = "adaps_server_pull_dense_bytes_total";
+inline constexpr char kServerStepsTotal[] = "adaps_server_steps_total";  // sync steps completed
 inline constexpr char kServerWorkSeconds[] = "adaps_server_work_seconds";  // label op
+// Per completed step of a slice: decode-add of every push + optimizer + publish (label tensor).
+inline constexpr char kServerStepWorkSeconds[] = "adaps_server_step_work_seconds";
+inline constexpr char kServerLiveWorkers[] = "adaps_server_live_workers";
 inline constexpr char kCheckpointAgeSeconds[] = "adaps_checkpoint_age_seconds";
 inline constexpr char kCheckpointsTotal[] = "adaps_checkpoints_total";
 // Scheduler.
@@ -85,7 +91,7 @@ inline constexpr char kTransportBytesTotal[] = "adaps_transport_bytes_total";  /
 namespace metric_labels {
 inline constexpr char kTensor[] = "tensor";
 inline constexpr char kPhase[] = "phase";  // kPhase* values
-inline constexpr char kOp[] = "op";        // push, pull
+inline constexpr char kOp[] = "op";        // push, pull, step
 inline constexpr char kNodeRole[] = "node_role";  // server, worker
 inline constexpr char kState[] = "state";         // live, dead, left
 inline constexpr char kReason[] = "reason";       // kReason* values
@@ -105,6 +111,9 @@ inline constexpr char kReasonClusterFull[] = "cluster_full";   // register past 
 inline constexpr char kReasonNotFormed[] = "not_formed";       // request before the cluster formed
 inline constexpr char kReasonInvalid[] = "invalid_argument";   // a field failed validation
 inline constexpr char kReasonForbidden[] = "forbidden";  // a control message from a node not allowed to send it
+// Server: a push or pull out of order (another step, a second push, a replica too old).
+inline constexpr char kReasonFailedPrecondition[] = "failed_precondition";
+inline constexpr char kReasonTooLarge[] = "too_large";  // a slice past --max_slice_elements
 }  // namespace metric_labels
 
 enum class MetricType { kCounter, kGauge, kHistogram };
@@ -198,6 +207,12 @@ class Metrics {
   bool enabled() const { return registry_ != nullptr; }
   int port() const { return port_; }  // the real port; 0 when disabled
 
+  // Sets the constant label rank of every series made from now on. For the servers and
+  // workers, whose rank the scheduler assigns after the endpoint must already answer
+  // (probes): call it once the rank is known and before the first Get*. kFailedPrecondition
+  // once a series exists (its rank label is fixed); the rank is then unchanged.
+  absl::Status SetRank(int rank);
+
   // A handle to the series `name`{labels}. `name` must be in MetricCatalog() with that type
   // and `labels` must name exactly its label names; otherwise (a programming error, caught
   // by tests) the handle is a no-op and status() reports the first such mistake. A disabled
@@ -215,16 +230,17 @@ class Metrics {
 
  private:
   struct Families;
+  mutable absl::Mutex mu_;  // first: rank_ below is guarded by it
   Metrics(MetricsOptions options, std::shared_ptr<prometheus::Registry> registry);
   // The catalog entry of `name` when it has `type` and `labels` fit; else records why.
   const MetricInfo* Check(absl::string_view name, MetricType type, const MetricLabels& labels);
 
   const MetricsOptions options_;
+  int rank_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<prometheus::Registry> registry_;  // null: disabled
   std::unique_ptr<Families> families_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
-  mutable absl::Mutex mu_;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -7,6 +7,7 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/main_util.h"
+#include "common/metrics.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, config, "", "Config file of 'name = value' lines (also ADAPS_CONFIG)");
@@ -46,6 +47,12 @@ ABSL_FLAG(std::string, curve_server_key, "",
 ABSL_FLAG(std::string, curve_client_key, "", "CURVE: this node's client key pair file");
 ABSL_FLAG(std::string, curve_allowed_clients, "",
           "CURVE: file of client public keys allowed to connect, one per line");
+ABSL_FLAG(int, metrics_port, -1,
+          "Serve Prometheus metrics on http://metrics_host:PORT/metrics; -1: off, 0: the OS "
+          "picks (see --metrics_port_file)");
+ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint listens on");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "Write the metrics endpoint's port here (atomically) once it listens");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical, off");
 
 namespace {
@@ -62,6 +69,9 @@ absl::Status CheckFlags() {
       adaps::CheckNonNegative("checkpoint_interval_s", absl::GetFlag(FLAGS_checkpoint_interval_s)),
       adaps::CheckPositive("scheduler_grace_s", absl::GetFlag(FLAGS_scheduler_grace_s)),
       adaps::CheckPositive("max_slice_elements", absl::GetFlag(FLAGS_max_slice_elements)),
+      absl::GetFlag(FLAGS_metrics_port) == -1
+          ? absl::OkStatus()
+          : adaps::CheckPort("metrics_port", absl::GetFlag(FLAGS_metrics_port)),
   });
 }
 
@@ -112,10 +122,25 @@ int main(int argc, char** argv) {
   config.curve = *std::move(curve);
   if (auto s = adaps::ValidateServerConfig(config); !s.ok()) return program.UsageError(s);
 
+  adaps::MetricsOptions metrics_options;
+  metrics_options.port = absl::GetFlag(FLAGS_metrics_port);
+  metrics_options.host = absl::GetFlag(FLAGS_metrics_host);
+  metrics_options.port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  metrics_options.role = "server";
+  metrics_options.rank = -1;  // set from the scheduler's view (ServerMetrics::OnView)
+  auto metrics = adaps::Metrics::Create(metrics_options);
+  if (!metrics.ok()) {
+    return absl::IsInvalidArgument(metrics.status()) ? program.UsageError(metrics.status())
+                                                     : program.Fail(metrics.status());
+  }
+
   adaps::MainProgram::CatchStopSignals();
-  adaps::MakeLogger("server", -1, config.log_level)
-      ->info("effective config: {}", program.EffectiveConfig());
-  adaps::Server server(config);
+  auto logger = adaps::MakeLogger("server", -1, config.log_level);
+  logger->info("effective config: {}", program.EffectiveConfig());
+  if ((*metrics)->enabled()) {
+    logger->info("metrics on http://{}:{}/metrics", metrics_options.host, (*metrics)->port());
+  }
+  adaps::Server server(config, nullptr, metrics->get());
   if (auto s = server.Start(); !s.ok()) return program.Fail(s);
   if (auto s = adaps::WritePortFileIfSet(absl::GetFlag(FLAGS_port_file), server.endpoint());
       !s.ok()) {

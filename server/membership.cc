@@ -87,6 +87,7 @@ void Server::OnView(const msg::ClusterView& view) {
   }
   const bool lost = live.size() < live_workers_.size();
   live_workers_ = std::move(live);
+  metrics_->OnView(transport_->rank(), live_workers_.size());
   if (lost) {
     // Info, not warn: workers also leave on a normal finish; the scheduler warns of deaths.
     log_.get()->info("{} live workers now", live_workers_.size());

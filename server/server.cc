@@ -29,7 +29,7 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
   return ValidateLogLevel(c.log_level);
 }
 
-Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context)
+Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context, Metrics* metrics)
     : config_(std::move(config)),
       log_("server", config_.log_level),
       optimizer_(config_.optimizer),
@@ -37,6 +37,8 @@ Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context)
                          ? config_.max_memory
                          : uint64_t{static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES))} *
                                static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) / 2) {
+  if (metrics == nullptr) own_metrics_ = Metrics::Disabled();
+  metrics_ = std::make_unique<ServerMetrics>(metrics != nullptr ? *metrics : *own_metrics_);
   TransportOptions topts;
   topts.self = Sender{msg::Role::Server, -1};
   topts.bind_endpoint = config_.bind;
@@ -62,6 +64,9 @@ Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context)
     }
     MaybeTimedCheckpoint(absl::Now());
   });
+  if (metrics_->enabled()) {
+    transport_->AddTimer(absl::Milliseconds(500), [this] { metrics_->Tick(transport_->stats()); });
+  }
 }
 
 Server::~Server() { Stop(); }
@@ -69,6 +74,7 @@ Server::~Server() { Stop(); }
 std::string Server::endpoint() const { return transport_->bound_endpoint(); }
 
 void Server::ReplyError(const InMessage& in, const absl::Status& status) {
+  metrics_->Rejected(status);
   if (in.envelope()->request_id() == 0) return;
   transport_->Reply(in, MakeError(transport_->self(), in.envelope()->request_id(), status));
 }
@@ -168,6 +174,7 @@ void Server::OnPush(InMessage& in) {
                               absl::StrCat("push to undeclared slice ", p->key())));
   }
   Shard& shard = it->second;
+  ServerMetrics::Work work = metrics_->Time(shard, ServerMetrics::Op::kPush);
   const int worker = env->sender_rank();
   if (env->sender_role() != msg::Role::Worker || worker < 0 || worker >= num_workers_) {
     return ReplyError(in, absl::InvalidArgumentError("push from an unknown worker"));
@@ -183,11 +190,13 @@ void Server::OnPush(InMessage& in) {
     if (auto st = shard.AddPush(worker, p->step(), in.payload()); !st.ok()) {
       return ReplyError(in, st);
     }
+    metrics_->Pushed(shard, in.wire_bytes());
     transport_->Reply(in, MakeAck(transport_->self(), env->request_id()));
     if (shard.CompleteStepIfReady(live_workers_, optimizer_)) AnswerHeld(shard);
     return;
   }
   if (auto st = shard.ApplyPush(in.payload(), optimizer_); !st.ok()) return ReplyError(in, st);
+  metrics_->Pushed(shard, in.wire_bytes());
   transport_->Reply(in, MakeAck(transport_->self(), env->request_id()));
   AnswerHeld(shard);
 }
@@ -195,6 +204,7 @@ void Server::OnPush(InMessage& in) {
 void Server::CompleteStepsWithoutLostWorkers() {
   if (!config_.sync) return;
   for (auto& [key, shard] : shards_) {
+    ServerMetrics::Work work = metrics_->Time(shard, ServerMetrics::Op::kPush);
     if (shard.CompleteStepIfReady(live_workers_, optimizer_)) AnswerHeld(shard);
   }
 }
@@ -214,8 +224,10 @@ absl::Status Server::SendAnswer(Shard& shard, const Shard::Pull& pull) {
                                      : msg::PullFormat::Recompressed;
   flatbuffers::FlatBufferBuilder fbb(128);
   auto body = msg::CreatePullResponse(fbb, shard.key(), answer.version, answer.base, format);
-  transport_->SendRoute(pull.route, FinishEnvelope(fbb, transport_->self(), body, 0,
-                                                   pull.request_id, std::move(answer.payload)));
+  OutMessage out =
+      FinishEnvelope(fbb, transport_->self(), body, 0, pull.request_id, std::move(answer.payload));
+  metrics_->PullAnswered(shard, out.header.size() + (out.payload ? out.payload->size() : 0));
+  transport_->SendRoute(pull.route, std::move(out));
   return absl::OkStatus();
 }
 
@@ -228,6 +240,7 @@ void Server::OnPull(InMessage& in) {
                               absl::StrCat("pull of undeclared slice ", p->key())));
   }
   Shard& shard = it->second;
+  ServerMetrics::Work work = metrics_->Time(shard, ServerMetrics::Op::kPull);
   if (p->format() == msg::PullFormat::Recompressed && !config_.sync) {
     return ReplyError(in, absl::FailedPreconditionError(
                               "recompressed pulls need a server in sync mode"));
@@ -239,6 +252,7 @@ void Server::OnPull(InMessage& in) {
                               "pull for version ", p->min_version(), " but slice '",
                               shard.name(), "' is at ", shard.version())));
   }
+  metrics_->PullRequested(shard, in.wire_bytes());
   Shard::Pull pull{in.route(), env->request_id(), config_.sync ? p->min_version() : 0,
                    p->have_version(),
                    p->format() == msg::PullFormat::Dense ? Shard::Format::kDense
@@ -285,6 +299,7 @@ absl::Status Server::WriteCheckpoint(const std::string& dir) {
   records.reserve(shards_.size());
   for (const auto& [key, shard] : shards_) records.push_back(shard.ToRecord());
   ADAPS_RETURN_IF_ERROR(WriteCheckpointFile(path, records, job_id_));
+  metrics_->Checkpointed();
   log_.get()->info("checkpoint of {} slices written to {}", shards_.size(), path);
   return absl::OkStatus();
 }

@@ -30,7 +30,9 @@
 #include "common/logging.h"
 #include "common/cluster_client.h"
 #include "common/optimizer.h"
+#include "common/metrics.h"
 #include "common/transport.h"
+#include "server/server_metrics.h"
 #include "server/shard.h"
 
 namespace adaps {
@@ -77,7 +79,10 @@ inline constexpr uint64_t kSliceBytesPerElement = 32;
 
 class Server {
  public:
-  explicit Server(ServerConfig config, std::shared_ptr<TransportContext> context = nullptr);
+  // `metrics` (null: none) must outlive the server; server/server_metrics.h says what it
+  // exports.
+  explicit Server(ServerConfig config, std::shared_ptr<TransportContext> context = nullptr,
+                  Metrics* metrics = nullptr);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -128,6 +133,8 @@ class Server {
 
   const ServerConfig config_;
   RoleLog log_;
+  std::unique_ptr<Metrics> own_metrics_;  // a disabled one when none was given
+  std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<Transport> transport_;
 
   // I/O thread only.

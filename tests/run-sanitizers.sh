@@ -22,7 +22,8 @@ if [[ $which == ci ]]; then
                 wire_codec_test messages_test scheduler_split_test server_inproc_test
                 checkpoint_test worker_c_api_test cluster_integration_test hostile_client_test
                 fault_test load_test curve_test fuzz_wire_codec_regression
-                fuzz_messages_regression)
+                fuzz_messages_regression cluster_client_test transport_test worker_test
+                shard_test optimizer_test compressor_two_phase_test authorization_test)
   tsan_targets=(adacomp_test compressor_test wire_codec_test fuzz_wire_codec_regression)
   # Tests whose executables the subset does not build.
   asan_exclude='NOT_BUILT|pytest|deploy_|cpp_example|Train|trainer|Cuda'

@@ -2,6 +2,7 @@
 // ADAPS_* environment < flags, creates an adaps::Worker and runs a mode:
 //   --mode=synthetic  push and pull tensors of given sizes (benchmark; worker/synthetic.h)
 //   --mode=train      the Fashion-MNIST trainer (worker/train_mode.h over worker/trainer/)
+#include <cstdio>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -30,6 +31,12 @@ ABSL_FLAG(std::string, pull, "dense", "dense or recompressed pulls");
 ABSL_FLAG(bool, compact_indices, true, "Rice-coded indices (false: plain 32-bit)");
 ABSL_FLAG(int, register_timeout_ms, 60000, "How long to wait for the cluster to form");
 ABSL_FLAG(int, request_timeout_ms, 30000, "Deadline of every request");
+ABSL_FLAG(int, metrics_port, -1,
+          "Serve Prometheus metrics on http://metrics_host:PORT/metrics; -1: off, 0: the OS "
+          "picks (see --metrics_port_file)");
+ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint listens on");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "Write the metrics endpoint's port here (atomically) once it listens");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical, off");
 ABSL_FLAG(std::string, model, "mlp", "train: mlp or cnn");
 ABSL_FLAG(int, epochs, 3, "train: passes over the training data");
@@ -48,6 +55,9 @@ ABSL_FLAG(int, eval_every, 0, "train: rank 0 evaluates every N steps too (0: per
 ABSL_FLAG(int, bin_size_conv, 50, "train: AdaComp bin size of conv layers");
 ABSL_FLAG(int, bin_size_fc, 500, "train: AdaComp bin size of fully-connected layers");
 ABSL_FLAG(bool, compress_bias, false, "train: compress biases too (default: sent dense)");
+ABSL_FLAG(std::string, ready_file, "",
+          "Write this worker's rank here (atomically) once it has joined the cluster; removed "
+          "when it leaves (for health checks)");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "train: directory of the Fashion-MNIST IDX files");
 
@@ -69,6 +79,9 @@ absl::Status CheckFlags(const std::string& mode) {
       adaps::CheckPositive("request_timeout_ms", absl::GetFlag(FLAGS_request_timeout_ms)),
       adaps::CheckFraction("topk_fraction", absl::GetFlag(FLAGS_topk_fraction)),
       adaps::CheckPositive("bin_size", absl::GetFlag(FLAGS_bin_size)),
+      absl::GetFlag(FLAGS_metrics_port) == -1
+          ? absl::OkStatus()
+          : adaps::CheckPort("metrics_port", absl::GetFlag(FLAGS_metrics_port)),
   });
   if (!common.ok()) return common;
   if (mode == "synthetic") {
@@ -162,6 +175,9 @@ int main(int argc, char** argv) {
   options.request_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_request_timeout_ms));
   options.compact_indices = absl::GetFlag(FLAGS_compact_indices);
   options.log_level = absl::GetFlag(FLAGS_log_level);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  options.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),
                                     absl::GetFlag(FLAGS_curve_client_key), "", /*serving=*/false);
   if (!curve.ok()) return program.UsageError(curve.status());
@@ -183,11 +199,22 @@ int main(int argc, char** argv) {
 
   adaps::MakeLogger("worker", -1, options.log_level)
       ->info("effective config: {}", program.EffectiveConfig());
+  // A file left by an earlier run that crashed must not make this one look joined.
+  const std::string ready_file = absl::GetFlag(FLAGS_ready_file);
+  if (!ready_file.empty()) std::remove(ready_file.c_str());
   auto worker = adaps::Worker::Create(options);
   if (!worker.ok()) return program.Fail(worker.status());
+  if (!ready_file.empty()) {
+    auto s = adaps::WriteFileAtomically(ready_file, absl::StrCat((*worker)->rank(), "\n"));
+    if (!s.ok()) {
+      (void)(*worker)->Stop();
+      return program.Fail(s);
+    }
+  }
   absl::Status status = mode == "train" ? adaps::RunTraining(**worker, *train)
                                          : adaps::RunSynthetic(**worker, *synthetic);
   absl::Status stop = (*worker)->Stop();
+  if (!ready_file.empty()) std::remove(ready_file.c_str());
   if (!status.ok()) return program.Fail(status);
   if (!stop.ok()) return program.Fail(stop);
   return adaps::kExitOk;

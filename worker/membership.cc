@@ -12,7 +12,10 @@ constexpr int kSchedulerPeer = 0;
 }  // namespace
 
 Worker::Impl::Impl(const WorkerOptions& options)
-    : options_(options), log_("worker", options.log_level) {
+    : options_(options),
+      log_("worker", options.log_level),
+      metrics_(Metrics::Disabled()),
+      worker_metrics_(std::make_unique<WorkerMetrics>(*metrics_)) {
   TransportOptions topts;
   topts.self = Sender{msg::Role::Worker, -1};
   topts.context = options_.context;
@@ -43,12 +46,33 @@ absl::Status Worker::Impl::Init() {
                       options_.scheduler_grace > absl::ZeroDuration(),
                   absl::StatusCode::kInvalidArgument, "timeouts must be positive");
   ADAPS_RETURN_IF_ERROR(ValidateLogLevel(options_.log_level));
+  ADAPS_RETURN_IF_ERROR(StartMetrics());
   ADAPS_RETURN_IF_ERROR(transport_->Start());
   retry_thread_ = std::thread([this] { RetryLoop(); });
   ADAPS_ASSIGN_OR_RETURN(InMessage reply, cluster_->Register());
   ADAPS_RET_CHECK(cluster_->scheduler_peer() == kSchedulerPeer, absl::StatusCode::kInternal,
                   "unexpected peer id");
-  return ApplyRegistration(*reply.envelope()->body_as_ClusterView());
+  ADAPS_RETURN_IF_ERROR(ApplyRegistration(*reply.envelope()->body_as_ClusterView()));
+  worker_metrics_->Bind(rank_);
+  return absl::OkStatus();
+}
+
+// Serves /metrics from before registration on, so that probes answer while the cluster forms.
+absl::Status Worker::Impl::StartMetrics() {
+  if (options_.metrics_port < 0) return absl::OkStatus();
+  MetricsOptions mopts;
+  mopts.port = options_.metrics_port;
+  mopts.host = options_.metrics_host;
+  mopts.port_file = options_.metrics_port_file;
+  mopts.role = "worker";
+  mopts.rank = -1;  // until registered (WorkerMetrics::Bind)
+  ADAPS_ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics, Metrics::Create(mopts));
+  worker_metrics_ = std::make_unique<WorkerMetrics>(*metrics);
+  metrics_ = std::move(metrics);
+  log_.get()->info("metrics on http://{}:{}/metrics", mopts.host, metrics_->port());
+  transport_->AddTimer(absl::Milliseconds(500),
+                       [this] { worker_metrics_->Tick(transport_->stats()); });
+  return absl::OkStatus();
 }
 
 absl::Status Worker::Impl::ApplyRegistration(const msg::ClusterView& view) {
@@ -81,6 +105,7 @@ absl::Status Worker::Impl::ConnectServers(const msg::ClusterView& view) {
     absl::MutexLock lock(&mu_);
     server_incarnation_.assign(num_servers_, 0);
     server_restartable_ = restartable;
+    server_alive_.assign(num_servers_, true);
   }
   for (int s = 0; s < num_servers_; ++s) {
     ADAPS_RET_CHECK(!addresses[s].empty(), absl::StatusCode::kDataLoss,
@@ -188,6 +213,10 @@ void Worker::Impl::OnView(const msg::ClusterView& view) {
     if (!n->alive()) {
       if (!server_dead_[r]) log_.get()->warn("server {} declared dead", r);
       server_dead_[r] = true;
+      {
+        absl::MutexLock lock(&mu_);
+        server_alive_[r] = false;
+      }
       transport_->FailPeer(ServerPeer(r),
                            absl::UnavailableError(absl::StrCat("server ", r, " declared dead")));
       continue;
@@ -210,6 +239,7 @@ void Worker::Impl::OnView(const msg::ClusterView& view) {
       old = server_peer_[r];
       server_peer_[r] = peer;
       ++server_incarnation_[r];
+      server_alive_[r] = true;
       server_restartable_[r] = n->identity() && n->identity()->size() > 0;
     }
     server_address_[r] = address;

@@ -108,6 +108,7 @@ std::future<absl::Status> Worker::Impl::Run(absl::string_view name, absl::Span<c
   }
   auto op = std::make_shared<RunOp>(&t, push, pull, out);
   auto future = op->promise.get_future();
+  const absl::Time started = worker_metrics_->Now();
   if (push) {
     absl::MutexLock lock(&t.mu);
     const IndexCoding coding =
@@ -124,6 +125,14 @@ std::future<absl::Status> Worker::Impl::Run(absl::string_view name, absl::Span<c
   std::vector<size_t> all(t.meta.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   SendParts(op, all);
+  {
+    absl::MutexLock lock(&t.mu);
+    if (push) {
+      worker_metrics_->Pushed(t, started);
+    } else {
+      t.metrics.Sync(t.traffic);
+    }
+  }
   return future;
 }
 
@@ -184,7 +193,7 @@ void Worker::Impl::SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer
   const size_t request_bytes = msg.header.size();
   transport_->Request(
       peer, id, std::move(msg), absl::Now() + options_.request_timeout,
-      [this, op, i, request_bytes](absl::StatusOr<InMessage> reply) {
+      [this, op, i, request_bytes, step = rt.step](absl::StatusOr<InMessage> reply) {
         // (A stopped transport fails a request on the sending thread.)
         if (!reply.ok()) {
           return PartDone(op, i, true,
@@ -204,9 +213,10 @@ void Worker::Impl::SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer
         if (resp == nullptr) {
           return PartDone(op, i, true, absl::DataLossError("pull answered with something else"));
         }
-        PartDone(op, i, true,
-                 ApplyPull(*op->t, i, *resp, reply->payload(),
-                           reply->wire_bytes() + request_bytes, op->out));
+        PartDone(op, i, true, worker_metrics_->Decode(step, [&] {
+          return ApplyPull(*op->t, i, *resp, reply->payload(),
+                           reply->wire_bytes() + request_bytes, op->out);
+        }));
       });
 }
 
@@ -266,10 +276,13 @@ void Worker::Impl::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool /*p
 bool Worker::Impl::WaitForNewIncarnation(int server, uint64_t old, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return server_incarnation_[server] != old || stopped_ || shutdown_;
+    return server_incarnation_[server] != old || server_alive_[server] || stopped_ || shutdown_;
   };
   mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-  return server_incarnation_[server] != old && !stopped_ && !shutdown_;
+  // (Alive in the same incarnation: it answered kUnavailable while still registering, and
+  // ResyncWithin asks it again.)
+  return (server_incarnation_[server] != old || server_alive_[server]) && !stopped_ &&
+         !shutdown_;
 }
 
 void Worker::Impl::Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices) {

@@ -30,6 +30,7 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
     const SliceInfo& info = t.meta[i].info;
     auto bytes = std::make_shared<Bytes>();
     status = EncodeSlice(t, i, grad.subspan(info.offset, info.length), coding, bytes.get());
+    t.metrics.AddSent(t.slices[i].residue ? t.update.SentElements() : info.length);
     if (!status.ok()) {
       status = absl::Status(status.code(),
                             absl::StrCat("gradient of '", t.spec.name, "' (slice at ",
@@ -57,6 +58,7 @@ absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
   SliceRt& rt = t.slices[i];
   t.traffic.pull_wire_bytes += wire_bytes;
   t.traffic.pull_dense_bytes += uint64_t{info.length} * sizeof(float);
+  t.metrics.Sync(t.traffic);
   float* dst = out.data() + info.offset;
   if (resp.format() == msg::PullFormat::Dense) {
     if (payload.size() != uint64_t{info.length} * sizeof(float)) {

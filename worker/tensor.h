@@ -25,6 +25,7 @@
 #include "common/compressor.h"
 #include "common/messages.h"
 #include "common/wire_codec.h"
+#include "worker/worker_metrics.h"
 
 namespace adaps {
 
@@ -55,6 +56,7 @@ struct Tensor {
   std::vector<SliceRt> slices ABSL_GUARDED_BY(mu);
   CompressedUpdate update ABSL_GUARDED_BY(mu);
   TrafficCounters traffic ABSL_GUARDED_BY(mu);
+  TensorMetrics metrics ABSL_GUARDED_BY(mu);  // mirrors `traffic` (worker/worker_metrics.h)
 };
 
 // One Run (push and/or pull of every slice of a tensor) that outlives a server restart.

@@ -15,6 +15,7 @@
 #include "common/optimizer.h"
 #include "common/status_macros.h"
 #include "worker/kinds.h"
+#include "worker/progress.h"
 #include "worker/trainer/idx_reader.h"
 #include "worker/trainer/model.h"
 #include "worker/trainer/sharding.h"
@@ -121,63 +122,99 @@ std::string RatesText(const std::array<KindTraffic, kLayerKinds>& t) {
 
 }  // namespace
 
-absl::Status RunTraining(Worker& worker, const TrainConfig& cfg) {
-  if (cfg.epochs < 1 || cfg.batch < 1 || cfg.train_limit < 0 || cfg.test_limit < 0 ||
-      cfg.steps_limit < 0 || cfg.log_every < 0 || cfg.learning_rate <= 0) {
-    return absl::InvalidArgumentError(
-        "--epochs and --batch must be >= 1, --lr > 0, the limits >= 0");
-  }
-  ADAPS_ASSIGN_OR_RETURN(trainer::ModelKind kind, trainer::ParseModelKind(cfg.model));
-  const int rank = worker.rank(), workers = worker.num_workers();
-  const bool lead = rank == 0;
+namespace {
 
-  ADAPS_ASSIGN_OR_RETURN(trainer::Dataset train, trainer::LoadFashionMnist(cfg.data_dir, true));
-  trainer::Dataset test;
-  if (lead) {
-    ADAPS_ASSIGN_OR_RETURN(test, trainer::LoadFashionMnist(cfg.data_dir, false));
-    if (cfg.test_limit > 0 && cfg.test_limit < test.count) {
-      test.count = cfg.test_limit;
-      test.images.resize(static_cast<size_t>(test.count) * test.rows * test.cols);
-      test.labels.resize(static_cast<size_t>(test.count));
+// Sums of the per-kind traffic.
+struct TrafficTotals {
+  uint64_t wire = 0, dense = 0, pulled = 0, pulled_dense = 0;
+};
+
+TrafficTotals Totals(const std::array<KindTraffic, kLayerKinds>& traffic) {
+  TrafficTotals t;
+  for (const KindTraffic& k : traffic) {
+    t.wire += k.wire;
+    t.dense += k.dense;
+    t.pulled += k.pulled;
+    t.pulled_dense += k.pulled_dense;
+  }
+  return t;
+}
+
+double Ratio(uint64_t a, uint64_t b) {
+  return b ? static_cast<double>(a) / static_cast<double>(b) : 0.0;
+}
+
+// One training run of this worker: data, model, the exchange, the epochs and what rank 0
+// prints (the setup, a live progress line per epoch, one line per epoch, the final line).
+class TrainingRun {
+ public:
+  TrainingRun(Worker& worker, const TrainConfig& cfg)
+      : worker_(worker), cfg_(cfg), rank_(worker.rank()), lead_(rank_ == 0) {}
+
+  absl::Status Run() {
+    ADAPS_RETURN_IF_ERROR(Prepare());
+    if (lead_) PrintSetup();
+    ADAPS_RETURN_IF_ERROR(RunEpochs());
+    ADAPS_RETURN_IF_ERROR(PrintFinal());
+    return worker_.Barrier();
+  }
+
+ private:
+  absl::Status Prepare() {
+    if (cfg_.epochs < 1 || cfg_.batch < 1 || cfg_.train_limit < 0 || cfg_.test_limit < 0 ||
+        cfg_.steps_limit < 0 || cfg_.log_every < 0 || cfg_.learning_rate <= 0) {
+      return absl::InvalidArgumentError(
+          "--epochs and --batch must be >= 1, --lr > 0, the limits >= 0");
     }
-  }
-  ADAPS_ASSIGN_OR_RETURN(auto shards,
-                         trainer::ShardIndices(train.count, workers, cfg.seed, cfg.train_limit));
-  size_t smallest = shards[0].size();
-  for (const auto& s : shards) smallest = std::min(smallest, s.size());
-  int steps = trainer::StepsPerEpoch(smallest, cfg.batch);
-  if (steps < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shards of ", smallest, " images hold no full batch of ", cfg.batch));
-  }
-  int epochs = cfg.epochs;
-  if (cfg.steps_limit > 0) {
-    epochs = std::min(epochs, (cfg.steps_limit + steps - 1) / steps);
-    steps = std::min(steps, cfg.steps_limit);
+    ADAPS_ASSIGN_OR_RETURN(kind_, trainer::ParseModelKind(cfg_.model));
+    ADAPS_ASSIGN_OR_RETURN(train_, trainer::LoadFashionMnist(cfg_.data_dir, true));
+    if (lead_) {
+      ADAPS_ASSIGN_OR_RETURN(test_, trainer::LoadFashionMnist(cfg_.data_dir, false));
+      if (cfg_.test_limit > 0 && cfg_.test_limit < test_.count) {
+        test_.count = cfg_.test_limit;
+        test_.images.resize(static_cast<size_t>(test_.count) * test_.rows * test_.cols);
+        test_.labels.resize(static_cast<size_t>(test_.count));
+      }
+    }
+    ADAPS_ASSIGN_OR_RETURN(auto shards, trainer::ShardIndices(train_.count, worker_.num_workers(),
+                                                              cfg_.seed, cfg_.train_limit));
+    smallest_ = shards[0].size();
+    for (const auto& s : shards) smallest_ = std::min(smallest_, s.size());
+    steps_ = trainer::StepsPerEpoch(smallest_, cfg_.batch);
+    if (steps_ < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shards of ", smallest_, " images hold no full batch of ", cfg_.batch));
+    }
+    epochs_ = cfg_.epochs;
+    if (cfg_.steps_limit > 0) {
+      epochs_ = std::min(epochs_, (cfg_.steps_limit + steps_ - 1) / steps_);
+      steps_ = std::min(steps_, cfg_.steps_limit);
+    }
+    model_ = trainer::Model::Create(kind_, cfg_.seed);
+    exchange_ = std::make_unique<ClusterExchange>(
+        &worker_, static_cast<int64_t>(steps_) * epochs_, cfg_.learning_rate, cfg_.cosine);
+    if (lead_) ADAPS_RETURN_IF_ERROR(worker_.SetHyper({{"learning_rate", cfg_.learning_rate}}));
+    ADAPS_RETURN_IF_ERROR(worker_.Barrier());
+    ADAPS_RETURN_IF_ERROR(exchange_->Declare(model_->params(), cfg_));
+    loop_ = std::make_unique<trainer::Trainer>(
+        model_.get(), exchange_.get(), &train_,
+        trainer::ShardSampler(shards[rank_], cfg_.seed, rank_), cfg_.batch);
+    return absl::OkStatus();
   }
 
-  std::unique_ptr<trainer::Model> model = trainer::Model::Create(kind, cfg.seed);
-  ClusterExchange exchange(&worker, static_cast<int64_t>(steps) * epochs, cfg.learning_rate,
-                           cfg.cosine);
-  if (lead) ADAPS_RETURN_IF_ERROR(worker.SetHyper({{"learning_rate", cfg.learning_rate}}));
-  ADAPS_RETURN_IF_ERROR(worker.Barrier());
-  ADAPS_RETURN_IF_ERROR(exchange.Declare(model->params(), cfg));
-  trainer::Trainer loop(model.get(), &exchange, &train,
-                        trainer::ShardSampler(shards[rank], cfg.seed, rank), cfg.batch);
-
-  if (lead) {
+  void PrintSetup() {
     std::printf("train: %s, %zu parameters in %zu tensors, %d workers x %zu images, "
                 "%d steps of %d per epoch, %d epochs, %d test images\n",
-                trainer::ModelKindName(kind), model->num_parameters(), model->params().size(),
-                workers, smallest, steps, cfg.batch, epochs, test.count);
-    for (size_t i = 0; i < model->params().size(); ++i) {
-      const ParamTensor& p = model->params()[i];
-      const CompressorOptions o = trainer::OptionsForTensor(p, cfg.compression);
+                trainer::ModelKindName(kind_), model_->num_parameters(), model_->params().size(),
+                worker_.num_workers(), smallest_, steps_, cfg_.batch, epochs_, test_.count);
+    for (size_t i = 0; i < model_->params().size(); ++i) {
+      const ParamTensor& p = model_->params()[i];
+      const CompressorOptions o = trainer::OptionsForTensor(p, cfg_.compression);
       std::string how = CompressorKindName(o.kind);
       if (o.kind == CompressorKind::kAdaComp) absl::StrAppend(&how, " T=", o.bin_size);
       if (o.kind == CompressorKind::kTopK) absl::StrAppend(&how, " k=", o.topk_fraction);
       if (p.kind == LayerKind::kBias && o.kind == CompressorKind::kDense &&
-          cfg.compression.kind != CompressorKind::kDense) {
+          cfg_.compression.kind != CompressorKind::kDense) {
         how += " (small bias tensor: sent dense)";
       }
       std::printf("  %-12s %-5s %9zu  %s\n", p.name.c_str(), trainer::LayerKindName(p.kind),
@@ -186,71 +223,120 @@ absl::Status RunTraining(Worker& worker, const TrainConfig& cfg) {
     std::fflush(stdout);
   }
 
-  int64_t global_step = 0;
-  double train_seconds = 0.0;
-  const absl::Time start = absl::Now();
-  // Time spent evaluating is left out of the elapsed training time.
-  absl::Duration eval_time;
-  auto elapsed = [&] { return absl::ToDoubleSeconds(absl::Now() - start - eval_time); };
-  if (lead && cfg.log_every > 0) {
-    exchange.set_after_step([&](int64_t step) -> absl::Status {
-      if ((step + 1) % cfg.log_every != 0) return absl::OkStatus();
+  // Seconds of training so far: time spent evaluating is left out.
+  double Elapsed() const { return absl::ToDoubleSeconds(absl::Now() - start_ - eval_time_); }
+
+  // Rank 0 evaluates every --log_every steps.
+  void EvaluateEveryLogEvery() {
+    if (!lead_ || cfg_.log_every <= 0) return;
+    exchange_->set_after_step([this](int64_t step) -> absl::Status {
+      if ((step + 1) % cfg_.log_every != 0) return absl::OkStatus();
       const absl::Time t0 = absl::Now();
-      ADAPS_ASSIGN_OR_RETURN(trainer::EvalResult e, trainer::Evaluate(*model, test));
-      eval_time += absl::Now() - t0;
+      ADAPS_ASSIGN_OR_RETURN(trainer::EvalResult e, trainer::Evaluate(*model_, test_));
+      eval_time_ += absl::Now() - t0;
+      progress_.Clear();
       std::printf("step %lld  test_acc %.4f  elapsed %.2f s\n",
-                  static_cast<long long>(step + 1), e.accuracy, elapsed());
+                  static_cast<long long>(step + 1), e.accuracy, Elapsed());
       std::fflush(stdout);
       return absl::OkStatus();
     });
   }
-  trainer::EvalResult eval;
-  for (int epoch = 0; epoch < epochs; ++epoch) {
-    ADAPS_ASSIGN_OR_RETURN(trainer::EpochStats stats, loop.RunEpoch(epoch, steps, &global_step));
-    train_seconds += stats.seconds;
-    if (!lead) continue;
-    const absl::Time t0 = absl::Now();
-    ADAPS_ASSIGN_OR_RETURN(eval, trainer::Evaluate(*model, test));
-    eval_time += absl::Now() - t0;
-    ADAPS_ASSIGN_OR_RETURN(auto traffic, TrafficByKind(worker, model->params()));
-    uint64_t wire = 0, dense = 0, pulled = 0;
-    for (const KindTraffic& k : traffic) {
-      wire += k.wire;
-      dense += k.dense;
-      pulled += k.pulled;
+
+  // What the progress line shows after `done` steps of the epoch.
+  ProgressSample Sample(int done, double loss_sum, absl::Time epoch_start, absl::Time now) {
+    ProgressSample s{done, done > 0 ? loss_sum / done : 0.0, 0.0, 0.0};
+    const double seconds = absl::ToDoubleSeconds(now - epoch_start);
+    if (seconds > 0) s.images_per_s = static_cast<double>(done) * cfg_.batch / seconds;
+    if (auto traffic = TrafficByKind(worker_, model_->params()); traffic.ok()) {
+      const TrafficTotals t = Totals(*traffic);
+      if (t.wire > 0) s.compression = static_cast<double>(t.dense) / static_cast<double>(t.wire);
     }
+    return s;
+  }
+
+  absl::Status RunEpochs() {
+    start_ = absl::Now();
+    EvaluateEveryLogEvery();
+    int64_t global_step = 0;
+    for (int epoch = 0; epoch < epochs_; ++epoch) {
+      const absl::Time epoch_start = absl::Now();
+      if (lead_) {
+        progress_.BeginEpoch(epoch, epochs_, steps_, epoch_start);
+        loop_->set_on_step([this, epoch_start](int done, double loss_sum) {
+          const absl::Time now = absl::Now();
+          if (progress_.Due(done, now)) {
+            progress_.Show(Sample(done, loss_sum, epoch_start, now), now);
+          }
+        });
+      }
+      ADAPS_ASSIGN_OR_RETURN(trainer::EpochStats stats,
+                             loop_->RunEpoch(epoch, steps_, &global_step));
+      train_seconds_ += stats.seconds;
+      if (lead_) ADAPS_RETURN_IF_ERROR(ReportEpoch(epoch, stats, epoch_start));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ReportEpoch(int epoch, const trainer::EpochStats& stats, absl::Time epoch_start) {
+    progress_.EndEpoch(Sample(steps_, stats.mean_loss * steps_, epoch_start, absl::Now()),
+                       absl::Now());
+    const absl::Time t0 = absl::Now();
+    ADAPS_ASSIGN_OR_RETURN(eval_, trainer::Evaluate(*model_, test_));
+    eval_time_ += absl::Now() - t0;
+    ADAPS_ASSIGN_OR_RETURN(auto traffic, TrafficByKind(worker_, model_->params()));
+    const TrafficTotals t = Totals(traffic);
     std::printf("epoch %d/%d  loss %.4f  test_acc %.4f  step %.1f ms (compute %.1f, exchange "
                 "%.1f)  pushed %s  pulled %s  rate: %s elapsed %.1f s\n",
-                epoch + 1, epochs, stats.mean_loss, eval.accuracy, 1e3 * stats.seconds / steps,
-                1e3 * stats.compute_seconds / steps, 1e3 * stats.exchange_seconds / steps,
-                Mb(wire).c_str(), Mb(pulled).c_str(), RatesText(traffic).c_str(), elapsed());
+                epoch + 1, epochs_, stats.mean_loss, eval_.accuracy, 1e3 * stats.seconds / steps_,
+                1e3 * stats.compute_seconds / steps_, 1e3 * stats.exchange_seconds / steps_,
+                Mb(t.wire).c_str(), Mb(t.pulled).c_str(), RatesText(traffic).c_str(), Elapsed());
     std::fflush(stdout);
+    return absl::OkStatus();
   }
-  ADAPS_ASSIGN_OR_RETURN(auto traffic, TrafficByKind(worker, model->params()));
-  uint64_t wire = 0, dense = 0, pulled = 0, pulled_dense = 0;
-  for (const KindTraffic& k : traffic) {
-    wire += k.wire;
-    dense += k.dense;
-    pulled += k.pulled;
-    pulled_dense += k.pulled_dense;
+
+  absl::Status PrintFinal() {
+    ADAPS_ASSIGN_OR_RETURN(auto traffic, TrafficByKind(worker_, model_->params()));
+    const TrafficTotals t = Totals(traffic);
+    if (lead_) {
+      std::printf("final: model %s compressor %s workers %d  test_acc %.4f  pushed %s per worker "
+                  "instead of %s dense (%.1fx less, %s saved)  pulled %s instead of %s (%.1fx "
+                  "less)  rate: %s train time %.1f s\n",
+                  trainer::ModelKindName(kind_), CompressorKindName(cfg_.compression.kind),
+                  worker_.num_workers(), eval_.accuracy, Mb(t.wire).c_str(), Mb(t.dense).c_str(),
+                  Ratio(t.dense, t.wire), t.dense > t.wire ? Mb(t.dense - t.wire).c_str() : "nothing",
+                  Mb(t.pulled).c_str(), Mb(t.pulled_dense).c_str(), Ratio(t.pulled_dense, t.pulled),
+                  RatesText(traffic).c_str(), train_seconds_);
+    } else {
+      std::printf("worker %d done: pushed %s instead of %s dense\n", rank_, Mb(t.wire).c_str(),
+                  Mb(t.dense).c_str());
+    }
+    std::fflush(stdout);
+    return absl::OkStatus();
   }
-  auto ratio = [](uint64_t a, uint64_t b) {
-    return b ? static_cast<double>(a) / static_cast<double>(b) : 0.0;
-  };
-  if (lead) {
-    std::printf("final: model %s compressor %s workers %d  test_acc %.4f  pushed %s per worker "
-                "instead of %s dense (%.1fx less, %s saved)  pulled %s instead of %s (%.1fx "
-                "less)  rate: %s train time %.1f s\n",
-                trainer::ModelKindName(kind), CompressorKindName(cfg.compression.kind), workers,
-                eval.accuracy, Mb(wire).c_str(), Mb(dense).c_str(), ratio(dense, wire),
-                dense > wire ? Mb(dense - wire).c_str() : "nothing", Mb(pulled).c_str(), Mb(pulled_dense).c_str(),
-                ratio(pulled_dense, pulled), RatesText(traffic).c_str(), train_seconds);
-  } else {
-    std::printf("worker %d done: pushed %s instead of %s dense\n", rank, Mb(wire).c_str(),
-                Mb(dense).c_str());
-  }
-  std::fflush(stdout);
-  return worker.Barrier();
+
+  Worker& worker_;
+  const TrainConfig& cfg_;
+  const int rank_;
+  const bool lead_;
+  trainer::ModelKind kind_{};
+  trainer::Dataset train_, test_;
+  size_t smallest_ = 0;
+  int steps_ = 0, epochs_ = 0;
+  std::unique_ptr<trainer::Model> model_;
+  std::unique_ptr<ClusterExchange> exchange_;
+  std::unique_ptr<trainer::Trainer> loop_;
+  // Rank 0's live progress line per epoch (worker/progress.h).
+  ProgressLine progress_{stdout, ProgressOptions{ProgressLine::IsTerminal(stdout)}};
+  absl::Time start_;
+  absl::Duration eval_time_;
+  double train_seconds_ = 0.0;
+  trainer::EvalResult eval_;
+};
+
+}  // namespace
+
+absl::Status RunTraining(Worker& worker, const TrainConfig& cfg) {
+  return TrainingRun(worker, cfg).Run();
 }
 
 }  // namespace adaps

@@ -126,6 +126,7 @@ absl::Status Worker::Impl::Declare(const TensorSpec& spec, absl::Span<float> val
   }
   ADAPS_ASSIGN_OR_RETURN(std::unique_ptr<Tensor> tensor, NewTensor(spec, length));
   ADAPS_RETURN_IF_ERROR(DeclareSlices(*tensor, values));
+  worker_metrics_->Attach(*tensor);
   log_.get()->debug("declared '{}' ({} elements, {} slices)", spec.name, length,
                     tensor->meta.size());
   absl::MutexLock lock(&mu_);

@@ -34,8 +34,10 @@
 #include "common/cluster_client.h"
 #include "common/logging.h"
 #include "common/messages.h"
+#include "common/metrics.h"
 #include "common/transport.h"
 #include "worker/tensor.h"
+#include "worker/worker_metrics.h"
 
 namespace adaps {
 
@@ -111,12 +113,15 @@ class Worker::Impl {
   bool Retryable(RunOp& op, size_t i, const absl::Status& status);
   // Retry thread: waits for the restarted servers, resynchronizes, sends again.
   void Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices);
+  // Waits until the server is alive (not declared dead), or has another incarnation than
+  // `old`; false at the deadline or when the worker stops.
   bool WaitForNewIncarnation(int server, uint64_t old, absl::Time deadline);
   bool PostRetry(std::function<void()> job);
   void RetryLoop();
 
   // Membership (membership.cc): common/cluster_client registers, heartbeats, re-registers
   // and guards views and shutdowns; OnView and OnShutdown are its callbacks (I/O thread).
+  absl::Status StartMetrics();
   absl::Status ApplyRegistration(const msg::ClusterView& view);
   absl::Status ConnectServers(const msg::ClusterView& view);
   void Handle(InMessage in);
@@ -125,6 +130,10 @@ class Worker::Impl {
 
   const WorkerOptions options_;
   RoleLog log_;
+  // Before the transport: its callbacks use them until it stops. Replaced in Init when
+  // options_.metrics_port >= 0, before the transport starts; never null.
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<WorkerMetrics> worker_metrics_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<ClusterClient> cluster_;
   // Set in Init, read-only afterwards.
@@ -137,6 +146,8 @@ class Worker::Impl {
   std::vector<uint64_t> server_incarnation_ ABSL_GUARDED_BY(mu_);
   // Per server: it has an identity, so a restart can take its rank back (worth waiting for).
   std::vector<bool> server_restartable_ ABSL_GUARDED_BY(mu_);
+  // Per server: not declared dead (false from the view saying so until it is back).
+  std::vector<bool> server_alive_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> barrier_seq_{0};
   // I/O thread only (ADAPS_DCHECK_ON_IO_THREAD).
   std::vector<std::string> server_address_;
@@ -191,9 +202,11 @@ absl::Status Worker::Impl::CallServerResuming(int server, Build build, SharedByt
       absl::MutexLock lock(&mu_);
       if (stopped_ || shutdown_) return st;
     }
-    // Wait a little for the restarted server's view, then ask again either way.
+    // Wait for the restarted server's view (or pace a server still registering), then ask
+    // again either way.
     WaitForNewIncarnation(server, incarnation,
                           std::min(deadline, absl::Now() + absl::Milliseconds(100)));
+    absl::SleepFor(absl::Milliseconds(20));
   }
 }
 

@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import adaps
+import adaps.progress
 import adaps.torch
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
@@ -78,6 +79,13 @@ def evaluate(model, x, y, batch=1000):
     return correct / len(x)
 
 
+def push_compression(opt):
+    """Dense over wire bytes of every push so far (None before the first)."""
+    t = opt.traffic().values()
+    wire = sum(d["push_wire"] for d in t)
+    return sum(d["push_dense"] for d in t) / wire if wire else None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -122,6 +130,8 @@ def main():
     for epoch in range(a.epochs):
         perm = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
         running = 0.0
+        progress = adaps.progress.Progress(steps_per_epoch, epoch=epoch, epochs=a.epochs,
+                                           rank=rank, batch_size=a.batch_size)
         for b in range(steps_per_epoch):
             idx = perm[b * a.batch_size:(b + 1) * a.batch_size]
             opt.zero_grad()
@@ -130,13 +140,15 @@ def main():
             opt.step()
             step += 1
             running += loss.item()
+            progress.update(b + 1, loss=loss.item(), compression=lambda: push_compression(opt))
             if step % a.log_every == 0:
-                print("step %5d  loss %.4f  (%.1f s)" % (step, running / a.log_every,
-                                                        time.time() - start), flush=True)
+                progress.write("step %5d  loss %.4f  (%.1f s)" % (step, running / a.log_every,
+                                                                 time.time() - start))
                 running = 0.0
             if a.max_steps and step >= a.max_steps:
                 done = True
                 break
+        progress.close()
         acc = evaluate(model, x_test, y_test)
         print("epoch %d  step %d  test accuracy %.4f" % (epoch + 1, step, acc), flush=True)
         if done:

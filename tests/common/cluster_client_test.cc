@@ -9,7 +9,14 @@
 #include <string>
 #include <thread>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler/scheduler.h"
 
@@ -279,6 +286,51 @@ TEST(ClusterClient, UnreachableSchedulerFailsAtTheDeadlineNamingTheAddress) {
   EXPECT_FALSE(r.ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
   EXPECT_NE(r.status().message().find("inproc://nobody-here"), std::string::npos) << r.status();
+  transport.Stop();
+}
+
+// A port nobody listens on (bound, then closed).
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+TEST(ProbeEndpoint, NamesTheCauseOfAnUnreachableAddress) {
+  const std::string refused = absl::StrCat("tcp://127.0.0.1:", FreePort());
+  EXPECT_EQ(ProbeEndpoint(refused, absl::Seconds(1)), "connection refused");
+  EXPECT_THAT(ProbeEndpoint("tcp://no-such-host.invalid:5510", absl::Seconds(1)),
+              ::testing::HasSubstr("unknown host 'no-such-host.invalid'"));
+  EXPECT_EQ(ProbeEndpoint("inproc://x", absl::Seconds(1)), "");
+  auto ctx = std::make_shared<TransportContext>(1);
+  Scheduler scheduler(SmallCluster("tcp://127.0.0.1:0"), ctx);
+  ASSERT_TRUE(scheduler.Start().ok());
+  EXPECT_EQ(ProbeEndpoint(scheduler.endpoint(), absl::Seconds(1)), "");
+}
+
+TEST(ClusterClient, RefusedSchedulerIsReportedWithTheCauseAtTheDeadline) {
+  auto ctx = std::make_shared<TransportContext>(1);
+  TransportOptions t;
+  t.self = Sender{msg::Role::Worker, -1};
+  t.context = ctx;
+  Transport transport(std::move(t), [](InMessage) {});
+  RoleLog log("worker", "off");
+  ClusterClientOptions o;
+  o.scheduler = absl::StrCat("tcp://127.0.0.1:", FreePort());
+  o.register_timeout = absl::Milliseconds(1500);
+  ClusterClient client(transport, log, o, {});
+  ASSERT_TRUE(transport.Start().ok());
+  auto r = client.Register();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_THAT(std::string(r.status().message()),
+              ::testing::HasSubstr(o.scheduler + " not reachable: connection refused"));
   transport.Stop();
 }
 

@@ -152,6 +152,20 @@ TEST(Metrics, UnknownNameWrongTypeOrWrongLabelsGiveNoOpHandlesAndAStatus) {
   EXPECT_EQ(fresh->Scrape().find("adaps_pushes_total{"), std::string::npos);
 }
 
+TEST(Metrics, RankSetBeforeTheFirstSeriesLabelsEverySeriesAndIsRefusedAfter) {
+  auto m = Enabled();  // rank 3
+  ASSERT_NE(m, nullptr);
+  ASSERT_TRUE(m->SetRank(5).ok());
+  m->GetCounter(n::kStepsTotal).Increment();
+  EXPECT_TRUE(absl::StrContains(m->Scrape(), "adaps_steps_total{rank=\"5\",role=\"worker\"} 1"))
+      << m->Scrape();
+  const absl::Status late = m->SetRank(6);
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  m->GetCounter(n::kPushesTotal, {{"tensor", "fc1"}}).Increment();
+  EXPECT_TRUE(absl::StrContains(m->Scrape(), "adaps_pushes_total{rank=\"5\""));
+  EXPECT_TRUE(Metrics::Disabled()->SetRank(1).ok());
+}
+
 TEST(Metrics, CatalogNamesAreUniqueAndFollowPrometheusConventions) {
   const std::regex name("adaps_[a-z_]+");
   std::set<std::string> seen;

@@ -1,7 +1,9 @@
-// The transport's own-thread assertion (ADAPS_DCHECK_ON_IO_THREAD).
+// The transport: deadlines for absent peers, binding errors, and its own-thread assertion
+// (ADAPS_DCHECK_ON_IO_THREAD).
 #include <future>
 
 #include "common/transport.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace adaps {
@@ -32,6 +34,38 @@ TEST(Transport, IoThreadCheckPassesOnTheIoThread) {
   }));
   EXPECT_TRUE(ran.get_future().get());
   t.Stop();
+}
+
+TEST(Transport, RequestToAbsentPeerIsUnavailableWithinItsDeadline) {
+  TransportOptions to;
+  to.self = Sender{msg::Role::Worker, 0};
+  Transport t(to, nullptr);
+  ASSERT_TRUE(t.Start().ok());
+  ASSERT_TRUE(t.Connect("tcp://127.0.0.1:1").ok());
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = msg::CreateBarrier(fbb, 0);
+  const uint64_t id = t.NewRequestId();
+  std::promise<absl::Status> p;
+  const absl::Time start = absl::Now();
+  t.Request(0, id, FinishEnvelope(fbb, t.self(), body, id, 0), start + absl::Milliseconds(200),
+            [&](absl::StatusOr<InMessage> r) { p.set_value(r.status()); });
+  absl::Status s = p.get_future().get();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  t.Stop();
+}
+
+TEST(Transport, BindingAnAddressInUseIsUnavailable) {
+  TransportOptions a;
+  a.bind_endpoint = "tcp://127.0.0.1:0";
+  Transport first(a, nullptr);
+  ASSERT_TRUE(first.Start().ok());
+  TransportOptions b;
+  b.bind_endpoint = first.bound_endpoint();
+  Transport second(b, nullptr);
+  absl::Status s = second.Start();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("address in use"));
 }
 
 }  // namespace

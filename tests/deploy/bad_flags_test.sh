@@ -15,7 +15,7 @@ expect() {
   local role=$1 flag=$2
   shift 2
   local start=$SECONDS
-  timeout 2 "$build/$role/adaps-$role" "$@" >"$tmp/out" 2>"$tmp/err"
+  timeout -k 1 2 "$build/$role/adaps-$role" "$@" >"$tmp/out" 2>"$tmp/err"
   local rc=$?
   if [[ $rc -ne 2 ]] || ! grep -q -- "--$flag" "$tmp/err" || [[ $(wc -l <"$tmp/err") -ne 1 ]]; then
     echo "FAILED: adaps-$role $* -> exit $rc after $((SECONDS - start)) s, stderr: $(head -3 "$tmp/err")"
@@ -57,7 +57,7 @@ expect worker batch "$sched" --mode=train --batch=0
 expect worker bin_size_fc "$sched" --mode=train --bin_size_fc=0
 
 for role in scheduler server worker; do
-  timeout 2 "$build/$role/adaps-$role" --help >"$tmp/help" 2>&1
+  timeout -k 1 2 "$build/$role/adaps-$role" --help >"$tmp/help" 2>&1
   rc=$?
   if [[ $rc -ne 0 ]] || grep -qE '\.cc\b|\.\./' "$tmp/help" || ! grep -q -- '--port\|--scheduler' "$tmp/help" ||
      ! grep -q "Exit codes" "$tmp/help"; then

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Checks the deployment files without a Docker engine (none runs on these machines):
 #  1. deploy/docker-compose.yml validates with docker-compose and describes 1 scheduler,
-#     2 servers and 4 workers, each with a health check and a restart policy;
+#     2 servers and 4 workers, each with a health check that tests the process (its port,
+#     or a worker's ready file) and a bounded restart policy that leaves a finished job
+#     down; .dockerignore keeps build folders and .git out of the build context;
 #  2. every ADAPS_* variable it sets names a flag of that role's executable;
 #  3. the Dockerfile's build steps: the same install script and install rules
 #     (deploy/docker-build.sh) -- install-deps.sh build succeeds, the targets it builds
@@ -35,6 +37,63 @@ want = {"scheduler": 1, "server": 2, "worker": 4}
 got = {r: len(v) for r, v in roles.items()}
 if got != want: sys.exit(f"FAILED: roles {got}, want {want}")
 print("compose: services by role", {r: sorted(v) for r, v in roles.items()})
+
+# The job must end: a container that exited 0 (the scheduler after Shutdown, the servers
+# following it, a finished worker) is not started again, and a crash only a few times.
+import re
+for name, svc in cfg["services"].items():
+    m = re.fullmatch(r"on-failure(?::(\d+))?", str(svc["restart"]))
+    if str(svc["restart"]) != "no" and not (m and m.group(1) and 1 <= int(m.group(1)) <= 10):
+        sys.exit(f"FAILED: service {name} has restart '{svc['restart']}': want 'no' or "
+                 "'on-failure:N' (N <= 10); unless-stopped and always restart a finished job")
+
+# Health checks test the process's real state, never something always true.
+for name, svc in cfg["services"].items():
+    env, test = svc["environment"], svc["healthcheck"]["test"]
+    text = " ".join(test) if isinstance(test, list) else str(test)
+    if re.search(r"kill -0|\btrue\b|exit 0", text):
+        sys.exit(f"FAILED: service {name}: health check '{text}' is always true")
+    role = env["ADAPS_ROLE"]
+    if role in ("scheduler", "server"):
+        if f"/dev/tcp/127.0.0.1/{env['ADAPS_PORT']}" not in text:
+            sys.exit(f"FAILED: service {name}: health check '{text}' does not test its port")
+    elif env.get("ADAPS_READY_FILE", "") == "" or env["ADAPS_READY_FILE"] not in text:
+        sys.exit(f"FAILED: service {name}: health check '{text}' does not test ADAPS_READY_FILE")
+print("compose: restart policies bounded, health checks test ports and ready files")
+PY
+
+echo "== 1b. .dockerignore keeps build folders and .git out of the context"
+/usr/bin/python3 - "$repo" "$build" <<'PY' || exit 1
+import os, re, subprocess, sys
+repo, build = sys.argv[1], sys.argv[2]
+path = os.path.join(repo, ".dockerignore")
+if not os.path.exists(path): sys.exit("FAILED: no .dockerignore at the repository root")
+pats = [l.strip() for l in open(path) if l.strip() and not l.startswith("#")]
+if any(p.startswith("!") for p in pats): sys.exit("FAILED: this check does not handle '!' patterns")
+def rx(p):  # Docker's matching: '**' any directories, '*' within one, relative to the root
+    p = p.strip("/")
+    out = re.escape(p).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*").replace(r"\*", "[^/]*")
+    return re.compile(out.replace(r"\?", "[^/]") + "$")
+rxs = [rx(p) for p in pats]
+def ignored(rel):
+    parts = rel.split("/")
+    return any(r.match("/".join(parts[:i])) for r in rxs for i in range(1, len(parts) + 1))
+for must in [".git", "build", "build-asan", "bench/accuracy/runs"]:
+    if not ignored(must): sys.exit(f"FAILED: .dockerignore does not exclude {must}")
+tracked = subprocess.run(["git", "-C", repo, "ls-files"], capture_output=True, text=True).stdout.split()
+needed = [f for f in tracked if re.search(r"(\.(cc|h|cu|fbs|py|txt|cmake|sh|in)|CMakeLists\.txt)$", f)
+          and not f.startswith(("bench/accuracy/runs/", ".ci/"))]
+lost = [f for f in needed if ignored(f)]
+if lost: sys.exit(f"FAILED: .dockerignore excludes files the build needs: {lost[:5]}")
+size = 0
+for root, dirs, files in os.walk(repo):
+    rel = os.path.relpath(root, repo)
+    dirs[:] = [d for d in dirs if not ignored(os.path.normpath(os.path.join(rel, d)))]
+    for f in files:
+        r = os.path.normpath(os.path.join(rel, f))
+        if not ignored(r): size += os.path.getsize(os.path.join(root, f))
+if size > 50e6: sys.exit(f"FAILED: the build context would still be {size / 1e6:.0f} MB")
+print(f"dockerignore: {len(needed)} source files kept, context {size / 1e6:.1f} MB")
 PY
 
 echo "== 2. ADAPS_* variables name real flags"

@@ -8,7 +8,10 @@
 #  3. images are the one deploy/Dockerfile builds, run through its entrypoint; ports agree
 #     between the flags, containerPorts, Services, probes and addresses; the checkpoint
 #     volume is mounted where --checkpoint_dir points and the Dockerfile creates it;
-#  4. the alert rules and the Grafana dashboard use only metric names of common/metrics.h.
+#  4. the alert rules and the Grafana dashboard use only metric names of common/metrics.h;
+#  5. every role exports metrics (ADAPS_METRICS_PORT on 0.0.0.0, a containerPort "metrics",
+#     prometheus.io annotations naming that port); the scheduler and servers are probed on
+#     /metrics for readiness and liveness, the workers for liveness.
 #   tests/deploy/k8s_test.sh BUILD_DIR [K8S_DIR]    (K8S_DIR: default deploy/k8s, for tests)
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -97,6 +100,18 @@ def analyse(docs, label):
             if "ADAPS_METRICS_PORT" in env:
                 check(str(ports.get("metrics")) == env["ADAPS_METRICS_PORT"],
                       f"{where}: containerPort metrics != ADAPS_METRICS_PORT")
+            mport = env.get("ADAPS_METRICS_PORT")
+            check(mport is not None and mport != "-1", f"{where}: no ADAPS_METRICS_PORT")
+            check(env.get("ADAPS_METRICS_HOST", "0.0.0.0") == "0.0.0.0",
+                  f"{where}: ADAPS_METRICS_HOST is not 0.0.0.0 (the kubelet could not probe)")
+            ann = w["spec"]["template"]["metadata"].get("annotations", {})
+            check(ann.get("prometheus.io/scrape") == "true" and
+                  ann.get("prometheus.io/port") == mport and
+                  ann.get("prometheus.io/path") == "/metrics",
+                  f"{where}: prometheus.io annotations {ann} do not name port {mport} /metrics")
+            wanted = ("livenessProbe",) if role == "worker" else ("readinessProbe", "livenessProbe")
+            for probe in wanted:
+                check("httpGet" in (c.get(probe) or {}), f"{where}: {probe} is not on /metrics")
             env_of[role] = (env, w, c)
     check(set(env_of) == {"scheduler", "server", "worker"}, f"{label}: roles {sorted(env_of)}")
     if errors: return

@@ -453,8 +453,8 @@ TEST(Executables, FatalErrorsExitNonZeroWithOneLineReason) {
     setenv("ADAPS_NUM_SERVERS", "0", 1);
     Process p(ADAPS_SCHEDULER_BIN, {}, dir + "/env.log");
     unsetenv("ADAPS_NUM_SERVERS");
-    EXPECT_EQ(p.WaitExit(absl::Seconds(10)), 1);
-    EXPECT_THAT(p.Log(), ::testing::HasSubstr("num_servers must be at least 1"));
+    EXPECT_EQ(p.WaitExit(absl::Seconds(10)), 2);  // a usage error
+    EXPECT_THAT(p.Log(), ::testing::HasSubstr("--num_servers=0: must be > 0"));
   }
 }
 
@@ -466,8 +466,8 @@ TEST(Executables, ConfigFileThenEnvironmentThenFlagsTakePrecedence) {
   }
   {  // file alone: its bad value is used
     Process p(ADAPS_SCHEDULER_BIN, {"--config=" + dir + "/sched.conf"}, dir + "/file.log");
-    EXPECT_EQ(p.WaitExit(absl::Seconds(10)), 1);
-    EXPECT_THAT(p.Log(), ::testing::HasSubstr("num_servers must be at least 1"));
+    EXPECT_EQ(p.WaitExit(absl::Seconds(10)), 2);  // a usage error
+    EXPECT_THAT(p.Log(), ::testing::HasSubstr("--num_servers=0: must be > 0"));
   }
   {  // the environment beats the file: starts and writes its port
     setenv("ADAPS_NUM_SERVERS", "2", 1);
@@ -484,14 +484,14 @@ TEST(Executables, ConfigFileThenEnvironmentThenFlagsTakePrecedence) {
     Process p(ADAPS_SCHEDULER_BIN, {"--config=" + dir + "/sched.conf", "--num_servers=0"},
               dir + "/flag.log");
     unsetenv("ADAPS_NUM_SERVERS");
-    EXPECT_EQ(p.WaitExit(absl::Seconds(10)), 1);
+    EXPECT_EQ(p.WaitExit(absl::Seconds(10)), 2);
   }
   {  // an unknown setting in the file is a clear error
     std::ofstream cfg(dir + "/bad.conf");
     cfg << "no_such_setting = 1\n";
     cfg.close();
     Process p(ADAPS_SCHEDULER_BIN, {"--config=" + dir + "/bad.conf"}, dir + "/bad.log");
-    EXPECT_EQ(p.WaitExit(absl::Seconds(10)), 1);
+    EXPECT_EQ(p.WaitExit(absl::Seconds(10)), 2);
     EXPECT_THAT(p.Log(), ::testing::HasSubstr("unknown setting 'no_such_setting'"));
   }
 }

@@ -2,6 +2,7 @@
 // TransportContext; a raw client sends hostile messages and the state must not change.
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <thread>
 
@@ -243,9 +244,10 @@ struct MiniCluster {
 };
 
 TEST(Checkpoint, RestartedServerResumesFromItsCheckpoint) {
-  const std::string dir = ::testing::TempDir();
-  std::remove((dir + "/server-0.ckpt").c_str());
-  std::remove((dir + "/server-0.ckpt.prev").c_str());  // (left by an earlier run's final one)
+  // A directory of its own: other runs (or tests) may leave checkpoints in the temp root.
+  std::string tmpl = ::testing::TempDir() + "/adaps-restart-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string dir = tmpl;
   std::vector<float> g = {1, 2, 3, 4};
   {
     MiniCluster c(dir);
@@ -354,38 +356,6 @@ TEST(MeanOptimizer, RecompressedPullsGiveBothWorkersTheSameReplica) {
     const auto pulled = c.Step(MeanStepGrads(step));
     EXPECT_EQ(pulled[0], pulled[1]) << "step " << step;
   }
-}
-
-TEST(Transport, RequestToAbsentPeerIsUnavailableWithinItsDeadline) {
-  TransportOptions to;
-  to.self = Sender{msg::Role::Worker, 0};
-  Transport t(to, nullptr);
-  ASSERT_TRUE(t.Start().ok());
-  ASSERT_TRUE(t.Connect("tcp://127.0.0.1:1").ok());
-  flatbuffers::FlatBufferBuilder fbb;
-  auto body = msg::CreateBarrier(fbb, 0);
-  const uint64_t id = t.NewRequestId();
-  std::promise<absl::Status> p;
-  const absl::Time start = absl::Now();
-  t.Request(0, id, FinishEnvelope(fbb, t.self(), body, id, 0), start + absl::Milliseconds(200),
-            [&](absl::StatusOr<InMessage> r) { p.set_value(r.status()); });
-  absl::Status s = p.get_future().get();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
-  t.Stop();
-}
-
-TEST(Transport, BindingAnAddressInUseIsUnavailable) {
-  TransportOptions a;
-  a.bind_endpoint = "tcp://127.0.0.1:0";
-  Transport first(a, nullptr);
-  ASSERT_TRUE(first.Start().ok());
-  TransportOptions b;
-  b.bind_endpoint = first.bound_endpoint();
-  Transport second(b, nullptr);
-  absl::Status s = second.Start();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("address in use"));
 }
 
 }  // namespace

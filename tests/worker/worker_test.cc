@@ -57,8 +57,12 @@ class WorkerInproc : public ::testing::Test {
   }
 
   void TearDown() override {
-    if (worker_) EXPECT_TRUE(worker_->Stop().ok());
-    if (scheduler_) EXPECT_TRUE(scheduler_->WaitForShutdown(absl::Seconds(5)));
+    if (worker_) {
+      EXPECT_TRUE(worker_->Stop().ok());
+    }
+    if (scheduler_) {
+      EXPECT_TRUE(scheduler_->WaitForShutdown(absl::Seconds(5)));
+    }
     for (auto& s : servers_) EXPECT_TRUE(s->WaitForShutdown(absl::Seconds(5)));
   }
 

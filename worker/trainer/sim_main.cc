@@ -96,8 +96,7 @@ std::string RateText(const TrafficCounters& c, bool dense) {
   return absl::StrFormat("%.1fx%s", c.rate(), dense ? " (dense)" : "");
 }
 
-absl::Status Run() {
-  ADAPS_ASSIGN_OR_RETURN(Config cfg, LoadConfig());
+void LogConfig(const Config& cfg) {
   const CompressionConfig& comp = cfg.sim.compression;
   spdlog::info(
       "[adaps-train-sim] model={} compressor={} workers={} epochs={} seed={} lr={} momentum={} "
@@ -107,7 +106,119 @@ absl::Status Run() {
       cfg.seed, cfg.sim.learning_rate, cfg.sim.momentum, cfg.cosine ? "cosine" : "constant",
       cfg.batch, comp.bin_size_conv, comp.bin_size_fc, comp.topk_fraction, comp.compress_bias,
       cfg.train_limit, cfg.data_dir, cfg.csv.empty() ? "-" : cfg.csv, cfg.sim.message_header_bytes);
+}
 
+// The model's tensors and how each is compressed.
+void PrintTensors(const Config& cfg, const Model& model, const SimulatedCluster& cluster,
+                  size_t total, int steps, int test_count) {
+  std::printf(
+      "%s: %zu parameters in %zu tensors; %zu training images over %d workers "
+      "(%d steps of %d per worker per epoch), %d test images\n",
+      ModelKindName(cfg.model), model.num_parameters(), model.params().size(), total,
+      cfg.sim.workers, steps, cfg.batch, test_count);
+  for (size_t i = 0; i < model.params().size(); ++i) {
+    const ParamTensor& p = model.params()[i];
+    const CompressorOptions& o = cluster.tensor_options()[i];
+    std::string how = CompressorKindName(o.kind);
+    if (o.kind == CompressorKind::kAdaComp) absl::StrAppend(&how, " T=", o.bin_size);
+    if (o.kind == CompressorKind::kTopK) absl::StrAppend(&how, " k=", o.topk_fraction);
+    if (p.kind == LayerKind::kBias && o.kind == CompressorKind::kDense &&
+        cfg.sim.compression.kind != CompressorKind::kDense) {
+      how += " (bias: sent dense)";
+    }
+    std::printf("  %-14s %-5s %8zu  %s\n", p.name.c_str(), LayerKindName(p.kind), p.size(),
+                how.c_str());
+  }
+}
+
+absl::StatusOr<std::FILE*> OpenCsv(const std::string& path) {
+  if (path.empty()) return nullptr;
+  std::FILE* csv = std::fopen(path.c_str(), "a");
+  if (csv == nullptr) return absl::UnavailableError(absl::StrCat("cannot open ", path));
+  std::fseek(csv, 0, SEEK_END);
+  if (std::ftell(csv) == 0) {
+    std::fprintf(csv,
+                 "model,compressor,workers,seed,epoch,train_loss,test_loss,test_acc,step_ms,"
+                 "pushed_bytes,dense_bytes,pulled_bytes,rate_conv,rate_fc,rate_bias,rate_total,"
+                 "payload_rate_conv,payload_rate_fc,density_conv,density_fc,seconds\n");
+  }
+  return csv;
+}
+
+// One epoch's results, as printed and written to the CSV.
+struct EpochReport {
+  int epoch = 0;
+  double loss = 0.0;
+  double step_ms = 0.0;
+  EvalResult eval;
+  TrafficStats traffic;
+  double elapsed_s = 0.0;
+};
+
+void PrintEpoch(const Config& cfg, const EpochReport& r, std::FILE* csv) {
+  const CompressionConfig& comp = cfg.sim.compression;
+  const bool bias_dense = !comp.compress_bias || comp.kind == CompressorKind::kDense;
+  const TrafficStats& t = r.traffic;
+  const TrafficCounters& conv = t.by_kind[static_cast<int>(LayerKind::kConv)];
+  const TrafficCounters& fc = t.by_kind[static_cast<int>(LayerKind::kFullyConnected)];
+  const TrafficCounters& bias = t.by_kind[static_cast<int>(LayerKind::kBias)];
+  const TrafficCounters all = t.Total();
+  std::printf(
+      "epoch %d/%d  loss %.4f  test_acc %.4f  step %.1f ms  pushed %s (dense %s)  "
+      "pulled %s  rate: conv %s  fc %s  bias %s  total %.1fx\n",
+      r.epoch + 1, cfg.epochs, r.loss, r.eval.accuracy, r.step_ms,
+      Megabytes(all.sent_bytes).c_str(), Megabytes(all.dense_bytes).c_str(),
+      Megabytes(t.pulled_bytes).c_str(), RateText(conv, false).c_str(),
+      RateText(fc, false).c_str(), RateText(bias, bias_dense).c_str(), all.rate());
+  std::fflush(stdout);
+  if (csv == nullptr) return;
+  auto payload_rate = [](const TrafficCounters& c) {
+    return c.payload_bytes ? static_cast<double>(c.elements) * 4.0 / c.payload_bytes : 0.0;
+  };
+  auto density = [](const TrafficCounters& c) {
+    return c.elements ? static_cast<double>(c.sent_elements) / c.elements : 0.0;
+  };
+  std::fprintf(csv,
+               "%s,%s,%d,%llu,%d,%.6f,%.6f,%.6f,%.3f,%llu,%llu,%llu,%.3f,%.3f,%.3f,%.3f,"
+               "%.3f,%.3f,%.7f,%.7f,%.2f\n",
+               ModelKindName(cfg.model), CompressorKindName(comp.kind), cfg.sim.workers,
+               static_cast<unsigned long long>(cfg.seed), r.epoch + 1, r.loss, r.eval.loss,
+               r.eval.accuracy, r.step_ms, static_cast<unsigned long long>(all.sent_bytes),
+               static_cast<unsigned long long>(all.dense_bytes),
+               static_cast<unsigned long long>(t.pulled_bytes), conv.rate(), fc.rate(),
+               bias.rate(), all.rate(), payload_rate(conv), payload_rate(fc), density(conv),
+               density(fc), r.elapsed_s);
+  std::fflush(csv);
+}
+
+// Every worker runs one epoch on its own thread; returns the mean loss and the slowest time.
+absl::Status RunEpochOnAllWorkers(const Config& cfg, std::vector<Trainer>& trainers, int epoch,
+                                  int steps, int64_t* global_step, double* loss,
+                                  double* seconds) {
+  std::vector<absl::StatusOr<EpochStats>> results(cfg.sim.workers, EpochStats{});
+  std::vector<int64_t> steps_at(cfg.sim.workers, *global_step);
+  {
+    std::vector<std::thread> threads;
+    for (int w = 0; w < cfg.sim.workers; ++w) {
+      threads.emplace_back(
+          [&, w] { results[w] = trainers[w].RunEpoch(epoch, steps, &steps_at[w]); });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  *loss = 0.0;
+  *seconds = 0.0;
+  for (const auto& r : results) {
+    ADAPS_RETURN_IF_ERROR(r.status());
+    *loss += r->mean_loss / cfg.sim.workers;
+    *seconds = std::max(*seconds, r->seconds);
+  }
+  *global_step = steps_at[0];
+  return absl::OkStatus();
+}
+
+absl::Status Run() {
+  ADAPS_ASSIGN_OR_RETURN(Config cfg, LoadConfig());
+  LogConfig(cfg);
   ADAPS_ASSIGN_OR_RETURN(Dataset train, LoadFashionMnist(cfg.data_dir, /*train=*/true));
   ADAPS_ASSIGN_OR_RETURN(Dataset test, LoadFashionMnist(cfg.data_dir, /*train=*/false));
   ADAPS_ASSIGN_OR_RETURN(auto shards,
@@ -132,107 +243,42 @@ absl::Status Run() {
     trainers.emplace_back(models[w].get(), cluster->endpoint(w), &train,
                           ShardSampler(shards[w], cfg.seed, w), cfg.batch);
   }
+  PrintTensors(cfg, *models[0], *cluster, total, steps, test.count);
+  ADAPS_ASSIGN_OR_RETURN(std::FILE* csv, OpenCsv(cfg.csv));
 
-  std::printf(
-      "%s: %zu parameters in %zu tensors; %zu training images over %d workers "
-      "(%d steps of %d per worker per epoch), %d test images\n",
-      ModelKindName(cfg.model), models[0]->num_parameters(), models[0]->params().size(), total,
-      cfg.sim.workers, steps, cfg.batch, test.count);
-  for (size_t i = 0; i < models[0]->params().size(); ++i) {
-    const ParamTensor& p = models[0]->params()[i];
-    const CompressorOptions& o = cluster->tensor_options()[i];
-    std::string how = CompressorKindName(o.kind);
-    if (o.kind == CompressorKind::kAdaComp) absl::StrAppend(&how, " T=", o.bin_size);
-    if (o.kind == CompressorKind::kTopK) absl::StrAppend(&how, " k=", o.topk_fraction);
-    if (p.kind == LayerKind::kBias && o.kind == CompressorKind::kDense &&
-        comp.kind != CompressorKind::kDense) {
-      how += " (bias: sent dense)";
-    }
-    std::printf("  %-14s %-5s %8zu  %s\n", p.name.c_str(), LayerKindName(p.kind), p.size(),
-                how.c_str());
-  }
-
-  std::FILE* csv = nullptr;
-  if (!cfg.csv.empty()) {
-    csv = std::fopen(cfg.csv.c_str(), "a");
-    if (csv == nullptr) return absl::UnavailableError(absl::StrCat("cannot open ", cfg.csv));
-    std::fseek(csv, 0, SEEK_END);
-    if (std::ftell(csv) == 0) {
-      std::fprintf(csv,
-                   "model,compressor,workers,seed,epoch,train_loss,test_loss,test_acc,step_ms,"
-                   "pushed_bytes,dense_bytes,pulled_bytes,rate_conv,rate_fc,rate_bias,rate_total,"
-                   "payload_rate_conv,payload_rate_fc,density_conv,density_fc,seconds\n");
-    }
-  }
-
-  const bool dense_run = comp.kind == CompressorKind::kDense;
-  const bool bias_dense = !comp.compress_bias || dense_run;
   int64_t global_step = 0;
   double total_seconds = 0.0;
-  EvalResult eval;
+  EpochReport report;
   const absl::Time run_start = absl::Now();
   for (int epoch = 0; epoch < cfg.epochs; ++epoch) {
-    std::vector<absl::StatusOr<EpochStats>> results(cfg.sim.workers, EpochStats{});
-    std::vector<int64_t> steps_at(cfg.sim.workers, global_step);
-    {
-      std::vector<std::thread> threads;
-      for (int w = 0; w < cfg.sim.workers; ++w) {
-        threads.emplace_back(
-            [&, w] { results[w] = trainers[w].RunEpoch(epoch, steps, &steps_at[w]); });
-      }
-      for (std::thread& t : threads) t.join();
+    double seconds = 0.0;
+    absl::Status st =
+        RunEpochOnAllWorkers(cfg, trainers, epoch, steps, &global_step, &report.loss, &seconds);
+    if (st.ok()) {
+      auto eval = Evaluate(*models[0], test);
+      st = eval.status();
+      if (eval.ok()) report.eval = *eval;
     }
-    double loss = 0.0, seconds = 0.0;
-    for (const auto& r : results) {
-      ADAPS_RETURN_IF_ERROR(r.status());
-      loss += r->mean_loss / cfg.sim.workers;
-      seconds = std::max(seconds, r->seconds);
+    if (!st.ok()) {
+      if (csv != nullptr) std::fclose(csv);
+      return st;
     }
-    global_step = steps_at[0];
     total_seconds += seconds;
-    ADAPS_ASSIGN_OR_RETURN(eval, Evaluate(*models[0], test));
-    const TrafficStats t = cluster->traffic();
-    const TrafficCounters& conv = t.by_kind[static_cast<int>(LayerKind::kConv)];
-    const TrafficCounters& fc = t.by_kind[static_cast<int>(LayerKind::kFullyConnected)];
-    const TrafficCounters& bias = t.by_kind[static_cast<int>(LayerKind::kBias)];
-    const TrafficCounters all = t.Total();
-    std::printf(
-        "epoch %d/%d  loss %.4f  test_acc %.4f  step %.1f ms  pushed %s (dense %s)  "
-        "pulled %s  rate: conv %s  fc %s  bias %s  total %.1fx\n",
-        epoch + 1, cfg.epochs, loss, eval.accuracy, 1e3 * seconds / steps,
-        Megabytes(all.sent_bytes).c_str(), Megabytes(all.dense_bytes).c_str(),
-        Megabytes(t.pulled_bytes).c_str(), RateText(conv, false).c_str(),
-        RateText(fc, false).c_str(), RateText(bias, bias_dense).c_str(), all.rate());
-    std::fflush(stdout);
-    if (csv != nullptr) {
-      auto payload_rate = [](const TrafficCounters& c) {
-        return c.payload_bytes ? static_cast<double>(c.elements) * 4.0 / c.payload_bytes : 0.0;
-      };
-      auto density = [](const TrafficCounters& c) {
-        return c.elements ? static_cast<double>(c.sent_elements) / c.elements : 0.0;
-      };
-      std::fprintf(csv,
-                   "%s,%s,%d,%llu,%d,%.6f,%.6f,%.6f,%.3f,%llu,%llu,%llu,%.3f,%.3f,%.3f,%.3f,"
-                   "%.3f,%.3f,%.7f,%.7f,%.2f\n",
-                   ModelKindName(cfg.model), CompressorKindName(comp.kind), cfg.sim.workers,
-                   static_cast<unsigned long long>(cfg.seed), epoch + 1, loss, eval.loss,
-                   eval.accuracy, 1e3 * seconds / steps,
-                   static_cast<unsigned long long>(all.sent_bytes),
-                   static_cast<unsigned long long>(all.dense_bytes),
-                   static_cast<unsigned long long>(t.pulled_bytes), conv.rate(), fc.rate(),
-                   bias.rate(), all.rate(), payload_rate(conv), payload_rate(fc), density(conv),
-                   density(fc), absl::ToDoubleSeconds(absl::Now() - run_start));
-      std::fflush(csv);
-    }
+    report.epoch = epoch;
+    report.step_ms = 1e3 * seconds / steps;
+    report.traffic = cluster->traffic();
+    report.elapsed_s = absl::ToDoubleSeconds(absl::Now() - run_start);
+    PrintEpoch(cfg, report, csv);
   }
   if (csv != nullptr) std::fclose(csv);
   const TrafficCounters all = cluster->traffic().Total();
   std::printf(
       "final: model %s compressor %s workers %d epochs %d  test_acc %.4f  "
       "pushed %s instead of %s dense (%.1fx less, %s saved)  train time %.1f s\n",
-      ModelKindName(cfg.model), CompressorKindName(comp.kind), cfg.sim.workers, cfg.epochs,
-      eval.accuracy, Megabytes(all.sent_bytes).c_str(), Megabytes(all.dense_bytes).c_str(),
-      all.rate(), Megabytes(all.dense_bytes - all.sent_bytes).c_str(), total_seconds);
+      ModelKindName(cfg.model), CompressorKindName(cfg.sim.compression.kind), cfg.sim.workers,
+      cfg.epochs, report.eval.accuracy, Megabytes(all.sent_bytes).c_str(),
+      Megabytes(all.dense_bytes).c_str(), all.rate(),
+      Megabytes(all.dense_bytes - all.sent_bytes).c_str(), total_seconds);
   return absl::OkStatus();
 }
 

@@ -35,6 +35,7 @@ absl::StatusOr<EpochStats> Trainer::RunEpoch(int epoch, int steps, int64_t* glob
     ++*global_step;
     stats.compute_seconds += absl::ToDoubleSeconds(t1 - t0);
     stats.exchange_seconds += absl::ToDoubleSeconds(absl::Now() - t1);
+    if (on_step_) on_step_(s + 1, loss_sum);
   }
   stats.steps = steps;
   stats.mean_loss = steps > 0 ? loss_sum / steps : 0.0;

@@ -9,6 +9,7 @@
 #define ADAPS_WORKER_TRAINER_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/statusor.h"
 #include "worker/trainer/exchange.h"
@@ -45,6 +46,10 @@ class Trainer {
   // is too small for `steps` batches; exchange errors are returned as they come.
   absl::StatusOr<EpochStats> RunEpoch(int epoch, int steps, int64_t* global_step);
 
+  // Called after every step of RunEpoch with the steps done in the epoch and the sum of
+  // their losses (e.g. for a progress line). Same thread as RunEpoch.
+  void set_on_step(std::function<void(int done, double loss_sum)> f) { on_step_ = std::move(f); }
+
  private:
   Model* model_;
   GradientExchange* exchange_;
@@ -53,6 +58,7 @@ class Trainer {
   int batch_size_;
   Matrix batch_;
   std::vector<uint8_t> labels_;
+  std::function<void(int, double)> on_step_;
 };
 
 }  // namespace adaps::trainer

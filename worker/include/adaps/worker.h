@@ -59,6 +59,15 @@ struct WorkerOptions {
   std::string curve_server_public_key;
   std::string curve_public_key;
   std::string curve_secret_key;
+  // Prometheus metrics of this worker (docs/operations.md lists them) on
+  // http://metrics_host:metrics_port/metrics, served by threads the Worker owns from Create
+  // until Stop. -1 (the default): off, nothing is served and the hot paths pay one branch;
+  // 0: the OS picks a port, written to metrics_port_file when that is set. Create fails
+  // with kUnavailable when the port is in use and kInvalidArgument above 65535. Series carry
+  // role="worker" and this worker's rank.
+  int metrics_port = -1;
+  std::string metrics_host = "0.0.0.0";
+  std::string metrics_port_file;
 };
 
 struct TensorSpec {

@@ -19,7 +19,8 @@ servers on 127.0.0.1, then N copies of `script.py` with this environment:
 
 Every output line is forwarded with a prefix: [r<rank>] for a worker once
 adaps.worker_from_env() registered it (the scheduler's rank; [w<i>] before, i = start
-order), [s<i>] for servers, [sched] for the scheduler. When a worker fails
+order), [s<i>] for servers, [sched] for the scheduler. When this output is a terminal, the
+workers get ADAPS_PROGRESS=tty and rank 0's adaps.progress line is rewritten in place. When a worker fails
 or the scheduler dies, everything is stopped and the exit code is the failure's;
 Ctrl-C stops everything (exit 130). Executables: --bin-dir, else $ADAPS_BIN_DIR, else PATH.
 
@@ -69,6 +70,10 @@ def _find_bin(name, bin_dir):
     sys.exit("adaps.launch: %s not found (use --bin-dir, ADAPS_BIN_DIR or PATH)" % name)
 
 
+# Whether a forwarded progress line is open (no newline yet); guarded by the output lock.
+_open_progress = [False]
+
+
 class _Proc:
     def __init__(self, tag, argv, env, out_lock, rank_file=None):
         self.tag = tag
@@ -81,18 +86,48 @@ class _Proc:
         self._thread.start()
 
     def _forward(self):
-        for raw in iter(self.proc.stdout.readline, b""):
-            if self._rank_file and os.path.exists(self._rank_file):
-                # The scheduler's rank, written by adaps.worker_from_env() once registered.
-                with open(self._rank_file) as f:
-                    rank = f.read().strip()
-                if rank:
-                    self.tag = "r" + rank
-                    self._rank_file = None
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            with self._lock:
+        # Lines end at "\n"; adaps.progress rewrites its line with "\r...\x1b[K" and no
+        # newline, so the output is split at "\r" too and such a line is forwarded as it comes.
+        fd = self.proc.stdout.fileno()
+        buf = b""
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            buf += chunk
+            while True:
+                ends = [i for i in (buf.find(b"\n"), buf.find(b"\r")) if i >= 0]
+                if not ends:
+                    break
+                i = min(ends)
+                self._emit(buf[:i], buf[i:i + 1])
+                buf = buf[i + 1:]
+        if buf:
+            self._emit(buf, b"\n")
+
+    def _emit(self, raw, end):
+        if not raw and end == b"\r":
+            return
+        if self._rank_file and os.path.exists(self._rank_file):
+            # The scheduler's rank, written by adaps.worker_from_env() once registered.
+            with open(self._rank_file) as f:
+                rank = f.read().strip()
+            if rank:
+                self.tag = "r" + rank
+                self._rank_file = None
+        line = raw.decode("utf-8", "replace")
+        with self._lock:
+            if line.endswith("\x1b[K"):  # a progress line: rewrite it in place
+                sys.stdout.write("\r[%s] %s" % (self.tag, line))
+                _open_progress[0] = end != b"\n"
+                if end == b"\n":
+                    sys.stdout.write("\n")
+            else:
+                if _open_progress[0]:
+                    sys.stdout.write("\r\x1b[K")  # the next redraw brings it back
+                    _open_progress[0] = False
                 sys.stdout.write("[%s] %s\n" % (self.tag, line))
-                sys.stdout.flush()
+            sys.stdout.flush()
 
     def poll(self):
         return self.proc.poll()
@@ -208,6 +243,9 @@ def main(argv=None):
                 if value is not None:
                     wenv[env] = str(value)
             wenv.setdefault("OMP_NUM_THREADS", threads)
+            if sys.stdout.isatty():
+                # adaps.progress draws its live line for a terminal; the pipe is not one.
+                wenv.setdefault("ADAPS_PROGRESS", "tty")
             w = _Proc("w%d" % r, [a.python, a.script] + a.args, wenv, lock,
                       rank_file=wenv["ADAPS_RANK_FILE"])
             workers.append(w)
