@@ -20,12 +20,18 @@
 #     --scheduler-args A   extra flags for adaps-scheduler (one string)
 #     --server-args A      extra flags for every adaps-server (one string)
 #     --timeout SECONDS    stop everything after this long (default 3600)
+#     --checkpoint-dir D   servers checkpoint to D (--checkpoint_interval_s 30 unless given
+#                          in --server-args) and a server that dies while workers run is
+#                          started again with the same flags and --identity (it restores its
+#                          shard; the workers resume it); without it a dead server ends the job
+#     --restarts N         at most N server restarts in all (default 3)
 #   Everything after -- goes to every adaps-worker, e.g. -- --mode=train --model=mlp.
 #
 # Exit status: 0 when every worker finished with 0; 1 otherwise (the failing process is named).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 servers=2 workers=4 hosts="" bin="$repo/build" port="" sched_args="" server_args="" timeout=3600
+ckpt_dir="" restarts=3
 # -tt gives the remote command a terminal, so it dies when the connection drops.
 via="ssh -tt -o BatchMode=yes -o ConnectTimeout=10 {host}"
 while [[ $# -gt 0 ]]; do
@@ -39,7 +45,9 @@ while [[ $# -gt 0 ]]; do
     --scheduler-args) sched_args=$2; shift 2 ;;
     --server-args) server_args=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --checkpoint-dir) ckpt_dir=$2; shift 2 ;;
+    --restarts) restarts=$2; shift 2 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) echo "launch: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -79,6 +87,16 @@ start() {
   names+=("$name")
 }
 
+# restart IDX: starts process IDX (a server) again with the command it was started with.
+declare -A cmds=() cmd_hosts=()
+restart() {
+  local idx=$1 n=${#pids[@]}
+  eval "local cmd=(${cmds[$idx]})"
+  start "${names[$idx]}" "${cmd_hosts[$idx]}" "${cmd[@]}"
+  pids[$idx]=${pids[$n]}
+  unset "pids[$n]" "names[$n]"
+}
+
 stop_all() {
   trap - INT TERM EXIT
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
@@ -109,18 +127,32 @@ scheduler="tcp://$sched_host:$port"
 echo "launch: scheduler at $scheduler, $servers servers, $workers workers" >&2
 
 nhosts=${#host_list[@]}
+[[ $restarts =~ ^[0-9]+$ ]] || { echo "launch: --restarts must be a number" >&2; exit 2; }
+ckpt_flags=""
+if [[ -n $ckpt_dir ]]; then
+  mkdir -p "$ckpt_dir" || exit 1
+  ckpt_flags="--checkpoint_dir=$ckpt_dir"
+  [[ $server_args == *checkpoint_interval_s* ]] || ckpt_flags+=" --checkpoint_interval_s=30"
+else
+  restarts=0
+fi
 for ((i = 0; i < servers; i++)); do
   if [[ $remote == 1 ]]; then
     hi=$(( (i + 1) % nhosts ))
     h=${host_list[$hi]}
     sport=$((port + 1 + i))
-    # shellcheck disable=SC2086
-    start "server $i" "$hi" "$bin/server/adaps-server" --scheduler="$scheduler" --host=0.0.0.0 \
-      --port="$sport" --advertise="tcp://$h:$sport" $server_args
+    # shellcheck disable=SC2206
+    cmd=("$bin/server/adaps-server" --scheduler="$scheduler" --identity="s$i" --host=0.0.0.0
+         --port="$sport" --advertise="tcp://$h:$sport" $ckpt_flags $server_args)
   else
-    # shellcheck disable=SC2086
-    start "server $i" 0 "$bin/server/adaps-server" --scheduler="$scheduler" --port=0 $server_args
+    hi=0
+    # shellcheck disable=SC2206
+    cmd=("$bin/server/adaps-server" --scheduler="$scheduler" --identity="s$i" --port=0
+         $ckpt_flags $server_args)
   fi
+  cmds[${#pids[@]}]=$(printf '%q ' "${cmd[@]}")
+  cmd_hosts[${#pids[@]}]=$hi
+  start "server $i" "$hi" "${cmd[@]}"
 done
 first_worker=${#pids[@]}
 for ((i = 0; i < workers; i++)); do
@@ -138,6 +170,12 @@ while true; do
     [[ -n ${done_ok[$idx]:-} ]] && continue
     if ! kill -0 "$pid" 2>/dev/null; then
       wait "$pid"; rc=$?
+      if [[ $rc -ne 0 && -n ${cmds[$idx]:-} && $restarts -gt 0 ]]; then
+        restarts=$((restarts - 1))
+        echo "launch: ${names[$idx]} exited with status $rc; restarting it from its checkpoint ($restarts restart(s) left)" >&2
+        restart "$idx"
+        continue
+      fi
       if [[ $rc -ne 0 ]]; then
         echo "launch: ${names[$idx]} exited with status $rc; stopping everything" >&2
         exit 1

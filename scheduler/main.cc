@@ -23,6 +23,10 @@ ABSL_FLAG(int, dead_timeout_ms, 30000,
 ABSL_FLAG(std::string, admin_token, "",
           "Secret an operator's Shutdown request must carry; empty: no Shutdown request is "
           "accepted (the job ends when every worker has left)");
+ABSL_FLAG(std::string, job_id, "",
+          "The job's identity, in every checkpoint: servers restore only a checkpoint of the "
+          "same job. Empty: a random id per start (set it to resume a job after a scheduler "
+          "or whole-cluster restart)");
 ABSL_FLAG(std::string, on_worker_death, "continue",
           "continue (sync steps average over the live workers) or fail (stop the cluster with "
           "an error naming the dead worker)");
@@ -77,6 +81,7 @@ int main(int argc, char** argv) {
   config.split_threshold = absl::GetFlag(FLAGS_split_threshold);
   config.log_level = absl::GetFlag(FLAGS_log_level);
   config.admin_token = absl::GetFlag(FLAGS_admin_token);
+  config.job_id = absl::GetFlag(FLAGS_job_id);
   auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),
                                     absl::GetFlag(FLAGS_curve_client_key),
                                     absl::GetFlag(FLAGS_curve_allowed_clients), /*serving=*/true);

@@ -2,11 +2,31 @@
 
 #include <algorithm>
 #include <numeric>
+#include <random>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "scheduler/scheduler_metrics.h"
+
+namespace adaps {
+namespace {
+
+// `bytes` random bytes from the OS (std::random_device), as lower-case hex.
+std::string RandomHex(int bytes) {
+  std::random_device rd;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (int i = 0; i < bytes; ++i) {
+    const unsigned b = rd() & 0xff;
+    out.push_back(kHex[b >> 4]);
+    out.push_back(kHex[b & 15]);
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace adaps
 
 namespace adaps {
 
@@ -61,7 +81,9 @@ absl::StatusOr<std::vector<SliceLayout>> SplitTensor(uint64_t length, uint32_t b
 
 Scheduler::Scheduler(SchedulerConfig config, std::shared_ptr<TransportContext> context,
                      Metrics* metrics)
-    : config_(std::move(config)), log_("scheduler", config_.log_level) {
+    : config_(std::move(config)),
+      job_id_(config_.job_id.empty() ? RandomHex(16) : config_.job_id),
+      log_("scheduler", config_.log_level) {
   log_.SetRank(0);
   if (metrics == nullptr) {
     own_metrics_ = Metrics::Disabled();
@@ -92,8 +114,9 @@ Scheduler::~Scheduler() { Stop(); }
 absl::Status Scheduler::Start() {
   ADAPS_RETURN_IF_ERROR(ValidateSchedulerConfig(config_));
   ADAPS_RETURN_IF_ERROR(transport_->Start());
-  log_.get()->info("listening on {} for {} servers and {} workers", transport_->bound_endpoint(),
-                   config_.num_servers, config_.num_workers);
+  log_.get()->info("listening on {} for {} servers and {} workers, job {}",
+                   transport_->bound_endpoint(), config_.num_servers, config_.num_workers,
+                   job_id_);
   return absl::OkStatus();
 }
 
@@ -216,6 +239,13 @@ void Scheduler::OnRegister(InMessage& in) {
                            identity, n.rank);
           if (was_dead || moved) {
             BroadcastView();  // includes n, but as an unsolicited view: answer it too
+          } else if (n.role == msg::Role::Server) {
+            // Restarted at the same address: workers cannot tell by the address. Show it
+            // dead, then alive, so they fail what the old process held and resynchronize.
+            n.alive = false;
+            BroadcastView();
+            n.alive = true;
+            BroadcastView();
           }
           SendView(n, env->request_id(), /*rejoined=*/true);
         }
@@ -257,6 +287,7 @@ void Scheduler::OnRegister(InMessage& in) {
   node.rank = rank;
   node.address = address;
   node.identity = identity;
+  if (node.role == msg::Role::Worker) node.secret = RandomHex(16);
   node.route = in.route();
   node.register_request = env->request_id();
   node.last_seen = absl::Now();
@@ -283,15 +314,21 @@ void Scheduler::OnRegister(InMessage& in) {
 void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
   flatbuffers::FlatBufferBuilder fbb(1024);
   std::vector<flatbuffers::Offset<msg::NodeInfo>> infos;
+  std::vector<flatbuffers::Offset<flatbuffers::String>> secrets;
   for (const auto& n : nodes_) {
     infos.push_back(msg::CreateNodeInfo(fbb, n.role, n.rank, fbb.CreateString(n.address),
                                         fbb.CreateString(n.identity), n.alive && !n.left));
+    if (node.role == msg::Role::Server && n.role == msg::Role::Worker) {
+      secrets.push_back(fbb.CreateString(n.secret));
+    }
   }
+  auto secret = fbb.CreateString(node.role == msg::Role::Worker ? node.secret : "");
+  auto worker_secrets = fbb.CreateVector(secrets);
   auto body = msg::CreateClusterView(
       fbb, node.rank, config_.num_servers, config_.num_workers, epoch_,
       fbb.CreateVector(infos),
       static_cast<uint32_t>(absl::ToInt64Milliseconds(config_.heartbeat_interval)), rejoined,
-      next_barrier_);
+      next_barrier_, fbb.CreateString(job_id_), secret, worker_secrets);
   transport_->SendRoute(node.route,
                         FinishEnvelope(fbb, transport_->self(), body, 0, reply_to));
   metrics_->ViewSent(epoch_);

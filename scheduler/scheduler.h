@@ -47,6 +47,10 @@ struct SchedulerConfig {
   CurveKeys curve;  // enabled: only allowed_clients may connect (common/config.h)
   // What an operator's Shutdown request must carry; empty: Shutdown requests are refused.
   std::string admin_token;
+  // The job's identity, sent in every ClusterView; servers write it into their checkpoints
+  // and restore only a checkpoint of the same job. Empty: a random id made at start (give
+  // one to resume a job after restarting the scheduler or the whole cluster).
+  std::string job_id;
   std::string log_level = "info";
 };
 
@@ -99,6 +103,7 @@ class Scheduler {
     absl::Time last_seen;
     bool alive = true;
     bool left = false;
+    std::string secret;  // workers: random, sent only in this node's views (kept on rejoin)
   };
   struct Layout {
     uint32_t tensor_id = 0;
@@ -136,6 +141,7 @@ class Scheduler {
   int AliveWorkers() const;
 
   const SchedulerConfig config_;
+  const std::string job_id_;  // config_.job_id, or a random one
   RoleLog log_;
   std::unique_ptr<Metrics> own_metrics_;  // a disabled one when none was given
   std::unique_ptr<SchedulerMetrics> metrics_;  // I/O thread only after Start

@@ -16,7 +16,8 @@
 namespace adaps {
 namespace {
 
-constexpr char kCheckpointMagic[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '2'};
+constexpr char kCheckpointMagic[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '3'};
+constexpr char kCheckpointMagicV2[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '2'};
 
 class Writer {
  public:
@@ -135,9 +136,11 @@ uint32_t Crc32(absl::Span<const uint8_t> data, uint32_t crc) {
   return ~crc;
 }
 
-std::vector<uint8_t> EncodeCheckpoint(const std::vector<SliceRecord>& slices) {
+std::vector<uint8_t> EncodeCheckpoint(const std::vector<SliceRecord>& slices,
+                                      const std::string& job_id) {
   Writer w;
   w.bytes.insert(w.bytes.end(), kCheckpointMagic, kCheckpointMagic + sizeof(kCheckpointMagic));
+  w.PutString(job_id);
   w.Put<uint64_t>(slices.size());
   for (const SliceRecord& s : slices) {
     w.Put<uint64_t>(s.key);
@@ -159,18 +162,24 @@ std::vector<uint8_t> EncodeCheckpoint(const std::vector<SliceRecord>& slices) {
 }
 
 absl::StatusOr<std::vector<SliceRecord>> DecodeCheckpoint(absl::Span<const uint8_t> bytes,
-                                                          const std::string& name) {
+                                                          const std::string& name,
+                                                          std::string* job_id) {
   auto damaged = [&](absl::string_view why) {
     return absl::DataLossError(absl::StrCat("checkpoint ", name, " is damaged: ", why));
   };
-  if (bytes.size() < sizeof(kCheckpointMagic) + 12 ||
-      std::memcmp(bytes.data(), kCheckpointMagic, sizeof(kCheckpointMagic)) != 0) {
+  const bool v3 = bytes.size() >= sizeof(kCheckpointMagic) &&
+                  std::memcmp(bytes.data(), kCheckpointMagic, sizeof(kCheckpointMagic)) == 0;
+  const bool v2 = bytes.size() >= sizeof(kCheckpointMagicV2) &&
+                  std::memcmp(bytes.data(), kCheckpointMagicV2, sizeof(kCheckpointMagicV2)) == 0;
+  if (bytes.size() < sizeof(kCheckpointMagic) + 12 || (!v3 && !v2)) {
     return damaged("not an adaps checkpoint (bad magic or too short)");
   }
   uint32_t stored;
   std::memcpy(&stored, bytes.data() + bytes.size() - 4, 4);
   if (Crc32(bytes.subspan(0, bytes.size() - 4)) != stored) return damaged("checksum mismatch");
   Reader r(bytes.subspan(sizeof(kCheckpointMagic), bytes.size() - 12));
+  std::string job;
+  if (v3 && !r.GetString(&job)) return damaged("truncated job id");
   uint64_t count;
   if (!r.Get(&count)) return damaged("truncated");
   std::vector<SliceRecord> slices;
@@ -184,13 +193,14 @@ absl::StatusOr<std::vector<SliceRecord>> DecodeCheckpoint(absl::Span<const uint8
     slices.push_back(std::move(s));
   }
   if (!r.AtEnd()) return damaged("trailing bytes");
+  if (job_id != nullptr) *job_id = std::move(job);
   return slices;
 }
 
-absl::Status WriteCheckpointFile(const std::string& path,
-                                 const std::vector<SliceRecord>& slices) {
+absl::Status WriteCheckpointFile(const std::string& path, const std::vector<SliceRecord>& slices,
+                                 const std::string& job_id) {
   const std::string tmp = path + ".tmp";
-  ADAPS_RETURN_IF_ERROR(WriteFileDurably(tmp, EncodeCheckpoint(slices)));
+  ADAPS_RETURN_IF_ERROR(WriteFileDurably(tmp, EncodeCheckpoint(slices, job_id)));
   // Keep the previous checkpoint: if this one is found damaged at restore, that one is used.
   if (::access(path.c_str(), F_OK) == 0 &&
       std::rename(path.c_str(), (path + ".prev").c_str()) != 0) {
@@ -203,23 +213,25 @@ absl::Status WriteCheckpointFile(const std::string& path,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<SliceRecord>> ReadCheckpointFile(const std::string& path) {
+absl::StatusOr<std::vector<SliceRecord>> ReadCheckpointFile(const std::string& path,
+                                                            std::string* job_id) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
   const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
                                    std::istreambuf_iterator<char>());
-  return DecodeCheckpoint(bytes, path);
+  return DecodeCheckpoint(bytes, path, job_id);
 }
 
 absl::StatusOr<RestoredCheckpoint> ReadCheckpointWithFallback(const std::string& path) {
   RestoredCheckpoint out;
-  absl::StatusOr<std::vector<SliceRecord>> latest = ReadCheckpointFile(path);
+  absl::StatusOr<std::vector<SliceRecord>> latest = ReadCheckpointFile(path, &out.job_id);
   if (latest.ok()) {
     out.found = true;
     out.slices = *std::move(latest);
     return out;
   }
-  absl::StatusOr<std::vector<SliceRecord>> previous = ReadCheckpointFile(path + ".prev");
+  absl::StatusOr<std::vector<SliceRecord>> previous =
+      ReadCheckpointFile(path + ".prev", &out.job_id);
   if (latest.status().code() == absl::StatusCode::kNotFound &&
       previous.status().code() == absl::StatusCode::kNotFound) {
     return out;

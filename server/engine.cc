@@ -96,9 +96,11 @@ void Engine::Adopt(Shard shard) {
   Submit(owner, std::move(work));
 }
 
-void Engine::Checkpoint(std::string path, std::function<void(absl::Status, size_t)> done) {
+void Engine::Checkpoint(std::string path, std::string job_id,
+                        std::function<void(absl::Status, size_t)> done) {
   auto job = std::make_shared<CheckpointJob>();
   job->path = std::move(path);
+  job->job_id = std::move(job_id);
   job->done = std::move(done);
   if (!running_) {
     job->done(absl::UnavailableError("the server is stopping"), 0);
@@ -133,7 +135,7 @@ void Engine::RunWriter() {
       // Key order, as one thread wrote them: the same state gives the same file.
       std::sort(records.begin(), records.end(),
                 [](const SliceRecord& a, const SliceRecord& b) { return a.key < b.key; });
-      absl::Status status = WriteCheckpointFile(job->path, records);
+      absl::Status status = WriteCheckpointFile(job->path, records, job->job_id);
       job->done(std::move(status), records.size());
     }
     batch.clear();

@@ -110,6 +110,7 @@ struct EngineOptions {
 // A checkpoint in progress: every engine thread adds its records, the last hands them on.
 struct CheckpointJob {
   std::string path;
+  std::string job_id;  // written into the file (server/checkpoint.h)
   // Runs on the writer thread (or on the caller's, when the engine is stopped) once.
   std::function<void(absl::Status, size_t slices)> done;
   std::mutex mu;  // (std::mutex: see engine_queue.h)
@@ -142,7 +143,8 @@ class Engine {
   // Hands a (restored) shard to its owner, assigning one.
   void Adopt(Shard shard);
   // Snapshots every shard and writes `path` off this thread; `done` gets the outcome.
-  void Checkpoint(std::string path, std::function<void(absl::Status, size_t)> done);
+  void Checkpoint(std::string path, std::string job_id,
+                  std::function<void(absl::Status, size_t)> done);
 
   int threads_running() const { return static_cast<int>(threads_.size()); }
   // Engine threads call this with a finished snapshot.

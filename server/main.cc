@@ -36,7 +36,15 @@ ABSL_FLAG(uint64_t, max_slice_elements, uint64_t{1} << 28,
 ABSL_FLAG(int, engine_threads, 0,
           "Threads that own the slices and do the work on them; 0: the cores this process may "
           "use (never more than slices)");
-ABSL_FLAG(bool, restore, true, "Restore from checkpoint_dir at start when a checkpoint exists");
+ABSL_FLAG(uint64_t, max_memory, 0,
+          "Memory all slices together may take (bytes, budgeted at 32 per element); a "
+          "DeclareSlice beyond it is refused. 0: half of the physical memory");
+ABSL_FLAG(bool, restore, true,
+          "Restore from checkpoint_dir at start when a checkpoint of this job (the scheduler's "
+          "--job_id) exists; another job's is moved aside");
+ABSL_FLAG(std::string, restore_from, "",
+          "Restore from this checkpoint file whatever job wrote it (e.g. a .job-<id> file, or "
+          "one of format 2), instead of checkpoint_dir's");
 ABSL_FLAG(std::string, curve_server_key, "",
           "CURVE: key file of the cluster's server key pair (adaps-keygen); enables encryption");
 ABSL_FLAG(std::string, curve_client_key, "", "CURVE: this node's client key pair file");
@@ -106,7 +114,9 @@ int main(int argc, char** argv) {
   config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   config.checkpoint_interval = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
   config.restore = absl::GetFlag(FLAGS_restore);
+  config.restore_from = absl::GetFlag(FLAGS_restore_from);
   config.max_slice_elements = absl::GetFlag(FLAGS_max_slice_elements);
+  config.max_memory = absl::GetFlag(FLAGS_max_memory);
   config.scheduler_grace = absl::Seconds(absl::GetFlag(FLAGS_scheduler_grace_s));
   config.engine_threads = absl::GetFlag(FLAGS_engine_threads);
   config.log_level = absl::GetFlag(FLAGS_log_level);

@@ -19,8 +19,13 @@ absl::Status Server::Start() {
   // Restore on the I/O thread, right after the view and before any worker message is
   // handled: a worker that learns our address from the same view must find the slices.
   auto view = cluster_->Register([this]() -> absl::Status {
-    if (!config_.restore || config_.checkpoint_dir.empty()) return absl::OkStatus();
-    return ReadCheckpoint(config_.checkpoint_dir);
+    if (!config_.restore_from.empty()) {
+      ADAPS_RETURN_IF_ERROR(RestoreFrom(config_.restore_from));
+    } else if (config_.restore && !config_.checkpoint_dir.empty()) {
+      ADAPS_RETURN_IF_ERROR(ReadCheckpoint(config_.checkpoint_dir));
+    }
+    serving_ = true;
+    return absl::OkStatus();
   });
   if (!view.ok()) {
     transport_->Stop();
@@ -48,19 +53,36 @@ void Server::Stop() {
 }
 
 void Server::Finish(absl::Status status) {
-  if (status.ok()) {
-    log_.get()->info("the cluster shut down");
-  } else {
+  if (finishing_) return;  // I/O thread: the cluster client ends us once, but be sure
+  finishing_ = true;
+  auto done = [this](absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+    exit_status_ = std::move(s);
+  };
+  if (!status.ok()) {
     log_.get()->error("stopping: {}", status.ToString());
+    return done(std::move(status));
   }
-  absl::MutexLock lock(&mu_);
-  if (done_) return;
-  done_ = true;
-  exit_status_ = std::move(status);
+  log_.get()->info("the cluster shut down");
+  if (config_.checkpoint_dir.empty() || !serving_) return done(std::move(status));
+  // A final checkpoint, durable before the server says it is done: a later run of this job
+  // (--job_id) resumes from the end.
+  StartCheckpoint(config_.checkpoint_dir, [this, done](absl::Status st) {
+    if (!st.ok()) log_.get()->error("final checkpoint failed: {}", st.ToString());
+    done(absl::OkStatus());
+  });
 }
 
 void Server::OnView(const msg::ClusterView& view) {
   num_workers_ = view.num_workers();
+  if (view.job_id() != nullptr) job_id_ = view.job_id()->str();
+  if (view.worker_secrets() != nullptr) {
+    // Accumulated: a worker may use a secret of a newer view (a restarted scheduler) first.
+    for (const auto* s : *view.worker_secrets()) {
+      if (s->size() > 0) worker_secrets_.insert(s->str());
+    }
+  }
   std::set<int> live;
   if (view.nodes()) {
     for (const auto* n : *view.nodes()) {

@@ -1,5 +1,9 @@
 #include "server/server.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+
 #include <algorithm>
 #include <utility>
 #include <vector>
@@ -39,7 +43,13 @@ void TransportSink::Send(const std::string& route, int peer, OutMessage message)
 }
 
 Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context, Metrics* metrics)
-    : config_(std::move(config)), log_("server", config_.log_level), optimizer_(config_.optimizer) {
+    : config_(std::move(config)),
+      log_("server", config_.log_level),
+      optimizer_(config_.optimizer),
+      memory_budget_(config_.max_memory > 0
+                         ? config_.max_memory
+                         : uint64_t{static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES))} *
+                               static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) / 2) {
   if (metrics == nullptr) own_metrics_ = Metrics::Disabled();
   metrics_ = std::make_unique<ServerMetrics>(metrics != nullptr ? *metrics : *own_metrics_);
   TransportOptions topts;
@@ -92,9 +102,25 @@ void Server::ReplyError(const InMessage& in, const absl::Status& status) {
   transport_->Reply(in, MakeError(transport_->self(), in.envelope()->request_id(), status));
 }
 
+absl::Status Server::CheckWorkerSecret(const flatbuffers::String* secret,
+                                       const char* what) const {
+  if (secret != nullptr && secret->size() > 0 && worker_secrets_.count(secret->str())) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat(what, " refused: not from a worker of this job (no valid secret)"));
+}
+
 void Server::Handle(InMessage in) {
   if (cluster_->Handle(in)) return;  // views and shutdowns (forged ones refused there)
   const msg::Envelope* env = in.envelope();
+  // Until registered (and restored), a pull or push would find no slice or an older one:
+  // the worker retries kUnavailable (a restarted server's first moments).
+  if (!serving_ && (env->body_type() == msg::Body::Push ||
+                    env->body_type() == msg::Body::PullRequest ||
+                    env->body_type() == msg::Body::DeclareSlice)) {
+    return ReplyError(in, absl::UnavailableError("server starting: not registered yet"));
+  }
   switch (env->body_type()) {
     case msg::Body::DeclareSlice:
       OnDeclare(in);
@@ -127,6 +153,9 @@ void Server::OnDeclare(InMessage& in) {
   if (env->sender_role() != msg::Role::Worker || env->sender_rank() < 0) {
     return ReplyError(in, absl::InvalidArgumentError("slice declared by a non-worker"));
   }
+  if (auto st = CheckWorkerSecret(d->secret(), "DeclareSlice"); !st.ok()) {
+    return ReplyError(in, st);
+  }
   // A new key is checked here in full, so that every key given an owner gets a slice.
   if (engine_->OwnerOf(d->key()) < 0) {
     if (d->length() > config_.max_slice_elements) {
@@ -134,11 +163,19 @@ void Server::OnDeclare(InMessage& in) {
                                 "slice of ", d->length(), " elements exceeds --max_slice_elements ",
                                 config_.max_slice_elements)));
     }
+    const uint64_t cost = uint64_t{d->length()} * kSliceBytesPerElement;
+    if (memory_used_ + cost > memory_budget_) {
+      return ReplyError(in, absl::ResourceExhaustedError(absl::StrCat(
+                                "slice of ", d->length(), " elements (", cost,
+                                " bytes budgeted) exceeds --max_memory ", memory_budget_, " (",
+                                memory_used_, " bytes in use)")));
+    }
     if (d->has_init()) {
       if (auto st = Shard::CheckInitialValues(d->length(), in.payload()); !st.ok()) {
         return ReplyError(in, st);
       }
     }
+    memory_used_ += cost;
   }
   EngineWork work;
   work.kind = EngineWork::Kind::kDeclare;
@@ -219,6 +256,7 @@ void Server::OnPull(InMessage& in) {
 
 void Server::OnSetHyper(InMessage& in) {
   const msg::SetHyper* h = in.envelope()->body_as_SetHyper();
+  if (auto st = CheckWorkerSecret(h->secret(), "SetHyper"); !st.ok()) return ReplyError(in, st);
   OptimizerConfig next = optimizer_;
   if (h->params()) {
     for (const auto* p : *h->params()) {
@@ -252,13 +290,40 @@ void Server::MaybeTimedCheckpoint(absl::Time now) {
 void Server::StartCheckpoint(const std::string& dir, std::function<void(absl::Status)> done) {
   const std::string path = CheckpointPath(dir, transport_->rank());
   // `this` outlives the callback: the engine (and its writer) stops in ~Server.
-  engine_->Checkpoint(path, [this, path, done = std::move(done)](absl::Status st, size_t n) {
+  engine_->Checkpoint(path, job_id_, [this, path, done = std::move(done)](absl::Status st, size_t n) {
     if (st.ok()) {
       metrics_->Checkpointed();
       log_.get()->info("checkpoint of {} slices written to {}", n, path);
     }
     done(std::move(st));
   });
+}
+
+absl::Status Server::InstallSlices(std::vector<SliceRecord> records) {
+  std::vector<Shard> loaded;
+  for (SliceRecord& record : records) {
+    ADAPS_ASSIGN_OR_RETURN(Shard shard, Shard::FromRecord(std::move(record)));
+    loaded.push_back(std::move(shard));
+  }
+  std::sort(loaded.begin(), loaded.end(),
+            [](const Shard& a, const Shard& b) { return a.key() < b.key(); });
+  memory_used_ = 0;
+  for (Shard& shard : loaded) {
+    memory_used_ += uint64_t{shard.length()} * kSliceBytesPerElement;
+    log_.get()->info("slice '{}' restored at step {}", shard.name(), shard.version());
+    engine_->Adopt(std::move(shard));  // before any worker message: the queues keep order
+  }
+  return absl::OkStatus();
+}
+
+void Server::SetAside(const std::string& path, const std::string& job_id) {
+  const std::string aside = absl::StrCat(path, ".job-", job_id.empty() ? "none" : job_id);
+  for (const char* suffix : {"", ".prev"}) {
+    const std::string from = path + suffix, to = aside + suffix;
+    if (::access(from.c_str(), F_OK) == 0 && std::rename(from.c_str(), to.c_str()) != 0) {
+      log_.get()->error("cannot move {} aside to {}", from, to);
+    }
+  }
 }
 
 absl::Status Server::ReadCheckpoint(const std::string& dir) {
@@ -268,18 +333,18 @@ absl::Status Server::ReadCheckpoint(const std::string& dir) {
     log_.get()->info("no checkpoint at {}; starting fresh", path);
     return absl::OkStatus();
   }
-  std::vector<Shard> loaded;
-  for (SliceRecord& record : restored.slices) {
-    ADAPS_ASSIGN_OR_RETURN(Shard shard, Shard::FromRecord(std::move(record)));
-    loaded.push_back(std::move(shard));
+  if (restored.job_id != job_id_) {
+    // Another run's model must not be resumed into this job silently.
+    SetAside(path, restored.job_id);
+    log_.get()->warn(
+        "checkpoint {} is of job '{}', not this job '{}': not restored, moved aside to "
+        "{}.job-{} (--restore_from=PATH resumes it); starting fresh",
+        path, restored.job_id.empty() ? "none (format 2)" : restored.job_id, job_id_, path,
+        restored.job_id.empty() ? "none" : restored.job_id);
+    return absl::OkStatus();
   }
-  std::sort(loaded.begin(), loaded.end(),
-            [](const Shard& a, const Shard& b) { return a.key() < b.key(); });
-  const size_t count = loaded.size();
-  for (Shard& shard : loaded) {
-    log_.get()->info("slice '{}' restored at step {}", shard.name(), shard.version());
-    engine_->Adopt(std::move(shard));  // before any worker message: the queues keep order
-  }
+  const size_t count = restored.slices.size();
+  ADAPS_RETURN_IF_ERROR(InstallSlices(std::move(restored.slices)));
   if (restored.from_previous) {
     log_.get()->error("{}; refused, restored {} slices from the previous checkpoint {}.prev",
                       restored.refused.ToString(), count, path);
@@ -289,8 +354,19 @@ absl::Status Server::ReadCheckpoint(const std::string& dir) {
   return absl::OkStatus();
 }
 
+absl::Status Server::RestoreFrom(const std::string& path) {
+  std::string job;
+  ADAPS_ASSIGN_OR_RETURN(std::vector<SliceRecord> records, ReadCheckpointFile(path, &job));
+  const size_t count = records.size();
+  ADAPS_RETURN_IF_ERROR(InstallSlices(std::move(records)));
+  log_.get()->info("restored {} slices from {} (--restore_from; job '{}', this job '{}')",
+                   count, path, job.empty() ? "none" : job, job_id_);
+  return absl::OkStatus();
+}
+
 void Server::OnCheckpoint(InMessage& in) {
   const msg::Checkpoint* c = in.envelope()->body_as_Checkpoint();
+  if (auto st = CheckWorkerSecret(c->secret(), "Checkpoint"); !st.ok()) return ReplyError(in, st);
   std::string dir = c->directory() ? c->directory()->str() : "";
   // A request may not pick where the server writes: that would let any client that reaches
   // the port create files anywhere the server may write. Only --checkpoint_dir is used.

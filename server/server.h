@@ -54,10 +54,16 @@ struct ServerConfig {
   // `checkpoint_dir/server-<rank>.ckpt` (the one before it kept as `.ckpt.prev`). A file is
   // written to a temporary name, fsynced and renamed, and carries a CRC-32; it holds per
   // slice the parameters, optimizer state, step and downlink residue. Restored slices exist
-  // from the start (workers need not declare them again).
+  // from the start (workers need not declare them again). Every file carries the job id
+  // of the scheduler's view; `restore` takes only a checkpoint of the same job (another
+  // job's, or one without a job id, is moved aside to <name>.job-<its id>, and the server
+  // starts fresh). A final checkpoint is written at a clean shutdown.
   std::string checkpoint_dir;
   absl::Duration checkpoint_interval = absl::ZeroDuration();  // zero: no timer
   bool restore = true;
+  // Restore from this file whatever job wrote it (format 2 files included), instead of
+  // checkpoint_dir's. kNotFound/kDataLoss at Start when it cannot be read.
+  std::string restore_from;
   // How long the server keeps serving without hearing from the scheduler (it re-registers
   // meanwhile when a restarted scheduler answers) before it stops with kUnavailable.
   absl::Duration scheduler_grace = absl::Seconds(60);
@@ -66,6 +72,10 @@ struct ServerConfig {
   // Engine threads owning the slices (server/engine.h); 0: the cores this process may use
   // (sched_getaffinity). Never more are started than there are slices.
   int engine_threads = 0;
+  // Memory all slices together may take (bytes, estimated as kSliceBytesPerElement per
+  // element: parameters, optimizer state, aggregation, published replica, residue, answer).
+  // A DeclareSlice beyond it is kResourceExhausted. 0: half of the physical memory.
+  uint64_t max_memory = 0;
   std::string log_level = "info";
   CurveKeys curve;  // enabled: encrypted; only allowed_clients may connect (common/config.h)
 };
@@ -82,6 +92,8 @@ class TransportSink final : public EngineSink {
  private:
   Transport* const transport_;
 };
+// What one slice element is budgeted at against ServerConfig::max_memory (8 floats).
+inline constexpr uint64_t kSliceBytesPerElement = 32;
 
 class Server {
  public:
@@ -128,7 +140,14 @@ class Server {
   // hands the slices to the engine. OK without a checkpoint; kDataLoss when every copy is
   // damaged.
   absl::Status ReadCheckpoint(const std::string& dir);
+  // Restores config_.restore_from (any job).
+  absl::Status RestoreFrom(const std::string& path);
+  absl::Status InstallSlices(std::vector<SliceRecord> records);
+  // Moves a checkpoint of another job (and its .prev) aside to <path>.job-<id>.
+  void SetAside(const std::string& path, const std::string& job_id);
   void ReplyError(const InMessage& in, const absl::Status& status);
+  // kPermissionDenied unless `secret` is one of the job's workers' (from the views).
+  absl::Status CheckWorkerSecret(const flatbuffers::String* secret, const char* what) const;
 
   // Membership (membership.cc): common/cluster_client registers, heartbeats, re-registers
   // and guards views and shutdowns; these are its callbacks, on the I/O thread.
@@ -147,6 +166,12 @@ class Server {
 
   // I/O thread only.
   OptimizerConfig optimizer_;  // what SetHyper validates against (the engine has copies)
+  bool serving_ = false;  // registered, and restored when there was a checkpoint
+  bool finishing_ = false;  // Finish ran (the final checkpoint may still be in progress)
+  std::string job_id_;    // of the latest cluster view
+  std::set<std::string> worker_secrets_;  // every worker secret of this job's views
+  const uint64_t memory_budget_;          // config_.max_memory, or its default
+  uint64_t memory_used_ = 0;              // budgeted bytes of the slices with an owner
   absl::Time last_checkpoint_;
   std::unique_ptr<ClusterClient> cluster_;
   std::shared_ptr<std::atomic<bool>> timed_checkpoint_busy_ =

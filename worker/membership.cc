@@ -48,6 +48,7 @@ absl::Status Worker::Impl::Init() {
   ADAPS_RETURN_IF_ERROR(ValidateLogLevel(options_.log_level));
   ADAPS_RETURN_IF_ERROR(StartMetrics());
   ADAPS_RETURN_IF_ERROR(transport_->Start());
+  retry_thread_ = std::thread([this] { RetryLoop(); });
   ADAPS_ASSIGN_OR_RETURN(InMessage reply, cluster_->Register());
   ADAPS_RET_CHECK(cluster_->scheduler_peer() == kSchedulerPeer, absl::StatusCode::kInternal,
                   "unexpected peer id");
@@ -90,13 +91,21 @@ absl::Status Worker::Impl::ApplyRegistration(const msg::ClusterView& view) {
 
 absl::Status Worker::Impl::ConnectServers(const msg::ClusterView& view) {
   std::vector<std::string> addresses(num_servers_);
+  std::vector<bool> restartable(num_servers_, false);
   if (view.nodes()) {
     for (const auto* n : *view.nodes()) {
       if (n->role() == msg::Role::Server && n->rank() >= 0 && n->rank() < num_servers_ &&
           n->address()) {
         addresses[n->rank()] = n->address()->str();
+        restartable[n->rank()] = n->identity() && n->identity()->size() > 0;
       }
     }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    server_incarnation_.assign(num_servers_, 0);
+    server_restartable_ = restartable;
+    server_alive_.assign(num_servers_, true);
   }
   for (int s = 0; s < num_servers_; ++s) {
     ADAPS_RET_CHECK(!addresses[s].empty(), absl::StatusCode::kDataLoss,
@@ -110,6 +119,7 @@ absl::Status Worker::Impl::ConnectServers(const msg::ClusterView& view) {
   if (!transport_->Post([this, &addresses, &handed] {
         ADAPS_DCHECK_ON_IO_THREAD(transport_);
         server_address_ = addresses;
+        server_dead_.assign(addresses.size(), false);
         handed.set_value();
       })) {
     return absl::FailedPreconditionError("transport stopped while registering");
@@ -123,6 +133,11 @@ absl::Status Worker::Impl::CheckRunning() {
   if (stopped_) return absl::FailedPreconditionError("worker stopped");
   if (shutdown_) return shutdown_status_;
   return absl::OkStatus();
+}
+
+std::string Worker::Impl::Secret() const {
+  absl::MutexLock lock(&mu_);
+  return secret_;
 }
 
 int Worker::Impl::ServerPeer(int server) const {
@@ -140,7 +155,12 @@ absl::Status Worker::Impl::Stop() {
   }
   absl::Status status;
   if (leave) status = cluster_->Leave(absl::Seconds(2));
-  transport_->Stop();
+  {
+    absl::MutexLock lock(&retry_mu_);
+    retry_closed_ = true;  // a retry posted from now on fails its operation at once
+  }
+  transport_->Stop();  // fails what a retry waits for
+  if (retry_thread_.joinable()) retry_thread_.join();
   return status;
 }
 
@@ -175,11 +195,15 @@ void Worker::Impl::OnShutdown(const absl::Status& status) {
 }
 
 // A newer cluster view. Fails requests to servers declared dead, and reconnects to a server
-// that came back at another address (restarted): requests still queued for the old address
-// fail with kUnavailable, and every tensor resynchronizes its steps with the servers before
-// its next operation.
+// that came back (restarted: at another address, or after being declared dead): requests
+// still queued for the old incarnation fail with kUnavailable, the server's incarnation is
+// bumped, and run.cc resends what was in flight and resynchronizes stale slices.
 void Worker::Impl::OnView(const msg::ClusterView& view) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
+  if (view.secret() != nullptr && view.secret()->size() > 0) {
+    absl::MutexLock lock(&mu_);
+    secret_ = view.secret()->str();  // a restarted scheduler hands out new ones
+  }
   if (view.nodes() == nullptr) return;
   for (const auto* n : *view.nodes()) {
     if (n->role() != msg::Role::Server || n->rank() < 0 || n->rank() >= num_servers_) continue;
@@ -187,27 +211,39 @@ void Worker::Impl::OnView(const msg::ClusterView& view) {
     // The registration answer arrives before the servers are connected: nothing to update.
     if (static_cast<size_t>(r) >= server_address_.size()) continue;
     if (!n->alive()) {
-      log_.get()->warn("server {} declared dead", r);
+      if (!server_dead_[r]) log_.get()->warn("server {} declared dead", r);
+      server_dead_[r] = true;
+      {
+        absl::MutexLock lock(&mu_);
+        server_alive_[r] = false;
+      }
       transport_->FailPeer(ServerPeer(r),
                            absl::UnavailableError(absl::StrCat("server ", r, " declared dead")));
       continue;
     }
     const std::string address = n->address() ? n->address()->str() : "";
-    if (address.empty() || address == server_address_[r]) continue;
-    auto peer = transport_->Connect(address);
-    if (!peer.ok()) {
-      log_.get()->error("server {} moved to {}: {}", r, address, peer.status().ToString());
-      continue;
+    if (address.empty() || (address == server_address_[r] && !server_dead_[r])) continue;
+    int peer = ServerPeer(r);
+    if (address != server_address_[r]) {
+      auto moved = transport_->Connect(address);
+      if (!moved.ok()) {
+        log_.get()->error("server {} moved to {}: {}", r, address, moved.status().ToString());
+        continue;
+      }
+      peer = *moved;
     }
     log_.get()->warn("server {} restarted at {}: reconnected", r, address);
     int old;
     {
       absl::MutexLock lock(&mu_);
       old = server_peer_[r];
-      server_peer_[r] = *peer;
+      server_peer_[r] = peer;
+      ++server_incarnation_[r];
+      server_alive_[r] = true;
+      server_restartable_[r] = n->identity() && n->identity()->size() > 0;
     }
     server_address_[r] = address;
-    ++server_generation_;
+    server_dead_[r] = false;
     transport_->FailPeer(old, absl::UnavailableError(absl::StrCat("server ", r, " restarted")));
   }
 }

@@ -8,25 +8,6 @@
 
 namespace adaps {
 
-void Op::Done(const absl::Status& status) {
-  absl::MutexLock lock(&mu_);
-  if (finished_) return;
-  if (!status.ok()) {
-    finished_ = true;
-    promise_.set_value(status);
-    return;
-  }
-  if (--remaining_ == 0) {
-    finished_ = true;
-    promise_.set_value(absl::OkStatus());
-  }
-}
-
-bool Op::IsFinished() {
-  absl::MutexLock lock(&mu_);
-  return finished_;
-}
-
 namespace {
 
 // Phase one for slice `i`: its wire bytes, its new residue (if any) left pending.

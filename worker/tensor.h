@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "adaps/worker.h"
 #include "common/compressor.h"
@@ -27,23 +28,6 @@
 #include "worker/worker_metrics.h"
 
 namespace adaps {
-
-// One asynchronous operation over several slices. Completes its promise once: at the first
-// error, or when every part has finished. Parts that finish after an error must not touch
-// the caller's buffers; they check IsFinished().
-class Op {
- public:
-  explicit Op(int parts) : remaining_(parts) {}
-  void Done(const absl::Status& status);
-  bool IsFinished();
-  std::future<absl::Status> future() { return promise_.get_future(); }
-
- private:
-  absl::Mutex mu_;
-  int remaining_ ABSL_GUARDED_BY(mu_);
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  std::promise<absl::Status> promise_;
-};
 
 // What never changes about a slice once declared.
 struct SliceMeta {
@@ -57,6 +41,9 @@ struct SliceRt {
   std::vector<float> replica;           // recompressed pulls: what the server published
   uint64_t replica_version = 0;
   uint64_t step = 0;  // the step this slice pushes next (the server's version)
+  // The incarnation of the slice's server (Worker::Impl::server_incarnation_) that `step`
+  // and `replica` were learned from; another one means resynchronize first.
+  uint64_t incarnation = 0;
 };
 
 struct Tensor {
@@ -68,9 +55,35 @@ struct Tensor {
   std::unique_ptr<Compressor> compressor ABSL_GUARDED_BY(mu);  // its scratch space changes
   std::vector<SliceRt> slices ABSL_GUARDED_BY(mu);
   CompressedUpdate update ABSL_GUARDED_BY(mu);
-  uint64_t server_generation ABSL_GUARDED_BY(mu) = 0;  // see WorkerImpl::server_generation_
   TrafficCounters traffic ABSL_GUARDED_BY(mu);
   TensorMetrics metrics ABSL_GUARDED_BY(mu);  // mirrors `traffic` (worker/worker_metrics.h)
+};
+
+// One Run (push and/or pull of every slice of a tensor) that outlives a server restart.
+// Each slice has a push part and a pull part; a part that failed because its server went
+// away (kUnavailable) is sent again, once the server came back and the slice resynchronized,
+// with the same encoded update (its residue was committed when it was encoded), until
+// `retry_until`. The promise is set once: at the first error that is not retried, or when no
+// part is outstanding; a part answered after a failure does not touch the caller's buffers.
+struct RunOp {
+  struct Part {
+    uint64_t sent_incarnation = 0;    // the server incarnation the parts were sent to
+    uint64_t synced_incarnation = 0;  // the one the slice's step came from, at sending
+    absl::Status error;           // the first error of this slice's parts in this attempt
+  };
+  RunOp(Tensor* tensor, bool do_push, bool do_pull, absl::Span<float> dst)
+      : t(tensor), push(do_push), pull(do_pull), out(dst), parts(tensor->meta.size()) {}
+
+  Tensor* const t;
+  const bool push, pull;
+  const absl::Span<float> out;
+  std::vector<SharedBytes> encoded;  // per slice (push): set before the first send
+  std::promise<absl::Status> promise;
+  absl::Mutex mu;
+  absl::Time retry_until ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();  // first failure + timeout
+  std::vector<Part> parts ABSL_GUARDED_BY(mu);
+  int outstanding ABSL_GUARDED_BY(mu) = 0;
+  bool finished ABSL_GUARDED_BY(mu) = false;  // the promise is set
 };
 
 // The wire payload of every slice of one push, in two phases: each slice is compressed with

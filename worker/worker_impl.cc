@@ -13,12 +13,6 @@ namespace {
 
 constexpr int kSchedulerPeer = 0;
 
-std::future<absl::Status> Ready(absl::Status status) {
-  std::promise<absl::Status> p;
-  p.set_value(std::move(status));
-  return p.get_future();
-}
-
 }  // namespace
 
 absl::StatusOr<Tensor*> Worker::Impl::Find(absl::string_view name) const {
@@ -78,19 +72,30 @@ absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewTensor(const TensorSpec
 // that rejoined) into `values`.
 absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
   for (const SliceMeta& m : t.meta) {
-    flatbuffers::FlatBufferBuilder b(256);
-    auto d = msg::CreateDeclareSlice(b, m.key, b.CreateString(t.spec.name), m.info.length,
-                                     t.spec.bin_size, rank_ == 0);
     SharedBytes init;
     if (rank_ == 0) init = FloatsToBytes(values.subspan(m.info.offset, m.info.length));
-    ADAPS_RETURN_IF_ERROR(
-        Call(ServerPeer(m.info.server), b, d, std::move(init), options_.request_timeout)
-            .status());
+    // (A server still registering answers kUnavailable: it cannot check our secret yet.)
+    ADAPS_RETURN_IF_ERROR(CallServerResuming(
+        m.info.server,
+        [&](flatbuffers::FlatBufferBuilder& fbb) {
+          return msg::CreateDeclareSlice(fbb, m.key, fbb.CreateString(t.spec.name),
+                                         m.info.length, t.spec.bin_size, rank_ == 0,
+                                         fbb.CreateString(Secret()));
+        },
+        init));
   }
   // A worker that rejoined a running cluster does not meet the others at this barrier:
   // they are training; it starts from the current parameters below.
   if (!rejoined_) ADAPS_RETURN_IF_ERROR(Barrier());
-  ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls, PullAllDense(t, "initial pull"));
+  std::vector<size_t> all(t.meta.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  std::vector<uint64_t> incarnations;
+  for (const SliceMeta& m : t.meta) {
+    uint64_t incarnation = 0;
+    ServerPeer(m.info.server, &incarnation);
+    incarnations.push_back(incarnation);
+  }
+  ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls, PullAllDense(t, all, "initial pull"));
   absl::MutexLock lock(&t.mu);
   for (size_t i = 0; i < t.meta.size(); ++i) {
     const SliceInfo& info = t.meta[i].info;
@@ -99,8 +104,8 @@ absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
     rt.replica.assign(values.begin() + info.offset, values.begin() + info.offset + info.length);
     rt.replica_version = pulls[i].envelope()->body_as_PullResponse()->version();
     rt.step = rt.replica_version;
+    rt.incarnation = incarnations[i];
   }
-  t.server_generation = server_generation_.load();
   return absl::OkStatus();
 }
 
@@ -129,11 +134,12 @@ absl::Status Worker::Impl::Declare(const TensorSpec& spec, absl::Span<float> val
   return absl::OkStatus();
 }
 
-// Blocking dense pulls of every slice at its current version; called with no lock held.
-absl::StatusOr<std::vector<InMessage>> Worker::Impl::PullAllDense(const Tensor& t,
-                                                                  const char* why) {
+// Blocking dense pulls of `slices` at their current version; called with no lock held.
+absl::StatusOr<std::vector<InMessage>> Worker::Impl::PullAllDense(
+    const Tensor& t, const std::vector<size_t>& slices, const char* why) {
   std::vector<InMessage> out;
-  for (const SliceMeta& m : t.meta) {
+  for (size_t i : slices) {
+    const SliceMeta& m = t.meta[i];
     flatbuffers::FlatBufferBuilder b(128);
     auto p = msg::CreatePullRequest(b, m.key, 0, 0, msg::PullFormat::Dense);
     ADAPS_ASSIGN_OR_RETURN(InMessage r, Call(ServerPeer(m.info.server), b, p, nullptr,
@@ -146,134 +152,6 @@ absl::StatusOr<std::vector<InMessage>> Worker::Impl::PullAllDense(const Tensor& 
   return out;
 }
 
-// After a server restarted (restored from its checkpoint, possibly at an earlier step):
-// learn each slice's current step and parameters, so the next push is for the step the
-// server is at and recompressed pulls start from its state. The pulls run without t.mu
-// (an I/O callback may need it meanwhile); the answers are applied under it afterwards.
-absl::Status Worker::Impl::Resync(Tensor& t) {
-  const uint64_t generation = server_generation_.load();
-  ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls, PullAllDense(t, "pull while resynchronizing"));
-  absl::MutexLock lock(&t.mu);
-  if (t.server_generation == generation) return absl::OkStatus();  // another caller did it
-  for (size_t i = 0; i < t.meta.size(); ++i) {
-    SliceRt& rt = t.slices[i];
-    const uint64_t version = pulls[i].envelope()->body_as_PullResponse()->version();
-    if (version != rt.step) {
-      log_.get()->warn("tensor '{}' slice at {}: server at step {}, this worker at {}",
-                       t.spec.name, t.meta[i].info.offset, version, rt.step);
-    }
-    rt.step = version;
-    std::memcpy(rt.replica.data(), pulls[i].payload().data(), pulls[i].payload().size());
-    rt.replica_version = version;
-  }
-  t.server_generation = generation;
-  return absl::OkStatus();
-}
-
-std::future<absl::Status> Worker::Impl::Run(absl::string_view name, absl::Span<const float> grad,
-                                            absl::Span<float> out, bool push, bool pull) {
-  if (auto s = CheckRunning(); !s.ok()) return Ready(s);
-  auto found = Find(name);
-  if (!found.ok()) return Ready(found.status());
-  Tensor& t = **found;
-  if ((push && grad.size() != t.length) || (pull && out.size() != t.length)) {
-    return Ready(absl::InvalidArgumentError(
-        absl::StrCat("tensor '", name, "' has ", t.length, " elements; got ",
-                     push ? grad.size() : out.size())));
-  }
-  bool stale;
-  {
-    absl::MutexLock lock(&t.mu);
-    stale = t.server_generation != server_generation_.load();
-  }
-  if (stale) {
-    if (auto s = Resync(t); !s.ok()) return Ready(s);
-  }
-  const int parts = static_cast<int>(t.meta.size()) * ((push ? 1 : 0) + (pull ? 1 : 0));
-  auto op = std::make_shared<Op>(parts);
-  auto future = op->future();
-  absl::MutexLock lock(&t.mu);
-  if (push) {
-    if (auto s = StartPush(t, grad, op); !s.ok()) return Ready(s);
-  }
-  if (pull) StartPull(t, out, op);
-  return future;
-}
-
-// Sends the pushes of one step; every slice reports to `op`. Nothing is sent, and no
-// residue changes, unless every slice encoded.
-absl::Status Worker::Impl::StartPush(Tensor& t, absl::Span<const float> grad,
-                                     const std::shared_ptr<Op>& op) {
-  const IndexCoding coding = options_.compact_indices ? IndexCoding::kRice : IndexCoding::kPlain32;
-  const absl::Time started = worker_metrics_->Now();
-  ADAPS_ASSIGN_OR_RETURN(std::vector<SharedBytes> encoded, EncodePush(t, grad, coding));
-  const msg::PayloadKind kind = PayloadKindFor(CodecKind(t.spec.compression));
-  for (size_t i = 0; i < t.meta.size(); ++i) {
-    const SliceMeta& m = t.meta[i];
-    const uint64_t step = t.slices[i].step++;
-    flatbuffers::FlatBufferBuilder fbb(128);
-    auto body = msg::CreatePush(fbb, m.key, step, kind);
-    const uint64_t id = transport_->NewRequestId();
-    OutMessage msg = FinishEnvelope(fbb, transport_->self(), body, id, 0, encoded[i]);
-    t.traffic.push_wire_bytes += msg.header.size() + encoded[i]->size();
-    t.traffic.push_dense_bytes += uint64_t{m.info.length} * sizeof(float);
-    transport_->Request(ServerPeer(m.info.server), id, std::move(msg),
-                        absl::Now() + options_.request_timeout,
-                        [op, name = t.spec.name](absl::StatusOr<InMessage> reply) {
-                          if (!reply.ok()) {
-                            op->Done(absl::Status(reply.status().code(),
-                                                  absl::StrCat("push of '", name, "': ",
-                                                               reply.status().message())));
-                          } else {
-                            op->Done(absl::OkStatus());
-                          }
-                        });
-  }
-  ++t.traffic.pushes;
-  worker_metrics_->Pushed(t, started);
-  return absl::OkStatus();
-}
-
-void Worker::Impl::StartPull(Tensor& t, absl::Span<float> out, const std::shared_ptr<Op>& op) {
-  const msg::PullFormat format = WirePullFormat(t.spec.pull);
-  for (size_t i = 0; i < t.meta.size(); ++i) {
-    const SliceMeta& m = t.meta[i];
-    const SliceRt& rt = t.slices[i];
-    flatbuffers::FlatBufferBuilder fbb(128);
-    auto body = msg::CreatePullRequest(fbb, m.key, rt.step, rt.replica_version, format);
-    const uint64_t id = transport_->NewRequestId();
-    OutMessage msg = FinishEnvelope(fbb, transport_->self(), body, id, 0);
-    const size_t request_bytes = msg.header.size();
-    Tensor* tp = &t;
-    Transport* transport = transport_.get();
-    WorkerMetrics* metrics = worker_metrics_.get();
-    transport_->Request(
-        ServerPeer(m.info.server), id, std::move(msg), absl::Now() + options_.request_timeout,
-        [op, tp, i, out, request_bytes, transport, metrics,
-         step = rt.step](absl::StatusOr<InMessage> reply) {
-          ADAPS_DCHECK_ON_IO_THREAD(transport);
-          if (!reply.ok()) {
-            op->Done(absl::Status(reply.status().code(), absl::StrCat("pull of '", tp->spec.name,
-                                                                      "': ",
-                                                                      reply.status().message())));
-            return;
-          }
-          if (op->IsFinished()) return;  // an earlier part failed: leave `out` alone
-          const msg::PullResponse* resp = reply->envelope()->body_as_PullResponse();
-          if (resp == nullptr) {
-            op->Done(absl::DataLossError("pull answered with something else"));
-            return;
-          }
-          op->Done(metrics->Decode(step, [&] {
-            return ApplyPull(*tp, i, *resp, reply->payload(), reply->wire_bytes() + request_bytes,
-                             out);
-          }));
-        });
-  }
-  ++t.traffic.pulls;
-  t.metrics.Sync(t.traffic);
-}
-
 absl::Status Worker::Impl::Barrier() {
   ADAPS_RETURN_IF_ERROR(CheckRunning());
   flatbuffers::FlatBufferBuilder fbb(64);
@@ -284,14 +162,13 @@ absl::Status Worker::Impl::Barrier() {
 absl::Status Worker::Impl::SetHyper(const std::vector<std::pair<std::string, double>>& params) {
   ADAPS_RETURN_IF_ERROR(CheckRunning());
   for (int s = 0; s < num_servers_; ++s) {
-    flatbuffers::FlatBufferBuilder fbb(256);
-    std::vector<flatbuffers::Offset<msg::HyperParam>> ps;
-    for (const auto& [n, v] : params) {
-      ps.push_back(msg::CreateHyperParam(fbb, fbb.CreateString(n), v));
-    }
-    auto body = msg::CreateSetHyper(fbb, fbb.CreateVector(ps));
-    ADAPS_RETURN_IF_ERROR(
-        Call(ServerPeer(s), fbb, body, nullptr, options_.request_timeout).status());
+    ADAPS_RETURN_IF_ERROR(CallServerResuming(s, [&](flatbuffers::FlatBufferBuilder& fbb) {
+      std::vector<flatbuffers::Offset<msg::HyperParam>> ps;
+      for (const auto& [n, v] : params) {
+        ps.push_back(msg::CreateHyperParam(fbb, fbb.CreateString(n), v));
+      }
+      return msg::CreateSetHyper(fbb, fbb.CreateVector(ps), fbb.CreateString(Secret()));
+    }));
   }
   return absl::OkStatus();
 }
@@ -299,10 +176,9 @@ absl::Status Worker::Impl::SetHyper(const std::vector<std::pair<std::string, dou
 absl::Status Worker::Impl::Checkpoint(const std::string& directory) {
   ADAPS_RETURN_IF_ERROR(CheckRunning());
   for (int s = 0; s < num_servers_; ++s) {
-    flatbuffers::FlatBufferBuilder fbb(256);
-    auto body = msg::CreateCheckpoint(fbb, fbb.CreateString(directory));
-    ADAPS_RETURN_IF_ERROR(
-        Call(ServerPeer(s), fbb, body, nullptr, options_.request_timeout).status());
+    ADAPS_RETURN_IF_ERROR(CallServerResuming(s, [&](flatbuffers::FlatBufferBuilder& fbb) {
+      return msg::CreateCheckpoint(fbb, fbb.CreateString(directory), fbb.CreateString(Secret()));
+    }));
   }
   return absl::OkStatus();
 }

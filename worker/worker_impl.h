@@ -1,19 +1,25 @@
 // Internal to the worker library: Worker::Impl, the body behind the public pImpl
 // (adaps/worker.h).
 //
-// Parts: the data path (Declare, Run: push/pull, Resync, Barrier, SetHyper, Checkpoint;
-// worker_impl.cc) over per-tensor state (worker/tensor.h), and the membership part
+// Parts: the data path (Declare, Barrier, SetHyper, Checkpoint; worker_impl.cc), pushes and
+// pulls that survive a server restart (Run, resynchronizing and retrying; worker/run.cc)
+// over per-tensor state (worker/tensor.h), and the membership part
 // (worker/membership.cc: what cluster views and a shutdown mean for the worker, over
 // common/cluster_client, which registers, heartbeats and re-registers).
 //
 // Threads: caller threads run the public methods; the transport's I/O thread runs Handle,
-// OnView, OnShutdown, the cluster client and every reply callback. State marked "I/O thread" is
+// OnView, OnShutdown, the cluster client and every reply callback; the retry thread
+// (started in Init, joined in Stop) resends the parts of a Run whose server restarted. State marked "I/O thread" is
 // checked with ADAPS_DCHECK_ON_IO_THREAD. No lock is held across a blocking call.
 #ifndef ADAPS_WORKER_WORKER_IMPL_H_
 #define ADAPS_WORKER_WORKER_IMPL_H_
 
+#include <algorithm>
 #include <atomic>
+#include <deque>
+#include <functional>
 #include <future>
+#include <thread>
 #include <map>
 #include <memory>
 #include <string>
@@ -66,19 +72,52 @@ class Worker::Impl {
                                  flatbuffers::Offset<T> body, SharedBytes payload,
                                  absl::Duration timeout);
 
+  // A blocking request to server `server`, built by `build(fbb)` (returns the body offset),
+  // that survives its restart: kUnavailable is asked again (new incarnation, or a server
+  // still registering) until request_timeout has passed (so a server that is gone for good
+  // fails it only then). Call it with no lock held.
+  template <typename Build>
+  absl::Status CallServerResuming(int server, Build build, SharedBytes payload = nullptr);
+
   absl::Status CheckRunning();
   absl::StatusOr<Tensor*> Find(absl::string_view name) const;
   int ServerPeer(int server) const;
+  std::string Secret() const;
+  // The server's current peer id and incarnation (bumped each time it restarted).
+  int ServerPeer(int server, uint64_t* incarnation) const;
 
   // Data path (worker_impl.cc).
   absl::StatusOr<std::unique_ptr<Tensor>> NewTensor(const TensorSpec& spec, uint64_t length);
   absl::Status DeclareSlices(Tensor& t, absl::Span<float> values);
-  absl::StatusOr<std::vector<InMessage>> PullAllDense(const Tensor& t, const char* why);
-  absl::Status Resync(Tensor& t);
-  absl::Status StartPush(Tensor& t, absl::Span<const float> grad, const std::shared_ptr<Op>& op)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-  void StartPull(Tensor& t, absl::Span<float> out, const std::shared_ptr<Op>& op)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+  absl::StatusOr<std::vector<InMessage>> PullAllDense(const Tensor& t,
+                                                      const std::vector<size_t>& slices,
+                                                      const char* why);
+
+  // Runs that survive a server restart (run.cc). A slice is stale when its server's
+  // incarnation changed since the slice learned its step; ResyncSlices learns step and
+  // replica again from the (restored) server. Call both with no lock held.
+  std::vector<size_t> StaleSlices(Tensor& t);
+  absl::Status ResyncSlices(Tensor& t, const std::vector<size_t>& slices);
+  // ResyncSlices, asked again while the server answers kUnavailable, until `deadline`.
+  absl::Status ResyncWithin(Tensor& t, const std::vector<size_t>& slices, absl::Time deadline);
+  // Sends the push and/or pull parts of `slices` (op->encoded holds the pushes).
+  void SendParts(const std::shared_ptr<RunOp>& op, const std::vector<size_t>& slices);
+  void SendPush(const std::shared_ptr<RunOp>& op, size_t i, int peer, uint64_t incarnation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op->t->mu);
+  void SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer, uint64_t incarnation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op->t->mu);
+  // One part finished (I/O thread; the sending thread once the transport stopped); the
+  // last one ends the attempt (done, or a retry queued).
+  void PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pull_part,
+                absl::Status status);
+  bool Retryable(RunOp& op, size_t i, const absl::Status& status);
+  // Retry thread: waits for the restarted servers, resynchronizes, sends again.
+  void Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices);
+  // Waits until the server is alive (not declared dead), or has another incarnation than
+  // `old`; false at the deadline or when the worker stops.
+  bool WaitForNewIncarnation(int server, uint64_t old, absl::Time deadline);
+  bool PostRetry(std::function<void()> job);
+  void RetryLoop();
 
   // Membership (membership.cc): common/cluster_client registers, heartbeats, re-registers
   // and guards views and shutdowns; OnView and OnShutdown are its callbacks (I/O thread).
@@ -103,14 +142,28 @@ class Worker::Impl {
   int num_servers_ = 0;
   bool rejoined_ = false;  // we re-registered into a formed cluster
   std::vector<int> server_peer_ ABSL_GUARDED_BY(mu_);  // changes when a server moves
-  std::atomic<uint64_t> server_generation_{0};          // bumped when a server moved
+  // Per server: bumped when it restarted (moved, or came back after being declared dead).
+  std::vector<uint64_t> server_incarnation_ ABSL_GUARDED_BY(mu_);
+  // Per server: it has an identity, so a restart can take its rank back (worth waiting for).
+  std::vector<bool> server_restartable_ ABSL_GUARDED_BY(mu_);
+  // Per server: not declared dead (false from the view saying so until it is back).
+  std::vector<bool> server_alive_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> barrier_seq_{0};
   // I/O thread only (ADAPS_DCHECK_ON_IO_THREAD).
   std::vector<std::string> server_address_;
+  std::vector<bool> server_dead_;
+
+  // The retry thread and its queue of jobs (closed in Stop: later jobs are refused).
+  std::thread retry_thread_;
+  absl::Mutex retry_mu_;
+  std::deque<std::function<void()>> retry_jobs_ ABSL_GUARDED_BY(retry_mu_);
+  bool retry_closed_ ABSL_GUARDED_BY(retry_mu_) = false;
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Tensor>> tensors_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  // This worker's secret from its latest view: proves to servers it is a worker of the job.
+  std::string secret_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status shutdown_status_ ABSL_GUARDED_BY(mu_);
 };
@@ -133,6 +186,28 @@ absl::StatusOr<InMessage> Worker::Impl::Call(int peer, flatbuffers::FlatBufferBu
     return absl::DeadlineExceededError("request not answered");
   }
   return future.get();
+}
+
+template <typename Build>
+absl::Status Worker::Impl::CallServerResuming(int server, Build build, SharedBytes payload) {
+  const absl::Time deadline = absl::Now() + options_.request_timeout;
+  while (true) {
+    uint64_t incarnation = 0;
+    const int peer = ServerPeer(server, &incarnation);
+    flatbuffers::FlatBufferBuilder fbb(256);
+    auto body = build(fbb);
+    absl::Status st = Call(peer, fbb, body, payload, options_.request_timeout).status();
+    if (st.code() != absl::StatusCode::kUnavailable || absl::Now() >= deadline) return st;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopped_ || shutdown_) return st;
+    }
+    // Wait for the restarted server's view (or pace a server still registering), then ask
+    // again either way.
+    WaitForNewIncarnation(server, incarnation,
+                          std::min(deadline, absl::Now() + absl::Milliseconds(100)));
+    absl::SleepFor(absl::Milliseconds(20));
+  }
 }
 
 }  // namespace adaps

@@ -8,6 +8,7 @@
 // number of pushers means something was applied twice, a smaller one that something was
 // lost.
 #include <atomic>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -219,6 +220,85 @@ TEST(Faults, KilledServerRestartsFromItsCheckpointAndWorkersCarryOn) {
   EXPECT_EQ(after_restart[1], expected);
   EXPECT_THAT(restarted->Log(), HasSubstr("restored at step 5"));
   EXPECT_EQ(restarted->WaitExit(absl::Seconds(10)), 0) << restarted->Log();
+}
+
+// The step in flight when the server dies is not failed: the worker waits for the
+// restarted server, resynchronizes the slice's step with the restored shard and sends the
+// same update again. Every PushPull succeeds; the parameters fall back once, to the last
+// timed checkpoint, and from there every step adds the two pushes exactly once.
+void KillServerMidStepAndRestart(bool same_port) {
+  ClusterOptions options = SumCluster(2, {"--dead_timeout_ms=1000", "--num_servers=1"});
+  options.num_servers = 0;
+  LocalCluster cluster(options);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  const std::string ckpt = cluster.dir() + "/ckpt";
+  ASSERT_EQ(::mkdir(ckpt.c_str(), 0755), 0);
+  const std::vector<std::string> args = {"--scheduler=" + cluster.scheduler_address(),
+                                         "--optimizer=sum", "--identity=shard0",
+                                         "--checkpoint_dir=" + ckpt, "--checkpoint_interval_s=1",
+                                         "--log_level=info"};
+  std::vector<std::string> first = args;
+  if (same_port) first.push_back("--port_file=" + cluster.dir() + "/server.port");
+  auto server = std::make_unique<Process>(ADAPS_SERVER_BIN, first, cluster.dir() + "/s-a.log");
+  std::vector<std::string> second = args;
+  std::unique_ptr<Process> restarted;
+  constexpr int kSteps = 90, kKillAt = 60;
+  std::vector<std::vector<float>> seen(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      auto w = Worker::Create(Options(cluster.scheduler_address()));
+      ASSERT_TRUE(w.ok()) << w.status();
+      std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
+      ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+      for (int s = 0; s < kSteps; ++s) {
+        if ((*w)->rank() == 0 && s == kKillAt) {
+          if (same_port) {  // written once the cluster formed
+            second.push_back("--port=" + WaitForPortFile(cluster.dir() + "/server.port",
+                                                         absl::Seconds(1)));
+          }
+          server->Kill();  // the other worker is inside its step
+          restarted =
+              std::make_unique<Process>(ADAPS_SERVER_BIN, second, cluster.dir() + "/s-b.log");
+        }
+        absl::Status st = (*w)->PushPull("t", g, absl::MakeSpan(p)).get();
+        ASSERT_TRUE(st.ok()) << "step " << s << ": " << st;
+        for (size_t k = 1; k < kLen; ++k) ASSERT_EQ(p[k], p[0]);
+        seen[i].push_back(p[0]);
+        absl::SleepFor(absl::Milliseconds(25));
+      }
+      EXPECT_TRUE((*w)->Stop().ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(restarted);
+  EXPECT_EQ(restarted->WaitExit(absl::Seconds(10)), 0) << restarted->Log();
+  const std::string log = restarted->Log();
+  const size_t at = log.find("restored at step ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const int restored = std::atoi(log.c_str() + at + 17);
+  ASSERT_GT(restored, 0) << "no timed checkpoint before the kill";
+  EXPECT_EQ(seen[0], seen[1]);
+  int falls = 0;
+  for (size_t s = 0; s < seen[0].size(); ++s) {
+    const float prev = s == 0 ? 0.0f : seen[0][s - 1];
+    if (seen[0][s] == prev + 2.0f) continue;
+    ++falls;
+    // The first step after the restore: the checkpoint's step plus this one, once.
+    EXPECT_EQ(seen[0][s], 2.0f * (restored + 1)) << "step " << s;
+  }
+  // (No fall at all only if the last checkpoint was at the very step of the kill.)
+  EXPECT_LE(falls, 1) << "steps were lost or doubled";
+}
+
+TEST(Faults, ServerKilledMidStepIsResumedAndTheStepInFlightIsRetried) {
+  KillServerMidStepAndRestart(/*same_port=*/false);
+}
+
+// The same when the restarted server listens on the same address (fixed --port, as on
+// hosts): the scheduler shows it dead and alive again so that workers see the restart.
+TEST(Faults, ServerRestartedAtTheSameAddressIsResumedToo) {
+  KillServerMidStepAndRestart(/*same_port=*/true);
 }
 
 TEST(Faults, TrainingGoesOnWhileTheSchedulerIsDownAndARestartedOneTakesNodesBack) {

@@ -280,8 +280,9 @@ TEST(HostileInput, GarbageTruncatedVersionLengthsNanInfAndForgeriesChangeNothing
     flatbuffers::FlatBufferBuilder fbb;
     auto body = msg::CreateDeclareSlice(fbb, dense_key, fbb.CreateString("d"), kLen + 5, 10, false);
     ++id;
+    // A stranger (no worker secret) is refused before the declaration is looked at.
     expect_error(FinishEnvelope(fbb, kWorker0, body, id, 0), id,
-                 absl::StatusCode::kInvalidArgument, "redeclare with another length");
+                 absl::StatusCode::kPermissionDenied, "redeclare with another length");
   }
   // 5. NaN and Inf: dense values, the AdaComp scale, a Top-k value, initial values.
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -309,7 +310,7 @@ TEST(HostileInput, GarbageTruncatedVersionLengthsNanInfAndForgeriesChangeNothing
     auto body = msg::CreateDeclareSlice(fbb, 99, fbb.CreateString("new"), 16, 4, true);
     ++id;
     expect_error(FinishEnvelope(fbb, kWorker0, body, id, 0, FloatsToBytes(init)), id,
-                 absl::StatusCode::kInvalidArgument, "non-finite initial value");
+                 absl::StatusCode::kPermissionDenied, "non-finite initial value (stranger)");
   }
   // 6. Forgeries: scheduler messages on the server's port, a checkpoint elsewhere.
   {

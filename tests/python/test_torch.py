@@ -54,3 +54,14 @@ def test_launch_flags_reach_the_optimizer_of_a_script_that_reads_no_environment(
     assert code == 0, out
     assert out.count("FLAGS mode=local compression=dense pull=recompressed lr=0.5 "
                      "dense_push=1") == 2, out
+
+
+def test_launch_restarts_a_killed_server_and_the_workers_resume_it(tmp_path):
+    code, out = run_launch(["-n", "2", "--server-optimizer", "sum",
+                            "--checkpoint-dir", str(tmp_path / "ckpt"),
+                            "--checkpoint-interval", "1",
+                            os.path.join(HERE, "restart_server_worker.py")], timeout=120)
+    assert code == 0, out
+    assert "KILLED the server" in out, out
+    assert "restarting it from its checkpoint" in out, out
+    assert out.count("STEPS 90") == 2, out

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "adaps/worker.h"
@@ -17,9 +18,11 @@ namespace adaps {
 namespace {
 
 struct MiniCluster {
-  MiniCluster(const std::string& dir, OptimizerKind kind) {
+  MiniCluster(const std::string& dir, OptimizerKind kind,
+              const std::string& job_id = "checkpoint-test", const std::string& restore_from = "") {
     SchedulerConfig sc;
     sc.log_level = "off";
+    sc.job_id = job_id;  // one job over several cluster starts
     scheduler = std::make_unique<Scheduler>(sc);
     EXPECT_TRUE(scheduler->Start().ok());
     ServerConfig vc;
@@ -28,6 +31,7 @@ struct MiniCluster {
     vc.optimizer.learning_rate = 0.5f;
     vc.optimizer.momentum = 0.5f;
     vc.checkpoint_dir = dir;
+    vc.restore_from = restore_from;
     vc.log_level = "off";
     server = std::make_unique<Server>(vc);
     std::thread start([&] { server_status = server->Start(); });
@@ -39,10 +43,11 @@ struct MiniCluster {
     start.join();
     if (w.ok()) worker = *std::move(w);
   }
+  // The server stops first, as if killed: no final checkpoint (see CleanShutdown... below).
   ~MiniCluster() {
+    server->Stop();
     if (worker) worker->Stop().IgnoreError();
     scheduler->Stop();
-    server->Stop();
   }
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<Server> server;
@@ -105,6 +110,99 @@ TEST(Checkpoint, DamagedCheckpointIsRefusedAndThePreviousOneUsed) {
   EXPECT_NE(v, (std::vector<float>{0, 0, 0, 0}));  // ... but the step-1 one, not fresh values
 }
 
+// A new job (another --job_id) does not silently resume an earlier run's model: the
+// checkpoint is moved aside and the server starts fresh; --restore_from resumes it.
+TEST(Checkpoint, AnotherJobsCheckpointIsNotRestoredButRestoreFromResumesIt) {
+  const std::string dir = FreshDir("otherjob");
+  const std::vector<float> trained = Train(dir, 0, 3, /*checkpoint_after=*/3);
+  const std::vector<float> initial = {1, 2, 3, 4};
+  {
+    MiniCluster c(dir, OptimizerKind::kMomentum, "another-job");
+    ASSERT_TRUE(c.server_status.ok()) << c.server_status;
+    ASSERT_TRUE(c.worker);
+    std::vector<float> v = initial;
+    ASSERT_TRUE(c.worker->Declare({"t", {4}, 2, Compression::kDense}, absl::MakeSpan(v)).ok());
+    EXPECT_EQ(v, initial) << "another job's model was restored";
+  }
+  const std::string aside = dir + "/server-0.ckpt.job-checkpoint-test";
+  ASSERT_TRUE(std::filesystem::exists(aside));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/server-0.ckpt"));
+  MiniCluster c(dir, OptimizerKind::kMomentum, "a-third-job", aside);
+  ASSERT_TRUE(c.server_status.ok()) << c.server_status;
+  ASSERT_TRUE(c.worker);
+  std::vector<float> v = initial;
+  ASSERT_TRUE(c.worker->Declare({"t", {4}, 2, Compression::kDense}, absl::MakeSpan(v)).ok());
+  EXPECT_EQ(v, trained);
+}
+
+// Format 2 files (no job id) are still read, but restored only with --restore_from.
+TEST(Checkpoint, FormatTwoFileIsRestoredOnlyWithRestoreFrom) {
+  const std::string dir = FreshDir("format2");
+  const std::vector<float> trained = Train(dir, 0, 3, /*checkpoint_after=*/3);
+  std::vector<uint8_t> v3;
+  {
+    std::ifstream in(dir + "/server-0.ckpt", std::ios::binary);
+    v3.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  // The same checkpoint in format 2: magic ...K2 and no job id (u64 size + 15 bytes).
+  const size_t job_bytes = 8 + std::string("checkpoint-test").size();
+  ASSERT_GT(v3.size(), 8 + job_bytes + 4);
+  std::vector<uint8_t> v2(v3.begin(), v3.begin() + 8);
+  v2[7] = '2';
+  v2.insert(v2.end(), v3.begin() + 8 + job_bytes, v3.end() - 4);
+  const uint32_t crc = Crc32(v2);
+  const auto* c4 = reinterpret_cast<const uint8_t*>(&crc);
+  v2.insert(v2.end(), c4, c4 + 4);
+  std::string job = "unset";
+  auto decoded = DecodeCheckpoint(v2, "v2", &job);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(job, "");
+  ASSERT_EQ(decoded->size(), 1u);
+  EXPECT_EQ((*decoded)[0].params, trained);
+  std::filesystem::remove(dir + "/server-0.ckpt.prev");
+  std::ofstream(dir + "/server-0.ckpt", std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(v2.data()), v2.size());
+  const std::vector<float> initial = {1, 2, 3, 4};
+  {
+    MiniCluster c(dir, OptimizerKind::kMomentum);
+    ASSERT_TRUE(c.worker);
+    std::vector<float> v = initial;
+    ASSERT_TRUE(c.worker->Declare({"t", {4}, 2, Compression::kDense}, absl::MakeSpan(v)).ok());
+    EXPECT_EQ(v, initial) << "a checkpoint without a job id was restored without --restore_from";
+  }
+  MiniCluster c(dir, OptimizerKind::kMomentum, "checkpoint-test",
+                dir + "/server-0.ckpt.job-none");
+  ASSERT_TRUE(c.server_status.ok()) << c.server_status;
+  ASSERT_TRUE(c.worker);
+  std::vector<float> v = initial;
+  ASSERT_TRUE(c.worker->Declare({"t", {4}, 2, Compression::kDense}, absl::MakeSpan(v)).ok());
+  EXPECT_EQ(v, trained);
+}
+
+// A clean end of the job (every worker left, the scheduler's Shutdown) writes a last
+// checkpoint: a later run of the same job resumes from the end, not from the last timer.
+TEST(Checkpoint, CleanShutdownWritesAFinalCheckpoint) {
+  const std::string dir = FreshDir("final");
+  std::vector<float> v = {1, 2, 3, 4};
+  {
+    MiniCluster c(dir, OptimizerKind::kMomentum);
+    ASSERT_TRUE(c.worker);
+    ASSERT_TRUE(c.worker->Declare({"t", {4}, 2, Compression::kDense}, absl::MakeSpan(v)).ok());
+    for (int s = 0; s < 4; ++s) {
+      ASSERT_TRUE(c.worker->PushPull("t", Grad(s), absl::MakeSpan(v)).get().ok());
+    }
+    ASSERT_TRUE(c.worker->Stop().ok());
+    ASSERT_TRUE(c.server->WaitForShutdown(absl::Seconds(10)));
+  }
+  std::string job;
+  auto records = ReadCheckpointFile(dir + "/server-0.ckpt", &job);
+  ASSERT_TRUE(records.ok()) << records.status();
+  EXPECT_EQ(job, "checkpoint-test");
+  ASSERT_EQ(records->size(), 1u);
+  EXPECT_EQ((*records)[0].version, 4u);
+  EXPECT_EQ((*records)[0].params, v);
+}
+
 TEST(Checkpoint, EveryCopyDamagedMeansTheServerRefusesToStart) {
   const std::string dir = FreshDir("bothbad");
   std::ofstream(dir + "/server-0.ckpt") << "ADAPSCK2 but nothing sensible after it";
@@ -143,7 +241,9 @@ void AppendFloats(std::vector<uint8_t>& out, const std::vector<float>& v) {
 }
 
 TEST(CheckpointFormat, BytesFollowTheDocumentedLayoutSoOldFilesStayReadable) {
-  std::vector<uint8_t> expected = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '2'};
+  std::vector<uint8_t> expected = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '3'};
+  Append<uint64_t>(expected, 3);
+  for (char ch : std::string("job")) expected.push_back(ch);
   Append<uint64_t>(expected, 1);
   const SliceRecord r = Record(9, "w");
   Append<uint64_t>(expected, 9);
@@ -156,7 +256,7 @@ TEST(CheckpointFormat, BytesFollowTheDocumentedLayoutSoOldFilesStayReadable) {
     AppendFloats(expected, *v);
   }
   Append<uint32_t>(expected, Crc32(expected));
-  EXPECT_EQ(EncodeCheckpoint({r}), expected);
+  EXPECT_EQ(EncodeCheckpoint({r}, "job"), expected);
   EXPECT_EQ(Crc32(std::vector<uint8_t>{'1', '2', '3', '4', '5', '6', '7', '8', '9'}),
             0xCBF43926u);  // the standard CRC-32 check value
 }

@@ -222,7 +222,7 @@ TEST(Engine, CheckpointWhilePushingHoldsExactlyTheStepsQueuedBeforeIt) {
   std::promise<std::pair<absl::Status, std::thread::id>> written;
   for (int step = 0; step < 12; ++step) {
     if (step == 5) {
-      h.engine->Checkpoint(path, [&written](absl::Status st, size_t n) {
+      h.engine->Checkpoint(path, "test-job", [&written](absl::Status st, size_t n) {
         EXPECT_EQ(n, 4u);
         written.set_value({st, std::this_thread::get_id()});
       });
@@ -282,7 +282,7 @@ TEST(Engine, StopFinishesTheQueuedWorkAndRefusesMore) {
   late.kind = EngineWork::Kind::kPull;
   EXPECT_FALSE(h.engine->Submit(0, std::move(late)));
   absl::Status after;
-  h.engine->Checkpoint("/nonexistent/x.ckpt", [&](absl::Status st, size_t) { after = st; });
+  h.engine->Checkpoint("/nonexistent/x.ckpt", "test-job", [&](absl::Status st, size_t) { after = st; });
   EXPECT_EQ(after.code(), absl::StatusCode::kUnavailable) << after;
 }
 

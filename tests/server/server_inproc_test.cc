@@ -213,6 +213,7 @@ struct MiniCluster {
   explicit MiniCluster(const std::string& dir) {
     SchedulerConfig sc;
     sc.log_level = "warn";
+    sc.job_id = "inproc-checkpoint";  // the same job when the whole cluster restarts
     scheduler = std::make_unique<Scheduler>(sc);
     EXPECT_TRUE(scheduler->Start().ok());
     ServerConfig vc;

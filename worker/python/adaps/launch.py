@@ -21,8 +21,14 @@ Every output line is forwarded with a prefix: [r<rank>] for a worker once
 adaps.worker_from_env() registered it (the scheduler's rank; [w<i>] before, i = start
 order), [s<i>] for servers, [sched] for the scheduler. When this output is a terminal, the
 workers get ADAPS_PROGRESS=tty and rank 0's adaps.progress line is rewritten in place. When a worker fails
-or a server/the scheduler dies, everything is stopped and the exit code is the failure's;
+or the scheduler dies, everything is stopped and the exit code is the failure's;
 Ctrl-C stops everything (exit 130). Executables: --bin-dir, else $ADAPS_BIN_DIR, else PATH.
+
+Server restarts: every server runs with --identity=s<i>. With --checkpoint-dir, servers
+checkpoint there (every --checkpoint-interval seconds, default 30) and a server that dies
+while the workers run is started again with the same flags (up to --server-restarts
+times, default 3): it restores its shard and the workers resume it. Without
+--checkpoint-dir a dead server ends the job (a fresh server would have lost the model).
 """
 import argparse
 import os
@@ -163,6 +169,12 @@ def main(argv=None):
     ap.add_argument("--mode", default="sync", help="servers' --mode: sync or async")
     ap.add_argument("--server-arg", action="append", default=[],
                     help="extra adaps-server flag, e.g. --server-arg=--learning_rate=0.1")
+    ap.add_argument("--checkpoint-dir", default=None,
+                    help="servers' --checkpoint_dir; enables restarting a dead server")
+    ap.add_argument("--checkpoint-interval", type=int, default=30,
+                    help="servers' --checkpoint_interval_s with --checkpoint-dir (default 30)")
+    ap.add_argument("--server-restarts", type=int, default=3,
+                    help="how many times a dead server is restarted in all (default 3)")
     ap.add_argument("--bin-dir", default=None, help="where adaps-scheduler/-server are")
     ap.add_argument("--log-level", default="warn", help="scheduler and server log level")
     ap.add_argument("--python", default=sys.executable, help="interpreter for the script")
@@ -203,12 +215,19 @@ def main(argv=None):
             sys.stderr.write("adaps.launch: the scheduler did not start\n")
             return 1
         address = "tcp://127.0.0.1:" + port
+        if a.checkpoint_dir:
+            os.makedirs(a.checkpoint_dir, exist_ok=True)
+        server_argv = []
         for s in range(a.servers):
-            procs.append(_Proc("s%d" % s, [server_bin, "--scheduler=" + address,
-                                           "--optimizer=" + a.server_optimizer,
-                                           "--mode=" + a.mode,
-                                           "--log_level=" + a.log_level] + a.server_arg,
-                               env, lock))
+            argv_s = [server_bin, "--scheduler=" + address, "--identity=s%d" % s,
+                      "--optimizer=" + a.server_optimizer, "--mode=" + a.mode,
+                      "--log_level=" + a.log_level]
+            if a.checkpoint_dir:
+                argv_s += ["--checkpoint_dir=" + a.checkpoint_dir,
+                           "--checkpoint_interval_s=%d" % a.checkpoint_interval]
+            server_argv.append(argv_s + a.server_arg)
+            procs.append(_Proc("s%d" % s, server_argv[s], env, lock))
+        server_env = env  # (`env` is reused below)
         threads = str(max(1, (os.cpu_count() or 1) // a.workers))
         workers = []
         for r in range(a.workers):
@@ -232,6 +251,7 @@ def main(argv=None):
             workers.append(w)
             procs.append(w)
         infra = procs[:1 + a.servers]
+        restarts_left = a.server_restarts if a.checkpoint_dir else 0
         while True:
             if interrupted:
                 sys.stderr.write("adaps.launch: interrupted, stopping everything\n")
@@ -253,6 +273,18 @@ def main(argv=None):
             # Exit 0 is the orderly shutdown once every worker left (a worker process may
             # still be exiting); anything else is a crash.
             dead = [p for p in infra if p.poll() not in (None, 0)]
+            if dead and dead[0] is not infra[0] and restarts_left > 0:
+                p = dead[0]
+                i = infra.index(p) - 1
+                restarts_left -= 1
+                sys.stderr.write("adaps.launch: %s exited with %d; restarting it from its "
+                                 "checkpoint (%d restart(s) left)\n"
+                                 % (p.tag, p.poll(), restarts_left))
+                p.join_output()
+                fresh = _Proc("s%d" % i, server_argv[i], server_env, lock)
+                infra[i + 1] = fresh
+                procs[procs.index(p)] = fresh
+                continue
             if dead:
                 sys.stderr.write("adaps.launch: %s exited with %d while workers ran, "
                                  "stopping everything\n" % (dead[0].tag, dead[0].poll()))

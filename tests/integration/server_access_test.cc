@@ -1,0 +1,188 @@
+// Authorisation on the server without CURVE, against real processes through a raw ZeroMQ
+// client: SetHyper, Checkpoint and DeclareSlice are accepted only with the secret the
+// scheduler gave a worker of the job (in that worker's own ClusterView; the servers get the
+// set of them in theirs), and DeclareSlice is bounded by the server's --max_memory.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "adaps/worker.h"
+#include "common/messages.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster_harness.h"
+#include "zmq.hpp"
+#include "zmq_addon.hpp"
+
+namespace adaps {
+namespace {
+
+using ::adaps::testing::ClusterOptions;
+using ::adaps::testing::LocalCluster;
+using ::adaps::testing::Process;
+using ::adaps::testing::WaitForPortFile;
+using ::testing::HasSubstr;
+
+constexpr Sender kWorker0{msg::Role::Worker, 0};
+
+// A DEALER that sends one request and waits for the answer to it.
+class RawClient {
+ public:
+  RawClient(zmq::context_t& ctx, const std::string& endpoint)
+      : socket_(ctx, zmq::socket_type::dealer) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.connect(endpoint);
+  }
+  // The status of the answer (kDeadlineExceeded when none came); its header in `reply`.
+  absl::Status Call(const OutMessage& m, uint64_t request_id, std::vector<uint64_t>* reply = nullptr,
+                    absl::Duration timeout = absl::Seconds(5)) {
+    (void)socket_.send(zmq::buffer(m.header.data(), m.header.size()),
+                       m.payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    if (m.payload) (void)socket_.send(zmq::buffer(*m.payload), zmq::send_flags::none);
+    const absl::Time end = absl::Now() + timeout;
+    while (absl::Now() < end) {
+      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(20));
+      if (!(item.revents & ZMQ_POLLIN)) continue;
+      std::vector<zmq::message_t> frames;
+      if (!zmq::recv_multipart(socket_, std::back_inserter(frames))) continue;
+      std::vector<uint64_t> aligned((frames[0].size() + 7) / 8);
+      std::memcpy(aligned.data(), frames[0].data(), frames[0].size());
+      auto env = VerifyEnvelope(absl::MakeConstSpan(
+          reinterpret_cast<const uint8_t*>(aligned.data()), frames[0].size()));
+      if (!env.ok() || (*env)->reply_to() != request_id) continue;
+      if ((*env)->body_type() == msg::Body::Error) {
+        return StatusFromError((*env)->body_as_Error());
+      }
+      if (reply) *reply = std::move(aligned);
+      return absl::OkStatus();
+    }
+    return absl::DeadlineExceededError("no answer");
+  }
+
+ private:
+  zmq::socket_t socket_;
+};
+
+const msg::Envelope* EnvelopeOf(const std::vector<uint64_t>& header) {
+  return flatbuffers::GetRoot<msg::Envelope>(header.data());
+}
+
+OutMessage SetHyper(double lr, const std::string& secret, uint64_t id) {
+  flatbuffers::FlatBufferBuilder fbb;
+  std::vector<flatbuffers::Offset<msg::HyperParam>> ps = {
+      msg::CreateHyperParam(fbb, fbb.CreateString("learning_rate"), lr)};
+  auto body = msg::CreateSetHyper(fbb, fbb.CreateVector(ps), fbb.CreateString(secret));
+  return FinishEnvelope(fbb, kWorker0, body, id, 0);
+}
+
+OutMessage Checkpoint(const std::string& secret, uint64_t id) {
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = msg::CreateCheckpoint(fbb, fbb.CreateString(""), fbb.CreateString(secret));
+  return FinishEnvelope(fbb, kWorker0, body, id, 0);
+}
+
+OutMessage DeclareSlice(uint64_t key, uint32_t length, const std::string& secret, uint64_t id) {
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = msg::CreateDeclareSlice(fbb, key, fbb.CreateString("big"), length, 100, false,
+                                      fbb.CreateString(secret));
+  return FinishEnvelope(fbb, kWorker0, body, id, 0);
+}
+
+// Today's forgery: `SetHyper lr=1e6` from anyone made the model NaN; a checkpoint or a
+// slice could be requested by anyone too. Each is refused; the real worker's still work.
+TEST(ServerAccess, SetHyperCheckpointAndDeclareSliceFromAStrangerAreRefused) {
+  ClusterOptions options;
+  options.num_servers = 0;  // started here, with a port file
+  options.num_workers = 1;
+  options.scheduler_args = {"--num_servers=1"};
+  LocalCluster cluster(options);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  Process server(ADAPS_SERVER_BIN,
+                 {"--scheduler=" + cluster.scheduler_address(), "--optimizer=sgd",
+                  "--learning_rate=0.5", "--checkpoint_dir=" + cluster.dir(),
+                  "--port_file=" + cluster.dir() + "/server.port", "--log_level=warn"},
+                 cluster.dir() + "/server.log");
+  WorkerOptions wo;
+  wo.scheduler = cluster.scheduler_address();
+  wo.log_level = "warn";
+  auto w = Worker::Create(wo);
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<float> p(8, 1.0f), g(8, 1.0f);
+  ASSERT_TRUE((*w)->Declare({"t", {8}, 4, Compression::kDense}, absl::MakeSpan(p)).ok());
+  const std::string port = WaitForPortFile(cluster.dir() + "/server.port", absl::Seconds(10));
+  ASSERT_FALSE(port.empty());
+  zmq::context_t ctx(1);
+  RawClient raw(ctx, "tcp://127.0.0.1:" + port);
+  const std::string wrong(32, '0');
+  for (const std::string& secret : {std::string(), wrong}) {
+    absl::Status s = raw.Call(SetHyper(1e6, secret, 1), 1);
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    s = raw.Call(Checkpoint(secret, 2), 2);
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    s = raw.Call(DeclareSlice(777, 1 << 20, secret, 3), 3);
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("not from a worker of this job"));
+  }
+  // The learning rate is still 0.5: one step of gradient 1 takes 1 to 0.5.
+  ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok());
+  EXPECT_EQ(p[0], 0.5f);
+  // The worker of the job may do all three.
+  ASSERT_TRUE((*w)->SetHyper({{"learning_rate", 0.25}}).ok());
+  ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok());
+  EXPECT_EQ(p[0], 0.25f);
+  EXPECT_TRUE((*w)->Checkpoint("").ok());
+  EXPECT_TRUE((*w)->Stop().ok());
+  EXPECT_EQ(server.WaitExit(absl::Seconds(10)), 0) << server.Log();
+}
+
+// Each ~100-byte DeclareSlice used to make the server allocate up to 1 GiB: a worker of the
+// job (here a raw client that registered as one) is held to --max_memory in all.
+TEST(ServerAccess, DeclareSliceIsBoundedByTheServersMemoryBudget) {
+  ClusterOptions options;
+  options.num_servers = 1;
+  options.num_workers = 1;
+  options.server_args = {"--max_memory=67108864"};  // 64 MiB: two slices of 2^20 elements
+  LocalCluster cluster(options);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  zmq::context_t ctx(1);
+  RawClient sched(ctx, cluster.scheduler_address());
+  flatbuffers::FlatBufferBuilder fbb;
+  auto reg = msg::CreateRegister(fbb, msg::Role::Worker, fbb.CreateString(""),
+                                 fbb.CreateString(""));
+  std::vector<uint64_t> reply;
+  ASSERT_TRUE(sched.Call(FinishEnvelope(fbb, Sender{msg::Role::Worker, -1}, reg, 1, 0), 1, &reply,
+                         absl::Seconds(20))
+                  .ok());
+  const msg::ClusterView* view = EnvelopeOf(reply)->body_as_ClusterView();
+  ASSERT_NE(view, nullptr);
+  ASSERT_NE(view->secret(), nullptr);
+  const std::string secret = view->secret()->str();
+  EXPECT_EQ(secret.size(), 32u);
+  std::string server;
+  for (const auto* n : *view->nodes()) {
+    if (n->role() == msg::Role::Server) server = n->address()->str();
+  }
+  ASSERT_FALSE(server.empty());
+  RawClient raw(ctx, server);
+  // The server may not have its own view yet (kUnavailable until then), as a real worker's
+  // library retries.
+  absl::Status first = raw.Call(DeclareSlice(1, 1 << 20, secret, 10), 10);
+  for (int i = 0; i < 100 && first.code() == absl::StatusCode::kUnavailable; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    first = raw.Call(DeclareSlice(1, 1 << 20, secret, 30 + i), 30 + i);
+  }
+  EXPECT_TRUE(first.ok()) << first;
+  EXPECT_TRUE(raw.Call(DeclareSlice(2, 1 << 20, secret, 11), 11).ok());
+  for (uint64_t key = 3; key < 6; ++key) {
+    absl::Status s = raw.Call(DeclareSlice(key, 1 << 20, secret, 10 + key), 10 + key);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("--max_memory"));
+  }
+  // Declaring an existing slice again costs nothing more.
+  EXPECT_TRUE(raw.Call(DeclareSlice(1, 1 << 20, secret, 20), 20).ok());
+  EXPECT_EQ(cluster.server(0).WaitExit(absl::ZeroDuration()), -1) << "server stopped";
+}
+
+}  // namespace
+}  // namespace adaps

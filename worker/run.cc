@@ -1,0 +1,342 @@
+// Worker::Impl, pushes and pulls that survive a server restart. A Run sends every slice's
+// push and/or pull; a part that fails because its server went away (kUnavailable, from a
+// server with an identity, which can come back with its rank) is not reported: the retry
+// thread waits for the server's next incarnation (the scheduler's view with its new address),
+// learns the slice's step and parameters from the restored shard and sends the same encoded
+// update again. Bounded: the operation fails with the first error once request_timeout has
+// passed since its first failure. Residues stay as they are: the update being resent is the
+// one they were committed for.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/kinds.h"
+#include "worker/worker_impl.h"
+
+namespace adaps {
+namespace {
+
+std::future<absl::Status> Ready(absl::Status status) {
+  std::promise<absl::Status> p;
+  p.set_value(std::move(status));
+  return p.get_future();
+}
+
+void Fulfil(RunOp& op, const absl::Status& status) {
+  absl::MutexLock lock(&op.mu);
+  if (op.finished) return;
+  op.finished = true;
+  op.promise.set_value(status);
+}
+
+}  // namespace
+
+int Worker::Impl::ServerPeer(int server, uint64_t* incarnation) const {
+  absl::MutexLock lock(&mu_);
+  *incarnation = server_incarnation_[server];
+  return server_peer_[server];
+}
+
+std::vector<size_t> Worker::Impl::StaleSlices(Tensor& t) {
+  std::vector<uint64_t> now;
+  {
+    absl::MutexLock lock(&mu_);
+    now = server_incarnation_;
+  }
+  std::vector<size_t> stale;
+  absl::MutexLock lock(&t.mu);
+  for (size_t i = 0; i < t.meta.size(); ++i) {
+    if (t.slices[i].incarnation != now[t.meta[i].info.server]) stale.push_back(i);
+  }
+  return stale;
+}
+
+// The pulls run without t.mu (an I/O callback may need it meanwhile); the answers are
+// applied under it afterwards. A slice whose server moved again meanwhile stays stale.
+absl::Status Worker::Impl::ResyncSlices(Tensor& t, const std::vector<size_t>& slices) {
+  std::vector<uint64_t> incarnations;
+  for (size_t i : slices) {
+    uint64_t incarnation = 0;
+    ServerPeer(t.meta[i].info.server, &incarnation);
+    incarnations.push_back(incarnation);
+  }
+  ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls,
+                         PullAllDense(t, slices, "pull while resynchronizing"));
+  absl::MutexLock lock(&t.mu);
+  for (size_t k = 0; k < slices.size(); ++k) {
+    SliceRt& rt = t.slices[slices[k]];
+    const uint64_t version = pulls[k].envelope()->body_as_PullResponse()->version();
+    if (version != rt.step) {
+      log_.get()->warn("tensor '{}' slice at {}: server at step {}, this worker at {}",
+                       t.spec.name, t.meta[slices[k]].info.offset, version, rt.step);
+    }
+    rt.step = version;
+    std::memcpy(rt.replica.data(), pulls[k].payload().data(), pulls[k].payload().size());
+    rt.replica_version = version;
+    rt.incarnation = incarnations[k];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::Impl::ResyncWithin(Tensor& t, const std::vector<size_t>& slices,
+                                        absl::Time deadline) {
+  while (true) {
+    absl::Status s = ResyncSlices(t, slices);
+    if (s.code() != absl::StatusCode::kUnavailable || absl::Now() >= deadline) return s;
+    ADAPS_RETURN_IF_ERROR(CheckRunning());
+    // A server still registering (or moving again) answers kUnavailable: ask again.
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+std::future<absl::Status> Worker::Impl::Run(absl::string_view name, absl::Span<const float> grad,
+                                            absl::Span<float> out, bool push, bool pull) {
+  if (auto s = CheckRunning(); !s.ok()) return Ready(s);
+  auto found = Find(name);
+  if (!found.ok()) return Ready(found.status());
+  Tensor& t = **found;
+  if ((push && grad.size() != t.length) || (pull && out.size() != t.length)) {
+    return Ready(absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "' has ", t.length, " elements; got ",
+                     push ? grad.size() : out.size())));
+  }
+  // A server restarted since this tensor's last operation: learn its steps first.
+  if (std::vector<size_t> stale = StaleSlices(t); !stale.empty()) {
+    if (auto s = ResyncWithin(t, stale, absl::Now() + options_.request_timeout); !s.ok()) {
+      return Ready(s);
+    }
+  }
+  auto op = std::make_shared<RunOp>(&t, push, pull, out);
+  auto future = op->promise.get_future();
+  const absl::Time started = worker_metrics_->Now();
+  if (push) {
+    absl::MutexLock lock(&t.mu);
+    const IndexCoding coding =
+        options_.compact_indices ? IndexCoding::kRice : IndexCoding::kPlain32;
+    auto encoded = EncodePush(t, grad, coding);
+    if (!encoded.ok()) return Ready(encoded.status());
+    op->encoded = *std::move(encoded);
+    ++t.traffic.pushes;
+  }
+  if (pull) {
+    absl::MutexLock lock(&t.mu);
+    ++t.traffic.pulls;
+  }
+  std::vector<size_t> all(t.meta.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  SendParts(op, all);
+  {
+    absl::MutexLock lock(&t.mu);
+    if (push) {
+      worker_metrics_->Pushed(t, started);
+    } else {
+      t.metrics.Sync(t.traffic);
+    }
+  }
+  return future;
+}
+
+void Worker::Impl::SendParts(const std::shared_ptr<RunOp>& op, const std::vector<size_t>& slices) {
+  Tensor& t = *op->t;
+  absl::MutexLock lock(&t.mu);
+  {
+    absl::MutexLock op_lock(&op->mu);
+    op->outstanding += static_cast<int>(slices.size()) * ((op->push ? 1 : 0) + (op->pull ? 1 : 0));
+  }
+  for (size_t i : slices) {
+    uint64_t incarnation = 0;
+    const int peer = ServerPeer(t.meta[i].info.server, &incarnation);
+    {
+      absl::MutexLock op_lock(&op->mu);
+      RunOp::Part& part = op->parts[i];
+      part = RunOp::Part{};
+      part.sent_incarnation = incarnation;
+      part.synced_incarnation = t.slices[i].incarnation;
+    }
+    if (op->push) SendPush(op, i, peer, incarnation);
+    if (op->pull) SendPull(op, i, peer, incarnation);
+  }
+}
+
+void Worker::Impl::SendPush(const std::shared_ptr<RunOp>& op, size_t i, int peer,
+                            uint64_t /*incarnation*/) {
+  Tensor& t = *op->t;
+  const SliceMeta& m = t.meta[i];
+  const uint64_t step = t.slices[i].step++;
+  flatbuffers::FlatBufferBuilder fbb(128);
+  auto body = msg::CreatePush(fbb, m.key, step, PayloadKindFor(CodecKind(t.spec.compression)));
+  const uint64_t id = transport_->NewRequestId();
+  OutMessage msg = FinishEnvelope(fbb, transport_->self(), body, id, 0, op->encoded[i]);
+  t.traffic.push_wire_bytes += msg.header.size() + op->encoded[i]->size();
+  t.traffic.push_dense_bytes += uint64_t{m.info.length} * sizeof(float);
+  transport_->Request(peer, id, std::move(msg), absl::Now() + options_.request_timeout,
+                      [this, op, i](absl::StatusOr<InMessage> reply) {
+                        absl::Status st = reply.status();
+                        if (!st.ok()) {
+                          st = absl::Status(st.code(), absl::StrCat("push of '", op->t->spec.name,
+                                                                    "': ", st.message()));
+                        }
+                        PartDone(op, i, /*pull_part=*/false, st);
+                      });
+}
+
+void Worker::Impl::SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer,
+                            uint64_t /*incarnation*/) {
+  Tensor& t = *op->t;
+  const SliceMeta& m = t.meta[i];
+  const SliceRt& rt = t.slices[i];
+  flatbuffers::FlatBufferBuilder fbb(128);
+  auto body = msg::CreatePullRequest(fbb, m.key, rt.step, rt.replica_version,
+                                     WirePullFormat(t.spec.pull));
+  const uint64_t id = transport_->NewRequestId();
+  OutMessage msg = FinishEnvelope(fbb, transport_->self(), body, id, 0);
+  const size_t request_bytes = msg.header.size();
+  transport_->Request(
+      peer, id, std::move(msg), absl::Now() + options_.request_timeout,
+      [this, op, i, request_bytes, step = rt.step](absl::StatusOr<InMessage> reply) {
+        // (A stopped transport fails a request on the sending thread.)
+        if (!reply.ok()) {
+          return PartDone(op, i, true,
+                          absl::Status(reply.status().code(),
+                                       absl::StrCat("pull of '", op->t->spec.name,
+                                                    "': ", reply.status().message())));
+        }
+        ADAPS_DCHECK_ON_IO_THREAD(transport_);
+        {
+          absl::MutexLock lock(&op->mu);
+          if (op->finished) {  // failed already: leave `out` alone
+            --op->outstanding;
+            return;
+          }
+        }
+        const msg::PullResponse* resp = reply->envelope()->body_as_PullResponse();
+        if (resp == nullptr) {
+          return PartDone(op, i, true, absl::DataLossError("pull answered with something else"));
+        }
+        PartDone(op, i, true, worker_metrics_->Decode(step, [&] {
+          return ApplyPull(*op->t, i, *resp, reply->payload(),
+                           reply->wire_bytes() + request_bytes, op->out);
+        }));
+      });
+}
+
+bool Worker::Impl::Retryable(RunOp& op, size_t i, const absl::Status& status) {
+  const int server = op.t->meta[i].info.server;
+  bool stale_step;
+  {
+    absl::MutexLock lock(&op.mu);
+    stale_step = op.parts[i].synced_incarnation != op.parts[i].sent_incarnation;
+  }
+  absl::MutexLock lock(&mu_);
+  if (stopped_ || shutdown_) return false;
+  // The server went away, and can come back with its rank.
+  if (status.code() == absl::StatusCode::kUnavailable) return server_restartable_[server];
+  // Sent with a step learned from an earlier incarnation (the server moved between the
+  // staleness check and the send): the restored shard refused the step.
+  return status.code() == absl::StatusCode::kFailedPrecondition && stale_step;
+}
+
+void Worker::Impl::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool /*pull_part*/,
+                            absl::Status status) {
+  // On the I/O thread, or on the sending thread when the transport has stopped.
+  const bool retryable = status.ok() || Retryable(*op, i, status);
+  absl::Time retry_until;
+  {
+    absl::MutexLock lock(&op->mu);
+    RunOp::Part& part = op->parts[i];
+    if (!status.ok() && part.error.ok()) part.error = status;
+    if (!retryable && !op->finished) {
+      // Fail at once (not after the other parts' deadlines), and never touch `out` again.
+      op->finished = true;
+      op->promise.set_value(status);
+    }
+    if (--op->outstanding > 0 || op->finished) return;
+    const absl::Time now = absl::Now();
+    if (op->retry_until == absl::InfiniteFuture()) op->retry_until = now + options_.request_timeout;
+    retry_until = op->retry_until;
+  }
+  // Last part of an attempt in which nothing failed for good.
+  std::vector<size_t> failed;
+  absl::Status first;
+  {
+    absl::MutexLock lock(&op->mu);
+    for (size_t k = 0; k < op->parts.size(); ++k) {
+      if (op->parts[k].error.ok()) continue;
+      failed.push_back(k);
+      if (first.ok()) first = op->parts[k].error;
+    }
+  }
+  if (failed.empty()) return Fulfil(*op, absl::OkStatus());
+  if (absl::Now() >= retry_until) return Fulfil(*op, first);
+  log_.get()->warn("tensor '{}': {}; retrying {} slice(s) once the server is back",
+                   op->t->spec.name, std::string(first.message()), failed.size());
+  if (!PostRetry([this, op, failed] { Retry(op, failed); })) Fulfil(*op, first);
+}
+
+bool Worker::Impl::WaitForNewIncarnation(int server, uint64_t old, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return server_incarnation_[server] != old || server_alive_[server] || stopped_ || shutdown_;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  // (Alive in the same incarnation: it answered kUnavailable while still registering, and
+  // ResyncWithin asks it again.)
+  return (server_incarnation_[server] != old || server_alive_[server]) && !stopped_ &&
+         !shutdown_;
+}
+
+void Worker::Impl::Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices) {
+  absl::Status why;
+  absl::Time until;
+  {
+    absl::MutexLock lock(&op->mu);
+    why = op->parts[slices.front()].error;
+    until = op->retry_until;
+  }
+  for (size_t i : slices) {
+    RunOp::Part part;
+    {
+      absl::MutexLock lock(&op->mu);
+      part = op->parts[i];
+    }
+    // A refused stale step needs no wait: the server is back already.
+    if (part.error.code() != absl::StatusCode::kUnavailable) continue;
+    if (!WaitForNewIncarnation(op->t->meta[i].info.server, part.sent_incarnation, until)) {
+      if (auto s = CheckRunning(); !s.ok()) return Fulfil(*op, s);
+      return Fulfil(*op, absl::Status(why.code(),
+                                      absl::StrCat(why.message(), " (the server did not come "
+                                                                  "back within the request "
+                                                                  "timeout)")));
+    }
+  }
+  if (absl::Status s = ResyncWithin(*op->t, slices, until); !s.ok()) return Fulfil(*op, s);
+  log_.get()->info("tensor '{}': resynchronized with the restarted server; sending again",
+                   op->t->spec.name);
+  SendParts(op, slices);
+}
+
+bool Worker::Impl::PostRetry(std::function<void()> job) {
+  absl::MutexLock lock(&retry_mu_);
+  if (retry_closed_) return false;
+  retry_jobs_.push_back(std::move(job));
+  return true;
+}
+
+void Worker::Impl::RetryLoop() {
+  while (true) {
+    std::function<void()> job;
+    {
+      absl::MutexLock lock(&retry_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(retry_mu_) {
+        return retry_closed_ || !retry_jobs_.empty();
+      };
+      retry_mu_.Await(absl::Condition(&ready));
+      if (retry_jobs_.empty()) return;  // closed and drained
+      job = std::move(retry_jobs_.front());
+      retry_jobs_.pop_front();
+    }
+    job();
+  }
+}
+
+}  // namespace adaps
