@@ -43,41 +43,6 @@ absl::Status ValidateSchedulerConfig(const SchedulerConfig& c) {
   return ValidateLogLevel(c.log_level);
 }
 
-absl::StatusOr<std::vector<SliceLayout>> SplitTensor(uint64_t length, uint32_t bin_size,
-                                                     uint64_t split_threshold,
-                                                     std::vector<uint64_t>& load) {
-  ADAPS_RET_CHECK(length > 0, absl::StatusCode::kInvalidArgument, "tensor length is zero");
-  ADAPS_RET_CHECK(bin_size > 0, absl::StatusCode::kInvalidArgument, "bin size is zero");
-  ADAPS_RET_CHECK(!load.empty(), absl::StatusCode::kInvalidArgument, "no servers");
-  const uint64_t nbins = (length + bin_size - 1) / bin_size;
-  const size_t nservers = load.size();
-  std::vector<size_t> order(nservers);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return load[a] < load[b]; });
-  const uint64_t parts =
-      length >= split_threshold ? std::min<uint64_t>(nservers, nbins) : uint64_t{1};
-  std::vector<SliceLayout> slices;
-  uint64_t bin = 0;
-  for (uint64_t p = 0; p < parts; ++p) {
-    // The first (nbins % parts) slices, which go to the least-loaded servers, get a bin more.
-    const uint64_t bins = nbins / parts + (p < nbins % parts ? 1 : 0);
-    const uint64_t begin = bin * bin_size;
-    const uint64_t end = std::min(length, (bin + bins) * bin_size);
-    bin += bins;
-    ADAPS_RET_CHECK(end - begin <= UINT32_MAX, absl::StatusCode::kInvalidArgument,
-                    "slice longer than 2^32-1 elements");
-    SliceLayout s;
-    s.offset = begin;
-    s.length = static_cast<uint32_t>(end - begin);
-    s.server = static_cast<int>(order[p]);
-    load[order[p]] += uint64_t{s.length} * sizeof(float);
-    slices.push_back(s);
-  }
-  std::sort(slices.begin(), slices.end(),
-            [](const SliceLayout& a, const SliceLayout& b) { return a.offset < b.offset; });
-  return slices;
-}
 
 Scheduler::Scheduler(SchedulerConfig config, std::shared_ptr<TransportContext> context,
                      Metrics* metrics)
@@ -206,109 +171,115 @@ void Scheduler::Handle(InMessage in) {
 }
 
 void Scheduler::OnRegister(InMessage& in) {
-  const msg::Envelope* env = in.envelope();
-  const msg::Register* reg = env->body_as_Register();
-  auto fail = [&](absl::Status s, const char* reason) { Reject(in, s, reason); };
+  const msg::Register* reg = in.envelope()->body_as_Register();
   if (reg->role() != msg::Role::Server && reg->role() != msg::Role::Worker) {
-    return fail(absl::InvalidArgumentError("only servers and workers register"),
-                metric_labels::kReasonInvalid);
+    return Reject(in, absl::InvalidArgumentError("only servers and workers register"),
+                  metric_labels::kReasonInvalid);
   }
   const std::string identity = reg->identity() ? reg->identity()->str() : "";
   const std::string address = reg->address() ? reg->address()->str() : "";
   if (reg->role() == msg::Role::Server && address.empty()) {
-    return fail(absl::InvalidArgumentError("a server must register its address"),
-                metric_labels::kReasonInvalid);
+    return Reject(in, absl::InvalidArgumentError("a server must register its address"),
+                  metric_labels::kReasonInvalid);
   }
   max_seen_epoch_ = std::max(max_seen_epoch_, reg->epoch());
-  // A restarted node with a known identity gets its old rank back.
-  if (!identity.empty()) {
-    for (auto& n : nodes_) {
-      if (n.identity == identity && n.role == reg->role()) {
-        const bool moved = n.address != address;
-        n.route = in.route();
-        n.address = address;
-        n.register_request = env->request_id();
-        n.last_seen = absl::Now();
-        const bool was_dead = !n.alive;
-        n.alive = true;
-        n.left = false;
-        metrics_->Registered(n.role);
-        UpdateNodeMetrics();
-        if (formed_) {
-          log_.get()->info("{} '{}' re-registered with rank {}", msg::EnumNameRole(n.role),
-                           identity, n.rank);
-          if (was_dead || moved) {
-            BroadcastView();  // includes n, but as an unsolicited view: answer it too
-          } else if (n.role == msg::Role::Server) {
-            // Restarted at the same address: workers cannot tell by the address. Show it
-            // dead, then alive, so they fail what the old process held and resynchronize.
-            n.alive = false;
-            BroadcastView();
-            n.alive = true;
-            BroadcastView();
-          }
-          SendView(n, env->request_id(), /*rejoined=*/true);
-        }
-        return;
-      }
-    }
-  }
+  if (!identity.empty() && Rejoin(in, identity, address)) return;
   if (formed_) {
-    return fail(absl::FailedPreconditionError("cluster already complete"),
-                metric_labels::kReasonClusterFull);
+    return Reject(in, absl::FailedPreconditionError("cluster already complete"),
+                  metric_labels::kReasonClusterFull);
   }
   const int want =
       reg->role() == msg::Role::Server ? config_.num_servers : config_.num_workers;
   const int have = static_cast<int>(std::count_if(
       nodes_.begin(), nodes_.end(), [&](const Node& n) { return n.role == reg->role(); }));
   if (have >= want) {
-    return fail(absl::FailedPreconditionError(absl::StrCat("already have ", want, " ",
-                                                           msg::EnumNameRole(reg->role()), "s")),
-                metric_labels::kReasonClusterFull);
-  }
-  // A node re-registering with a restarted scheduler keeps the rank it had.
-  int rank = have;
-  const int claimed = reg->rank();
-  if (claimed >= 0 && claimed < want &&
-      std::none_of(nodes_.begin(), nodes_.end(), [&](const Node& n) {
-        return n.role == reg->role() && n.rank == claimed;
-      })) {
-    rank = claimed;
-  } else {
-    std::set<int> taken;
-    for (const auto& n : nodes_) {
-      if (n.role == reg->role()) taken.insert(n.rank);
-    }
-    rank = 0;
-    while (taken.count(rank)) ++rank;
+    return Reject(in,
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "already have ", want, " ", msg::EnumNameRole(reg->role()), "s")),
+                  metric_labels::kReasonClusterFull);
   }
   Node node;
   node.role = reg->role();
-  node.rank = rank;
+  node.rank = PickRank(reg->role(), reg->rank(), want);
   node.address = address;
   node.identity = identity;
   if (node.role == msg::Role::Worker) node.secret = RandomHex(16);
   node.route = in.route();
-  node.register_request = env->request_id();
+  node.register_request = in.envelope()->request_id();
   node.last_seen = absl::Now();
   nodes_.push_back(node);
   metrics_->Registered(node.role);
   UpdateNodeMetrics();
   log_.get()->info("{} {} registered{}{}", msg::EnumNameRole(node.role), node.rank,
                    address.empty() ? "" : " at ", address);
-  if (static_cast<int>(nodes_.size()) == config_.num_servers + config_.num_workers) {
-    formed_ = true;
-    metrics_->Formed();
-    epoch_ = max_seen_epoch_ + 1;
-    log_.get()->info("cluster complete: {} servers, {} workers", config_.num_servers,
-                     config_.num_workers);
-    const absl::Time now = absl::Now();
-    for (auto& n : nodes_) {
-      n.last_seen = now;
-      SendView(n, n.register_request);
+  if (static_cast<int>(nodes_.size()) == config_.num_servers + config_.num_workers) Form();
+}
+
+bool Scheduler::Rejoin(const InMessage& in, const std::string& identity,
+                       const std::string& address) {
+  const msg::Register* reg = in.envelope()->body_as_Register();
+  for (auto& n : nodes_) {
+    if (n.identity != identity || n.role != reg->role()) continue;
+    // A restarted node with a known identity gets its old rank back.
+    const bool moved = n.address != address;
+    n.route = in.route();
+    n.address = address;
+    n.register_request = in.envelope()->request_id();
+    n.last_seen = absl::Now();
+    const bool was_dead = !n.alive;
+    n.alive = true;
+    n.left = false;
+    metrics_->Registered(n.role);
+    UpdateNodeMetrics();
+    if (formed_) {
+      log_.get()->info("{} '{}' re-registered with rank {}", msg::EnumNameRole(n.role),
+                       identity, n.rank);
+      if (was_dead || moved) {
+        BroadcastView();  // includes n, but as an unsolicited view: answer it too
+      } else if (n.role == msg::Role::Server) {
+        // Restarted at the same address: workers cannot tell by the address. Show it
+        // dead, then alive, so they fail what the old process held and resynchronize.
+        n.alive = false;
+        BroadcastView();
+        n.alive = true;
+        BroadcastView();
+      }
+      SendView(n, in.envelope()->request_id(), /*rejoined=*/true);
     }
-    ReleaseBarriers();
+    return true;
   }
+  return false;
+}
+
+int Scheduler::PickRank(msg::Role role, int claimed, int want) const {
+  // A node re-registering with a restarted scheduler keeps the rank it had.
+  if (claimed >= 0 && claimed < want &&
+      std::none_of(nodes_.begin(), nodes_.end(), [&](const Node& n) {
+        return n.role == role && n.rank == claimed;
+      })) {
+    return claimed;
+  }
+  std::set<int> taken;
+  for (const auto& n : nodes_) {
+    if (n.role == role) taken.insert(n.rank);
+  }
+  int rank = 0;
+  while (taken.count(rank)) ++rank;
+  return rank;
+}
+
+void Scheduler::Form() {
+  formed_ = true;
+  metrics_->Formed();
+  epoch_ = max_seen_epoch_ + 1;
+  log_.get()->info("cluster complete: {} servers, {} workers", config_.num_servers,
+                   config_.num_workers);
+  const absl::Time now = absl::Now();
+  for (auto& n : nodes_) {
+    n.last_seen = now;
+    SendView(n, n.register_request);
+  }
+  ReleaseBarriers();
 }
 
 void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
@@ -405,87 +376,8 @@ void Scheduler::CheckHeartbeats() {
   }
 }
 
-void Scheduler::OnBarrier(InMessage& in) {
-  const msg::Envelope* env = in.envelope();
-  if (env->sender_role() != msg::Role::Worker || Authenticated(in) == nullptr) {
-    Reject(in, absl::FailedPreconditionError("barrier: not a known worker"),
-           metric_labels::kReasonUnknownNode);
-    return;
-  }
-  barriers_[env->body_as_Barrier()->seq()].push_back(
-      BarrierWaiter{in.route(), env->request_id(), env->sender_rank()});
-  ReleaseBarriers();
-}
 
-void Scheduler::ReleaseBarriers() {
-  if (!formed_) return;  // a restarted scheduler waits until every node is back
-  for (auto it = barriers_.begin(); it != barriers_.end();) {
-    int arrived = 0;
-    for (const auto& n : nodes_) {
-      if (n.role != msg::Role::Worker || !n.alive || n.left) continue;
-      for (const auto& w : it->second) {
-        if (w.rank == n.rank) {
-          ++arrived;
-          break;
-        }
-      }
-    }
-    if (arrived >= AliveWorkers()) {
-      for (const auto& w : it->second) {
-        transport_->SendRoute(w.route, MakeAck(transport_->self(), w.request_id));
-      }
-      next_barrier_ = std::max(next_barrier_, it->first + 1);
-      it = barriers_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
 
-void Scheduler::OnDeclare(InMessage& in) {
-  const msg::Envelope* env = in.envelope();
-  const msg::DeclareTensor* d = env->body_as_DeclareTensor();
-  auto fail = [&](absl::Status s) {
-    Reject(in, s, s.code() == absl::StatusCode::kFailedPrecondition
-                      ? metric_labels::kReasonNotFormed
-                      : metric_labels::kReasonInvalid);
-  };
-  if (!formed_) return fail(absl::FailedPreconditionError("cluster not complete yet"));
-  if (d->name() == nullptr || d->name()->size() == 0) {
-    return fail(absl::InvalidArgumentError("tensor name is empty"));
-  }
-  // A stranger declaring a tensor first (with another length) would break the real one.
-  if (env->sender_role() != msg::Role::Worker || Authenticated(in) == nullptr) {
-    return Reject(in, absl::PermissionDeniedError("tensors are declared only by the job's workers"),
-                  metric_labels::kReasonForbidden);
-  }
-  const std::string name = d->name()->str();
-  auto it = layouts_.find(name);
-  if (it == layouts_.end()) {
-    auto slices = SplitTensor(d->length(), d->bin_size(), config_.split_threshold, server_load_);
-    if (!slices.ok()) return fail(slices.status());
-    Layout layout;
-    layout.tensor_id = static_cast<uint32_t>(layouts_.size());
-    layout.length = d->length();
-    layout.bin_size = d->bin_size();
-    layout.slices = *std::move(slices);
-    it = layouts_.emplace(name, std::move(layout)).first;
-    log_.get()->info("tensor '{}' ({} elements, bin {}) -> {} slice(s)", name, d->length(),
-                     d->bin_size(), it->second.slices.size());
-  } else if (it->second.length != d->length() || it->second.bin_size != d->bin_size()) {
-    return fail(absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", name, "' already declared with length ", it->second.length, " and bin size ",
-        it->second.bin_size, " (now ", d->length(), ", ", d->bin_size(), ")")));
-  }
-  const Layout& layout = it->second;
-  flatbuffers::FlatBufferBuilder fbb(256);
-  std::vector<msg::Slice> slices;
-  for (const auto& s : layout.slices) slices.emplace_back(s.offset, s.length, s.server);
-  auto body = msg::CreateTensorLayout(fbb, layout.tensor_id, fbb.CreateString(name),
-                                      layout.length, layout.bin_size,
-                                      fbb.CreateVectorOfStructs(slices));
-  transport_->Reply(in, FinishEnvelope(fbb, transport_->self(), body, 0, env->request_id()));
-}
 
 void Scheduler::OnLeave(InMessage& in) {
   const msg::Envelope* env = in.envelope();

@@ -119,6 +119,12 @@ class Scheduler {
 
   void Handle(InMessage in);
   void OnRegister(InMessage& in);
+  // A node re-registering with a known identity: takes its rank back. false: no such node.
+  bool Rejoin(const InMessage& in, const std::string& identity, const std::string& address);
+  // The rank for a new node of `role`: the one it claims when free, else the lowest free.
+  int PickRank(msg::Role role, int claimed, int want) const;
+  // Every expected node is in: views to all, barriers released.
+  void Form();
   void OnHeartbeat(InMessage& in);
   void OnBarrier(InMessage& in);
   void OnDeclare(InMessage& in);
