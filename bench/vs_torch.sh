@@ -20,6 +20,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 rate=100mbit model=mlp seed=1 systems="ddp powersgd fp16 adaps adacomp" target=""
 bin="$repo/build" results="$repo/bench/race/results" servers=1 timeout=900 summarize_only=0
+adaps_mode=server
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rate) rate=$2; shift 2 ;;
@@ -30,6 +31,7 @@ while [[ $# -gt 0 ]]; do
     --build) bin=$(cd "$2" && pwd) || exit 2; shift 2 ;;
     --results) results=$2; shift 2 ;;
     --servers) servers=$2; shift 2 ;;
+    --adaps-mode) adaps_mode=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
     --summarize) summarize_only=1; shift ;;
     -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -52,6 +54,8 @@ if [[ $summarize_only == 1 ]]; then summarize; exit $?; fi
 [[ $rate == none || $rate =~ ^[0-9]+[kmg]bit$ ]] ||
   { echo "vs_torch: --rate is like 100mbit, 1gbit or none" >&2; exit 2; }
 [[ $servers =~ ^[1-9]$ ]] || { echo "vs_torch: --servers is 1-9" >&2; exit 2; }
+[[ $adaps_mode == server || $adaps_mode == local ]] ||
+  { echo "vs_torch: --adaps-mode is server or local" >&2; exit 2; }
 for s in $systems; do
   [[ " ddp powersgd fp16 adaps adacomp " == *" $s "* ]] ||
     { echo "vs_torch: unknown system '$s'" >&2; exit 2; }
@@ -109,7 +113,8 @@ run() {  # system
       workers+=($!)
     done
   else
-    local sched="tcp://$(addr 4):$port"
+    local sched="tcp://$(addr 4):$port" server_opt=momentum
+    [[ $adaps_mode == local ]] && server_opt=mean
     s0=$(host_bytes 4)
     on 4 "$bin/scheduler/adaps-scheduler" --host=0.0.0.0 --port="$port" --num_servers="$servers" \
       --num_workers=4 --log_level=warn > >(sed -u "s/^/[sched] /" >>"$log") 2>&1 &
@@ -117,13 +122,13 @@ run() {  # system
     for ((i = 0; i < servers; i++)); do
       local h=$((4 + i)) sp=$((port + 1 + i))
       on "$h" "$bin/server/adaps-server" --scheduler="$sched" --host=0.0.0.0 --port="$sp" \
-        --advertise="tcp://$(addr "$h"):$sp" --optimizer=mean --mode=sync --log_level=warn \
+        --advertise="tcp://$(addr "$h"):$sp" --optimizer="$server_opt" --mode=sync --log_level=warn \
         > >(sed -u "s/^/[s$i] /" >>"$log") 2>&1 &
       infra+=($!)
     done
     for r in 0 1 2 3; do
       on "$r" env PYTHONPATH="$bin/python" "$py" "$repo/bench/race/train.py" "${common_args[@]}" \
-        --scheduler "$sched" --out "$json" > >(sed -u "s/^/[w$r] /" >>"$log") 2>&1 &
+        --scheduler "$sched" --adaps-mode "$adaps_mode" --out "$json" > >(sed -u "s/^/[w$r] /" >>"$log") 2>&1 &
       workers+=($!)
     done
   fi

@@ -49,6 +49,10 @@ def parse():
     ap.add_argument("--powersgd-rank", type=int, default=4)
     ap.add_argument("--powersgd-start", type=int, default=2,
                     help="PowerSGD's dense warm-up steps (torch's minimum is 2)")
+    ap.add_argument("--adaps-mode", default="server", choices=("server", "local"),
+                    help="adaps.torch mode: server (the servers run the momentum SGD, "
+                         "--optimizer=momentum) or local (--optimizer=mean)")
+    ap.add_argument("--adacomp-pull", default="recompressed", choices=("recompressed", "dense"))
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="", help="rank 0's JSON result")
     ap.add_argument("--label", default="", help="stored in the result")
@@ -89,7 +93,10 @@ class Ddp:
 
 
 class Adaps:
-    """adaps.torch.DistributedOptimizer, local mode (the torch optimizer runs here)."""
+    """adaps.torch.DistributedOptimizer: server mode (the servers run the torch optimizer's
+    momentum SGD with its hyper-parameters, rank 0 sends the scheduler's learning rate) or
+    local mode (the servers answer each step's mean gradient, the torch optimizer runs
+    here)."""
 
     def __init__(self, a, model):
         import adaps
@@ -100,9 +107,9 @@ class Adaps:
         dense = a.system == "adaps"
         self.opt = adaps.torch.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum), model,
-            self.worker, server_optimizer="mean",
+            self.worker, server_optimizer="mean" if a.adaps_mode == "local" else "momentum",
             compression="dense" if dense else "adacomp",
-            pull="dense" if dense else "recompressed")
+            pull="dense" if dense else a.adacomp_pull)
 
     def barrier(self):
         self.worker.barrier()
