@@ -52,6 +52,10 @@ def reach(res, target):
     return next((t for _, t, acc in res["evals"] if acc >= target), None)
 
 
+def reach_step(res, target):
+    return next((s for s, _, acc in res["evals"] if acc >= target), None)
+
+
 def one_line(res, target):
     t = reach(res, target)
     return ("  %s: step %.1f ms (median), %.1f KB/step/worker, final acc %.4f, time to %.2f: "
@@ -99,8 +103,8 @@ def table(a):
                  any_run["batch_size"],
                  ",".join(sorted({str(r["seed"]) for rs in g.values() for r in rs}))))
         print("| system | step ms | compute share | KB/step/worker (sent+received) | "
-              "time to %.2f | final acc | load |" % target)
-        print("|---|---:|---:|---:|---:|---:|---|")
+              "time to %.2f | steps to %.2f | final acc | load at the end |" % (target, target))
+        print("|---|---:|---:|---:|---:|---:|---:|---|")
         reaches = {}
         for s in SYSTEMS:
             if s not in g:
@@ -115,10 +119,13 @@ def table(a):
             reaches[s] = mean(rt) if all(t is not None for t in rt) else None
             kb = mean([r.get("bytes_per_step_worker") for r in rs])
             kb = kb / 1e3 if kb is not None else None
-            print("| %s | %.1f | %s | %s | %s | %.4f | %s |" % (
+            st = [reach_step(r, target) for r in rs]
+            st = mean(st) if all(v is not None for v in st) else None
+            print("| %s | %.1f | %s | %s | %s | %s | %.4f | %s |" % (
                 NAMES[s], step, fmt(share, "%.0f%%"),
                 fmt(kb, "%.1f"),
                 fmt(reaches[s], "%.1f s") if reaches[s] is not None else "not reached",
+                fmt(st, "%.0f") if st is not None else "—",
                 mean([r["evals"][-1][2] for r in rs]),
                 "; ".join(r.get("load", "?") for r in rs)))
         ac = reaches.get("adacomp")

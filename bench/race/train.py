@@ -70,7 +70,14 @@ class Ddp:
         dist.init_process_group("gloo", init_method="tcp://" + a.master, rank=a.rank,
                                 world_size=a.world)
         self.rank = a.rank
-        self.model = DistributedDataParallel(model)
+        if a.system == "powersgd":
+            # One bucket: with gloo and DDP's default buckets (1 MB, then 25 MB) the
+            # PowerSGD hook hung in Reducer::finalize_backward on the CNN (two buckets);
+            # the MLP fits the first bucket anyway.
+            dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
+            self.model = DistributedDataParallel(model, bucket_cap_mb=1024)
+        else:
+            self.model = DistributedDataParallel(model)
         if a.system == "powersgd":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
             state = ps.PowerSGDState(process_group=None,
