@@ -96,7 +96,11 @@ class Ddp:
         return {}
 
     def stop(self):
-        self.dist.destroy_process_group()
+        # No destroy_process_group(): after a PowerSGD run one rank spun in it at full CPU
+        # for minutes once its peers had left. A barrier, then the process exits.
+        self.dist.barrier()
+        sys.stdout.flush()
+        os._exit(0)
 
 
 class Adaps:
