@@ -93,7 +93,7 @@ def fmt(v, f):
 def table(a):
     groups = grouped(load(a.results))
     none = {m: g for (m, rate), g in groups.items() if rate == "none"}
-    for (model, rate) in sorted(groups, key=lambda k: (k[0], RATES.index(k[1])
+    for (model, rate) in sorted(groups, key=lambda k: (k[0] != "mlp", RATES.index(k[1])
                                                        if k[1] in RATES else 9)):
         g = groups[(model, rate)]
         target = a.target or TARGETS[model]
@@ -129,10 +129,12 @@ def table(a):
                 mean([r["evals"][-1][2] for r in rs]),
                 "; ".join(r.get("load", "?") for r in rs)))
         ac = reaches.get("adacomp")
-        for other in ("ddp", "powersgd", "fp16", "adaps"):
-            if ac and reaches.get(other):
-                print("\nAdaComp reaches %.2f %.1fx sooner than %s" % (
-                    target, reaches[other] / ac, NAMES[other]), end="")
+        ratios = ["%s %.1fx" % (NAMES[o], reaches[o] / ac) for o in ("ddp", "powersgd", "fp16",
+                                                                       "adaps")
+                  if ac and reaches.get(o)]
+        if ratios:
+            print("\nTime to %.2f of each system / AdaComp's (above 1: AdaComp sooner): %s"
+                  % (target, ", ".join(ratios)), end="")
         if "adacomp" in g and "ddp" in g:
             d = mean([r["evals"][-1][2] for r in g["adacomp"]]) - \
                 mean([r["evals"][-1][2] for r in g["ddp"]])
