@@ -1,0 +1,196 @@
+#!/usr/bin/python3
+"""Results of the race (bench/vs_torch.sh): merge a run's byte counts into its JSON, print
+the tables, draw the plots.
+
+  summarize.py merge --json F --log F [--server-before "rx tx" --server-after "rx tx"]
+  summarize.py table --results DIR [--target ACC]
+  summarize.py plot --results DIR --plots DIR [--target ACC]
+
+Bytes per step per worker = (received + sent on the worker host's eth0, /proc/net/dev of
+its namespace, over the training loop) / steps, averaged over the 4 workers; it counts every
+byte on the link (TCP/IP headers, the eval barriers), not only the payload.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+SYSTEMS = ("ddp", "powersgd", "fp16", "adaps", "adacomp")
+NAMES = {"ddp": "DDP (gloo allreduce)", "powersgd": "DDP + PowerSGD rank 4",
+         "fp16": "DDP + fp16 hook", "adaps": "adaps dense/dense",
+         "adacomp": "adaps AdaComp/recompressed"}
+TARGETS = {"mlp": 0.80, "cnn": 0.82}
+RATES = ("100mbit", "1gbit", "none")
+
+
+def merge(a):
+    with open(a.json) as f:
+        res = json.load(f)
+    ranks = {}
+    with open(a.log) as f:
+        for m in re.finditer(r"RACE_BYTES rank (\d+) steps (\d+) rx (\d+) tx (\d+)", f.read()):
+            ranks[int(m.group(1))] = dict(steps=int(m.group(2)), rx=int(m.group(3)),
+                                          tx=int(m.group(4)))
+    res["worker_bytes"] = ranks
+    if ranks:
+        res["bytes_per_step_worker"] = statistics.mean(
+            (r["rx"] + r["tx"]) / r["steps"] for r in ranks.values())
+        res["tx_per_step_worker"] = statistics.mean(r["tx"] / r["steps"] for r in ranks.values())
+    if a.server_before and a.server_after:
+        b, e = [int(v) for v in a.server_before.split()], [int(v) for v in a.server_after.split()]
+        res["server_host_bytes_per_step"] = (e[0] - b[0] + e[1] - b[1]) / res["steps"]
+    res["load"] = a.load
+    with open(a.json, "w") as f:
+        json.dump(res, f)
+    print(one_line(res, TARGETS[res["model"]]), file=sys.stderr)
+
+
+def reach(res, target):
+    return next((t for _, t, acc in res["evals"] if acc >= target), None)
+
+
+def reach_step(res, target):
+    return next((s for s, _, acc in res["evals"] if acc >= target), None)
+
+
+def one_line(res, target):
+    t = reach(res, target)
+    return ("  %s: step %.1f ms (median), %.1f KB/step/worker, final acc %.4f, time to %.2f: "
+            "%s, train time %.1f s" % (res["system"], res["step_ms_median"],
+                                       res.get("bytes_per_step_worker", 0) / 1e3,
+                                       res["evals"][-1][2], target,
+                                       "%.1f s" % t if t is not None else "not reached",
+                                       res["train_time"]))
+
+
+def load(results):
+    runs = []
+    for p in sorted(glob.glob(os.path.join(results, "*.json"))):
+        with open(p) as f:
+            runs.append(json.load(f))
+    return runs
+
+
+def grouped(runs):
+    out = {}
+    for r in runs:
+        out.setdefault((r["model"], r["label"]), {}).setdefault(r["system"], []).append(r)
+    return out
+
+
+def mean(values):
+    values = [v for v in values if v is not None]
+    return statistics.mean(values) if values else None
+
+
+def fmt(v, f):
+    return f % v if v is not None else "—"
+
+
+def table(a):
+    groups = grouped(load(a.results))
+    none = {m: g for (m, rate), g in groups.items() if rate == "none"}
+    for (model, rate) in sorted(groups, key=lambda k: (k[0] != "mlp", RATES.index(k[1])
+                                                       if k[1] in RATES else 9)):
+        g = groups[(model, rate)]
+        target = a.target or TARGETS[model]
+        any_run = next(iter(g.values()))[0]
+        print("\n### %s, links %s (%d params, %d steps of %d per worker, seeds %s)\n"
+              % (model.upper(), rate, any_run["params"], any_run["steps"],
+                 any_run["batch_size"],
+                 ",".join(sorted({str(r["seed"]) for rs in g.values() for r in rs}))))
+        print("| system | step ms | compute share | KB/step/worker (sent+received) | "
+              "time to %.2f | steps to %.2f | final acc | load at the end |" % (target, target))
+        print("|---|---:|---:|---:|---:|---:|---:|---|")
+        reaches = {}
+        for s in SYSTEMS:
+            if s not in g:
+                continue
+            rs = g[s]
+            step = mean([r["step_ms_median"] for r in rs])
+            base = none.get(model, {}).get(s)
+            share = None
+            if base and rate != "none":
+                share = 100 * mean([r["step_ms_median"] for r in base]) / step
+            rt = [reach(r, target) for r in rs]
+            reaches[s] = mean(rt) if all(t is not None for t in rt) else None
+            kb = mean([r.get("bytes_per_step_worker") for r in rs])
+            kb = kb / 1e3 if kb is not None else None
+            st = [reach_step(r, target) for r in rs]
+            st = mean(st) if all(v is not None for v in st) else None
+            print("| %s | %.1f | %s | %s | %s | %s | %.4f | %s |" % (
+                NAMES[s], step, fmt(share, "%.0f%%"),
+                fmt(kb, "%.1f"),
+                fmt(reaches[s], "%.1f s") if reaches[s] is not None else "not reached",
+                fmt(st, "%.0f") if st is not None else "—",
+                mean([r["evals"][-1][2] for r in rs]),
+                "; ".join(r.get("load", "?") for r in rs)))
+        ac = reaches.get("adacomp")
+        ratios = ["%s %.1fx" % (NAMES[o], reaches[o] / ac) for o in ("ddp", "powersgd", "fp16",
+                                                                       "adaps")
+                  if ac and reaches.get(o)]
+        if ratios:
+            print("\nTime to %.2f of each system / AdaComp's (above 1: AdaComp sooner): %s"
+                  % (target, ", ".join(ratios)), end="")
+        if "adacomp" in g and "ddp" in g:
+            d = mean([r["evals"][-1][2] for r in g["adacomp"]]) - \
+                mean([r["evals"][-1][2] for r in g["ddp"]])
+            print("\nAdaComp final accuracy minus DDP's: %+.2f pp" % (100 * d))
+        print()
+
+
+def plot(a):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    os.makedirs(a.plots, exist_ok=True)
+    for (model, rate), g in sorted(grouped(load(a.results)).items()):
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for s in SYSTEMS:
+            for i, r in enumerate(sorted(g.get(s, []), key=lambda r: r["seed"])):
+                t = [e[1] for e in r["evals"]]
+                acc = [e[2] for e in r["evals"]]
+                ax.plot(t, acc, marker=".", color="C%d" % SYSTEMS.index(s),
+                        linestyle="-" if i == 0 else "--",
+                        label=NAMES[s] + ("" if i == 0 else " (seed %d)" % r["seed"]))
+        target = a.target or TARGETS[model]
+        ax.axhline(target, color="grey", linewidth=0.8, linestyle=":")
+        ax.set_xscale("log")
+        ax.set_ylim(0.5, 0.92)
+        ax.set_xlabel("training time, s (evaluation excluded, log scale)")
+        ax.set_ylabel("test accuracy")
+        ax.set_title("%s, 4 workers, links %s" % (model.upper(), rate))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+        fig.tight_layout()
+        path = os.path.join(a.plots, "%s-%s.png" % (model, rate))
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        print("plot: %s" % path, file=sys.stderr)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("merge")
+    m.add_argument("--json", required=True)
+    m.add_argument("--log", required=True)
+    m.add_argument("--server-before", default="")
+    m.add_argument("--server-after", default="")
+    m.add_argument("--load", default="")
+    for name in ("table", "plot"):
+        p = sub.add_parser(name)
+        p.add_argument("--results", required=True)
+        p.add_argument("--target", type=float, default=None)
+        if name == "plot":
+            p.add_argument("--plots", required=True)
+    a = ap.parse_args()
+    {"merge": merge, "table": table, "plot": plot}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+#!/usr/bin/python3
+"""One worker of the race (bench/vs_torch.sh): trains --model on its shard with --system.
+
+  ddp        torch DistributedDataParallel, gloo allreduce (MASTER at --master)
+  powersgd   DDP + powerSGD_hook (rank --powersgd-rank, from step --powersgd-start)
+  fp16       DDP + default_hooks.fp16_compress_hook
+  adaps      adaps.torch.DistributedOptimizer in local mode (servers run --optimizer=mean),
+             dense pushes and pulls
+  adacomp    the same with AdaComp pushes and recompressed pulls
+
+Every system runs the same torch optimizer (SGD, momentum 0.9, cosine learning rate over the
+whole run) on the same shard (every world-th image of the first --train-size), the same
+batches and the same initial values. The clock counts training steps only: every
+--eval-every steps all ranks stop it, rank 0 evaluates on --test-size test images, all meet
+at a barrier, and the clock restarts. Rank 0 writes a JSON result to --out.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+DDP_SYSTEMS = ("ddp", "powersgd", "fp16")
+ADAPS_SYSTEMS = ("adaps", "adacomp")
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--system", required=True, choices=DDP_SYSTEMS + ADAPS_SYSTEMS)
+    ap.add_argument("--model", default="mlp", choices=sorted(common.MODELS))
+    ap.add_argument("--rank", type=int, default=0, help="DDP rank (adaps: the scheduler's)")
+    ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--master", default="127.0.0.1:29500", help="DDP: rank 0's addr:port")
+    ap.add_argument("--scheduler", default="", help="adaps: tcp://host:port")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--train-size", type=int, default=16000)
+    ap.add_argument("--test-size", type=int, default=10000)
+    ap.add_argument("--batch-size", type=int, default=32, help="per worker")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--powersgd-rank", type=int, default=4)
+    ap.add_argument("--powersgd-start", type=int, default=2,
+                    help="PowerSGD's dense warm-up steps (torch's minimum is 2)")
+    ap.add_argument("--adaps-mode", default="server", choices=("server", "local"),
+                    help="adaps.torch mode: server (the servers run the momentum SGD, "
+                         "--optimizer=momentum) or local (--optimizer=mean)")
+    ap.add_argument("--adacomp-pull", default="recompressed", choices=("recompressed", "dense"))
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", default="", help="rank 0's JSON result")
+    ap.add_argument("--label", default="", help="stored in the result")
+    ap.add_argument("--data-dir", default=common.DATA_DIR)
+    return ap.parse_args()
+
+
+class Ddp:
+    """torch.distributed + DDP, with an optional comm hook."""
+
+    def __init__(self, a, model):
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        self.dist = dist
+        dist.init_process_group("gloo", init_method="tcp://" + a.master, rank=a.rank,
+                                world_size=a.world)
+        self.rank = a.rank
+        if a.system == "powersgd":
+            # One bucket: with gloo and DDP's default buckets (1 MB, then 25 MB) the
+            # PowerSGD hook hung in Reducer::finalize_backward on the CNN (two buckets);
+            # the MLP fits the first bucket anyway.
+            dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30
+            self.model = DistributedDataParallel(model, bucket_cap_mb=1024)
+        else:
+            self.model = DistributedDataParallel(model)
+        if a.system == "powersgd":
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+            state = ps.PowerSGDState(process_group=None,
+                                     matrix_approximation_rank=a.powersgd_rank,
+                                     start_powerSGD_iter=a.powersgd_start, random_seed=a.seed)
+            self.model.register_comm_hook(state, ps.powerSGD_hook)
+        elif a.system == "fp16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            self.model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        self.opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
+
+    def barrier(self):
+        self.dist.barrier()
+
+    def traffic(self):
+        return {}
+
+    def stop(self):
+        # No destroy_process_group(): after a PowerSGD run one rank spun in it at full CPU
+        # for minutes once its peers had left. A barrier, then the process exits.
+        self.dist.barrier()
+        sys.stdout.flush()
+        os._exit(0)
+
+
+class Adaps:
+    """adaps.torch.DistributedOptimizer: server mode (the servers run the torch optimizer's
+    momentum SGD with its hyper-parameters, rank 0 sends the scheduler's learning rate) or
+    local mode (the servers answer each step's mean gradient, the torch optimizer runs
+    here)."""
+
+    def __init__(self, a, model):
+        import adaps
+        import adaps.torch
+        self.worker = adaps.Worker(scheduler=a.scheduler, request_timeout=300.0)
+        self.rank = self.worker.rank
+        self.model = model
+        dense = a.system == "adaps"
+        self.opt = adaps.torch.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum), model,
+            self.worker, server_optimizer="mean" if a.adaps_mode == "local" else "momentum",
+            compression="dense" if dense else "adacomp",
+            pull="dense" if dense else a.adacomp_pull)
+
+    def barrier(self):
+        self.worker.barrier()
+
+    def traffic(self):
+        t = self.opt.traffic()
+        return {k: sum(d[k] for d in t.values())
+                for k in ("push_dense", "push_wire", "pull_dense", "pull_wire")}
+
+    def stop(self):
+        self.worker.stop()
+
+
+def train(a, sysobj, raw_model, x_train, y_train, x_test, y_test):
+    model, opt = sysobj.model, sysobj.opt
+    steps_per_epoch = len(x_train) // a.batch_size
+    total = steps_per_epoch * a.epochs
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
+    evals, step_times = [], []
+    clock, step = 0.0, 0
+    rx0, tx0 = common.netdev_bytes()
+    for epoch in range(a.epochs):
+        for idx in common.batches(len(x_train), a.batch_size, a.seed, epoch):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
+            loss.backward()
+            opt.step()
+            sched.step()
+            dt = time.perf_counter() - t0
+            clock += dt
+            step_times.append(dt)
+            step += 1
+            if step % a.eval_every == 0 or step == total:
+                acc = common.evaluate(raw_model, x_test, y_test) if sysobj.rank == 0 else None
+                sysobj.barrier()  # off the clock: nobody computes ahead while rank 0 evaluates
+                if sysobj.rank == 0:
+                    evals.append((step, clock, acc))
+                    print("step %4d  loss %.4f  test_acc %.4f  train_time %.1f s" %
+                          (step, loss.item(), acc, clock), flush=True)
+    rx1, tx1 = common.netdev_bytes()
+    return dict(evals=evals, step_times=step_times, steps=step,
+                rx_bytes=rx1 - rx0, tx_bytes=tx1 - tx0)
+
+
+def main():
+    a = parse()
+    torch.set_num_threads(1)  # 4 workers (+ servers) share the machine's cores
+    model = common.make_model(a.model, a.seed)
+    if a.system in DDP_SYSTEMS:
+        sysobj = Ddp(a, model)
+    else:
+        sysobj = Adaps(a, model)
+    rank = sysobj.rank
+    x_train, y_train = common.load_split(a.data_dir, "train")
+    x_test, y_test = common.load_split(a.data_dir, "test")
+    x_train, y_train = x_train[:a.train_size][rank::a.world], y_train[:a.train_size][rank::a.world]
+    x_test, y_test = x_test[:a.test_size], y_test[:a.test_size]
+    sysobj.barrier()
+    wall0 = time.time()
+    r = train(a, sysobj, model, x_train, y_train, x_test, y_test)
+    wall = time.time() - wall0
+    traffic = sysobj.traffic()
+    # Every rank's bytes reach rank 0's file through stdout (the driver collects them).
+    print("RACE_BYTES rank %d steps %d rx %d tx %d" % (rank, r["steps"], r["rx_bytes"],
+                                                       r["tx_bytes"]), flush=True)
+    if rank == 0 and a.out:
+        steady = sorted(r["step_times"][5:] or r["step_times"])
+        res = dict(system=a.system, model=a.model, label=a.label, seed=a.seed,
+                   world=a.world, batch_size=a.batch_size, epochs=a.epochs,
+                   train_size=a.train_size, test_size=a.test_size, lr=a.lr,
+                   momentum=a.momentum, params=sum(p.numel() for p in model.parameters()),
+                   steps=r["steps"], evals=r["evals"], train_time=sum(r["step_times"]),
+                   wall_time=wall, step_ms_mean=1e3 * sum(r["step_times"]) / r["steps"],
+                   step_ms_median=1e3 * steady[len(steady) // 2],
+                   rx_bytes=r["rx_bytes"], tx_bytes=r["tx_bytes"], library_traffic=traffic)
+        with open(a.out, "w") as f:
+            json.dump(res, f)
+    sysobj.stop()
+
+
+if __name__ == "__main__":
+    main()

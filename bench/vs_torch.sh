@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# The race (issue 13): adaps against torch DDP, DDP + PowerSGD and DDP + fp16 compression.
+# 4 workers, each on its own simulated host (network namespaces on a bridge,
+# deploy/netns-hosts.sh) whose link is limited to RATE by tc tbf in both directions; adaps's
+# scheduler and server(s) on host 4 (and 5, ...). Every system trains the same model on the
+# same shards with the same seed, batches, initial values and torch optimizer (SGD, momentum
+# 0.9, cosine learning rate): bench/race/train.py. adaps runs adaps.torch in local mode (the
+# servers run --optimizer=mean and answer each step's mean gradient): dense pushes and pulls
+# ("adaps"), or AdaComp pushes and recompressed pulls ("adacomp"). Rank 0 evaluates every
+# --eval-every steps with the clock stopped. Results: one JSON per run in --results, then a
+# table (step time, bytes per step per worker, time to --target, final accuracy) and a plot
+# of test accuracy against training time. Needs root. Run by hand, under `nice -n 10`.
+#
+#   bench/vs_torch.sh [--rate 100mbit|1gbit|none] [--model mlp|cnn] [--seed S]
+#                     [--systems "ddp powersgd fp16 adaps adacomp"] [--target ACC]
+#                     [--build DIR] [--results DIR] [--servers N] [--timeout S]
+#                     [-- trainer flags, e.g. --epochs 2 --train-size 16000 --eval-every 25]
+#   bench/vs_torch.sh --summarize [--results DIR] [--target ACC]   table + plots only
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+rate=100mbit model=mlp seed=1 systems="ddp powersgd fp16 adaps adacomp" target=""
+bin="$repo/build" results="$repo/bench/race/results" servers=1 timeout=900 summarize_only=0
+adaps_mode=server
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --rate) rate=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --seed) seed=$2; shift 2 ;;
+    --systems) systems=$2; shift 2 ;;
+    --target) target=$2; shift 2 ;;
+    --build) bin=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+    --results) results=$2; shift 2 ;;
+    --servers) servers=$2; shift 2 ;;
+    --adaps-mode) adaps_mode=$2; shift 2 ;;
+    --timeout) timeout=$2; shift 2 ;;
+    --summarize) summarize_only=1; shift ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --) shift; break ;;
+    *) echo "vs_torch: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+extra=("$@")
+py=/usr/bin/python3
+summarize() {
+  local t=()
+  [[ -n $target ]] && t=(--target "$target")
+  "$py" "$repo/bench/race/summarize.py" table --results "$results" "${t[@]}"
+  "$py" "$repo/bench/race/summarize.py" plot --results "$results" "${t[@]}" \
+    --plots "$repo/bench/race/plots"
+}
+if [[ $summarize_only == 1 ]]; then summarize; exit $?; fi
+
+[[ $model == mlp || $model == cnn ]] || { echo "vs_torch: --model is mlp or cnn" >&2; exit 2; }
+[[ $rate == none || $rate =~ ^[0-9]+[kmg]bit$ ]] ||
+  { echo "vs_torch: --rate is like 100mbit, 1gbit or none" >&2; exit 2; }
+[[ $servers =~ ^[1-9]$ ]] || { echo "vs_torch: --servers is 1-9" >&2; exit 2; }
+[[ $adaps_mode == server || $adaps_mode == local ]] ||
+  { echo "vs_torch: --adaps-mode is server or local" >&2; exit 2; }
+for s in $systems; do
+  [[ " ddp powersgd fp16 adaps adacomp " == *" $s "* ]] ||
+    { echo "vs_torch: unknown system '$s'" >&2; exit 2; }
+done
+if [[ " $systems " == *" adaps "* || " $systems " == *" adacomp "* ]]; then
+  for exe in scheduler/adaps-scheduler server/adaps-server python/adaps/__init__.py; do
+    [[ -e "$bin/$exe" ]] || { echo "vs_torch: $bin/$exe missing; build it first:" \
+      "ninja -C build adaps-scheduler adaps-server adaps_python" >&2; exit 2; }
+  done
+fi
+why=$(bash "$repo/deploy/netns-hosts.sh" check) || { echo "vs_torch: $why" >&2; exit 1; }
+mkdir -p "$results" || exit 1
+results=$(cd "$results" && pwd)
+
+prefix="adapsrace$$"
+nhosts=$((4 + servers))
+pids=()
+cleanup() {
+  trap - EXIT INT TERM
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  sleep 0.5
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+  wait 2>/dev/null
+  bash "$repo/deploy/netns-hosts.sh" down "$prefix"
+}
+trap cleanup EXIT
+trap 'echo "vs_torch: interrupted" >&2; exit 130' INT TERM
+if [[ $rate == none ]]; then
+  bash "$repo/deploy/netns-hosts.sh" up "$prefix" "$nhosts" || exit 1
+else
+  bash "$repo/deploy/netns-hosts.sh" up "$prefix" "$nhosts" "$rate" || exit 1
+fi
+addr() { bash "$repo/deploy/netns-hosts.sh" addr "$prefix" "$1"; }
+on() { local h=$1; shift; ip netns exec "$prefix-h$h" nice -n 10 "$@"; }
+host_bytes() {  # "rx tx" of host $1's eth0
+  ip netns exec "$prefix-h$1" awk -F'[: ]+' '$2 == "eth0" {print $3, $11}' /proc/net/dev
+}
+
+port=29500
+run() {  # system
+  local sys=$1
+  local name="$model-$rate-$sys-s$seed"
+  local log="$results/$name.log" json="$results/$name.json"
+  port=$((port + 10))
+  rm -f "$json"
+  echo "== $sys, $model, links $rate, seed $seed ($(uptime | sed 's/.*load/load/'))" >&2
+  local common_args=(--system "$sys" --model "$model" --seed "$seed" --world 4
+                     --label "$rate" "${extra[@]}")
+  local workers=() infra=() sb=() s0
+  : >"$log"
+  if [[ $sys == ddp || $sys == powersgd || $sys == fp16 ]]; then
+    for r in 0 1 2 3; do
+      on "$r" env GLOO_SOCKET_IFNAME=eth0 "$py" "$repo/bench/race/train.py" "${common_args[@]}" \
+        --rank "$r" --master "$(addr 0):$port" --out "$json" > >(sed -u "s/^/[w$r] /" >>"$log") 2>&1 &
+      workers+=($!)
+    done
+  else
+    local sched="tcp://$(addr 4):$port" server_opt=momentum
+    [[ $adaps_mode == local ]] && server_opt=mean
+    s0=$(host_bytes 4)
+    on 4 "$bin/scheduler/adaps-scheduler" --host=0.0.0.0 --port="$port" --num_servers="$servers" \
+      --num_workers=4 --log_level=warn > >(sed -u "s/^/[sched] /" >>"$log") 2>&1 &
+    infra+=($!)
+    for ((i = 0; i < servers; i++)); do
+      local h=$((4 + i)) sp=$((port + 1 + i))
+      on "$h" "$bin/server/adaps-server" --scheduler="$sched" --host=0.0.0.0 --port="$sp" \
+        --advertise="tcp://$(addr "$h"):$sp" --optimizer="$server_opt" --mode=sync --log_level=warn \
+        > >(sed -u "s/^/[s$i] /" >>"$log") 2>&1 &
+      infra+=($!)
+    done
+    for r in 0 1 2 3; do
+      on "$r" env PYTHONPATH="$bin/python" "$py" "$repo/bench/race/train.py" "${common_args[@]}" \
+        --scheduler "$sched" --adaps-mode "$adaps_mode" --out "$json" > >(sed -u "s/^/[w$r] /" >>"$log") 2>&1 &
+      workers+=($!)
+    done
+  fi
+  pids+=("${workers[@]}" "${infra[@]}")
+  local deadline=$(( $(date +%s) + timeout )) rc=0
+  while true; do
+    local alive=0
+    for pid in "${workers[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [[ $alive == 0 ]] && break
+    for pid in "${workers[@]}"; do
+      if ! kill -0 "$pid" 2>/dev/null; then wait "$pid" || rc=1; fi
+    done
+    [[ $rc != 0 || $(date +%s) -ge $deadline ]] && { rc=1; break; }
+    sleep 0.5
+  done
+  for pid in "${workers[@]}"; do wait "$pid" 2>/dev/null || rc=1; done
+  local s1=""
+  [[ ${#infra[@]} -gt 0 ]] && s1=$(host_bytes 4)
+  for pid in "${workers[@]}" "${infra[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  sleep 0.5
+  for pid in "${workers[@]}" "${infra[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+  for pid in "${workers[@]}" "${infra[@]}"; do wait "$pid" 2>/dev/null; done
+  pids=()
+  if [[ $rc != 0 || ! -s $json ]]; then
+    tail -30 "$log" >&2
+    echo "vs_torch: $name failed (log: $log)" >&2
+    return 1
+  fi
+  grep -E "^\[w[0-3]\] step " "$log" | sed "s/^\[w[0-3]\] /  /" >&2
+  "$py" "$repo/bench/race/summarize.py" merge --json "$json" --log "$log" \
+    --server-before "${s0:-}" --server-after "$s1" --load "$(cut -d' ' -f1-3 /proc/loadavg)"
+}
+
+failed=0
+for s in $systems; do run "$s" || failed=1; done
+summarize
+exit $failed
