@@ -2,6 +2,8 @@
 import os
 import re
 
+import pytest
+
 from conftest import REPO, run_launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -48,12 +50,29 @@ def test_launch_stops_everything_when_a_worker_fails():
 
 
 def test_launch_flags_reach_the_optimizer_of_a_script_that_reads_no_environment():
-    code, out = run_launch(["-n", "2", "--server-optimizer", "mean", "--compression", "dense",
+    code, out = run_launch(["-n", "2", "--server-optimizer", "sgd", "--compression", "dense",
                             "--pull", "recompressed", "--lr", "0.5",
                             os.path.join(HERE, "launch_flags_worker.py")], timeout=60)
     assert code == 0, out
-    assert out.count("FLAGS mode=local compression=dense pull=recompressed lr=0.5 "
+    assert out.count("FLAGS mode=server compression=dense pull=recompressed lr=0.5 "
                      "dense_push=1") == 2, out
+    code, out = run_launch(["-n", "2", "--server-optimizer", "mean", "--compression", "dense",
+                            "--lr", "0.5", os.path.join(HERE, "launch_flags_worker.py")],
+                           timeout=60)
+    assert code == 0, out
+    assert out.count("FLAGS mode=local compression=dense pull=dense lr=0.5 "
+                     "dense_push=1") == 2, out
+
+
+def test_local_mode_refuses_recompressed_pulls_before_anything_collective():
+    import torch
+    import torch.nn as nn
+    import adaps.torch
+    m = nn.Linear(2, 1)
+    with pytest.raises(ValueError, match="dense pulls only"):
+        adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m,
+                                         worker=None, server_optimizer="mean",
+                                         pull="recompressed")
 
 
 def test_launch_restarts_a_killed_server_and_the_workers_resume_it(tmp_path):

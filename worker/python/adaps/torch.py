@@ -196,6 +196,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  float)
         lr = _setting("lr", lr, "ADAPS_LR", None, float)
         self._check_names(compression, pull)
+        if self.mode == "local" and pull == "recompressed":
+            # The servers' recompression sends the change of what they hold against the
+            # workers' replicas: right for parameters, which move a little each step, wrong for
+            # local mode's per-step mean gradient (stale gradients come back each step, and a
+            # run with momentum diverges). Refused until the downlink compresses gradients.
+            raise ValueError("adaps.torch: local mode (servers running mean) takes dense pulls "
+                             "only; recompressed pulls need server mode (--server-optimizer "
+                             "sgd/momentum/nesterov/adam)")
         self.compression, self.pull = compression, pull
         if lr is not None:
             for g in optimizer.param_groups:
