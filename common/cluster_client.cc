@@ -86,6 +86,13 @@ ClusterClient::ClusterClient(Transport& transport, RoleLog& log,
   transport_.AddTimer(absl::Milliseconds(100), [this] { Heartbeat(); });
 }
 
+OutMessage ClusterClient::RegisterMessage(uint64_t request_id, int rank, uint32_t epoch) {
+  flatbuffers::FlatBufferBuilder fbb(256);
+  auto body = msg::CreateRegister(fbb, transport_.self().role, fbb.CreateString(address_),
+                                  fbb.CreateString(options_.identity), rank, epoch);
+  return FinishEnvelope(fbb, transport_.self(), body, request_id, 0);
+}
+
 absl::StatusOr<InMessage> ClusterClient::Register(std::function<absl::Status()> on_registered) {
   if (options_.scheduler.empty()) return absl::InvalidArgumentError("no scheduler address");
   if (options_.register_timeout <= absl::ZeroDuration() ||
@@ -96,14 +103,11 @@ absl::StatusOr<InMessage> ClusterClient::Register(std::function<absl::Status()> 
   if (!peer.ok()) return peer.status();
   scheduler_peer_.store(*peer);
 
-  flatbuffers::FlatBufferBuilder fbb(256);
-  auto body = msg::CreateRegister(fbb, transport_.self().role, fbb.CreateString(address_),
-                                  fbb.CreateString(options_.identity));
   const uint64_t id = transport_.NewRequestId();
   auto promise = std::make_shared<std::promise<absl::StatusOr<InMessage>>>();
   auto future = promise->get_future();
   transport_.Request(
-      *peer, id, FinishEnvelope(fbb, transport_.self(), body, id, 0),
+      *peer, id, RegisterMessage(id, /*rank=*/-1, /*epoch=*/0),
       absl::Now() + options_.register_timeout,
       [this, promise, on_registered = std::move(on_registered)](absl::StatusOr<InMessage> reply) {
         if (reply.ok() && reply->envelope()->body_type() != msg::Body::ClusterView) {
@@ -247,13 +251,9 @@ void ClusterClient::Reregister() {
   reregistering_ = true;
   log_.get()->warn("the scheduler does not know this node: registering again as rank {}",
                    transport_.rank());
-  flatbuffers::FlatBufferBuilder fbb(256);
-  auto body = msg::CreateRegister(fbb, transport_.self().role, fbb.CreateString(address_),
-                                  fbb.CreateString(options_.identity), transport_.rank(),
-                                  epoch_.load());
   const uint64_t id = transport_.NewRequestId();
   transport_.Request(scheduler_peer_.load(), id,
-                     FinishEnvelope(fbb, transport_.self(), body, id, 0),
+                     RegisterMessage(id, transport_.rank(), epoch_.load()),
                      absl::Now() + options_.scheduler_grace,
                      [this](absl::StatusOr<InMessage> reply) {
                        reregistering_ = false;

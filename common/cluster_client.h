@@ -107,6 +107,9 @@ class ClusterClient {
   void OnView(const msg::ClusterView& view);
   void Heartbeat();
   void Reregister();
+  // A Register request: a first registration (rank -1, epoch 0) or a re-registration that
+  // claims the rank and last epoch this node had.
+  OutMessage RegisterMessage(uint64_t request_id, int rank, uint32_t epoch);
   void Finish(const absl::Status& status);
 
   Transport& transport_;

@@ -7,10 +7,6 @@
 #include "worker/worker_impl.h"
 
 namespace adaps {
-namespace {
-constexpr int kSchedulerPeer = 0;
-}  // namespace
-
 Worker::Impl::Impl(const WorkerOptions& options)
     : options_(options),
       log_("worker", options.log_level),
@@ -50,8 +46,6 @@ absl::Status Worker::Impl::Init() {
   ADAPS_RETURN_IF_ERROR(transport_->Start());
   retry_thread_ = std::thread([this] { RetryLoop(); });
   ADAPS_ASSIGN_OR_RETURN(InMessage reply, cluster_->Register());
-  ADAPS_RET_CHECK(cluster_->scheduler_peer() == kSchedulerPeer, absl::StatusCode::kInternal,
-                  "unexpected peer id");
   ADAPS_RETURN_IF_ERROR(ApplyRegistration(*reply.envelope()->body_as_ClusterView()));
   worker_metrics_->Bind(rank_);
   return absl::OkStatus();

@@ -11,7 +11,6 @@
 namespace adaps {
 namespace {
 
-constexpr int kSchedulerPeer = 0;
 
 }  // namespace
 
@@ -41,7 +40,7 @@ absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewTensor(const TensorSpec
   flatbuffers::FlatBufferBuilder fbb(256);
   auto body = msg::CreateDeclareTensor(fbb, fbb.CreateString(spec.name), length, spec.bin_size);
   ADAPS_ASSIGN_OR_RETURN(InMessage reply,
-                         Call(kSchedulerPeer, fbb, body, nullptr, options_.request_timeout));
+                         Call(cluster_->scheduler_peer(), fbb, body, nullptr, options_.request_timeout));
   const msg::TensorLayout* layout = reply.envelope()->body_as_TensorLayout();
   ADAPS_RET_CHECK(layout != nullptr && layout->slices() != nullptr && layout->length() == length,
                   absl::StatusCode::kDataLoss, "bad tensor layout from the scheduler");
@@ -156,7 +155,7 @@ absl::Status Worker::Impl::Barrier() {
   ADAPS_RETURN_IF_ERROR(CheckRunning());
   flatbuffers::FlatBufferBuilder fbb(64);
   auto body = msg::CreateBarrier(fbb, barrier_seq_.fetch_add(1));
-  return Call(kSchedulerPeer, fbb, body, nullptr, options_.request_timeout).status();
+  return Call(cluster_->scheduler_peer(), fbb, body, nullptr, options_.request_timeout).status();
 }
 
 absl::Status Worker::Impl::SetHyper(const std::vector<std::pair<std::string, double>>& params) {
