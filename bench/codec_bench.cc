@@ -38,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/gradient_stream.h"
+#include "bench/summary_reporter.h"
 #include "benchmark/benchmark.h"
 #include "common/compressor.h"
 #include "common/wire_codec.h"
@@ -322,33 +323,6 @@ void BM_Push(benchmark::State& state, uint32_t t, bool prescan) {
              return EncodeUpdate(u, IndexCoding::kRice, &bytes).ok();
            });
 }
-
-// Collects every iteration run's counters by name, for the summary (median over repetitions).
-class SummaryReporter : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    ConsoleReporter::ReportRuns(runs);
-    for (const Run& run : runs) {
-      if (run.run_type != Run::RT_Iteration || run.error_occurred) continue;
-      auto& m = values_[run.run_name.str()];
-      for (const auto& [key, counter] : run.counters) m[key].push_back(counter.value);
-    }
-  }
-
-  // Median of a counter of a benchmark; NaN when absent.
-  double Get(const std::string& name, const std::string& counter) const {
-    auto it = values_.find(name);
-    if (it == values_.end()) return std::nan("");
-    auto jt = it->second.find(counter);
-    if (jt == it->second.end() || jt->second.empty()) return std::nan("");
-    std::vector<double> v = jt->second;
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-  }
-
- private:
-  std::map<std::string, std::map<std::string, std::vector<double>>> values_;
-};
 
 const char* CodingName(IndexCoding c) { return c == IndexCoding::kRice ? "rice" : "plain32"; }
 

@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/gradient_stream.h"
+#include "bench/summary_reporter.h"
 #include "benchmark/benchmark.h"
 #include "common/compressor.h"
 #include "common/optimizer.h"
@@ -273,29 +274,6 @@ void BM_Engine(benchmark::State& state, int threads) {
   if (sink.errors() != 0) state.SkipWithError("engine answered with errors");
   PerElement(state, d.n);
 }
-
-class SummaryReporter : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    ConsoleReporter::ReportRuns(runs);
-    for (const Run& run : runs) {
-      if (run.run_type != Run::RT_Iteration || run.error_occurred) continue;
-      auto it = run.counters.find("items_per_second");
-      if (it != run.counters.end()) values_[run.run_name.str()].push_back(it->second.value);
-    }
-  }
-  // Median items/s of a benchmark; NaN when absent.
-  double Get(const std::string& name) const {
-    auto it = values_.find(name);
-    if (it == values_.end() || it->second.empty()) return std::nan("");
-    std::vector<double> v = it->second;
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-  }
-
- private:
-  std::map<std::string, std::vector<double>> values_;
-};
 
 const std::vector<std::pair<const char*, OptimizerKind>>& Optimizers() {
   static const auto* list = new std::vector<std::pair<const char*, OptimizerKind>>{
