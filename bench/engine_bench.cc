@@ -347,26 +347,6 @@ void PrintSummary(const SummaryReporter& rep) {
 }  // namespace adaps
 
 int main(int argc, char** argv) {
-  std::vector<char*> args;
-  for (int i = 0; i < argc; ++i) {
-    const char* kFlag = "--elements=";
-    if (i > 0 && std::strncmp(argv[i], kFlag, std::strlen(kFlag)) == 0) {
-      adaps::g_elements = std::strtoull(argv[i] + std::strlen(kFlag), nullptr, 10);
-      continue;
-    }
-    args.push_back(argv[i]);
-  }
-  int new_argc = static_cast<int>(args.size());
-  benchmark::Initialize(&new_argc, args.data());
-  if (benchmark::ReportUnrecognizedArguments(new_argc, args.data())) return 1;
-  if (adaps::g_elements < 8000) {
-    std::fprintf(stderr, "--elements must be at least 8000\n");
-    return 1;
-  }
-  adaps::RegisterAll();
-  adaps::SummaryReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  adaps::PrintSummary(reporter);
-  benchmark::Shutdown();
-  return 0;
+  return adaps::BenchmarkMain(argc, argv, &adaps::g_elements, 8000, adaps::RegisterAll,
+                              adaps::PrintSummary);
 }

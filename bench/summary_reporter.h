@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -39,6 +42,37 @@ class SummaryReporter : public benchmark::ConsoleReporter {
  private:
   std::map<std::string, std::map<std::string, std::vector<double>>> values_;
 };
+
+// The main of a benchmark program: takes our own flag --elements=N out of argv (into
+// `*elements`, at least `min_elements`), hands the rest to Google Benchmark, registers the
+// benchmarks (`register_all()`), runs them and prints `summary(reporter)`. Returns the exit
+// code: 1 for an unknown flag or too few elements.
+template <typename RegisterAll, typename Summary>
+int BenchmarkMain(int argc, char** argv, size_t* elements, size_t min_elements,
+                  RegisterAll register_all, Summary summary) {
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    const char* kFlag = "--elements=";
+    if (i > 0 && std::strncmp(argv[i], kFlag, std::strlen(kFlag)) == 0) {
+      *elements = std::strtoull(argv[i] + std::strlen(kFlag), nullptr, 10);
+      continue;
+    }
+    args.push_back(argv[i]);
+  }
+  int new_argc = static_cast<int>(args.size());
+  benchmark::Initialize(&new_argc, args.data());
+  if (benchmark::ReportUnrecognizedArguments(new_argc, args.data())) return 1;
+  if (*elements < min_elements) {
+    std::fprintf(stderr, "--elements must be at least %zu\n", min_elements);
+    return 1;
+  }
+  register_all();
+  SummaryReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  summary(reporter);
+  benchmark::Shutdown();
+  return 0;
+}
 
 }  // namespace adaps
 
