@@ -12,11 +12,11 @@
 #include "common/compressor.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/main_flags.h"
 #include "common/main_util.h"
 #include "worker/synthetic.h"
 #include "worker/train_mode.h"
 
-ABSL_FLAG(std::string, config, "", "Config file of 'name = value' lines (also ADAPS_CONFIG)");
 ABSL_FLAG(std::string, scheduler, "", "Scheduler address, e.g. tcp://127.0.0.1:5000");
 ABSL_FLAG(std::string, identity, "", "Stable identity: a restarted worker gets its rank back");
 ABSL_FLAG(std::string, mode, "synthetic", "synthetic or train");
@@ -31,13 +31,6 @@ ABSL_FLAG(std::string, pull, "dense", "dense or recompressed pulls");
 ABSL_FLAG(bool, compact_indices, true, "Rice-coded indices (false: plain 32-bit)");
 ABSL_FLAG(int, register_timeout_ms, 60000, "How long to wait for the cluster to form");
 ABSL_FLAG(int, request_timeout_ms, 30000, "Deadline of every request");
-ABSL_FLAG(int, metrics_port, -1,
-          "Serve Prometheus metrics on http://metrics_host:PORT/metrics; -1: off, 0: the OS "
-          "picks (see --metrics_port_file)");
-ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint listens on");
-ABSL_FLAG(std::string, metrics_port_file, "",
-          "Write the metrics endpoint's port here (atomically) once it listens");
-ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical, off");
 ABSL_FLAG(std::string, model, "mlp", "train: mlp or cnn");
 ABSL_FLAG(int, epochs, 3, "train: passes over the training data");
 ABSL_FLAG(int, batch, 32, "train: batch size per worker and step");
@@ -79,9 +72,7 @@ absl::Status CheckFlags(const std::string& mode) {
       adaps::CheckPositive("request_timeout_ms", absl::GetFlag(FLAGS_request_timeout_ms)),
       adaps::CheckFraction("topk_fraction", absl::GetFlag(FLAGS_topk_fraction)),
       adaps::CheckPositive("bin_size", absl::GetFlag(FLAGS_bin_size)),
-      absl::GetFlag(FLAGS_metrics_port) == -1
-          ? absl::OkStatus()
-          : adaps::CheckPort("metrics_port", absl::GetFlag(FLAGS_metrics_port)),
+      adaps::CheckSharedFlags(),
   });
   if (!common.ok()) return common;
   if (mode == "synthetic") {
