@@ -29,6 +29,8 @@ ABSL_FLAG(int, bin_size, 500, "AdaComp bin size");
 ABSL_FLAG(double, topk_fraction, 0.001, "Top-k: fraction of elements sent");
 ABSL_FLAG(std::string, pull, "dense", "dense or recompressed pulls");
 ABSL_FLAG(bool, compact_indices, true, "Rice-coded indices (false: plain 32-bit)");
+ABSL_FLAG(int, compression_threads, 1,
+          "Threads that compress pushes and decode pulls (0: on the calling and I/O threads)");
 ABSL_FLAG(int, register_timeout_ms, 60000, "How long to wait for the cluster to form");
 ABSL_FLAG(int, request_timeout_ms, 30000, "Deadline of every request");
 ABSL_FLAG(int, metrics_port, -1,
@@ -174,6 +176,7 @@ int main(int argc, char** argv) {
   options.register_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_register_timeout_ms));
   options.request_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_request_timeout_ms));
   options.compact_indices = absl::GetFlag(FLAGS_compact_indices);
+  options.compression_threads = absl::GetFlag(FLAGS_compression_threads);
   options.log_level = absl::GetFlag(FLAGS_log_level);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
