@@ -67,6 +67,9 @@ class Worker::Impl {
   std::vector<std::string> TensorNames() const;
   absl::Status Stop();
 
+  // Tests only: the compression pool (null with compression_threads = 0).
+  JobPool* pool_for_testing() { return pool_.get(); }
+
  private:
   // A blocking request: waits for the answer (the transport answers by the deadline). Call
   // it with no lock held.
