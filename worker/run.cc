@@ -237,11 +237,11 @@ void Worker::Impl::DecodePull(const std::shared_ptr<RunOp>& op, size_t i, const 
                               size_t request_bytes, uint64_t step) {
   {
     absl::MutexLock lock(&op->mu);
-    if (op->finished) {  // failed meanwhile: leave `out` alone
+    // (A failure from now on leaves the promise to EndWrite.)
+    if (!BeginWrite(*op)) {  // failed meanwhile: leave `out` alone
       --op->outstanding;
       return;
     }
-    ++op->writing;  // a failure from now on leaves the promise to us (Settle)
   }
   const msg::PullResponse* resp = reply.envelope()->body_as_PullResponse();
   absl::Status status = worker_metrics_->Decode(step, [&] {
@@ -250,10 +250,7 @@ void Worker::Impl::DecodePull(const std::shared_ptr<RunOp>& op, size_t i, const 
   });
   {
     absl::MutexLock lock(&op->mu);
-    if (--op->writing == 0 && op->deferred.has_value()) {
-      op->promise.set_value(*op->deferred);
-      op->deferred.reset();
-    }
+    EndWrite(*op);
   }
   PartDone(op, i, true, std::move(status));
 }

@@ -95,6 +95,20 @@ struct RunOp {
   std::optional<absl::Status> deferred ABSL_GUARDED_BY(mu);
 };
 
+// A writer of `out` (a pull answer being applied): BeginWrite is false when the outcome
+// is decided already (leave `out` alone); EndWrite sets a promise Settle left to it.
+inline bool BeginWrite(RunOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op.mu) {
+  if (op.finished) return false;
+  ++op.writing;
+  return true;
+}
+inline void EndWrite(RunOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op.mu) {
+  if (--op.writing == 0 && op.deferred.has_value()) {
+    op.promise.set_value(*op.deferred);
+    op.deferred.reset();
+  }
+}
+
 // Decides the outcome of `op` (op.mu held; the first call wins): sets the promise, or
 // leaves it to the last writer still writing into `out`.
 inline void Settle(RunOp& op, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op.mu) {
