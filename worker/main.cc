@@ -24,6 +24,8 @@ ABSL_FLAG(std::string, tensors, "25M", "synthetic: total parameters (K, M, G suf
 ABSL_FLAG(int, layers, 10, "synthetic: number of tensors the parameters are split into");
 ABSL_FLAG(int, steps, 20, "synthetic: timed steps");
 ABSL_FLAG(int, warmup, 2, "synthetic: untimed steps first");
+ABSL_FLAG(int, backward_ms, 0,
+          "synthetic: sleep this long before each layer's push (an accelerator's backward pass)");
 ABSL_FLAG(std::string, compressor, "adacomp", "dense, adacomp, topk or sign");
 ABSL_FLAG(int, bin_size, 500, "AdaComp bin size");
 ABSL_FLAG(double, topk_fraction, 0.001, "Top-k: fraction of elements sent");
@@ -127,6 +129,10 @@ absl::StatusOr<adaps::SyntheticConfig> SyntheticFromFlags(adaps::CompressorKind 
   }
   synthetic.steps = absl::GetFlag(FLAGS_steps);
   synthetic.warmup = absl::GetFlag(FLAGS_warmup);
+  if (absl::GetFlag(FLAGS_backward_ms) < 0) {
+    return absl::InvalidArgumentError("--backward_ms must be >= 0");
+  }
+  synthetic.backward_per_layer = absl::Milliseconds(absl::GetFlag(FLAGS_backward_ms));
   synthetic.layer.compression = static_cast<adaps::Compression>(kind);
   synthetic.layer.bin_size = static_cast<uint32_t>(absl::GetFlag(FLAGS_bin_size));
   synthetic.layer.topk_fraction = absl::GetFlag(FLAGS_topk_fraction);

@@ -102,12 +102,13 @@ struct Phases {
   }
 };
 
-// Pushes and pulls every layer, all in flight together.
-absl::StatusOr<Phases> RunStep(Worker& worker, Layers& m, int step) {
+// Pushes and pulls every layer (each after `backward`), all in flight together.
+absl::StatusOr<Phases> RunStep(Worker& worker, Layers& m, int step, absl::Duration backward) {
   ADAPS_ASSIGN_OR_RETURN(TrafficCounters before, Totals(worker, m));
   const absl::Time start = absl::Now();
   std::vector<std::future<absl::Status>> futures;
   for (size_t l = 0; l < m.names.size(); ++l) {
+    if (backward > absl::ZeroDuration()) absl::SleepFor(backward);
     auto& g = (step % 2 == 0) ? m.grads_a[l] : m.grads_b[l];
     futures.push_back(worker.PushPull(m.names[l], g, absl::MakeSpan(m.params[l])));
   }
@@ -166,7 +167,7 @@ absl::Status RunSynthetic(Worker& worker, const SyntheticConfig& config) {
     if (step == config.warmup) {
       ADAPS_ASSIGN_OR_RETURN(before, Totals(worker, m));
     }
-    ADAPS_ASSIGN_OR_RETURN(Phases p, RunStep(worker, m, step));
+    ADAPS_ASSIGN_OR_RETURN(Phases p, RunStep(worker, m, step, config.backward_per_layer));
     if (step >= config.warmup) timed.Add(p);
     if (print) {
       std::printf("step %d%s: %.1f ms (worker compress %.1f ms, wire+server %.1f ms, "
