@@ -12,11 +12,11 @@ dense. The load (`uptime`) is printed before and after. Build first
   python3 bench/accuracy/main_command_study.py                     # the default configurations
   python3 bench/accuracy/main_command_study.py --seeds 1,2,3 \
       --config 'dense/dense|--compressor=dense --pull=dense' \
-      --config 'T=250 pulls|--downlink_bin_size_fc=250||--downlink_bin_size_fc=250'
+      --config 'pull T<=50||--optimizer=sgd --pull_bin_size=50'
 
 A --config is NAME|WORKER FLAGS[|SERVER FLAGS]; worker flags come after the main command's
 own (so they override them), server flags replace the default
-'--optimizer=momentum --momentum=0.9'. Each run's output goes to --log_dir.
+'--optimizer=sgd --pull_bin_size=100'. Each run's output goes to --log_dir.
 """
 import argparse
 import os
@@ -28,11 +28,21 @@ import sys
 import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+# The flags of deploy/run-local.sh (keep in sync).
 MAIN_WORKER = ("--mode=train --model=mlp --compressor=adacomp --pull=recompressed "
-               "--epochs=3 --log_level=warn")
-MAIN_SERVER = "--optimizer=momentum --momentum=0.9"
+               "--local_momentum=0.9 --compress_bias --bin_size_bias=100 --epochs=3 "
+               "--log_level=warn")
+MAIN_SERVER = "--optimizer=sgd --pull_bin_size=100"
+# The main command before issue 13's accuracy work: servers' momentum, dense biases,
+# recompressed pulls at the workers' bin size.
+BEFORE_WORKER = "--local_momentum=0 --compress_bias=false --bin_size_bias=0"
+BEFORE_SERVER = "--optimizer=momentum --momentum=0.9"
 DEFAULT_CONFIGS = [
-    "dense/dense|--compressor=dense --pull=dense",
+    f"dense/dense (servers' momentum)|--compressor=dense --pull=dense {BEFORE_WORKER}|"
+    f"{BEFORE_SERVER}",
+    "dense/dense (main command's flags)|--compressor=dense --pull=dense",
+    f"main command before (server momentum, pull T = 500, dense biases)|{BEFORE_WORKER}|"
+    f"{BEFORE_SERVER}",
     "main command (defaults)|",
 ]
 FINAL = re.compile(

@@ -42,6 +42,7 @@ struct CompressionConfig {
   uint32_t bin_size_fc = 500;
   double topk_fraction = 0.001;
   bool compress_bias = false;
+  uint32_t bin_size_bias = 0;  // with compress_bias: the biases' bin size (0: bin_size_fc)
 };
 
 // The compressor options for one tensor under `config`.

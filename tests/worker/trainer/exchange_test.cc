@@ -1,6 +1,7 @@
-// Momentum correction (worker/trainer/exchange.h): pushing each worker's velocity to a
-// server running plain SGD must train exactly as the server's own momentum does on dense
-// pushes, so --local_momentum changes only what the compressor sees.
+// worker/trainer/exchange.h: which compressor each tensor gets, and momentum correction
+// (pushing each worker's velocity to a server running plain SGD must train exactly as the
+// server's own momentum does on dense pushes, so --local_momentum changes only what the
+// compressor sees).
 #include "worker/trainer/exchange.h"
 
 #include <random>
@@ -17,6 +18,31 @@ std::vector<float> RandomGrad(std::mt19937& rng, size_t n) {
   std::vector<float> g(n);
   for (float& x : g) x = d(rng);
   return g;
+}
+
+ParamTensor TensorOf(LayerKind kind) {
+  ParamTensor t;
+  t.kind = kind;
+  return t;
+}
+
+TEST(OptionsForTensor, BiasesGoDenseUnlessCompressed) {
+  CompressionConfig c;
+  EXPECT_EQ(OptionsForTensor(TensorOf(LayerKind::kBias), c).kind, CompressorKind::kDense);
+  c.compress_bias = true;
+  EXPECT_EQ(OptionsForTensor(TensorOf(LayerKind::kBias), c).kind, CompressorKind::kAdaComp);
+}
+
+TEST(OptionsForTensor, CompressedBiasesTakeTheFullyConnectedBinSizeUnlessTheirOwnIsGiven) {
+  CompressionConfig c;
+  c.compress_bias = true;
+  c.bin_size_fc = 400;
+  c.bin_size_conv = 40;
+  EXPECT_EQ(OptionsForTensor(TensorOf(LayerKind::kBias), c).bin_size, 400u);
+  c.bin_size_bias = 100;
+  EXPECT_EQ(OptionsForTensor(TensorOf(LayerKind::kBias), c).bin_size, 100u);
+  EXPECT_EQ(OptionsForTensor(TensorOf(LayerKind::kFullyConnected), c).bin_size, 400u);
+  EXPECT_EQ(OptionsForTensor(TensorOf(LayerKind::kConv), c).bin_size, 40u);
 }
 
 TEST(MomentumCorrection, OneWorkerPushingVelocityToSgdMatchesServerMomentumBitForBit) {
