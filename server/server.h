@@ -72,7 +72,9 @@ struct ServerConfig {
   // AdaComp bin size of the recompressed pulls (the downlink): each slice uses
   // min(pull_bin_size, the bin size its workers declared); 0: the declared one. A smaller
   // bin sends more of the parameters' change each version (pull bytes only; pushes keep the
-  // workers' bin size). Fixed when the slice is created (a restored slice keeps its own).
+  // workers' bin size). Fixed when the slice is created and kept in checkpoints: a server
+  // restored from a checkpoint must run with the same value, or the workers' declarations
+  // of its slices are refused as a bin size conflict.
   uint32_t pull_bin_size = 0;
   // Engine threads owning the slices (server/engine.h); 0: the cores this process may use
   // (sched_getaffinity). Never more are started than there are slices.

@@ -98,9 +98,6 @@ class Ddp:
     def barrier(self):
         self.dist.barrier()
 
-    def before_step(self):
-        pass
-
     def traffic(self):
         return {}
 
@@ -128,7 +125,11 @@ class Adaps:
         # Momentum correction (DGC; worker/trainer/exchange.h MomentumCorrection): the
         # velocity u = m u + g is what gets compressed and pushed; the servers run SGD.
         self.correct = (not dense and a.adaps_mode == "server" and a.adacomp_recipe == "dgc")
-        self.momentum, self.velocity = a.momentum, {}
+        if self.correct:
+            # In a hook on each parameter, before the gradient reaches .grad: adaps.torch
+            # pushes .grad during backward and refuses a gradient changed after it.
+            for p in model.parameters():
+                p.register_hook(self._velocity_hook(a.momentum))
         server_opt = "mean" if a.adaps_mode == "local" else "momentum"
         bin_sizes = None
         if self.correct:
@@ -142,18 +143,17 @@ class Adaps:
             compression="dense" if dense else "adacomp",
             pull="dense" if dense else a.adacomp_pull, bin_sizes=bin_sizes)
 
-    def before_step(self):
-        if not self.correct:
-            return
-        with torch.no_grad():
-            for p in self.model.parameters():
-                if p.grad is None:
-                    continue
-                u = self.velocity.get(id(p))
-                if u is None:
-                    u = self.velocity[id(p)] = torch.zeros_like(p.grad)
-                u.mul_(self.momentum).add_(p.grad)
-                p.grad.copy_(u)
+    @staticmethod
+    def _velocity_hook(momentum):
+        state = {}
+
+        def hook(grad):
+            u = state.get("u")
+            if u is None:
+                u = state["u"] = torch.zeros_like(grad)
+            u.mul_(momentum).add_(grad)
+            return u.clone()
+        return hook
 
     def barrier(self):
         self.worker.barrier()
@@ -181,7 +181,6 @@ def train(a, sysobj, raw_model, x_train, y_train, x_test, y_test):
             opt.zero_grad()
             loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
             loss.backward()
-            sysobj.before_step()
             opt.step()
             sched.step()
             dt = time.perf_counter() - t0
