@@ -9,7 +9,9 @@ CompressorOptions OptionsForTensor(const ParamTensor& tensor, const CompressionC
   o.kind = config.kind;
   o.topk_fraction = config.topk_fraction;
   o.bin_size = tensor.kind == LayerKind::kConv ? config.bin_size_conv : config.bin_size_fc;
-  if (tensor.kind == LayerKind::kBias && config.bin_size_bias > 0) o.bin_size = config.bin_size_bias;
+  if (tensor.kind == LayerKind::kBias && config.bin_size_bias > 0) {
+    o.bin_size = config.bin_size_bias;
+  }
   if (tensor.kind == LayerKind::kBias && !config.compress_bias) o.kind = CompressorKind::kDense;
   return o;
 }
