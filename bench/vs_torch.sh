@@ -14,13 +14,14 @@
 #   bench/vs_torch.sh [--rate 100mbit|1gbit|none] [--model mlp|cnn] [--seed S]
 #                     [--systems "ddp powersgd fp16 adaps adacomp"] [--target ACC]
 #                     [--build DIR] [--results DIR] [--servers N] [--timeout S]
+#                     [--adacomp-recipe dgc|plain]  (dgc: the main command's, docs/accuracy.md)
 #                     [-- trainer flags, e.g. --epochs 2 --train-size 16000 --eval-every 25]
 #   bench/vs_torch.sh --summarize [--results DIR] [--target ACC]   table + plots only
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 rate=100mbit model=mlp seed=1 systems="ddp powersgd fp16 adaps adacomp" target=""
 bin="$repo/build" results="$repo/bench/race/results" servers=1 timeout=900 summarize_only=0
-adaps_mode=server
+adaps_mode=server adacomp_recipe=dgc
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rate) rate=$2; shift 2 ;;
@@ -32,6 +33,7 @@ while [[ $# -gt 0 ]]; do
     --results) results=$2; shift 2 ;;
     --servers) servers=$2; shift 2 ;;
     --adaps-mode) adaps_mode=$2; shift 2 ;;
+    --adacomp-recipe) adacomp_recipe=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
     --summarize) summarize_only=1; shift ;;
     -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -54,6 +56,8 @@ if [[ $summarize_only == 1 ]]; then summarize; exit $?; fi
 [[ $rate == none || $rate =~ ^[0-9]+[kmg]bit$ ]] ||
   { echo "vs_torch: --rate is like 100mbit, 1gbit or none" >&2; exit 2; }
 [[ $servers =~ ^[1-9]$ ]] || { echo "vs_torch: --servers is 1-9" >&2; exit 2; }
+[[ $adacomp_recipe == dgc || $adacomp_recipe == plain ]] ||
+  { echo "vs_torch: --adacomp-recipe is dgc or plain" >&2; exit 2; }
 [[ $adaps_mode == server || $adaps_mode == local ]] ||
   { echo "vs_torch: --adaps-mode is server or local" >&2; exit 2; }
 for s in $systems; do
@@ -113,8 +117,12 @@ run() {  # system
       workers+=($!)
     done
   else
-    local sched="tcp://$(addr 4):$port" server_opt=momentum
+    local sched="tcp://$(addr 4):$port" server_opt=momentum server_extra=()
     [[ $adaps_mode == local ]] && server_opt=mean
+    # The main command's recipe (docs/accuracy.md): momentum on the workers, SGD here.
+    if [[ $sys == adacomp && $adaps_mode == server && $adacomp_recipe == dgc ]]; then
+      server_opt=sgd server_extra=(--pull_bin_size=100)
+    fi
     s0=$(host_bytes 4)
     on 4 "$bin/scheduler/adaps-scheduler" --host=0.0.0.0 --port="$port" --num_servers="$servers" \
       --num_workers=4 --log_level=warn > >(sed -u "s/^/[sched] /" >>"$log") 2>&1 &
@@ -122,13 +130,13 @@ run() {  # system
     for ((i = 0; i < servers; i++)); do
       local h=$((4 + i)) sp=$((port + 1 + i))
       on "$h" "$bin/server/adaps-server" --scheduler="$sched" --host=0.0.0.0 --port="$sp" \
-        --advertise="tcp://$(addr "$h"):$sp" --optimizer="$server_opt" --mode=sync --log_level=warn \
+        --advertise="tcp://$(addr "$h"):$sp" --optimizer="$server_opt" "${server_extra[@]}" --mode=sync --log_level=warn \
         > >(sed -u "s/^/[s$i] /" >>"$log") 2>&1 &
       infra+=($!)
     done
     for r in 0 1 2 3; do
       on "$r" env PYTHONPATH="$bin/python" "$py" "$repo/bench/race/train.py" "${common_args[@]}" \
-        --scheduler "$sched" --adaps-mode "$adaps_mode" --out "$json" > >(sed -u "s/^/[w$r] /" >>"$log") 2>&1 &
+        --scheduler "$sched" --adaps-mode "$adaps_mode" --adacomp-recipe "$adacomp_recipe" --out "$json" > >(sed -u "s/^/[w$r] /" >>"$log") 2>&1 &
       workers+=($!)
     done
   fi

@@ -31,6 +31,9 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(int, checkpoint_interval_s, 0, "Write a checkpoint this often (0: only on request)");
 ABSL_FLAG(int, scheduler_grace_s, 60,
           "Keep serving this long without the scheduler (re-registering when it is back)");
+ABSL_FLAG(uint32_t, pull_bin_size, 0,
+          "AdaComp bin size of recompressed pulls: min(this, the slice's declared bin size); "
+          "0: the declared one");
 ABSL_FLAG(uint64_t, max_slice_elements, uint64_t{1} << 28,
           "Largest slice a worker may declare (elements): bounds what a client can allocate");
 ABSL_FLAG(int, engine_threads, 0,
@@ -102,6 +105,7 @@ int main(int argc, char** argv) {
   config.restore = absl::GetFlag(FLAGS_restore);
   config.restore_from = absl::GetFlag(FLAGS_restore_from);
   config.max_slice_elements = absl::GetFlag(FLAGS_max_slice_elements);
+  config.pull_bin_size = absl::GetFlag(FLAGS_pull_bin_size);
   config.max_memory = absl::GetFlag(FLAGS_max_memory);
   config.scheduler_grace = absl::Seconds(absl::GetFlag(FLAGS_scheduler_grace_s));
   config.engine_threads = absl::GetFlag(FLAGS_engine_threads);

@@ -34,6 +34,10 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
   return ValidateLogLevel(c.log_level);
 }
 
+uint32_t PullBinSize(uint32_t declared, uint32_t pull_bin_size) {
+  return pull_bin_size == 0 ? declared : std::min(declared, pull_bin_size);
+}
+
 void TransportSink::Send(const std::string& route, int peer, OutMessage message) {
   if (peer >= 0) {
     transport_->Send(peer, std::move(message));
@@ -182,7 +186,8 @@ void Server::OnDeclare(InMessage& in) {
   work.key = d->key();
   work.name = d->name() ? d->name()->str() : "";
   work.length = d->length();
-  work.bin_size = d->bin_size();
+  // The shard's bin size is its downlink's (pushes carry their own in every update).
+  work.bin_size = PullBinSize(d->bin_size(), config_.pull_bin_size);
   work.has_init = d->has_init();
   Route(std::move(in), engine_->AssignOwner(work.key), std::move(work));
 }

@@ -69,6 +69,13 @@ struct ServerConfig {
   absl::Duration scheduler_grace = absl::Seconds(60);
   // Largest slice a DeclareSlice may create (elements): memory a client can make us take.
   uint64_t max_slice_elements = uint64_t{1} << 28;
+  // AdaComp bin size of the recompressed pulls (the downlink): each slice uses
+  // min(pull_bin_size, the bin size its workers declared); 0: the declared one. A smaller
+  // bin sends more of the parameters' change each version (pull bytes only; pushes keep the
+  // workers' bin size). Fixed when the slice is created and kept in checkpoints: a server
+  // restored from a checkpoint must run with the same value, or the workers' declarations
+  // of its slices are refused as a bin size conflict.
+  uint32_t pull_bin_size = 0;
   // Engine threads owning the slices (server/engine.h); 0: the cores this process may use
   // (sched_getaffinity). Never more are started than there are slices.
   int engine_threads = 0;
@@ -81,6 +88,9 @@ struct ServerConfig {
 };
 
 absl::Status ValidateServerConfig(const ServerConfig& config);
+
+// The bin size of a slice's recompressed pulls: min(pull_bin_size, declared); 0: declared.
+uint32_t PullBinSize(uint32_t declared, uint32_t pull_bin_size);
 
 // Engine answers go out through the transport (thread-safe).
 class TransportSink final : public EngineSink {

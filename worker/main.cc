@@ -51,7 +51,12 @@ ABSL_FLAG(std::string, curve_client_key, "",
 ABSL_FLAG(int, eval_every, 0, "train: rank 0 evaluates every N steps too (0: per epoch only)");
 ABSL_FLAG(int, bin_size_conv, 50, "train: AdaComp bin size of conv layers");
 ABSL_FLAG(int, bin_size_fc, 500, "train: AdaComp bin size of fully-connected layers");
+ABSL_FLAG(double, local_momentum, 0.0,
+          "train: momentum correction (DGC): push the velocity u = m*u + grad with this m "
+          "instead of the gradient; use with servers running --optimizer=sgd (0: off)");
 ABSL_FLAG(bool, compress_bias, false, "train: compress biases too (default: sent dense)");
+ABSL_FLAG(int, bin_size_bias, 0,
+          "train: with --compress_bias, the AdaComp bin size of biases (0: --bin_size_fc)");
 ABSL_FLAG(std::string, ready_file, "",
           "Write this worker's rank here (atomically) once it has joined the cluster; removed "
           "when it leaves (for health checks)");
@@ -96,6 +101,10 @@ absl::Status CheckFlags(const std::string& mode) {
       adaps::CheckNonNegative("eval_every", absl::GetFlag(FLAGS_eval_every)),
       adaps::CheckPositive("bin_size_conv", absl::GetFlag(FLAGS_bin_size_conv)),
       adaps::CheckPositive("bin_size_fc", absl::GetFlag(FLAGS_bin_size_fc)),
+      adaps::CheckNonNegative("bin_size_bias", absl::GetFlag(FLAGS_bin_size_bias)),
+      absl::GetFlag(FLAGS_local_momentum) >= 0 && absl::GetFlag(FLAGS_local_momentum) < 1
+          ? absl::OkStatus()
+          : absl::InvalidArgumentError("--local_momentum must be in [0, 1)"),
       adaps::CheckReadableDir("data_dir", absl::GetFlag(FLAGS_data_dir)),
   });
 }
@@ -147,12 +156,14 @@ absl::StatusOr<adaps::TrainConfig> TrainFromFlags(adaps::CompressorKind kind) {
   train.test_limit = absl::GetFlag(FLAGS_test_limit);
   train.steps_limit = absl::GetFlag(FLAGS_max_steps);
   train.log_every = absl::GetFlag(FLAGS_eval_every);
+  train.local_momentum = absl::GetFlag(FLAGS_local_momentum);
   train.data_dir = absl::GetFlag(FLAGS_data_dir);
   train.compression.kind = kind;
   train.compression.bin_size_conv = static_cast<uint32_t>(absl::GetFlag(FLAGS_bin_size_conv));
   train.compression.bin_size_fc = static_cast<uint32_t>(absl::GetFlag(FLAGS_bin_size_fc));
   train.compression.topk_fraction = absl::GetFlag(FLAGS_topk_fraction);
   train.compression.compress_bias = absl::GetFlag(FLAGS_compress_bias);
+  train.compression.bin_size_bias = static_cast<uint32_t>(absl::GetFlag(FLAGS_bin_size_bias));
   train.pull = Pull();
   return train;
 }

@@ -32,8 +32,13 @@ constexpr int kLayerKinds = 3;  // conv, fc, bias
 // GradientExchange over the cluster: one PushPull per tensor, all in flight at once.
 class ClusterExchange final : public trainer::GradientExchange {
  public:
-  ClusterExchange(Worker* worker, int64_t decay_steps, double learning_rate, bool cosine)
-      : worker_(worker), decay_steps_(decay_steps), lr_(learning_rate), cosine_(cosine) {}
+  ClusterExchange(Worker* worker, int64_t decay_steps, double learning_rate, bool cosine,
+                  double local_momentum)
+      : worker_(worker),
+        decay_steps_(decay_steps),
+        lr_(learning_rate),
+        cosine_(cosine),
+        momentum_(static_cast<float>(local_momentum)) {}
 
   absl::Status Declare(std::vector<ParamTensor>& params, const TrainConfig& config) {
     for (ParamTensor& p : params) {
@@ -47,6 +52,7 @@ class ClusterExchange final : public trainer::GradientExchange {
       spec.pull = config.pull;
       ADAPS_RETURN_IF_ERROR(worker_->Declare(spec, absl::MakeSpan(p.value)));
       kinds_.push_back(o.kind);
+      momentum_.AddTensor(p.size());
     }
     return absl::OkStatus();
   }
@@ -61,10 +67,16 @@ class ClusterExchange final : public trainer::GradientExchange {
     }
     std::vector<std::future<absl::Status>> pending;
     pending.reserve(params.size());
-    for (ParamTensor& p : params) {
-      pending.push_back(worker_->PushPull(p.name, p.grad, absl::MakeSpan(p.value)));
-    }
     absl::Status first = absl::OkStatus();
+    for (size_t i = 0; i < params.size(); ++i) {
+      ParamTensor& p = params[i];
+      absl::StatusOr<absl::Span<const float>> push = momentum_.Push(i, p.grad);
+      if (!push.ok()) {
+        first = push.status();
+        break;
+      }
+      pending.push_back(worker_->PushPull(p.name, *push, absl::MakeSpan(p.value)));
+    }
     for (auto& f : pending) {
       absl::Status s = f.get();
       if (first.ok() && !s.ok()) first = s;
@@ -83,6 +95,8 @@ class ClusterExchange final : public trainer::GradientExchange {
   int64_t decay_steps_;
   double lr_;
   bool cosine_;
+  // --local_momentum: what each tensor pushes (its gradient, or its velocity).
+  trainer::MomentumCorrection momentum_;
   std::vector<CompressorKind> kinds_;
   std::function<absl::Status(int64_t)> after_step_;
 };
@@ -162,9 +176,11 @@ class TrainingRun {
  private:
   absl::Status Prepare() {
     if (cfg_.epochs < 1 || cfg_.batch < 1 || cfg_.train_limit < 0 || cfg_.test_limit < 0 ||
-        cfg_.steps_limit < 0 || cfg_.log_every < 0 || cfg_.learning_rate <= 0) {
+        cfg_.steps_limit < 0 || cfg_.log_every < 0 || cfg_.learning_rate <= 0 ||
+        !(cfg_.local_momentum >= 0 && cfg_.local_momentum < 1)) {
       return absl::InvalidArgumentError(
-          "--epochs and --batch must be >= 1, --lr > 0, the limits >= 0");
+          "--epochs and --batch must be >= 1, --lr > 0, --local_momentum in [0, 1), the limits "
+          ">= 0");
     }
     ADAPS_ASSIGN_OR_RETURN(kind_, trainer::ParseModelKind(cfg_.model));
     ADAPS_ASSIGN_OR_RETURN(train_, trainer::LoadFashionMnist(cfg_.data_dir, true));
@@ -192,7 +208,8 @@ class TrainingRun {
     }
     model_ = trainer::Model::Create(kind_, cfg_.seed);
     exchange_ = std::make_unique<ClusterExchange>(
-        &worker_, static_cast<int64_t>(steps_) * epochs_, cfg_.learning_rate, cfg_.cosine);
+        &worker_, static_cast<int64_t>(steps_) * epochs_, cfg_.learning_rate, cfg_.cosine,
+        cfg_.local_momentum);
     if (lead_) ADAPS_RETURN_IF_ERROR(worker_.SetHyper({{"learning_rate", cfg_.learning_rate}}));
     ADAPS_RETURN_IF_ERROR(worker_.Barrier());
     ADAPS_RETURN_IF_ERROR(exchange_->Declare(model_->params(), cfg_));

@@ -53,6 +53,12 @@ def parse():
                     help="adaps.torch mode: server (the servers run the momentum SGD, "
                          "--optimizer=momentum) or local (--optimizer=mean)")
     ap.add_argument("--adacomp-pull", default="recompressed", choices=("recompressed", "dense"))
+    ap.add_argument("--adacomp-recipe", default="dgc", choices=("dgc", "plain"),
+                    help="adacomp in server mode: dgc = the main command's defaults "
+                         "(docs/accuracy.md): momentum correction (each worker pushes its "
+                         "velocity, the servers run plain SGD; vs_torch.sh starts them with "
+                         "--optimizer=sgd --pull_bin_size=100) and biases at bin size 100; "
+                         "plain = the servers run the momentum, every tensor at its layer's T")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="", help="rank 0's JSON result")
     ap.add_argument("--label", default="", help="stored in the result")
@@ -116,11 +122,38 @@ class Adaps:
         self.rank = self.worker.rank
         self.model = model
         dense = a.system == "adaps"
+        # Momentum correction (DGC; worker/trainer/exchange.h MomentumCorrection): the
+        # velocity u = m u + g is what gets compressed and pushed; the servers run SGD.
+        self.correct = (not dense and a.adaps_mode == "server" and a.adacomp_recipe == "dgc")
+        if self.correct:
+            # In a hook on each parameter, before the gradient reaches .grad: adaps.torch
+            # pushes .grad during backward and refuses a gradient changed after it.
+            for p in model.parameters():
+                p.register_hook(self._velocity_hook(a.momentum))
+        server_opt = "mean" if a.adaps_mode == "local" else "momentum"
+        bin_sizes = None
+        if self.correct:
+            server_opt = "sgd"
+            bin_sizes = {n: 100 for n, p in model.named_parameters()
+                         if n.endswith(".bias") and p.dim() == 1}
         self.opt = adaps.torch.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum), model,
-            self.worker, server_optimizer="mean" if a.adaps_mode == "local" else "momentum",
+            torch.optim.SGD(model.parameters(), lr=a.lr,
+                            momentum=0.0 if self.correct else a.momentum), model,
+            self.worker, server_optimizer=server_opt,
             compression="dense" if dense else "adacomp",
-            pull="dense" if dense else a.adacomp_pull)
+            pull="dense" if dense else a.adacomp_pull, bin_sizes=bin_sizes)
+
+    @staticmethod
+    def _velocity_hook(momentum):
+        state = {}
+
+        def hook(grad):
+            u = state.get("u")
+            if u is None:
+                u = state["u"] = torch.zeros_like(grad)
+            u.mul_(momentum).add_(grad)
+            return u.clone()
+        return hook
 
     def barrier(self):
         self.worker.barrier()
@@ -192,7 +225,8 @@ def main():
         res = dict(system=a.system, model=a.model, label=a.label, seed=a.seed,
                    world=a.world, batch_size=a.batch_size, epochs=a.epochs,
                    train_size=a.train_size, test_size=a.test_size, lr=a.lr,
-                   momentum=a.momentum, params=sum(p.numel() for p in model.parameters()),
+                   momentum=a.momentum, adacomp_recipe=a.adacomp_recipe
+                   if a.system == "adacomp" else None, params=sum(p.numel() for p in model.parameters()),
                    steps=r["steps"], evals=r["evals"], train_time=sum(r["step_times"]),
                    wall_time=wall, step_ms_mean=1e3 * sum(r["step_times"]) / r["steps"],
                    step_ms_median=1e3 * steady[len(steady) // 2],

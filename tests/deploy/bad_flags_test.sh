@@ -43,6 +43,7 @@ expect scheduler dead_timeout_ms --dead_timeout_ms=0
 expect server scheduler --scheduler=tcp://127.0.0.1:70000
 expect server register_timeout_ms "$sched" --register_timeout_ms=0
 expect server max_slice_elements "$sched" --max_slice_elements=0
+expect server pull_bin_size "$sched" --pull_bin_size=-1
 expect worker scheduler
 expect worker scheduler --scheduler=127.0.0.1:5510
 expect worker bin_size "$sched" --bin_size=0
@@ -55,6 +56,9 @@ expect worker topk_fraction "$sched" --topk_fraction=2
 expect worker data_dir "$sched" --mode=train --data_dir="$tmp/no-such-dir"
 expect worker batch "$sched" --mode=train --batch=0
 expect worker bin_size_fc "$sched" --mode=train --bin_size_fc=0
+expect worker bin_size_bias "$sched" --mode=train --bin_size_bias=-1
+expect worker local_momentum "$sched" --mode=train --local_momentum=1
+expect worker local_momentum "$sched" --mode=train --local_momentum=-0.5
 
 for role in scheduler server worker; do
   timeout -k 1 2 "$build/$role/adaps-$role" --help >"$tmp/help" 2>&1

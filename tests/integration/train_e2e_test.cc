@@ -26,14 +26,24 @@ struct TrainResult {
   std::string log;
 };
 
+// The main command's recipe (deploy/run-local.sh, docs/accuracy.md): momentum on the
+// workers, plain SGD and recompressed pulls at bin size 100 on the servers.
+const std::vector<std::string> kRecipeServer = {"--optimizer=sgd", "--pull_bin_size=100"};
+const std::vector<std::string> kRecipeWorker = {"--pull=recompressed", "--local_momentum=0.9",
+                                                "--compress_bias", "--bin_size_bias=100"};
+
 // With `kill_server`, the server runs with an identity and timed checkpoints, and once it
 // checkpointed the model it is killed (SIGKILL) and started again with the same flags.
-TrainResult Train(const std::string& compressor, bool kill_server = false) {
+// `server_args` replace the servers' optimizer flags; `worker_args` go after the workers'.
+TrainResult Train(const std::string& compressor, bool kill_server = false,
+                  std::vector<std::string> server_args = {"--optimizer=momentum",
+                                                          "--momentum=0.9"},
+                  const std::vector<std::string>& worker_args = {}) {
   TrainResult result;
   ClusterOptions options;
   options.num_servers = 1;
   options.num_workers = 2;
-  options.server_args = {"--optimizer=momentum", "--momentum=0.9"};
+  options.server_args = std::move(server_args);
   const std::string ckpt = MakeTempDir();
   if (kill_server) {
     options.server_args.insert(options.server_args.end(),
@@ -47,14 +57,14 @@ TrainResult Train(const std::string& compressor, bool kill_server = false) {
   }
   std::vector<std::unique_ptr<Process>> workers;
   for (int w = 0; w < 2; ++w) {
+    std::vector<std::string> args = {"--scheduler=" + cluster.scheduler_address(), "--mode=train",
+                                     "--model=mlp", "--compressor=" + compressor,
+                                     "--train_limit=16000", "--epochs=2", "--batch=32",
+                                     "--lr=0.05", "--log_level=warn",
+                                     absl::StrCat("--data_dir=", kDataDir)};
+    args.insert(args.end(), worker_args.begin(), worker_args.end());
     workers.push_back(std::make_unique<Process>(
-        ADAPS_WORKER_BIN,
-        std::vector<std::string>{"--scheduler=" + cluster.scheduler_address(), "--mode=train",
-                                 "--model=mlp", "--compressor=" + compressor,
-                                 "--train_limit=16000", "--epochs=2", "--batch=32",
-                                 "--lr=0.05", "--log_level=warn",
-                                 absl::StrCat("--data_dir=", kDataDir)},
-        absl::StrCat(cluster.dir(), "/worker", w, ".log")));
+        ADAPS_WORKER_BIN, args, absl::StrCat(cluster.dir(), "/worker", w, ".log")));
   }
   std::unique_ptr<Process> restarted;
   if (kill_server) {
@@ -116,6 +126,22 @@ TEST_F(TrainEndToEnd, AdaCompReachesAccuracyWithHundredfoldLessTrafficAndMatches
   RecordProperty("adacomp_test_acc", std::to_string(ada.test_acc));
   RecordProperty("dense_test_acc", std::to_string(dense.test_acc));
   RecordProperty("adacomp_fc_rate", std::to_string(ada.fc_rate));
+}
+
+// The same run with the main command's recipe: pushes of the workers' velocity to SGD
+// servers train as well as the servers' momentum on dense pushes.
+TEST_F(TrainEndToEnd, MainCommandRecipeReachesDenseAccuracyWithHundredfoldLessTraffic) {
+  const TrainResult recipe = Train("adacomp", false, kRecipeServer, kRecipeWorker);
+  ASSERT_TRUE(recipe.ok) << recipe.log;
+  EXPECT_GE(recipe.fc_rate, 100.0) << recipe.log;
+  const TrainResult dense = Train("dense");
+  ASSERT_TRUE(dense.ok) << dense.log;
+  // Measured: recipe 0.851, dense 0.849; with the velocity not pushed (plain SGD on the
+  // servers) 0.834.
+  EXPECT_GE(recipe.test_acc, dense.test_acc - 0.01)
+      << "recipe " << recipe.test_acc << " vs dense " << dense.test_acc << "\n" << recipe.log;
+  RecordProperty("recipe_test_acc", std::to_string(recipe.test_acc));
+  RecordProperty("dense_test_acc", std::to_string(dense.test_acc));
 }
 
 // Resume, not restart: the server is killed mid-training and restarted from its last

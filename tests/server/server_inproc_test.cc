@@ -358,5 +358,68 @@ TEST(MeanOptimizer, RecompressedPullsGiveBothWorkersTheSameReplica) {
   }
 }
 
+// One worker against one SGD server (lr 1) whose recompressed pulls use --pull_bin_size.
+// Declares 100 parameters of zeros with bin size 100, pushes a dense gradient of 0.01
+// everywhere but 1 at element 0, and returns how many parameters its recompressed pull
+// changed.
+int ParametersChangedByOneRecompressedPull(uint32_t pull_bin_size) {
+  auto context = std::make_shared<TransportContext>(1);
+  SchedulerConfig sc;
+  sc.bind = "inproc://pull-bin-scheduler";
+  sc.num_workers = 1;
+  sc.log_level = "warn";
+  Scheduler scheduler(sc, context);
+  EXPECT_TRUE(scheduler.Start().ok());
+  ServerConfig vc;
+  vc.scheduler = sc.bind;
+  vc.bind = "inproc://pull-bin-server";
+  vc.optimizer.kind = OptimizerKind::kSgd;
+  vc.optimizer.learning_rate = 1.0f;
+  vc.pull_bin_size = pull_bin_size;
+  vc.log_level = "warn";
+  Server server(vc, context);
+  absl::Status status;
+  std::thread start([&] { status = server.Start(); });
+  WorkerOptions wo;
+  wo.scheduler = sc.bind;
+  wo.context = context;
+  wo.log_level = "warn";
+  auto worker = Worker::Create(wo);
+  start.join();
+  EXPECT_TRUE(status.ok()) << status;
+  int changed = -1;
+  if (worker.ok()) {
+    std::vector<float> v(100, 0.0f), g(100, 0.01f);
+    g[0] = 1.0f;
+    EXPECT_TRUE((*worker)->Declare({"t", {100}, 100, Compression::kDense, 0.001,
+                                    PullFormat::kRecompressed}, absl::MakeSpan(v)).ok());
+    EXPECT_TRUE((*worker)->PushPull("t", g, absl::MakeSpan(v)).get().ok());
+    changed = 0;
+    for (float x : v) changed += x != 0.0f;
+    EXPECT_TRUE((*worker)->Stop().ok());
+  }
+  EXPECT_TRUE(scheduler.WaitForShutdown(absl::Seconds(5)));
+  EXPECT_TRUE(server.WaitForShutdown(absl::Seconds(5)));
+  return changed;
+}
+
+TEST(PullBinSize, RecompressedPullsUseTheDeclaredBinSizeByDefault) {
+  // One bin of 100: only the element that stands out (1 against 0.01) is sent.
+  EXPECT_EQ(ParametersChangedByOneRecompressedPull(0), 1);
+}
+
+TEST(PullBinSize, SmallerPullBinSendsMoreOfTheChange) {
+  // Ten bins of 10: bin 0 still sends only element 0; each of the nine others sends all of
+  // its elements (each equal to its bin's maximum).
+  EXPECT_EQ(ParametersChangedByOneRecompressedPull(10), 91);
+}
+
+TEST(PullBinSize, IsTheSmallerOfTheFlagAndTheDeclaredBinSize) {
+  EXPECT_EQ(PullBinSize(500, 0), 500u);
+  EXPECT_EQ(PullBinSize(500, 100), 100u);
+  EXPECT_EQ(PullBinSize(50, 100), 50u);
+  EXPECT_EQ(ParametersChangedByOneRecompressedPull(1000), 1);
+}
+
 }  // namespace
 }  // namespace adaps

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/compressor.h"
 #include "worker/trainer/layers.h"
 
@@ -40,10 +42,35 @@ struct CompressionConfig {
   uint32_t bin_size_fc = 500;
   double topk_fraction = 0.001;
   bool compress_bias = false;
+  uint32_t bin_size_bias = 0;  // with compress_bias: the biases' bin size (0: bin_size_fc)
 };
 
 // The compressor options for one tensor under `config`.
 CompressorOptions OptionsForTensor(const ParamTensor& tensor, const CompressionConfig& config);
+
+// Momentum correction (Lin et al., "Deep Gradient Compression", ICLR 2018): each worker
+// keeps a velocity u = m u + g per tensor and compresses and pushes u instead of g, so the
+// compressor's residue accumulates velocity; the servers then run plain SGD. With dense
+// pushes this is exactly the servers' momentum (mean of the u's = the momentum of the mean
+// gradient); with sparse pushes, momentum is no longer applied to updates that were held
+// back in the residue, which is what the paper found to cost accuracy.
+// Thread-compatible: one per exchange.
+class MomentumCorrection {
+ public:
+  // `momentum` in [0, 1); 0 pushes the gradient unchanged.
+  explicit MomentumCorrection(float momentum) : momentum_(momentum) {}
+  float momentum() const { return momentum_; }
+  // Adds a tensor of `size` elements (velocity 0); tensors are numbered in order from 0.
+  void AddTensor(size_t size);
+  // What to push for tensor `index` this step: `grad` itself when momentum is 0, else the
+  // updated velocity (valid until the next call for the tensor). `grad` must have the
+  // tensor's size (kInvalidArgument otherwise, or for an unknown index; nothing changes).
+  absl::StatusOr<absl::Span<const float>> Push(size_t index, absl::Span<const float> grad);
+
+ private:
+  float momentum_;
+  std::vector<std::vector<float>> velocity_;
+};
 
 }  // namespace adaps::trainer
 
