@@ -100,12 +100,16 @@ void EngineThread::OnPush(EngineWork& work) {
   Shard& shard = it->second;
   ServerMetrics::Work timing = Time(shard, /*push=*/true);
   if (options_.sync) {
+    const uint64_t version = shard.version();
     if (auto st = shard.AddPush(work.worker, work.step, work.payload()); !st.ok()) {
       return ReplyError(work, st);
     }
     if (options_.metrics != nullptr) options_.metrics->Pushed(shard, work.frame.wire_bytes());
     Ack(work);
-    if (shard.CompleteStepIfReady(live_, optimizer_)) AnswerHeld(shard);
+    // (A restored shard may have moved to the workers' step: pulls held for it are ready.)
+    if (shard.CompleteStepIfReady(live_, optimizer_) || shard.version() != version) {
+      AnswerHeld(shard);
+    }
     return;
   }
   if (auto st = shard.ApplyPush(work.payload(), optimizer_); !st.ok()) {
