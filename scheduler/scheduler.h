@@ -104,6 +104,8 @@ class Scheduler {
     bool alive = true;
     bool left = false;
     std::string secret;  // workers: random, sent only in this node's views (kept on rejoin)
+    // Servers: the steps of their step checkpoints (latest Register or Heartbeat).
+    std::vector<uint64_t> checkpoint_steps;
   };
   struct Layout {
     uint32_t tensor_id = 0;
@@ -131,6 +133,8 @@ class Scheduler {
   void OnLeave(InMessage& in);
   void CheckHeartbeats();
   void SendView(const Node& node, uint64_t reply_to, bool rejoined = false);
+  // The latest step checkpoint every server reported (server/checkpoint.h); 0: none.
+  uint64_t CommonStep() const;
   void BroadcastView();
   void ReleaseBarriers();
   void MaybeShutdown();

@@ -1,8 +1,10 @@
 #include "server/checkpoint.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
@@ -10,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -119,6 +122,53 @@ std::string DirectoryOf(const std::string& path) {
 
 std::string CheckpointPath(const std::string& dir, int rank) {
   return absl::StrCat(dir, "/server-", rank, ".ckpt");
+}
+
+std::string StepCheckpointPath(const std::string& dir, const std::string& name, uint64_t step) {
+  return absl::StrCat(dir, "/server-", name, ".step-", step, ".ckpt");
+}
+
+std::vector<uint64_t> ListStepCheckpoints(const std::string& dir, const std::string& name) {
+  std::vector<uint64_t> steps;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return steps;
+  const std::string prefix = absl::StrCat("server-", name, ".step-");
+  const std::string suffix = ".ckpt";
+  while (const dirent* e = ::readdir(d)) {
+    const std::string file = e->d_name;
+    if (file.size() <= prefix.size() + suffix.size() || file.rfind(prefix, 0) != 0 ||
+        file.compare(file.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    uint64_t step = 0;
+    if (absl::SimpleAtoi(file.substr(prefix.size(), file.size() - prefix.size() - suffix.size()),
+                         &step) &&
+        step > 0) {
+      steps.push_back(step);
+    }
+  }
+  ::closedir(d);
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+void RemoveStepCheckpointsAfter(const std::string& dir, const std::string& name, uint64_t step) {
+  for (uint64_t s : ListStepCheckpoints(dir, name)) {
+    if (s <= step) continue;
+    const std::string path = StepCheckpointPath(dir, name, s);
+    std::remove(path.c_str());
+    std::remove((path + ".prev").c_str());
+  }
+}
+
+void PruneStepCheckpoints(const std::string& dir, const std::string& name, size_t keep,
+                          uint64_t common) {
+  std::vector<uint64_t> steps = ListStepCheckpoints(dir, name);
+  for (size_t i = 0; i + keep < steps.size() && (common == 0 || steps[i] < common); ++i) {
+    const std::string path = StepCheckpointPath(dir, name, steps[i]);
+    std::remove(path.c_str());
+    std::remove((path + ".prev").c_str());
+  }
 }
 
 uint32_t Crc32(absl::Span<const uint8_t> data, uint32_t crc) {

@@ -12,6 +12,7 @@
 #ifndef ADAPS_SERVER_CHECKPOINT_H_
 #define ADAPS_SERVER_CHECKPOINT_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -74,6 +75,40 @@ struct RestoredCheckpoint {
 
 // kDataLoss ("no usable checkpoint: ...") when a file exists but no copy is usable.
 absl::StatusOr<RestoredCheckpoint> ReadCheckpointWithFallback(const std::string& path);
+
+// Step checkpoints (--checkpoint_every_steps=N): every slice of the server recorded at the
+// same step K (a multiple of N), written to dir/server-<name>.step-<K>.ckpt (the same file
+// format) by each server on its own when all its slices reached K. Since every server
+// records the same steps, a step that every server has is one consistent model: the
+// scheduler tells a (re)starting server the latest such step (ClusterView.restore_step,
+// from the steps each server reports in Register and Heartbeat), and it restores that one.
+// `name` is the server's --identity (stable across restarts), else its rank.
+std::string StepCheckpointPath(const std::string& dir, const std::string& name, uint64_t step);
+// The steps of `name`'s step checkpoints in `dir`, ascending (from the file names; a
+// damaged file is found out when restored). Empty when `dir` cannot be read.
+std::vector<uint64_t> ListStepCheckpoints(const std::string& dir, const std::string& name);
+// Removes `name`'s step checkpoints older than both the newest `keep` and `common` (the
+// latest step every server has, which a restart may be told to restore; 0: none).
+void PruneStepCheckpoints(const std::string& dir, const std::string& name, size_t keep,
+                          uint64_t common = 0);
+// Removes `name`'s step checkpoints after `step`: a server that restored `step` (0: none)
+// goes on from there, and its later files belong to a past it no longer has. Otherwise a
+// server restarting later could be told a newer common step than the one restored here.
+void RemoveStepCheckpointsAfter(const std::string& dir, const std::string& name, uint64_t step);
+// The largest step that is in every list; 0 when there is none (or no list). Inline: the
+// scheduler uses it without the server library.
+inline uint64_t LatestCommonStep(const std::vector<std::vector<uint64_t>>& steps) {
+  uint64_t latest = 0;
+  if (steps.empty()) return latest;
+  for (uint64_t step : steps[0]) {
+    bool everywhere = step > latest;
+    for (size_t k = 1; k < steps.size() && everywhere; ++k) {
+      everywhere = std::find(steps[k].begin(), steps[k].end(), step) != steps[k].end();
+    }
+    if (everywhere) latest = step;
+  }
+  return latest;
+}
 
 }  // namespace adaps
 

@@ -65,6 +65,17 @@ Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context, M
   copts.identity = config_.identity;
   copts.register_timeout = config_.register_timeout;
   copts.scheduler_grace = config_.scheduler_grace;
+  if (config_.checkpoint_every_steps > 0 && !config_.checkpoint_dir.empty()) {
+    {
+      absl::MutexLock lock(&steps_mu_);
+      step_checkpoints_ = ListStepCheckpoints(config_.checkpoint_dir, StepName());
+    }
+    copts.checkpoint_steps = [this] { return StepCheckpoints(); };
+    copts.on_common_step = [this](uint64_t step) {
+      absl::MutexLock lock(&steps_mu_);
+      common_step_ = step;
+    };
+  }
   ClusterClient::Callbacks callbacks;
   callbacks.on_view = [this](const msg::ClusterView& view) { OnView(view); };
   callbacks.on_shutdown = [this](const absl::Status& status) { Finish(status); };
@@ -87,6 +98,7 @@ Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context, M
   eopts.optimizer = config_.optimizer;
   eopts.max_slice_elements = config_.max_slice_elements;
   eopts.metrics = metrics_.get();
+  if (!config_.checkpoint_dir.empty()) eopts.checkpoint_every_steps = config_.checkpoint_every_steps;
   engine_ = std::make_unique<Engine>(eopts, sink_.get());
   // Running before Start: a restore at registration hands its slices to it.
   engine_->Start();
@@ -297,6 +309,45 @@ void Server::StartCheckpoint(const std::string& dir, std::function<void(absl::St
     }
     done(std::move(st));
   });
+}
+
+std::string Server::StepName() const {
+  return config_.identity.empty() ? absl::StrCat(transport_->rank()) : config_.identity;
+}
+
+std::vector<uint64_t> Server::StepCheckpoints() const {
+  absl::MutexLock lock(&steps_mu_);
+  return step_checkpoints_;
+}
+
+void Server::OnStepCheckpoint(uint64_t step, const absl::Status& status, size_t slices) {
+  if (!status.ok()) {
+    log_.get()->error("step checkpoint {} failed: {}", step, status.ToString());
+    return;
+  }
+  metrics_->Checkpointed();
+  log_.get()->info("step checkpoint {} of {} slices written", step, slices);
+  absl::MutexLock lock(&steps_mu_);
+  // Never the step a restart may be told to restore (the latest every server has).
+  PruneStepCheckpoints(config_.checkpoint_dir, StepName(), kKeptStepCheckpoints, common_step_);
+  step_checkpoints_ = ListStepCheckpoints(config_.checkpoint_dir, StepName());
+}
+
+// The step checkpoint every server has (the scheduler's restore_step): one step across
+// all shards. Another job's is not restored (the per-server checkpoint rules then apply).
+absl::Status Server::RestoreStep(uint64_t step) {
+  const std::string path = StepCheckpointPath(config_.checkpoint_dir, StepName(), step);
+  std::string job;
+  ADAPS_ASSIGN_OR_RETURN(std::vector<SliceRecord> records, ReadCheckpointFile(path, &job));
+  if (job != job_id_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step checkpoint ", path, " is of job '", job, "', not '", job_id_, "'"));
+  }
+  const size_t count = records.size();
+  ADAPS_RETURN_IF_ERROR(InstallSlices(std::move(records)));
+  log_.get()->info("restored {} slices from step checkpoint {} (the latest step every server has)",
+                   count, path);
+  return absl::OkStatus();
 }
 
 absl::Status Server::InstallSlices(std::vector<SliceRecord> records) {

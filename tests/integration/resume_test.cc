@@ -163,5 +163,90 @@ TEST(Resume, ServerKilledWithManyTensorsInFlightKeepsBothWorkersInStep) {
   }
 }
 
+// Every server killed at once (one a few milliseconds after the other, so their slices
+// are at different steps) and restarted with --checkpoint_every_steps: each restores the
+// latest step checkpoint both servers have, so the tensor split over them is one step of
+// the model again (every element equal), and training goes on from it.
+TEST(Resume, AllServersKilledAndRestartedResumeAtOneStepAcrossShards) {
+  ClusterOptions options;
+  options.num_servers = 0;
+  options.num_workers = 2;
+  // Servers report their step checkpoints in heartbeats: the scheduler knows them when the
+  // servers die (training is paced so that several heartbeats pass before).
+  options.scheduler_args = {"--dead_timeout_ms=1000", "--num_servers=2", "--split_threshold=64",
+                            "--heartbeat_ms=50"};
+  LocalCluster cluster(options);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  const std::string ckpt = cluster.dir() + "/ckpt";
+  ASSERT_EQ(::mkdir(ckpt.c_str(), 0755), 0);
+  auto args = [&](int s) {
+    return std::vector<std::string>{"--scheduler=" + cluster.scheduler_address(),
+                                    "--optimizer=sum", absl::StrCat("--identity=s", s),
+                                    "--checkpoint_dir=" + ckpt, "--checkpoint_every_steps=10",
+                                    "--log_level=info"};
+  };
+  std::vector<std::unique_ptr<Process>> servers, restarted(2);
+  for (int s = 0; s < 2; ++s) {
+    servers.push_back(std::make_unique<Process>(ADAPS_SERVER_BIN, args(s),
+                                                absl::StrCat(cluster.dir(), "/s", s, ".log")));
+  }
+  constexpr int kSteps = 400, kKillAt = 150;
+  constexpr size_t kElements = 256;
+  std::vector<std::vector<float>> seen(2);
+  std::vector<std::thread> workers;
+  for (int i = 0; i < 2; ++i) {
+    workers.emplace_back([&, i] {
+      auto w = Worker::Create(Options(cluster.scheduler_address()));
+      ASSERT_TRUE(w.ok()) << w.status();
+      std::vector<float> p(kElements, 0.0f), g(kElements, 1.0f);
+      ASSERT_TRUE((*w)->Declare({"t", {kElements}, 16, Compression::kDense}, absl::MakeSpan(p)).ok());
+      auto slices = (*w)->Slices("t");
+      ASSERT_TRUE(slices.ok() && slices->size() == 2u);
+      for (int s = 0; s < kSteps; ++s) {
+        if ((*w)->rank() == 0 && s == kKillAt) {
+          std::thread([&] {  // while the other worker is in its step
+            servers[0]->Kill();
+            absl::SleepFor(absl::Milliseconds(3));
+            servers[1]->Kill();
+            for (int k = 0; k < 2; ++k) {
+              restarted[k] = std::make_unique<Process>(
+                  ADAPS_SERVER_BIN, args(k), absl::StrCat(cluster.dir(), "/s", k, "-b.log"));
+            }
+          }).join();
+        }
+        absl::Status st = (*w)->PushPull("t", g, absl::MakeSpan(p)).get();
+        ASSERT_TRUE(st.ok()) << "step " << s << ": " << st;
+        for (size_t k = 1; k < kElements; ++k) {
+          ASSERT_EQ(p[k], p[0]) << "step " << s << ": the slices are at different steps";
+        }
+        seen[(*w)->rank()].push_back(p[0]);
+        absl::SleepFor(absl::Milliseconds(2));
+      }
+      EXPECT_TRUE((*w)->Stop().ok());
+    });
+  }
+  for (auto& t : workers) t.join();
+  ASSERT_TRUE(restarted[0] && restarted[1]);
+  std::vector<int> steps;
+  for (auto& r : restarted) {
+    const std::string log = r->Log();
+    const size_t at = log.find(".step-");
+    ASSERT_NE(at, std::string::npos) << "no step checkpoint restored:\n" << log << "\nbefore:\n" << servers[0]->Log();
+    ASSERT_NE(log.find("restored 1 slices from step checkpoint"), std::string::npos) << log;
+    steps.push_back(std::atoi(log.c_str() + at + 6));
+  }
+  EXPECT_EQ(steps[0], steps[1]);
+  EXPECT_GT(steps[0], 0);
+  EXPECT_EQ(steps[0] % 10, 0);
+  // The first operation after the restore: the checkpoint's step plus this one.
+  bool fell = false;
+  for (size_t s = 1; s < seen[0].size(); ++s) {
+    if (seen[0][s] == seen[0][s - 1] + 2.0f) continue;
+    EXPECT_FALSE(fell) << "fell back twice";
+    fell = true;
+    EXPECT_EQ(seen[0][s], 2.0f * (steps[0] + 1)) << "operation " << s;
+  }
+}
+
 }  // namespace
 }  // namespace adaps
