@@ -317,7 +317,15 @@ void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
   auto worker_secrets = fbb.CreateVector(secrets);
   // A server restores the latest step checkpoint every server has: one step across shards.
   const uint64_t restore_step = node.role == msg::Role::Server ? CommonStep() : 0;
-  if (node.role == msg::Role::Server && reply_to != 0) {
+  if (node.role == msg::Role::Server && reply_to != 0 && config_.num_servers > 0) {
+    std::string lists;
+    for (const auto& n : nodes_) {
+      if (n.role != msg::Role::Server) continue;
+      absl::StrAppend(&lists, " server ", n.rank, ":");
+      for (uint64_t s : n.checkpoint_steps) absl::StrAppend(&lists, " ", s);
+    }
+    log_.get()->info("server {} registered: restore step {} (step checkpoints:{})", node.rank,
+                     restore_step, lists);
     // Answering its registration: it restores restore_step and removes its later step
     // checkpoints (server/checkpoint.h); so must the next server that restarts.
     for (auto& n : nodes_) {
