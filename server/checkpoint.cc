@@ -19,7 +19,8 @@
 namespace adaps {
 namespace {
 
-constexpr char kCheckpointMagic[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '3'};
+constexpr char kCheckpointMagic[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '4'};
+constexpr char kCheckpointMagicV3[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '3'};
 constexpr char kCheckpointMagicV2[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '2'};
 
 class Writer {
@@ -187,10 +188,15 @@ uint32_t Crc32(absl::Span<const uint8_t> data, uint32_t crc) {
 }
 
 std::vector<uint8_t> EncodeCheckpoint(const std::vector<SliceRecord>& slices,
-                                      const std::string& job_id) {
+                                      const std::string& job_id, const HyperValues& hyper) {
   Writer w;
   w.bytes.insert(w.bytes.end(), kCheckpointMagic, kCheckpointMagic + sizeof(kCheckpointMagic));
   w.PutString(job_id);
+  w.Put<uint64_t>(hyper.size());
+  for (const auto& [name, value] : hyper) {
+    w.PutString(name);
+    w.Put<double>(value);
+  }
   w.Put<uint64_t>(slices.size());
   for (const SliceRecord& s : slices) {
     w.Put<uint64_t>(s.key);
@@ -213,12 +219,15 @@ std::vector<uint8_t> EncodeCheckpoint(const std::vector<SliceRecord>& slices,
 
 absl::StatusOr<std::vector<SliceRecord>> DecodeCheckpoint(absl::Span<const uint8_t> bytes,
                                                           const std::string& name,
-                                                          std::string* job_id) {
+                                                          std::string* job_id,
+                                                          HyperValues* hyper) {
   auto damaged = [&](absl::string_view why) {
     return absl::DataLossError(absl::StrCat("checkpoint ", name, " is damaged: ", why));
   };
-  const bool v3 = bytes.size() >= sizeof(kCheckpointMagic) &&
+  const bool v4 = bytes.size() >= sizeof(kCheckpointMagic) &&
                   std::memcmp(bytes.data(), kCheckpointMagic, sizeof(kCheckpointMagic)) == 0;
+  const bool v3 = v4 || (bytes.size() >= sizeof(kCheckpointMagicV3) &&
+                         std::memcmp(bytes.data(), kCheckpointMagicV3, 8) == 0);
   const bool v2 = bytes.size() >= sizeof(kCheckpointMagicV2) &&
                   std::memcmp(bytes.data(), kCheckpointMagicV2, sizeof(kCheckpointMagicV2)) == 0;
   if (bytes.size() < sizeof(kCheckpointMagic) + 12 || (!v3 && !v2)) {
@@ -230,6 +239,14 @@ absl::StatusOr<std::vector<SliceRecord>> DecodeCheckpoint(absl::Span<const uint8
   Reader r(bytes.subspan(sizeof(kCheckpointMagic), bytes.size() - 12));
   std::string job;
   if (v3 && !r.GetString(&job)) return damaged("truncated job id");
+  HyperValues values;
+  uint64_t hyper_count = 0;
+  if (v4 && !r.Get(&hyper_count)) return damaged("truncated hyperparameters");
+  for (uint64_t i = 0; i < hyper_count; ++i) {
+    std::pair<std::string, double> v;
+    if (!r.GetString(&v.first) || !r.Get(&v.second)) return damaged("truncated hyperparameter");
+    values.push_back(std::move(v));
+  }
   uint64_t count;
   if (!r.Get(&count)) return damaged("truncated");
   std::vector<SliceRecord> slices;
@@ -244,13 +261,14 @@ absl::StatusOr<std::vector<SliceRecord>> DecodeCheckpoint(absl::Span<const uint8
   }
   if (!r.AtEnd()) return damaged("trailing bytes");
   if (job_id != nullptr) *job_id = std::move(job);
+  if (hyper != nullptr) *hyper = std::move(values);
   return slices;
 }
 
 absl::Status WriteCheckpointFile(const std::string& path, const std::vector<SliceRecord>& slices,
-                                 const std::string& job_id) {
+                                 const std::string& job_id, const HyperValues& hyper) {
   const std::string tmp = path + ".tmp";
-  ADAPS_RETURN_IF_ERROR(WriteFileDurably(tmp, EncodeCheckpoint(slices, job_id)));
+  ADAPS_RETURN_IF_ERROR(WriteFileDurably(tmp, EncodeCheckpoint(slices, job_id, hyper)));
   // Keep the previous checkpoint: if this one is found damaged at restore, that one is used.
   if (::access(path.c_str(), F_OK) == 0 &&
       std::rename(path.c_str(), (path + ".prev").c_str()) != 0) {
@@ -264,24 +282,26 @@ absl::Status WriteCheckpointFile(const std::string& path, const std::vector<Slic
 }
 
 absl::StatusOr<std::vector<SliceRecord>> ReadCheckpointFile(const std::string& path,
-                                                            std::string* job_id) {
+                                                            std::string* job_id,
+                                                            HyperValues* hyper) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
   const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
                                    std::istreambuf_iterator<char>());
-  return DecodeCheckpoint(bytes, path, job_id);
+  return DecodeCheckpoint(bytes, path, job_id, hyper);
 }
 
 absl::StatusOr<RestoredCheckpoint> ReadCheckpointWithFallback(const std::string& path) {
   RestoredCheckpoint out;
-  absl::StatusOr<std::vector<SliceRecord>> latest = ReadCheckpointFile(path, &out.job_id);
+  absl::StatusOr<std::vector<SliceRecord>> latest =
+      ReadCheckpointFile(path, &out.job_id, &out.hyper);
   if (latest.ok()) {
     out.found = true;
     out.slices = *std::move(latest);
     return out;
   }
   absl::StatusOr<std::vector<SliceRecord>> previous =
-      ReadCheckpointFile(path + ".prev", &out.job_id);
+      ReadCheckpointFile(path + ".prev", &out.job_id, &out.hyper);
   if (latest.status().code() == absl::StatusCode::kNotFound &&
       previous.status().code() == absl::StatusCode::kNotFound) {
     return out;

@@ -115,6 +115,7 @@ struct EngineOptions {
 struct CheckpointJob {
   std::string path;
   std::string job_id;  // written into the file (server/checkpoint.h)
+  HyperValues hyper;   // too
   // Runs on the writer thread (or on the caller's, when the engine is stopped) once.
   std::function<void(absl::Status, size_t slices)> done;
   std::mutex mu;  // (std::mutex: see engine_queue.h)
@@ -158,6 +159,8 @@ class Engine {
   // runs on the writer thread. Until this is called, step records are not kept.
   void SetStepCheckpoints(std::function<std::string(uint64_t)> path, std::string job_id,
                           std::function<void(uint64_t, absl::Status, size_t)> done);
+  // The hyperparameters set at run time, written into every later checkpoint.
+  void SetCheckpointHyper(HyperValues hyper);
   // Engine threads: slice `record` at step `step` (a multiple of checkpoint_every_steps).
   // Once every slice of the server is recorded at `step`, the file is written.
   void AddStepRecord(uint64_t step, SliceRecord record);
@@ -182,6 +185,7 @@ class Engine {
   std::function<std::string(uint64_t)> step_path_;
   std::string step_job_id_;
   std::function<void(uint64_t, absl::Status, size_t)> step_done_;
+  HyperValues hyper_;  // guarded by step_mu_
   // The checkpoint writer.
   ClosableQueue<std::shared_ptr<CheckpointJob>> writes_;
   std::thread writer_;

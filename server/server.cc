@@ -281,7 +281,37 @@ void Server::OnSetHyper(InMessage& in) {
   optimizer_ = next;
   // Queued to every engine thread before the ack: a push sent after the ack is behind it.
   engine_->SetOptimizer(optimizer_);
+  if (h->params()) {
+    for (const auto* p : *h->params()) RememberHyper(p->name()->str(), p->value());
+  }
+  engine_->SetCheckpointHyper(hyper_set_);  // into every later checkpoint
   transport_->Reply(in, MakeAck(transport_->self(), in.envelope()->request_id()));
+}
+
+void Server::RememberHyper(const std::string& name, double value) {
+  for (auto& [n, v] : hyper_set_) {
+    if (n == name) {
+      v = value;
+      return;
+    }
+  }
+  hyper_set_.emplace_back(name, value);
+}
+
+// What SetHyper had set before the checkpoint comes back over the flags (a value this
+// build does not know is logged and skipped).
+void Server::RestoreHyper(const HyperValues& hyper) {
+  for (const auto& [name, value] : hyper) {
+    if (auto st = SetHyperParam(optimizer_, name, value); !st.ok()) {
+      log_.get()->warn("checkpoint hyperparameter {}={} not restored: {}", name, value,
+                       st.ToString());
+      continue;
+    }
+    RememberHyper(name, value);
+    log_.get()->info("restored hyperparameter {}={}", name, value);
+  }
+  engine_->SetOptimizer(optimizer_);
+  engine_->SetCheckpointHyper(hyper_set_);
 }
 
 void Server::MaybeTimedCheckpoint(absl::Time now) {
@@ -338,13 +368,15 @@ void Server::OnStepCheckpoint(uint64_t step, const absl::Status& status, size_t 
 absl::Status Server::RestoreStep(uint64_t step) {
   const std::string path = StepCheckpointPath(config_.checkpoint_dir, StepName(), step);
   std::string job;
-  ADAPS_ASSIGN_OR_RETURN(std::vector<SliceRecord> records, ReadCheckpointFile(path, &job));
+  HyperValues hyper;
+  ADAPS_ASSIGN_OR_RETURN(std::vector<SliceRecord> records, ReadCheckpointFile(path, &job, &hyper));
   if (job != job_id_) {
     return absl::FailedPreconditionError(
         absl::StrCat("step checkpoint ", path, " is of job '", job, "', not '", job_id_, "'"));
   }
   const size_t count = records.size();
   ADAPS_RETURN_IF_ERROR(InstallSlices(std::move(records)));
+  RestoreHyper(hyper);
   log_.get()->info("restored {} slices from step checkpoint {} (the latest step every server has)",
                    count, path);
   return absl::OkStatus();
@@ -396,6 +428,7 @@ absl::Status Server::ReadCheckpoint(const std::string& dir) {
   }
   const size_t count = restored.slices.size();
   ADAPS_RETURN_IF_ERROR(InstallSlices(std::move(restored.slices)));
+  RestoreHyper(restored.hyper);
   if (restored.from_previous) {
     log_.get()->error("{}; refused, restored {} slices from the previous checkpoint {}.prev",
                       restored.refused.ToString(), count, path);
@@ -407,9 +440,11 @@ absl::Status Server::ReadCheckpoint(const std::string& dir) {
 
 absl::Status Server::RestoreFrom(const std::string& path) {
   std::string job;
-  ADAPS_ASSIGN_OR_RETURN(std::vector<SliceRecord> records, ReadCheckpointFile(path, &job));
+  HyperValues hyper;
+  ADAPS_ASSIGN_OR_RETURN(std::vector<SliceRecord> records, ReadCheckpointFile(path, &job, &hyper));
   const size_t count = records.size();
   ADAPS_RETURN_IF_ERROR(InstallSlices(std::move(records)));
+  RestoreHyper(hyper);
   log_.get()->info("restored {} slices from {} (--restore_from; job '{}', this job '{}')",
                    count, path, job.empty() ? "none" : job, job_id_);
   return absl::OkStatus();

@@ -149,6 +149,9 @@ class Server {
   // Restores config_.restore_from (any job).
   absl::Status RestoreFrom(const std::string& path);
   absl::Status InstallSlices(std::vector<SliceRecord> records);
+  // Hyperparameters set at run time: remembered for checkpoints, and restored from one.
+  void RememberHyper(const std::string& name, double value);
+  void RestoreHyper(const HyperValues& hyper);
   // Moves a checkpoint of another job (and its .prev) aside to <path>.job-<id>.
   void SetAside(const std::string& path, const std::string& job_id);
   void ReplyError(const InMessage& in, const absl::Status& status);
@@ -172,6 +175,7 @@ class Server {
 
   // I/O thread only.
   OptimizerConfig optimizer_;  // what SetHyper validates against (the engine has copies)
+  HyperValues hyper_set_;      // what SetHyper set (by name, latest value): checkpointed
   bool serving_ = false;  // registered, and restored when there was a checkpoint
   bool finishing_ = false;  // Finish ran (the final checkpoint may still be in progress)
   std::string job_id_;    // of the latest cluster view
