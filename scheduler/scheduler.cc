@@ -88,6 +88,11 @@ absl::Status Scheduler::Start() {
 
 std::string Scheduler::endpoint() const { return transport_->bound_endpoint(); }
 
+absl::Status Scheduler::exit_status() const {
+  absl::MutexLock lock(&mu_);
+  return exit_status_;
+}
+
 bool Scheduler::WaitForShutdown(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
@@ -466,12 +471,28 @@ void Scheduler::OnShutdownRequest(InMessage& in) {
     transport_->Reply(in, MakeAck(transport_->self(), in.envelope()->request_id()));
   }
   const std::string reason = sd->reason() ? sd->reason()->str() : "";
-  ShutdownCluster(absl::StrCat("an operator requested shutdown", reason.empty() ? "" : ": ",
-                               reason));
+  const int code = sd->code();
+  ShutdownCluster(
+      absl::StrCat("an operator requested shutdown", reason.empty() ? "" : ": ", reason),
+      code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+          ? static_cast<absl::StatusCode>(code)
+          : absl::StatusCode::kOk);
 }
 
 void Scheduler::MaybeShutdown() {
   if (!formed_ || AliveWorkers() > 0) return;
+  // Completed only if no node is still dead (one that came back with its identity is not).
+  std::string dead;
+  for (const auto& n : nodes_) {
+    if (n.alive || n.left) continue;
+    absl::StrAppend(&dead, dead.empty() ? "" : ", ", msg::EnumNameRole(n.role), " ", n.rank);
+  }
+  if (!dead.empty()) {
+    return ShutdownCluster(
+        absl::StrCat("every worker has left, but the job did not complete: ", dead,
+                     " declared dead"),
+        absl::StatusCode::kAborted);
+  }
   ShutdownCluster("every worker has left");
 }
 
@@ -480,7 +501,11 @@ void Scheduler::ShutdownCluster(const std::string& reason, absl::StatusCode code
     absl::MutexLock lock(&mu_);
     if (done_) return;
   }
-  log_.get()->info("shutting down the cluster: {}", reason);
+  if (code == absl::StatusCode::kOk) {
+    log_.get()->info("shutting down the cluster: {}", reason);
+  } else {
+    log_.get()->error("shutting down the cluster: {}", reason);
+  }
   for (const auto& n : nodes_) {
     if (!n.alive) continue;
     flatbuffers::FlatBufferBuilder fbb(128);
@@ -489,6 +514,7 @@ void Scheduler::ShutdownCluster(const std::string& reason, absl::StatusCode code
   }
   absl::MutexLock lock(&mu_);
   done_ = true;
+  if (code != absl::StatusCode::kOk) exit_status_ = absl::Status(code, reason);
 }
 
 }  // namespace adaps

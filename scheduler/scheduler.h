@@ -90,6 +90,9 @@ class Scheduler {
   std::string endpoint() const;
   // Waits until the cluster has shut down. false when `timeout` passed first.
   bool WaitForShutdown(absl::Duration timeout);
+  // After the shutdown: OK when the job completed (every worker left and no node is dead;
+  // or an operator's Shutdown with code 0); else why not (the Shutdown's code and reason).
+  absl::Status exit_status() const;
   void Stop();
 
  private:
@@ -169,6 +172,7 @@ class Scheduler {
 
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status exit_status_ ABSL_GUARDED_BY(mu_);  // why the job ended, when not completed
 };
 
 }  // namespace adaps
