@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "scheduler/scheduler_metrics.h"
-#include "server/checkpoint.h"
 
 namespace adaps {
 namespace {
@@ -176,15 +175,6 @@ void Scheduler::Handle(InMessage in) {
   }
 }
 
-namespace {
-
-std::vector<uint64_t> Steps(const flatbuffers::Vector<uint64_t>* steps) {
-  return steps == nullptr ? std::vector<uint64_t>{}
-                          : std::vector<uint64_t>(steps->begin(), steps->end());
-}
-
-}  // namespace
-
 void Scheduler::OnRegister(InMessage& in) {
   const msg::Register* reg = in.envelope()->body_as_Register();
   if (reg->role() != msg::Role::Server && reg->role() != msg::Role::Worker) {
@@ -218,7 +208,7 @@ void Scheduler::OnRegister(InMessage& in) {
   node.rank = PickRank(reg->role(), reg->rank(), want);
   node.address = address;
   node.identity = identity;
-  node.checkpoint_steps = Steps(reg->checkpoint_steps());
+  node.checkpoint_steps = StepList(reg->checkpoint_steps());
   if (node.role == msg::Role::Worker) node.secret = RandomHex(16);
   node.route = in.route();
   node.register_request = in.envelope()->request_id();
@@ -240,7 +230,7 @@ bool Scheduler::Rejoin(const InMessage& in, const std::string& identity,
     const bool moved = n.address != address;
     n.route = in.route();
     n.address = address;
-    n.checkpoint_steps = Steps(reg->checkpoint_steps());
+    n.checkpoint_steps = StepList(reg->checkpoint_steps());
     n.register_request = in.envelope()->request_id();
     n.last_seen = absl::Now();
     const bool was_dead = !n.alive;
@@ -299,14 +289,6 @@ void Scheduler::Form() {
   ReleaseBarriers();
 }
 
-uint64_t Scheduler::CommonStep() const {
-  std::vector<std::vector<uint64_t>> steps;
-  for (const auto& n : nodes_) {
-    if (n.role == msg::Role::Server) steps.push_back(n.checkpoint_steps);
-  }
-  return static_cast<int>(steps.size()) == config_.num_servers ? LatestCommonStep(steps) : 0;
-}
-
 void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
   flatbuffers::FlatBufferBuilder fbb(1024);
   std::vector<flatbuffers::Offset<msg::NodeInfo>> infos;
@@ -321,26 +303,8 @@ void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
   auto secret = fbb.CreateString(node.role == msg::Role::Worker ? node.secret : "");
   auto worker_secrets = fbb.CreateVector(secrets);
   // A server restores the latest step checkpoint every server has: one step across shards.
-  const uint64_t restore_step = node.role == msg::Role::Server ? CommonStep() : 0;
-  if (node.role == msg::Role::Server && reply_to != 0 && config_.num_servers > 0) {
-    std::string lists;
-    for (const auto& n : nodes_) {
-      if (n.role != msg::Role::Server) continue;
-      absl::StrAppend(&lists, " server ", n.rank, ":");
-      for (uint64_t s : n.checkpoint_steps) absl::StrAppend(&lists, " ", s);
-    }
-    log_.get()->info("server {} registered: restore step {} (step checkpoints:{})", node.rank,
-                     restore_step, lists);
-    // Answering its registration: it restores restore_step and removes its later step
-    // checkpoints (server/checkpoint.h); so must the next server that restarts.
-    for (auto& n : nodes_) {
-      if (&n != &node) continue;
-      auto& mine = n.checkpoint_steps;
-      mine.erase(std::remove_if(mine.begin(), mine.end(),
-                                [&](uint64_t s) { return s > restore_step; }),
-                 mine.end());
-    }
-  }
+  const uint64_t restore_step =
+      node.role == msg::Role::Server ? RestoreStepFor(node, /*answering=*/reply_to != 0) : 0;
   auto body = msg::CreateClusterView(
       fbb, node.rank, config_.num_servers, config_.num_workers, epoch_,
       fbb.CreateVector(infos),
@@ -387,7 +351,7 @@ void Scheduler::OnHeartbeat(InMessage& in) {
   }
   node->last_seen = absl::Now();
   if (node->role == msg::Role::Server) {
-    node->checkpoint_steps = Steps(env->body_as_Heartbeat()->checkpoint_steps());
+    node->checkpoint_steps = StepList(env->body_as_Heartbeat()->checkpoint_steps());
   }
   flatbuffers::FlatBufferBuilder fbb(64);
   auto body = msg::CreateHeartbeatAck(fbb, epoch_,

@@ -136,8 +136,12 @@ class Scheduler {
   void OnLeave(InMessage& in);
   void CheckHeartbeats();
   void SendView(const Node& node, uint64_t reply_to, bool rejoined = false);
-  // The latest step checkpoint every server reported (server/checkpoint.h); 0: none.
+  // Step checkpoints (restore_step.cc): the latest step every server reported
+  // (server/checkpoint.h; 0: none); the step `node` restores, which, when `answering` its
+  // registration, also drops its reported steps after it (the server removes those files).
   uint64_t CommonStep() const;
+  uint64_t RestoreStepFor(const Node& node, bool answering);
+  static std::vector<uint64_t> StepList(const flatbuffers::Vector<uint64_t>* steps);
   void BroadcastView();
   void ReleaseBarriers();
   void MaybeShutdown();
