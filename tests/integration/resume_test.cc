@@ -32,7 +32,7 @@ using ::adaps::testing::Process;
 
 constexpr size_t kLen = 64;
 constexpr int kTensors = 32;
-constexpr int kKills = 5;
+constexpr int kKills = 8;
 
 WorkerOptions Options(const std::string& scheduler) {
   WorkerOptions o;
