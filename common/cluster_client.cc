@@ -88,8 +88,10 @@ ClusterClient::ClusterClient(Transport& transport, RoleLog& log,
 
 OutMessage ClusterClient::RegisterMessage(uint64_t request_id, int rank, uint32_t epoch) {
   flatbuffers::FlatBufferBuilder fbb(256);
+  auto steps = fbb.CreateVector(options_.checkpoint_steps ? options_.checkpoint_steps()
+                                                          : std::vector<uint64_t>{});
   auto body = msg::CreateRegister(fbb, transport_.self().role, fbb.CreateString(address_),
-                                  fbb.CreateString(options_.identity), rank, epoch);
+                                  fbb.CreateString(options_.identity), rank, epoch, steps);
   return FinishEnvelope(fbb, transport_.self(), body, request_id, 0);
 }
 
@@ -228,13 +230,19 @@ void ClusterClient::Heartbeat() {
     return;
   }
   flatbuffers::FlatBufferBuilder fbb(64);
-  auto body = msg::CreateHeartbeat(fbb, epoch_.load());
+  auto steps = fbb.CreateVector(options_.checkpoint_steps ? options_.checkpoint_steps()
+                                                          : std::vector<uint64_t>{});
+  auto body = msg::CreateHeartbeat(fbb, epoch_.load(), steps);
   const uint64_t id = transport_.NewRequestId();
   transport_.Request(scheduler_peer_.load(), id,
                      FinishEnvelope(fbb, transport_.self(), body, id, 0),
                      now + heartbeat_interval_ * 2, [this](absl::StatusOr<InMessage> reply) {
                        if (reply.ok()) {
                          last_heard_ = absl::Now();
+                         const msg::HeartbeatAck* ack = reply->envelope()->body_as_HeartbeatAck();
+                         if (ack != nullptr && options_.on_common_step) {
+                           options_.on_common_step(ack->common_step());
+                         }
                        } else if (reply.status().code() ==
                                   absl::StatusCode::kFailedPrecondition) {
                          Reregister();  // a restarted scheduler that does not know us

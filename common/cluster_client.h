@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <vector>
 #include <string>
 
 #include "absl/status/status.h"
@@ -46,6 +47,11 @@ struct ClusterClientOptions {
   // How long the node keeps going without hearing from the scheduler (re-registering
   // meanwhile) before the shutdown callback runs with kUnavailable.
   absl::Duration scheduler_grace = absl::Seconds(60);
+  // Servers: the steps of their step checkpoints, sent in Register and every Heartbeat
+  // (server/checkpoint.h). Called on the registering thread and the I/O thread.
+  std::function<std::vector<uint64_t>()> checkpoint_steps;
+  // Servers: the latest step checkpoint every server has, from each HeartbeatAck (I/O thread).
+  std::function<void(uint64_t)> on_common_step;
 };
 
 // Why `endpoint` cannot be reached right now, in words: "connection refused", "no route to

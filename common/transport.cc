@@ -125,8 +125,8 @@ void Transport::Stop() {
     absl::MutexLock lock(&mu_);
     if (!running_) return;
     stopping_ = true;
+    Wake();
   }
-  Wake();
   if (thread_.joinable()) thread_.join();
   absl::MutexLock lock(&mu_);
   running_ = false;
@@ -139,7 +139,7 @@ std::string Transport::bound_endpoint() const {
   return bound_endpoint_;
 }
 
-void Transport::Wake() {
+void Transport::Wake() {  // with mu_ held (Post, Stop): wake_fd_ is open
   uint64_t one = 1;
   if (wake_fd_ >= 0) {
     ssize_t n = write(wake_fd_, &one, sizeof(one));
@@ -148,11 +148,11 @@ void Transport::Wake() {
 }
 
 bool Transport::Post(std::function<void()> fn) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!running_ || stopping_) return false;
-    commands_.push_back(std::move(fn));
-  }
+  absl::MutexLock lock(&mu_);
+  if (!running_ || stopping_) return false;
+  commands_.push_back(std::move(fn));
+  // Under mu_: Stop closes the eventfd under it, so this never writes to a closed (or
+  // reused) descriptor. A non-blocking eventfd write does not wait.
   Wake();
   return true;
 }

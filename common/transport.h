@@ -221,7 +221,7 @@ class Transport {
   };
 
   void Run();
-  void Wake();
+  void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DrainCommands();
   bool TrySend(Outgoing& out);  // true when handed to ZeroMQ (or dropped for good)
   void FlushOutbox();

@@ -100,5 +100,8 @@ int main(int argc, char** argv) {
   // Give the final Shutdown messages a moment to leave.
   absl::SleepFor(absl::Milliseconds(100));
   scheduler.Stop();
+  // Non-zero unless the job completed (a worker died under the fail policy, a node is
+  // still dead at the end, an operator's Shutdown with an error code).
+  if (sig == 0 && !scheduler.exit_status().ok()) return program.Fail(scheduler.exit_status());
   return adaps::kExitOk;
 }

@@ -87,6 +87,11 @@ absl::Status Scheduler::Start() {
 
 std::string Scheduler::endpoint() const { return transport_->bound_endpoint(); }
 
+absl::Status Scheduler::exit_status() const {
+  absl::MutexLock lock(&mu_);
+  return exit_status_;
+}
+
 bool Scheduler::WaitForShutdown(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
@@ -203,6 +208,7 @@ void Scheduler::OnRegister(InMessage& in) {
   node.rank = PickRank(reg->role(), reg->rank(), want);
   node.address = address;
   node.identity = identity;
+  node.checkpoint_steps = StepList(reg->checkpoint_steps());
   if (node.role == msg::Role::Worker) node.secret = RandomHex(16);
   node.route = in.route();
   node.register_request = in.envelope()->request_id();
@@ -224,6 +230,7 @@ bool Scheduler::Rejoin(const InMessage& in, const std::string& identity,
     const bool moved = n.address != address;
     n.route = in.route();
     n.address = address;
+    n.checkpoint_steps = StepList(reg->checkpoint_steps());
     n.register_request = in.envelope()->request_id();
     n.last_seen = absl::Now();
     const bool was_dead = !n.alive;
@@ -295,11 +302,14 @@ void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
   }
   auto secret = fbb.CreateString(node.role == msg::Role::Worker ? node.secret : "");
   auto worker_secrets = fbb.CreateVector(secrets);
+  // A server restores the latest step checkpoint every server has: one step across shards.
+  const uint64_t restore_step =
+      node.role == msg::Role::Server ? RestoreStepFor(node, /*answering=*/reply_to != 0) : 0;
   auto body = msg::CreateClusterView(
       fbb, node.rank, config_.num_servers, config_.num_workers, epoch_,
       fbb.CreateVector(infos),
       static_cast<uint32_t>(absl::ToInt64Milliseconds(config_.heartbeat_interval)), rejoined,
-      next_barrier_, fbb.CreateString(job_id_), secret, worker_secrets);
+      next_barrier_, fbb.CreateString(job_id_), secret, worker_secrets, restore_step);
   transport_->SendRoute(node.route,
                         FinishEnvelope(fbb, transport_->self(), body, 0, reply_to));
   metrics_->ViewSent(epoch_);
@@ -340,8 +350,12 @@ void Scheduler::OnHeartbeat(InMessage& in) {
     return;
   }
   node->last_seen = absl::Now();
+  if (node->role == msg::Role::Server) {
+    node->checkpoint_steps = StepList(env->body_as_Heartbeat()->checkpoint_steps());
+  }
   flatbuffers::FlatBufferBuilder fbb(64);
-  auto body = msg::CreateHeartbeatAck(fbb, epoch_);
+  auto body = msg::CreateHeartbeatAck(fbb, epoch_,
+                                      node->role == msg::Role::Server ? CommonStep() : 0);
   transport_->Reply(in, FinishEnvelope(fbb, transport_->self(), body, 0, env->request_id()));
 }
 
@@ -421,12 +435,28 @@ void Scheduler::OnShutdownRequest(InMessage& in) {
     transport_->Reply(in, MakeAck(transport_->self(), in.envelope()->request_id()));
   }
   const std::string reason = sd->reason() ? sd->reason()->str() : "";
-  ShutdownCluster(absl::StrCat("an operator requested shutdown", reason.empty() ? "" : ": ",
-                               reason));
+  const int code = sd->code();
+  ShutdownCluster(
+      absl::StrCat("an operator requested shutdown", reason.empty() ? "" : ": ", reason),
+      code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+          ? static_cast<absl::StatusCode>(code)
+          : absl::StatusCode::kOk);
 }
 
 void Scheduler::MaybeShutdown() {
   if (!formed_ || AliveWorkers() > 0) return;
+  // Completed only if no node is still dead (one that came back with its identity is not).
+  std::string dead;
+  for (const auto& n : nodes_) {
+    if (n.alive || n.left) continue;
+    absl::StrAppend(&dead, dead.empty() ? "" : ", ", msg::EnumNameRole(n.role), " ", n.rank);
+  }
+  if (!dead.empty()) {
+    return ShutdownCluster(
+        absl::StrCat("every worker has left, but the job did not complete: ", dead,
+                     " declared dead"),
+        absl::StatusCode::kAborted);
+  }
   ShutdownCluster("every worker has left");
 }
 
@@ -435,7 +465,11 @@ void Scheduler::ShutdownCluster(const std::string& reason, absl::StatusCode code
     absl::MutexLock lock(&mu_);
     if (done_) return;
   }
-  log_.get()->info("shutting down the cluster: {}", reason);
+  if (code == absl::StatusCode::kOk) {
+    log_.get()->info("shutting down the cluster: {}", reason);
+  } else {
+    log_.get()->error("shutting down the cluster: {}", reason);
+  }
   for (const auto& n : nodes_) {
     if (!n.alive) continue;
     flatbuffers::FlatBufferBuilder fbb(128);
@@ -444,6 +478,7 @@ void Scheduler::ShutdownCluster(const std::string& reason, absl::StatusCode code
   }
   absl::MutexLock lock(&mu_);
   done_ = true;
+  if (code != absl::StatusCode::kOk) exit_status_ = absl::Status(code, reason);
 }
 
 }  // namespace adaps

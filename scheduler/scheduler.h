@@ -90,6 +90,9 @@ class Scheduler {
   std::string endpoint() const;
   // Waits until the cluster has shut down. false when `timeout` passed first.
   bool WaitForShutdown(absl::Duration timeout);
+  // After the shutdown: OK when the job completed (every worker left and no node is dead;
+  // or an operator's Shutdown with code 0); else why not (the Shutdown's code and reason).
+  absl::Status exit_status() const;
   void Stop();
 
  private:
@@ -104,6 +107,8 @@ class Scheduler {
     bool alive = true;
     bool left = false;
     std::string secret;  // workers: random, sent only in this node's views (kept on rejoin)
+    // Servers: the steps of their step checkpoints (latest Register or Heartbeat).
+    std::vector<uint64_t> checkpoint_steps;
   };
   struct Layout {
     uint32_t tensor_id = 0;
@@ -131,6 +136,12 @@ class Scheduler {
   void OnLeave(InMessage& in);
   void CheckHeartbeats();
   void SendView(const Node& node, uint64_t reply_to, bool rejoined = false);
+  // Step checkpoints (restore_step.cc): the latest step every server reported
+  // (server/checkpoint.h; 0: none); the step `node` restores, which, when `answering` its
+  // registration, also drops its reported steps after it (the server removes those files).
+  uint64_t CommonStep() const;
+  uint64_t RestoreStepFor(const Node& node, bool answering);
+  static std::vector<uint64_t> StepList(const flatbuffers::Vector<uint64_t>* steps);
   void BroadcastView();
   void ReleaseBarriers();
   void MaybeShutdown();
@@ -165,6 +176,7 @@ class Scheduler {
 
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status exit_status_ ABSL_GUARDED_BY(mu_);  // why the job ended, when not completed
 };
 
 }  // namespace adaps

@@ -1,8 +1,10 @@
 #include "server/checkpoint.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
@@ -10,13 +12,15 @@
 #include <fstream>
 #include <iterator>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace adaps {
 namespace {
 
-constexpr char kCheckpointMagic[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '3'};
+constexpr char kCheckpointMagic[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '4'};
+constexpr char kCheckpointMagicV3[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '3'};
 constexpr char kCheckpointMagicV2[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '2'};
 
 class Writer {
@@ -121,6 +125,53 @@ std::string CheckpointPath(const std::string& dir, int rank) {
   return absl::StrCat(dir, "/server-", rank, ".ckpt");
 }
 
+std::string StepCheckpointPath(const std::string& dir, const std::string& name, uint64_t step) {
+  return absl::StrCat(dir, "/server-", name, ".step-", step, ".ckpt");
+}
+
+std::vector<uint64_t> ListStepCheckpoints(const std::string& dir, const std::string& name) {
+  std::vector<uint64_t> steps;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return steps;
+  const std::string prefix = absl::StrCat("server-", name, ".step-");
+  const std::string suffix = ".ckpt";
+  while (const dirent* e = ::readdir(d)) {
+    const std::string file = e->d_name;
+    if (file.size() <= prefix.size() + suffix.size() || file.rfind(prefix, 0) != 0 ||
+        file.compare(file.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    uint64_t step = 0;
+    if (absl::SimpleAtoi(file.substr(prefix.size(), file.size() - prefix.size() - suffix.size()),
+                         &step) &&
+        step > 0) {
+      steps.push_back(step);
+    }
+  }
+  ::closedir(d);
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+void RemoveStepCheckpointsAfter(const std::string& dir, const std::string& name, uint64_t step) {
+  for (uint64_t s : ListStepCheckpoints(dir, name)) {
+    if (s <= step) continue;
+    const std::string path = StepCheckpointPath(dir, name, s);
+    std::remove(path.c_str());
+    std::remove((path + ".prev").c_str());
+  }
+}
+
+void PruneStepCheckpoints(const std::string& dir, const std::string& name, size_t keep,
+                          uint64_t common) {
+  std::vector<uint64_t> steps = ListStepCheckpoints(dir, name);
+  for (size_t i = 0; i + keep < steps.size() && (common == 0 || steps[i] < common); ++i) {
+    const std::string path = StepCheckpointPath(dir, name, steps[i]);
+    std::remove(path.c_str());
+    std::remove((path + ".prev").c_str());
+  }
+}
+
 uint32_t Crc32(absl::Span<const uint8_t> data, uint32_t crc) {
   static const auto table = [] {
     std::array<uint32_t, 256> t{};
@@ -137,10 +188,15 @@ uint32_t Crc32(absl::Span<const uint8_t> data, uint32_t crc) {
 }
 
 std::vector<uint8_t> EncodeCheckpoint(const std::vector<SliceRecord>& slices,
-                                      const std::string& job_id) {
+                                      const std::string& job_id, const HyperValues& hyper) {
   Writer w;
   w.bytes.insert(w.bytes.end(), kCheckpointMagic, kCheckpointMagic + sizeof(kCheckpointMagic));
   w.PutString(job_id);
+  w.Put<uint64_t>(hyper.size());
+  for (const auto& [name, value] : hyper) {
+    w.PutString(name);
+    w.Put<double>(value);
+  }
   w.Put<uint64_t>(slices.size());
   for (const SliceRecord& s : slices) {
     w.Put<uint64_t>(s.key);
@@ -163,12 +219,15 @@ std::vector<uint8_t> EncodeCheckpoint(const std::vector<SliceRecord>& slices,
 
 absl::StatusOr<std::vector<SliceRecord>> DecodeCheckpoint(absl::Span<const uint8_t> bytes,
                                                           const std::string& name,
-                                                          std::string* job_id) {
+                                                          std::string* job_id,
+                                                          HyperValues* hyper) {
   auto damaged = [&](absl::string_view why) {
     return absl::DataLossError(absl::StrCat("checkpoint ", name, " is damaged: ", why));
   };
-  const bool v3 = bytes.size() >= sizeof(kCheckpointMagic) &&
+  const bool v4 = bytes.size() >= sizeof(kCheckpointMagic) &&
                   std::memcmp(bytes.data(), kCheckpointMagic, sizeof(kCheckpointMagic)) == 0;
+  const bool v3 = v4 || (bytes.size() >= sizeof(kCheckpointMagicV3) &&
+                         std::memcmp(bytes.data(), kCheckpointMagicV3, 8) == 0);
   const bool v2 = bytes.size() >= sizeof(kCheckpointMagicV2) &&
                   std::memcmp(bytes.data(), kCheckpointMagicV2, sizeof(kCheckpointMagicV2)) == 0;
   if (bytes.size() < sizeof(kCheckpointMagic) + 12 || (!v3 && !v2)) {
@@ -180,6 +239,14 @@ absl::StatusOr<std::vector<SliceRecord>> DecodeCheckpoint(absl::Span<const uint8
   Reader r(bytes.subspan(sizeof(kCheckpointMagic), bytes.size() - 12));
   std::string job;
   if (v3 && !r.GetString(&job)) return damaged("truncated job id");
+  HyperValues values;
+  uint64_t hyper_count = 0;
+  if (v4 && !r.Get(&hyper_count)) return damaged("truncated hyperparameters");
+  for (uint64_t i = 0; i < hyper_count; ++i) {
+    std::pair<std::string, double> v;
+    if (!r.GetString(&v.first) || !r.Get(&v.second)) return damaged("truncated hyperparameter");
+    values.push_back(std::move(v));
+  }
   uint64_t count;
   if (!r.Get(&count)) return damaged("truncated");
   std::vector<SliceRecord> slices;
@@ -194,13 +261,14 @@ absl::StatusOr<std::vector<SliceRecord>> DecodeCheckpoint(absl::Span<const uint8
   }
   if (!r.AtEnd()) return damaged("trailing bytes");
   if (job_id != nullptr) *job_id = std::move(job);
+  if (hyper != nullptr) *hyper = std::move(values);
   return slices;
 }
 
 absl::Status WriteCheckpointFile(const std::string& path, const std::vector<SliceRecord>& slices,
-                                 const std::string& job_id) {
+                                 const std::string& job_id, const HyperValues& hyper) {
   const std::string tmp = path + ".tmp";
-  ADAPS_RETURN_IF_ERROR(WriteFileDurably(tmp, EncodeCheckpoint(slices, job_id)));
+  ADAPS_RETURN_IF_ERROR(WriteFileDurably(tmp, EncodeCheckpoint(slices, job_id, hyper)));
   // Keep the previous checkpoint: if this one is found damaged at restore, that one is used.
   if (::access(path.c_str(), F_OK) == 0 &&
       std::rename(path.c_str(), (path + ".prev").c_str()) != 0) {
@@ -214,24 +282,26 @@ absl::Status WriteCheckpointFile(const std::string& path, const std::vector<Slic
 }
 
 absl::StatusOr<std::vector<SliceRecord>> ReadCheckpointFile(const std::string& path,
-                                                            std::string* job_id) {
+                                                            std::string* job_id,
+                                                            HyperValues* hyper) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
   const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
                                    std::istreambuf_iterator<char>());
-  return DecodeCheckpoint(bytes, path, job_id);
+  return DecodeCheckpoint(bytes, path, job_id, hyper);
 }
 
 absl::StatusOr<RestoredCheckpoint> ReadCheckpointWithFallback(const std::string& path) {
   RestoredCheckpoint out;
-  absl::StatusOr<std::vector<SliceRecord>> latest = ReadCheckpointFile(path, &out.job_id);
+  absl::StatusOr<std::vector<SliceRecord>> latest =
+      ReadCheckpointFile(path, &out.job_id, &out.hyper);
   if (latest.ok()) {
     out.found = true;
     out.slices = *std::move(latest);
     return out;
   }
   absl::StatusOr<std::vector<SliceRecord>> previous =
-      ReadCheckpointFile(path + ".prev", &out.job_id);
+      ReadCheckpointFile(path + ".prev", &out.job_id, &out.hyper);
   if (latest.status().code() == absl::StatusCode::kNotFound &&
       previous.status().code() == absl::StatusCode::kNotFound) {
     return out;

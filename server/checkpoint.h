@@ -1,19 +1,23 @@
 // The server's checkpoint file: its format and its durable write and fallback read, as pure
 // functions over plain slice records (no Server, no sockets).
 //
-// File (format 3): "ADAPSCK3" | string job id | u64 slice count | per slice: u64 key, u32
+// File (format 4): "ADAPSCK4" | string job id | u64 count | per hyperparameter set at run
+// time (SetHyper): string name, f64 value | u64 slice count | per slice: u64 key, u32
 // length, u32 bin size, u64 version, u64 adam_t, u64 down_base, u64 down_version, string
 // name, then the float arrays params, m, v, published, downlink residue (each u64 count +
-// floats) | u32 CRC-32 of everything before it. A string is u64 size + bytes. Format 2
-// ("ADAPSCK2") is the same without the job id; it is still read (as "no job id"). Native
+// floats) | u32 CRC-32 of everything before it. A string is u64 size + bytes. Format 3
+// ("ADAPSCK3") is the same without the hyperparameters, format 2 ("ADAPSCK2") also
+// without the job id; both are still read (as "none", "no job id"). Native
 // byte order: a checkpoint moves with its server.
 //
 // Thread-safety: the functions share nothing; two writers of the same path race.
 #ifndef ADAPS_SERVER_CHECKPOINT_H_
 #define ADAPS_SERVER_CHECKPOINT_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -35,6 +39,9 @@ struct SliceRecord {
   std::vector<float> params, m, v, published, residue;
 };
 
+// Hyperparameters set at run time (SetHyper), by name (common/optimizer.h SetHyperParam).
+using HyperValues = std::vector<std::pair<std::string, double>>;
+
 // dir/server-<rank>.ckpt.
 std::string CheckpointPath(const std::string& dir, int rank);
 
@@ -43,25 +50,28 @@ uint32_t Crc32(absl::Span<const uint8_t> data, uint32_t crc = 0);
 
 // The file's bytes (format 3) for `slices`, in the order given, of job `job_id`.
 std::vector<uint8_t> EncodeCheckpoint(const std::vector<SliceRecord>& slices,
-                                      const std::string& job_id = "");
+                                      const std::string& job_id = "",
+                                      const HyperValues& hyper = {});
 
-// The records of a whole file's bytes (format 3 or 2); its job id goes to `job_id` when
-// given (empty for format 2). kDataLoss ("checkpoint <name> is damaged: ...") for a bad
+// The records of a whole file's bytes (format 4, 3 or 2); its job id goes to `job_id` when
+// given (empty for format 2), its hyperparameters to `hyper` (none before format 4). kDataLoss ("checkpoint <name> is damaged: ...") for a bad
 // magic, a checksum mismatch, a truncated or inconsistent record or trailing bytes. `name`
 // only goes into the messages.
 absl::StatusOr<std::vector<SliceRecord>> DecodeCheckpoint(absl::Span<const uint8_t> bytes,
                                                           const std::string& name,
-                                                          std::string* job_id = nullptr);
+                                                          std::string* job_id = nullptr,
+                                                          HyperValues* hyper = nullptr);
 
 // Writes `slices` of job `job_id` to `path` durably: to path.tmp, fsynced, the old `path`
 // kept as path.prev, path.tmp renamed to `path`, the directory fsynced. kUnavailable when a
 // step fails (an existing `path` is then still whole).
 absl::Status WriteCheckpointFile(const std::string& path, const std::vector<SliceRecord>& slices,
-                                 const std::string& job_id = "");
+                                 const std::string& job_id = "", const HyperValues& hyper = {});
 
 // The records of one file: kNotFound when it does not exist, kDataLoss when damaged.
 absl::StatusOr<std::vector<SliceRecord>> ReadCheckpointFile(const std::string& path,
-                                                            std::string* job_id = nullptr);
+                                                            std::string* job_id = nullptr,
+                                                            HyperValues* hyper = nullptr);
 
 // What a restore found at `path`, falling back to path.prev when `path` is damaged/absent.
 struct RestoredCheckpoint {
@@ -69,11 +79,46 @@ struct RestoredCheckpoint {
   bool from_previous = false;  // the records came from path.prev
   absl::Status refused;        // why `path` was not used when from_previous
   std::string job_id;          // of the file used; empty: format 2 (no job id)
+  HyperValues hyper;           // of the file used
   std::vector<SliceRecord> slices;
 };
 
 // kDataLoss ("no usable checkpoint: ...") when a file exists but no copy is usable.
 absl::StatusOr<RestoredCheckpoint> ReadCheckpointWithFallback(const std::string& path);
+
+// Step checkpoints (--checkpoint_every_steps=N): every slice of the server recorded at the
+// same step K (a multiple of N), written to dir/server-<name>.step-<K>.ckpt (the same file
+// format) by each server on its own when all its slices reached K. Since every server
+// records the same steps, a step that every server has is one consistent model: the
+// scheduler tells a (re)starting server the latest such step (ClusterView.restore_step,
+// from the steps each server reports in Register and Heartbeat), and it restores that one.
+// `name` is the server's --identity (stable across restarts), else its rank.
+std::string StepCheckpointPath(const std::string& dir, const std::string& name, uint64_t step);
+// The steps of `name`'s step checkpoints in `dir`, ascending (from the file names; a
+// damaged file is found out when restored). Empty when `dir` cannot be read.
+std::vector<uint64_t> ListStepCheckpoints(const std::string& dir, const std::string& name);
+// Removes `name`'s step checkpoints older than both the newest `keep` and `common` (the
+// latest step every server has, which a restart may be told to restore; 0: none).
+void PruneStepCheckpoints(const std::string& dir, const std::string& name, size_t keep,
+                          uint64_t common = 0);
+// Removes `name`'s step checkpoints after `step`: a server that restored `step` (0: none)
+// goes on from there, and its later files belong to a past it no longer has. Otherwise a
+// server restarting later could be told a newer common step than the one restored here.
+void RemoveStepCheckpointsAfter(const std::string& dir, const std::string& name, uint64_t step);
+// The largest step that is in every list; 0 when there is none (or no list). Inline: the
+// scheduler uses it without the server library.
+inline uint64_t LatestCommonStep(const std::vector<std::vector<uint64_t>>& steps) {
+  uint64_t latest = 0;
+  if (steps.empty()) return latest;
+  for (uint64_t step : steps[0]) {
+    bool everywhere = step > latest;
+    for (size_t k = 1; k < steps.size() && everywhere; ++k) {
+      everywhere = std::find(steps[k].begin(), steps[k].end(), step) != steps[k].end();
+    }
+    if (everywhere) latest = step;
+  }
+  return latest;
+}
 
 }  // namespace adaps
 

@@ -49,6 +49,7 @@ int Engine::AssignOwner(uint64_t key) {
   const int owner = next_owner_;
   next_owner_ = (next_owner_ + 1) % std::max(1, options_.threads);
   owner_.emplace(key, owner);
+  slices_ = owner_.size();
   return owner;
 }
 
@@ -102,6 +103,10 @@ void Engine::Checkpoint(std::string path, std::string job_id,
   job->path = std::move(path);
   job->job_id = std::move(job_id);
   job->done = std::move(done);
+  {
+    std::lock_guard<std::mutex> lock(step_mu_);
+    job->hyper = hyper_;
+  }
   if (!running_) {
     job->done(absl::UnavailableError("the server is stopping"), 0);
     return;
@@ -117,6 +122,38 @@ void Engine::Checkpoint(std::string path, std::string job_id,
     work.job = job;
     thread->Submit(std::move(work));  // running: queues are open
   }
+}
+
+void Engine::SetStepCheckpoints(std::function<std::string(uint64_t)> path, std::string job_id,
+                                std::function<void(uint64_t, absl::Status, size_t)> done) {
+  std::lock_guard<std::mutex> lock(step_mu_);
+  step_path_ = std::move(path);
+  step_job_id_ = std::move(job_id);
+  step_done_ = std::move(done);
+}
+
+void Engine::SetCheckpointHyper(HyperValues hyper) {
+  std::lock_guard<std::mutex> lock(step_mu_);
+  hyper_ = std::move(hyper);
+}
+
+void Engine::AddStepRecord(uint64_t step, SliceRecord record) {
+  auto job = std::make_shared<CheckpointJob>();
+  {
+    std::lock_guard<std::mutex> lock(step_mu_);
+    if (!step_path_) return;
+    std::vector<SliceRecord>& records = step_records_[step];
+    records.push_back(std::move(record));
+    if (records.size() < slices_.load()) return;
+    job->records = std::move(records);
+    // Older steps some slice never reached (e.g. it moved on past them) are given up.
+    step_records_.erase(step_records_.begin(), step_records_.upper_bound(step));
+    job->path = step_path_(step);
+    job->job_id = step_job_id_;
+    job->hyper = hyper_;
+    job->done = [done = step_done_, step](absl::Status st, size_t n) { done(step, std::move(st), n); };
+  }
+  HandToWriter(std::move(job));
 }
 
 void Engine::HandToWriter(std::shared_ptr<CheckpointJob> job) {
@@ -135,7 +172,7 @@ void Engine::RunWriter() {
       // Key order, as one thread wrote them: the same state gives the same file.
       std::sort(records.begin(), records.end(),
                 [](const SliceRecord& a, const SliceRecord& b) { return a.key < b.key; });
-      absl::Status status = WriteCheckpointFile(job->path, records, job->job_id);
+      absl::Status status = WriteCheckpointFile(job->path, records, job->job_id, job->hyper);
       job->done(std::move(status), records.size());
     }
     batch.clear();

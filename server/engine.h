@@ -25,6 +25,7 @@
 #ifndef ADAPS_SERVER_ENGINE_H_
 #define ADAPS_SERVER_ENGINE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -105,12 +106,16 @@ struct EngineOptions {
   // Per-slice series (server/server_metrics.h; thread-safe); null: none. Must outlive the
   // engine.
   ServerMetrics* metrics = nullptr;
+  // Step checkpoints (server/checkpoint.h): every slice is recorded when its version
+  // reaches a multiple of this (0: never); see Engine::SetStepCheckpoints.
+  uint64_t checkpoint_every_steps = 0;
 };
 
 // A checkpoint in progress: every engine thread adds its records, the last hands them on.
 struct CheckpointJob {
   std::string path;
   std::string job_id;  // written into the file (server/checkpoint.h)
+  HyperValues hyper;   // too
   // Runs on the writer thread (or on the caller's, when the engine is stopped) once.
   std::function<void(absl::Status, size_t slices)> done;
   std::mutex mu;  // (std::mutex: see engine_queue.h)
@@ -150,6 +155,16 @@ class Engine {
   // Engine threads call this with a finished snapshot.
   void HandToWriter(std::shared_ptr<CheckpointJob> job);
 
+  // Where step checkpoints go: `path(step)`, of job `job_id`; `done(step, status, slices)`
+  // runs on the writer thread. Until this is called, step records are not kept.
+  void SetStepCheckpoints(std::function<std::string(uint64_t)> path, std::string job_id,
+                          std::function<void(uint64_t, absl::Status, size_t)> done);
+  // The hyperparameters set at run time, written into every later checkpoint.
+  void SetCheckpointHyper(HyperValues hyper);
+  // Engine threads: slice `record` at step `step` (a multiple of checkpoint_every_steps).
+  // Once every slice of the server is recorded at `step`, the file is written.
+  void AddStepRecord(uint64_t step, SliceRecord record);
+
  private:
   EngineThread& Thread(int index);  // starts threads up to `index`
   void RunWriter();
@@ -163,6 +178,14 @@ class Engine {
   OptimizerConfig optimizer_;
   bool running_ = false;
   std::vector<std::unique_ptr<EngineThread>> threads_;
+  std::atomic<size_t> slices_{0};  // keys assigned (AssignOwner)
+  // Step checkpoints being collected, by step (guarded by step_mu_).
+  std::mutex step_mu_;
+  std::map<uint64_t, std::vector<SliceRecord>> step_records_;
+  std::function<std::string(uint64_t)> step_path_;
+  std::string step_job_id_;
+  std::function<void(uint64_t, absl::Status, size_t)> step_done_;
+  HyperValues hyper_;  // guarded by step_mu_
   // The checkpoint writer.
   ClosableQueue<std::shared_ptr<CheckpointJob>> writes_;
   std::thread writer_;

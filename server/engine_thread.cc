@@ -100,12 +100,16 @@ void EngineThread::OnPush(EngineWork& work) {
   Shard& shard = it->second;
   ServerMetrics::Work timing = Time(shard, /*push=*/true);
   if (options_.sync) {
+    const uint64_t version = shard.version();
     if (auto st = shard.AddPush(work.worker, work.step, work.payload()); !st.ok()) {
       return ReplyError(work, st);
     }
     if (options_.metrics != nullptr) options_.metrics->Pushed(shard, work.frame.wire_bytes());
     Ack(work);
-    if (shard.CompleteStepIfReady(live_, optimizer_)) AnswerHeld(shard);
+    // (A restored shard may have moved to the workers' step: pulls held for it are ready.)
+    const bool completed = shard.CompleteStepIfReady(live_, optimizer_);
+    if (completed || shard.version() != version) AnswerHeld(shard);
+    if (completed) MaybeStepRecord(shard);
     return;
   }
   if (auto st = shard.ApplyPush(work.payload(), optimizer_); !st.ok()) {
@@ -150,7 +154,17 @@ void EngineThread::OnLiveWorkers(EngineWork& work) {
   // Sync: every step the lost workers were holding up completes now.
   for (auto& [key, shard] : shards_) {
     ServerMetrics::Work timing = Time(shard, /*push=*/true);
-    if (shard.CompleteStepIfReady(live_, optimizer_)) AnswerHeld(shard);
+    if (shard.CompleteStepIfReady(live_, optimizer_)) {
+      AnswerHeld(shard);
+      MaybeStepRecord(shard);
+    }
+  }
+}
+
+void EngineThread::MaybeStepRecord(const Shard& shard) {
+  const uint64_t every = options_.checkpoint_every_steps;
+  if (every > 0 && shard.version() % every == 0) {
+    engine_->AddStepRecord(shard.version(), shard.ToRecord());
   }
 }
 

@@ -39,6 +39,8 @@ class EngineThread {
   void OnPull(EngineWork& work);
   void OnLiveWorkers(EngineWork& work);
   void OnSnapshot(EngineWork& work);
+  // A step checkpoint's record of `shard` when its version is a multiple of the interval.
+  void MaybeStepRecord(const Shard& shard);
   void AnswerHeld(Shard& shard);
   // Sends the shard's answer to `pull`; the shard's error is returned, not sent.
   absl::Status SendAnswer(Shard& shard, const Shard::Pull& pull);

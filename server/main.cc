@@ -29,6 +29,9 @@ ABSL_FLAG(int, register_timeout_ms, 60000, "How long to wait for the cluster to 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Directory of server-<rank>.ckpt: default for Checkpoint requests, the timer, restore");
 ABSL_FLAG(int, checkpoint_interval_s, 0, "Write a checkpoint this often (0: only on request)");
+ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
+          "Also write a step checkpoint at every multiple of this step, the same steps on "
+          "every server; a restart restores the latest step every server has (0: none)");
 ABSL_FLAG(int, scheduler_grace_s, 60,
           "Keep serving this long without the scheduler (re-registering when it is back)");
 ABSL_FLAG(uint32_t, pull_bin_size, 0,
@@ -61,6 +64,7 @@ absl::Status CheckFlags() {
           : adaps::CheckConnectEndpoint("advertise", absl::GetFlag(FLAGS_advertise)),
       adaps::CheckPositive("register_timeout_ms", absl::GetFlag(FLAGS_register_timeout_ms)),
       adaps::CheckNonNegative("checkpoint_interval_s", absl::GetFlag(FLAGS_checkpoint_interval_s)),
+      adaps::CheckNonNegative("checkpoint_every_steps", absl::GetFlag(FLAGS_checkpoint_every_steps)),
       adaps::CheckPositive("scheduler_grace_s", absl::GetFlag(FLAGS_scheduler_grace_s)),
       adaps::CheckPositive("max_slice_elements", absl::GetFlag(FLAGS_max_slice_elements)),
       adaps::CheckSharedFlags(),
@@ -102,6 +106,7 @@ int main(int argc, char** argv) {
   config.register_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_register_timeout_ms));
   config.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   config.checkpoint_interval = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
+  config.checkpoint_every_steps = static_cast<uint64_t>(absl::GetFlag(FLAGS_checkpoint_every_steps));
   config.restore = absl::GetFlag(FLAGS_restore);
   config.restore_from = absl::GetFlag(FLAGS_restore_from);
   config.max_slice_elements = absl::GetFlag(FLAGS_max_slice_elements);

@@ -22,7 +22,30 @@ absl::Status Server::Start() {
     if (!config_.restore_from.empty()) {
       ADAPS_RETURN_IF_ERROR(RestoreFrom(config_.restore_from));
     } else if (config_.restore && !config_.checkpoint_dir.empty()) {
-      ADAPS_RETURN_IF_ERROR(ReadCheckpoint(config_.checkpoint_dir));
+      absl::Status step = absl::NotFoundError("no step checkpoint every server has");
+      if (config_.checkpoint_every_steps > 0) {
+        log_.get()->info("latest step checkpoint every server has: {} (this one has {})",
+                         restore_step_, StepCheckpoints().size());
+      }
+      if (restore_step_ > 0) step = RestoreStep(restore_step_);
+      if (!step.ok()) {
+        if (restore_step_ > 0) log_.get()->warn("{}; trying the latest checkpoint", step.ToString());
+        ADAPS_RETURN_IF_ERROR(ReadCheckpoint(config_.checkpoint_dir));
+      }
+      if (config_.checkpoint_every_steps > 0) {
+        RemoveStepCheckpointsAfter(config_.checkpoint_dir, StepName(),
+                                   step.ok() ? restore_step_ : 0);
+        absl::MutexLock lock(&steps_mu_);
+        step_checkpoints_ = ListStepCheckpoints(config_.checkpoint_dir, StepName());
+      }
+    }
+    if (config_.checkpoint_every_steps > 0 && !config_.checkpoint_dir.empty()) {
+      engine_->SetStepCheckpoints(
+          [this, dir = config_.checkpoint_dir, name = StepName()](uint64_t step) {
+            return StepCheckpointPath(dir, name, step);
+          },
+          job_id_,
+          [this](uint64_t step, absl::Status st, size_t n) { OnStepCheckpoint(step, st, n); });
     }
     serving_ = true;
     return absl::OkStatus();
@@ -77,6 +100,7 @@ void Server::Finish(absl::Status status) {
 void Server::OnView(const msg::ClusterView& view) {
   num_workers_ = view.num_workers();
   if (view.job_id() != nullptr) job_id_ = view.job_id()->str();
+  restore_step_ = view.restore_step();
   if (view.worker_secrets() != nullptr) {
     // Accumulated: a worker may use a secret of a newer view (a restarted scheduler) first.
     for (const auto* s : *view.worker_secrets()) {

@@ -60,6 +60,10 @@ struct ServerConfig {
   // starts fresh). A final checkpoint is written at a clean shutdown.
   std::string checkpoint_dir;
   absl::Duration checkpoint_interval = absl::ZeroDuration();  // zero: no timer
+  // Step checkpoints (server/checkpoint.h): every slice at each multiple of this step, the
+  // same steps on every server; a restart restores the latest step every server has
+  // (the scheduler's restore_step). 0: none. The newest kKeptStepCheckpoints are kept.
+  uint64_t checkpoint_every_steps = 0;
   bool restore = true;
   // Restore from this file whatever job wrote it (format 2 files included), instead of
   // checkpoint_dir's. kNotFound/kDataLoss at Start when it cannot be read.
@@ -104,6 +108,8 @@ class TransportSink final : public EngineSink {
 };
 // What one slice element is budgeted at against ServerConfig::max_memory (8 floats).
 inline constexpr uint64_t kSliceBytesPerElement = 32;
+
+constexpr size_t kKeptStepCheckpoints = 3;
 
 class Server {
  public:
@@ -153,6 +159,9 @@ class Server {
   // Restores config_.restore_from (any job).
   absl::Status RestoreFrom(const std::string& path);
   absl::Status InstallSlices(std::vector<SliceRecord> records);
+  // Hyperparameters set at run time: remembered for checkpoints, and restored from one.
+  void RememberHyper(const std::string& name, double value);
+  void RestoreHyper(const HyperValues& hyper);
   // Moves a checkpoint of another job (and its .prev) aside to <path>.job-<id>.
   void SetAside(const std::string& path, const std::string& job_id);
   void ReplyError(const InMessage& in, const absl::Status& status);
@@ -176,6 +185,7 @@ class Server {
 
   // I/O thread only.
   OptimizerConfig optimizer_;  // what SetHyper validates against (the engine has copies)
+  HyperValues hyper_set_;      // what SetHyper set (by name, latest value): checkpointed
   bool serving_ = false;  // registered, and restored when there was a checkpoint
   bool finishing_ = false;  // Finish ran (the final checkpoint may still be in progress)
   std::string job_id_;    // of the latest cluster view
@@ -184,6 +194,15 @@ class Server {
   uint64_t memory_used_ = 0;              // budgeted bytes of the slices with an owner
   absl::Time last_checkpoint_;
   std::unique_ptr<ClusterClient> cluster_;
+  uint64_t restore_step_ = 0;  // of the latest view (the step checkpoint to restore)
+  // The step checkpoints on disk (Register and heartbeats report them; any thread).
+  std::string StepName() const;
+  std::vector<uint64_t> StepCheckpoints() const;
+  void OnStepCheckpoint(uint64_t step, const absl::Status& status, size_t slices);
+  absl::Status RestoreStep(uint64_t step);
+  mutable absl::Mutex steps_mu_;
+  std::vector<uint64_t> step_checkpoints_ ABSL_GUARDED_BY(steps_mu_);
+  uint64_t common_step_ ABSL_GUARDED_BY(steps_mu_) = 0;  // the scheduler's, from heartbeats
   std::shared_ptr<std::atomic<bool>> timed_checkpoint_busy_ =
       std::make_shared<std::atomic<bool>>(false);
   // Membership (I/O thread only).

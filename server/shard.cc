@@ -39,6 +39,7 @@ absl::StatusOr<Shard> Shard::FromRecord(SliceRecord r) {
   s.bin_size_ = r.bin_size;
   s.version_ = r.version;
   s.restored_ = true;
+  s.resuming_ = true;
   s.params_ = std::move(r.params);
   s.optimizer_.m = std::move(r.m);
   s.optimizer_.v = std::move(r.v);
@@ -106,6 +107,17 @@ absl::Status Shard::CheckLength(absl::Span<const uint8_t> payload) const {
 
 absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t> payload) {
   ADAPS_RETURN_IF_ERROR(CheckLength(payload));
+  if (step != version_ && resuming_) {
+    // The workers' steps went on after the checkpoint. A worker pushes step s only once it
+    // saw step s - 1 complete, so every step before the highest pushed one completed before
+    // the restart (and is lost with it): go on at that step. A push for an earlier step
+    // was applied before the restart already; acknowledged, not applied twice (its pull
+    // waits for a version this shard has reached).
+    if (step < version_) return absl::OkStatus();
+    std::fill(agg_.begin(), agg_.end(), 0.0f);
+    pushed_.clear();
+    version_ = step;
+  }
   if (step != version_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "push for step ", step, " but slice '", name_, "' is at step ", version_));
@@ -132,6 +144,7 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
   std::fill(agg_.begin(), agg_.end(), 0.0f);
   pushed_.clear();
   ++version_;
+  resuming_ = false;
   return true;
 }
 

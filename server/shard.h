@@ -86,7 +86,10 @@ class Shard {
   // Sync: adds worker `worker`'s push for `step` (a wire-encoded update) to the step's sum.
   // kInvalidArgument for a payload of another length, kFailedPrecondition for another
   // step or a second push of the worker, the codec's error (kDataLoss...) for bad bytes;
-  // the state is then unchanged.
+  // the state is then unchanged. A restored shard, until its first step completes, takes
+  // the workers' steps (their steps went on after the checkpoint): a later step moves the
+  // version there (dropping the sum of the earlier one: that step completed before the
+  // restart), an earlier one is acknowledged and not applied (it was applied already).
   absl::Status AddPush(int worker, uint64_t step, absl::Span<const uint8_t> payload);
   // Sync: when some worker pushed and every worker in `live` did, averages the sum (not for
   // sum-only), applies `optimizer` and advances the version. true when the step completed.
@@ -118,6 +121,7 @@ class Shard {
   uint32_t bin_size_ = 0;
   uint64_t version_ = 0;
   bool restored_ = false;
+  bool resuming_ = false;  // restored, and no step completed since (see AddPush)
   std::vector<float> params_;
   OptimizerState optimizer_;
   std::vector<float> agg_;  // sync: the step's sum; async: the push being applied

@@ -2,10 +2,14 @@
 // push and/or pull; a part that fails because its server went away (kUnavailable, from a
 // server with an identity, which can come back with its rank) is not reported: the retry
 // thread waits for the server's next incarnation (the scheduler's view with its new address),
-// learns the slice's step and parameters from the restored shard and sends the same encoded
-// update again. Bounded: the operation fails with the first error once request_timeout has
-// passed since its first failure. Residues stay as they are: the update being resent is the
-// one they were committed for.
+// learns the slice's parameters from the restored shard and sends the same encoded update
+// again, for the same step: a slice's step never goes back (the restored shard goes on at
+// the workers' steps and drops a push of a step it completed before the restart, see
+// server/shard.h), so workers whose steps differed by one at the restart stay in step.
+// Bounded: the operation fails with the first error once request_timeout has passed since
+// its first failure. Residues stay as they are: the update being resent is the one they
+// were committed for.
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -65,10 +69,13 @@ absl::Status Worker::Impl::ResyncSlices(Tensor& t, const std::vector<size_t>& sl
     SliceRt& rt = t.slices[slices[k]];
     const uint64_t version = pulls[k].envelope()->body_as_PullResponse()->version();
     if (version != rt.step) {
-      log_.get()->warn("tensor '{}' slice at {}: server at step {}, this worker at {}",
+      log_.get()->warn("tensor '{}' slice at {}: restored server at step {}, this worker at {}",
                        t.spec.name, t.meta[slices[k]].info.offset, version, rt.step);
     }
-    rt.step = version;
+    // Never back: the restored shard takes the workers' steps (server/shard.h, AddPush), so
+    // the next push keeps this slice's step. A pull alone takes the restored parameters.
+    if (version < rt.step) rt.pull_floor = version;
+    rt.step = std::max(rt.step, version);
     std::memcpy(rt.replica.data(), pulls[k].payload().data(), pulls[k].payload().size());
     rt.replica_version = version;
     rt.incarnation = incarnations[k];
@@ -161,7 +168,9 @@ void Worker::Impl::SendParts(const std::shared_ptr<RunOp>& op, const std::vector
     {
       absl::MutexLock op_lock(&op->mu);
       RunOp::Part& part = op->parts[i];
+      const uint64_t push_step = part.push_step;
       part = RunOp::Part{};
+      part.push_step = push_step;
       part.sent_incarnation = incarnation;
       part.synced_incarnation = t.slices[i].incarnation;
     }
@@ -174,7 +183,18 @@ void Worker::Impl::SendPush(const std::shared_ptr<RunOp>& op, size_t i, int peer
                             uint64_t /*incarnation*/) {
   Tensor& t = *op->t;
   const SliceMeta& m = t.meta[i];
-  const uint64_t step = t.slices[i].step++;
+  SliceRt& rt = t.slices[i];
+  uint64_t step;
+  {
+    // Sent again after a restart: for the same step (the shard goes on at the workers' steps
+    // and tells an applied push from a new one by it).
+    absl::MutexLock op_lock(&op->mu);
+    uint64_t& push_step = op->parts[i].push_step;
+    if (push_step == UINT64_MAX) push_step = rt.step;
+    step = push_step;
+  }
+  rt.step = std::max(rt.step, step + 1);
+  rt.pull_floor = UINT64_MAX;
   flatbuffers::FlatBufferBuilder fbb(128);
   auto body = msg::CreatePush(fbb, m.key, step, PayloadKindFor(CodecKind(t.spec.compression)));
   const uint64_t id = transport_->NewRequestId();
@@ -197,15 +217,20 @@ void Worker::Impl::SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer
   Tensor& t = *op->t;
   const SliceMeta& m = t.meta[i];
   const SliceRt& rt = t.slices[i];
+  uint64_t min_version = std::min(rt.step, rt.pull_floor);
+  if (op->push) {  // the version its push makes
+    absl::MutexLock op_lock(&op->mu);
+    min_version = op->parts[i].push_step + 1;
+  }
   flatbuffers::FlatBufferBuilder fbb(128);
-  auto body = msg::CreatePullRequest(fbb, m.key, rt.step, rt.replica_version,
+  auto body = msg::CreatePullRequest(fbb, m.key, min_version, rt.replica_version,
                                      WirePullFormat(t.spec.pull));
   const uint64_t id = transport_->NewRequestId();
   OutMessage msg = FinishEnvelope(fbb, transport_->self(), body, id, 0);
   const size_t request_bytes = msg.header.size();
   transport_->Request(
       peer, id, std::move(msg), absl::Now() + options_.request_timeout,
-      [this, op, i, request_bytes, step = rt.step](absl::StatusOr<InMessage> reply) {
+      [this, op, i, request_bytes, step = min_version](absl::StatusOr<InMessage> reply) {
         // (A stopped transport fails a request on the sending thread.)
         if (!reply.ok()) {
           return PartDone(op, i, true,

@@ -48,6 +48,7 @@ struct SliceRt {
   // The incarnation of the slice's server (Worker::Impl::server_incarnation_) that `step`
   // and `replica` were learned from; another one means resynchronize first.
   uint64_t incarnation = 0;
+  uint64_t pull_floor = UINT64_MAX;  // a resync found the server behind: a pull alone waits for this
 };
 
 struct Tensor {
@@ -74,6 +75,7 @@ struct RunOp {
     uint64_t sent_incarnation = 0;    // the server incarnation the parts were sent to
     uint64_t synced_incarnation = 0;  // the one the slice's step came from, at sending
     absl::Status error;           // the first error of this slice's parts in this attempt
+    uint64_t push_step = UINT64_MAX;  // the step of its push, the same in every attempt
   };
   RunOp(Tensor* tensor, bool do_push, bool do_pull, absl::Span<float> dst)
       : t(tensor), push(do_push), pull(do_pull), out(dst), parts(tensor->meta.size()) {}

@@ -155,6 +155,34 @@ TEST(Faults, FailPolicyStopsTheClusterWithAClearError) {
   EXPECT_THAT(cluster.server(0).Log(), HasSubstr("died"));
 }
 
+// Exit codes say whether the job completed: a worker killed under --on_worker_death=
+// continue lets the other finish, but the job did not complete, so the scheduler and the
+// server exit 1 (old code: 0 everywhere); the surviving worker did its part: 0.
+TEST(Faults, AJobThatLostAWorkerEndsWithExitCodeOneForSchedulerAndServer) {
+  LocalCluster cluster(SumCluster(2, {"--dead_timeout_ms=1000"}));
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  auto killed = StartChild(cluster, "", "killed.log");
+  auto survivor = StartChild(cluster, "", "survivor.log", /*steps=*/200);
+  absl::SleepFor(absl::Milliseconds(500));  // formed, training
+  killed->Kill();
+  EXPECT_EQ(survivor->WaitExit(absl::Seconds(30)), 0) << survivor->Log();
+  EXPECT_EQ(cluster.scheduler().WaitExit(absl::Seconds(10)), 1) << cluster.scheduler().Log();
+  EXPECT_THAT(cluster.scheduler().Log(), HasSubstr("did not complete: Worker"));
+  EXPECT_EQ(cluster.server(0).WaitExit(absl::Seconds(10)), 1) << cluster.server(0).Log();
+}
+
+// And a job in which every worker finished exits 0 everywhere.
+TEST(Faults, ACompletedJobEndsWithExitCodeZeroEverywhere) {
+  LocalCluster cluster(SumCluster(2, {"--dead_timeout_ms=1000"}));
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  auto a = StartChild(cluster, "", "a.log", /*steps=*/50);
+  auto b = StartChild(cluster, "", "b.log", /*steps=*/50);
+  EXPECT_EQ(a->WaitExit(absl::Seconds(30)), 0) << a->Log();
+  EXPECT_EQ(b->WaitExit(absl::Seconds(30)), 0) << b->Log();
+  EXPECT_EQ(cluster.scheduler().WaitExit(absl::Seconds(10)), 0) << cluster.scheduler().Log();
+  EXPECT_EQ(cluster.server(0).WaitExit(absl::Seconds(10)), 0) << cluster.server(0).Log();
+}
+
 TEST(Faults, KilledServerRestartsFromItsCheckpointAndWorkersCarryOn) {
   ClusterOptions options = SumCluster(2, {"--dead_timeout_ms=1000", "--num_servers=1"});
   options.num_servers = 0;  // the server is started here, with an identity and checkpoints

@@ -144,8 +144,9 @@ TEST(Checkpoint, FormatTwoFileIsRestoredOnlyWithRestoreFrom) {
     std::ifstream in(dir + "/server-0.ckpt", std::ios::binary);
     v3.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
-  // The same checkpoint in format 2: magic ...K2 and no job id (u64 size + 15 bytes).
-  const size_t job_bytes = 8 + std::string("checkpoint-test").size();
+  // The same checkpoint in format 2: magic ...K2, no job id (u64 size + 15 bytes) and no
+  // hyperparameters (a u64 count of 0: none were set).
+  const size_t job_bytes = 8 + std::string("checkpoint-test").size() + 8;
   ASSERT_GT(v3.size(), 8 + job_bytes + 4);
   std::vector<uint8_t> v2(v3.begin(), v3.begin() + 8);
   v2[7] = '2';
@@ -181,6 +182,32 @@ TEST(Checkpoint, FormatTwoFileIsRestoredOnlyWithRestoreFrom) {
 
 // A clean end of the job (every worker left, the scheduler's Shutdown) writes a last
 // checkpoint: a later run of the same job resumes from the end, not from the last timer.
+// A learning rate a worker set at run time (SetHyper) comes back with the checkpoint, over
+// the server's flag (0.5 here). Old code: the restored server stepped with 0.5 again.
+TEST(Checkpoint, HyperparametersSetAtRunTimeComeBackAfterARestore) {
+  const std::string dir = FreshDir("hyper");
+  const std::vector<float> ones = {1, 1, 1, 1};
+  std::vector<float> v = {1, 2, 3, 4};
+  {
+    MiniCluster c(dir, OptimizerKind::kSgd);
+    ASSERT_TRUE(c.server_status.ok()) << c.server_status;
+    ASSERT_TRUE(c.worker);
+    ASSERT_TRUE(c.worker->Declare({"t", {4}, 2, Compression::kDense}, absl::MakeSpan(v)).ok());
+    ASSERT_TRUE(c.worker->SetHyper({{"learning_rate", 0.125}}).ok());
+    ASSERT_TRUE(c.worker->PushPull("t", ones, absl::MakeSpan(v)).get().ok());
+    ASSERT_EQ(v, (std::vector<float>{0.875f, 1.875f, 2.875f, 3.875f}));
+    ASSERT_TRUE(c.worker->Checkpoint("").ok());
+  }
+  MiniCluster c(dir, OptimizerKind::kSgd);  // killed and restarted: restores
+  ASSERT_TRUE(c.server_status.ok()) << c.server_status;
+  ASSERT_TRUE(c.worker);
+  std::vector<float> w = {1, 2, 3, 4};
+  ASSERT_TRUE(c.worker->Declare({"t", {4}, 2, Compression::kDense}, absl::MakeSpan(w)).ok());
+  EXPECT_EQ(w, v);  // the restored parameters
+  ASSERT_TRUE(c.worker->PushPull("t", ones, absl::MakeSpan(w)).get().ok());
+  EXPECT_EQ(w, (std::vector<float>{0.75f, 1.75f, 2.75f, 3.75f})) << "stepped with the flag's rate";
+}
+
 TEST(Checkpoint, CleanShutdownWritesAFinalCheckpoint) {
   const std::string dir = FreshDir("final");
   std::vector<float> v = {1, 2, 3, 4};
@@ -241,9 +268,15 @@ void AppendFloats(std::vector<uint8_t>& out, const std::vector<float>& v) {
 }
 
 TEST(CheckpointFormat, BytesFollowTheDocumentedLayoutSoOldFilesStayReadable) {
-  std::vector<uint8_t> expected = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '3'};
+  std::vector<uint8_t> expected = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '4'};
   Append<uint64_t>(expected, 3);
   for (char ch : std::string("job")) expected.push_back(ch);
+  Append<uint64_t>(expected, 1);  // one hyperparameter
+  Append<uint64_t>(expected, 2);
+  expected.push_back('l');
+  expected.push_back('r');
+  Append<double>(expected, 0.25);
+  const size_t hyper_end = expected.size();
   Append<uint64_t>(expected, 1);
   const SliceRecord r = Record(9, "w");
   Append<uint64_t>(expected, 9);
@@ -255,8 +288,21 @@ TEST(CheckpointFormat, BytesFollowTheDocumentedLayoutSoOldFilesStayReadable) {
   for (const auto* v : {&r.params, &r.m, &r.v, &r.published, &r.residue}) {
     AppendFloats(expected, *v);
   }
+  std::vector<uint8_t> v3(expected.begin(), expected.begin() + 8 + 8 + 3);  // format 3:
+  v3[7] = '3';                                                              // no hyper
+  v3.insert(v3.end(), expected.begin() + hyper_end, expected.end());
   Append<uint32_t>(expected, Crc32(expected));
-  EXPECT_EQ(EncodeCheckpoint({r}, "job"), expected);
+  EXPECT_EQ(EncodeCheckpoint({r}, "job", {{"lr", 0.25}}), expected);
+  HyperValues hyper;
+  ASSERT_TRUE(DecodeCheckpoint(expected, "v4", nullptr, &hyper).ok());
+  EXPECT_EQ(hyper, (HyperValues{{"lr", 0.25}}));
+  Append<uint32_t>(v3, Crc32(v3));
+  std::string job;
+  auto old = DecodeCheckpoint(v3, "v3", &job, &hyper);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(job, "job");
+  EXPECT_TRUE(hyper.empty());
+  EXPECT_EQ((*old)[0].params, r.params);
   EXPECT_EQ(Crc32(std::vector<uint8_t>{'1', '2', '3', '4', '5', '6', '7', '8', '9'}),
             0xCBF43926u);  // the standard CRC-32 check value
 }

@@ -47,6 +47,14 @@ Shard::Pull DensePull(uint64_t min_version = 0) {
   return Shard::Pull{"r", 1, min_version, 0, Shard::Format::kDense};
 }
 
+// `steps` sum-only steps of one worker pushing ones.
+void SumSteps(Shard& shard, uint64_t steps) {
+  for (uint64_t k = 0; k < steps; ++k) {
+    EXPECT_TRUE(shard.AddPush(0, k, Dense({1, 1, 1, 1})).ok());
+    EXPECT_TRUE(shard.CompleteStepIfReady({0}, Kind(OptimizerKind::kSumOnly)));
+  }
+}
+
 TEST(Shard, AveragesThePushesOfEveryLiveWorkerExactly) {
   Shard s = Make();
   const std::vector<float> g0 = {0.1f, -3.0f, 7.5f, 1e-3f}, g1 = {0.3f, 2.0f, -0.5f, 1e3f};
@@ -233,6 +241,46 @@ TEST(Shard, CheckpointRecordRoundTripsEveryPartOfTheState) {
   SliceRecord bad = r;
   bad.published.pop_back();
   EXPECT_EQ(Shard::FromRecord(bad).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// A restored shard at its checkpoint's step 5; the workers' steps went on to 8 and 9 (one
+// worker's answer of step 8 was lost with the old server).
+Shard RestoredAtStepFive() {
+  Shard s = Make();
+  SumSteps(s, 5);
+  return *Shard::FromRecord(s.ToRecord());
+}
+
+TEST(Shard, RestoredShardGoesOnAtTheWorkersStepAndDropsAPushOfAStepCompletedBefore) {
+  const OptimizerConfig sum = Kind(OptimizerKind::kSumOnly);
+  Shard s = RestoredAtStepFive();
+  ASSERT_EQ(s.version(), 5u);
+  // Worker 1 pushes step 8 again (its answer was lost): the shard moves to step 8.
+  ASSERT_TRUE(s.AddPush(1, 8, Dense({1, 1, 1, 1})).ok());
+  EXPECT_EQ(s.version(), 8u);
+  s.Hold(DensePull(9));
+  // Worker 0 saw step 8 complete and pushes step 9: step 8 completed before the restart,
+  // its sum (worker 1's push) is dropped and the pull for version 9 is ready.
+  ASSERT_TRUE(s.AddPush(0, 9, Dense({1, 1, 1, 1})).ok());
+  EXPECT_EQ(s.version(), 9u);
+  EXPECT_EQ(s.TakeReadyPulls().size(), 1u);
+  // A push of step 8 now is acknowledged and not applied: it was, before the restart.
+  ASSERT_TRUE(s.AddPush(1, 8, Dense({100, 100, 100, 100})).ok());
+  ASSERT_TRUE(s.AddPush(1, 9, Dense({1, 1, 1, 1})).ok());
+  ASSERT_TRUE(s.CompleteStepIfReady({0, 1}, sum));
+  EXPECT_EQ(s.version(), 10u);
+  EXPECT_EQ(std::vector<float>(s.params().begin(), s.params().end()),
+            (std::vector<float>{7, 7, 7, 7}));  // 5 restored steps of 1, then one of 2
+  // From the first completed step on, steps are checked again.
+  EXPECT_EQ(s.AddPush(0, 12, Dense({1, 1, 1, 1})).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.AddPush(0, 9, Dense({1, 1, 1, 1})).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.version(), 10u);
+}
+
+TEST(Shard, AFreshShardNeverJumpsToAnotherStep) {
+  Shard s = Make();
+  EXPECT_EQ(s.AddPush(0, 3, Dense({1, 1, 1, 1})).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.version(), 0u);
 }
 
 TEST(Shard, ZeroLengthOrBinSizeIsRefused) {
