@@ -75,6 +75,7 @@ struct EngineWork {
   uint32_t length = 0;
   uint32_t bin_size = 0;
   bool has_init = false;
+  std::vector<WireSegment> segments;  // a fusion bucket's table (DeclareSlice.segments)
   // The payload (push, declare's initial values): bytes when set, else frame's payload.
   InMessage frame;
   SharedBytes bytes;
