@@ -43,6 +43,9 @@ absl::Status Worker::Impl::Init() {
                   absl::StatusCode::kInvalidArgument, "timeouts must be positive");
   ADAPS_RETURN_IF_ERROR(ValidateLogLevel(options_.log_level));
   ADAPS_RETURN_IF_ERROR(StartMetrics());
+  if (options_.fusion_threshold_bytes > 0) {
+    transport_->AddTimer(absl::Milliseconds(100), [this] { ExpireFusion(); });
+  }
   ADAPS_RETURN_IF_ERROR(transport_->Start());
   retry_thread_ = std::thread([this] { RetryLoop(); });
   ADAPS_ASSIGN_OR_RETURN(InMessage reply, cluster_->Register());
@@ -147,6 +150,7 @@ absl::Status Worker::Impl::Stop() {
     stopped_ = true;
     leave = rank_ >= 0 && !shutdown_;
   }
+  FailStagedFusion(absl::FailedPreconditionError("the worker stopped"));
   absl::Status status;
   if (leave) status = cluster_->Leave(absl::Seconds(2));
   {

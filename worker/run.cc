@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/fusion.h"
 #include "worker/kinds.h"
 #include "worker/worker_impl.h"
 
@@ -27,6 +28,7 @@ void Fulfil(RunOp& op, const absl::Status& status) {
   if (op.finished) return;
   op.finished = true;
   op.promise.set_value(status);
+  if (op.on_done) op.on_done(status);
 }
 
 }  // namespace
@@ -100,21 +102,37 @@ std::future<absl::Status> Worker::Impl::Run(absl::string_view name, absl::Span<c
         absl::StrCat("tensor '", name, "' has ", t.length, " elements; got ",
                      push ? grad.size() : out.size())));
   }
+  if (t.fused_into != nullptr) return RunFused(t, grad, out, push, pull);
+  return RunTensor(t, grad, out, push, pull, nullptr);
+}
+
+std::future<absl::Status> Worker::Impl::RunTensor(
+    Tensor& t, absl::Span<const float> grad, absl::Span<float> out, bool push, bool pull,
+    std::function<void(const absl::Status&)> on_done) {
+  auto fail = [&on_done](absl::Status s) {
+    if (on_done) on_done(s);
+    return Ready(std::move(s));
+  };
   // A server restarted since this tensor's last operation: learn its steps first.
   if (std::vector<size_t> stale = StaleSlices(t); !stale.empty()) {
     if (auto s = ResyncWithin(t, stale, absl::Now() + options_.request_timeout); !s.ok()) {
-      return Ready(s);
+      return fail(s);
     }
   }
   auto op = std::make_shared<RunOp>(&t, push, pull, out);
+  op->on_done = std::move(on_done);
   auto future = op->promise.get_future();
   const absl::Time started = worker_metrics_->Now();
   if (push) {
     absl::MutexLock lock(&t.mu);
     const IndexCoding coding =
         options_.compact_indices ? IndexCoding::kRice : IndexCoding::kPlain32;
-    auto encoded = EncodePush(t, grad, coding);
-    if (!encoded.ok()) return Ready(encoded.status());
+    auto encoded = t.bucket != nullptr ? EncodeFusedPush(*t.bucket, grad, coding)
+                                       : EncodePush(t, grad, coding);
+    if (!encoded.ok()) {
+      if (op->on_done) op->on_done(encoded.status());
+      return Ready(encoded.status());
+    }
     op->encoded = *std::move(encoded);
     ++t.traffic.pushes;
   }
@@ -164,7 +182,9 @@ void Worker::Impl::SendPush(const std::shared_ptr<RunOp>& op, size_t i, int peer
   const SliceMeta& m = t.meta[i];
   const uint64_t step = t.slices[i].step++;
   flatbuffers::FlatBufferBuilder fbb(128);
-  auto body = msg::CreatePush(fbb, m.key, step, PayloadKindFor(CodecKind(t.spec.compression)));
+  auto body = msg::CreatePush(fbb, m.key, step,
+                              t.bucket != nullptr ? msg::PayloadKind::Segmented
+                                                  : PayloadKindFor(CodecKind(t.spec.compression)));
   const uint64_t id = transport_->NewRequestId();
   OutMessage msg = FinishEnvelope(fbb, transport_->self(), body, id, 0, op->encoded[i]);
   t.traffic.push_wire_bytes += msg.header.size() + op->encoded[i]->size();
@@ -249,6 +269,7 @@ void Worker::Impl::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool /*p
       // Fail at once (not after the other parts' deadlines), and never touch `out` again.
       op->finished = true;
       op->promise.set_value(status);
+      if (op->on_done) op->on_done(status);
     }
     if (--op->outstanding > 0 || op->finished) return;
     const absl::Time now = absl::Now();

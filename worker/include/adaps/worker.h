@@ -51,6 +51,13 @@ struct WorkerOptions {
   absl::Duration request_timeout = absl::Seconds(30);
   // Compact (Rice) index coding on the wire; false sends plain 32-bit indices.
   bool compact_indices = true;
+  // Fusion of small tensors (docs/architecture.md "Fusion"): tensors of fewer bytes than
+  // this travel together in one push and one pull message per step (a bucket on one
+  // server), each keeping its own residue and bin size. 0 turns fusion off. Every fused
+  // tensor must then be given (PushPull, Push or Pull: the same for all) once per step: the
+  // bucket is sent when all its members were given, and fails with kDeadlineExceeded when
+  // that did not happen within request_timeout.
+  uint64_t fusion_threshold_bytes = 64 * 1024;
   std::string log_level = "info";
   std::shared_ptr<TransportContext> context;  // null: the worker makes its own
   // ZeroMQ CURVE (Z85 keys, 40 characters; see docs/reliability.md): set all three to
