@@ -31,6 +31,9 @@ ABSL_FLAG(std::string, pull, "dense", "dense or recompressed pulls");
 ABSL_FLAG(bool, compact_indices, true, "Rice-coded indices (false: plain 32-bit)");
 ABSL_FLAG(int, register_timeout_ms, 60000, "How long to wait for the cluster to form");
 ABSL_FLAG(int, request_timeout_ms, 30000, "Deadline of every request");
+ABSL_FLAG(uint64_t, fusion_threshold, 64 * 1024,
+          "Tensors of fewer bytes than this travel together, one push and one pull message "
+          "per step (fusion of small tensors; 0: off)");
 ABSL_FLAG(int, metrics_port, -1,
           "Serve Prometheus metrics on http://metrics_host:PORT/metrics; -1: off, 0: the OS "
           "picks (see --metrics_port_file)");
@@ -174,6 +177,7 @@ int main(int argc, char** argv) {
   options.register_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_register_timeout_ms));
   options.request_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_request_timeout_ms));
   options.compact_indices = absl::GetFlag(FLAGS_compact_indices);
+  options.fusion_threshold_bytes = absl::GetFlag(FLAGS_fusion_threshold);
   options.log_level = absl::GetFlag(FLAGS_log_level);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);

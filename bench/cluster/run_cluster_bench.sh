@@ -2,7 +2,8 @@
 # Cluster benchmark: adaps-worker synthetic mode on loopback beside raw ZeroMQ throughput.
 #   bench/cluster/run_cluster_bench.sh BUILD_DIR [SERVERS WORKERS PARAMS LAYERS STEPS]
 # Prints one RAW_ZMQ line and one SUMMARY line per configuration (dense, adacomp, topk with
-# dense pulls; adacomp with recompressed pulls).
+# dense pulls; adacomp with recompressed pulls). ADAPS_BENCH_WORKER_FLAGS goes to every
+# worker (e.g. --fusion_threshold=0 for small tensors without fusion).
 set -euo pipefail
 build=${1:?build dir}
 servers=${2:-1}
@@ -36,7 +37,7 @@ for config in dense:dense adacomp:dense topk:dense adacomp:recompressed; do
   for w in $(seq "$workers"); do
     "$build/worker/adaps-worker" --scheduler="$addr" --tensors="$params" --layers="$layers" \
         --steps="$steps" --warmup=1 --compressor="$compressor" --pull="$pull" --topk_fraction=0.01 \
-        --log_level=warn > "$tmp/worker$w.out" &
+        --log_level=warn ${ADAPS_BENCH_WORKER_FLAGS:-} > "$tmp/worker$w.out" &
     wpids+=($!)
   done
   for p in "${wpids[@]}"; do wait "$p"; done

@@ -75,7 +75,9 @@ const std::vector<Member> kMembers = {{"fc.w", 300, 50, Compression::kAdaComp},
 class Cluster {
  public:
   absl::Status Start(uint64_t fusion_threshold, PullFormat pull,
-                     absl::Duration timeout = absl::Seconds(10)) {
+                     absl::Duration timeout = absl::Seconds(10),
+                     const std::vector<Member>& members = kMembers) {
+    members_ = members;
     context_ = std::make_shared<TransportContext>(1);
     SchedulerConfig sc;
     sc.bind = "inproc://scheduler";
@@ -120,7 +122,7 @@ class Cluster {
     worker_ = *std::move(worker);
     std::mt19937 rng(11);
     std::normal_distribution<float> normal;
-    for (const Member& m : kMembers) {
+    for (const Member& m : members_) {
       std::vector<float> init(m.length);
       for (float& x : init) x = normal(rng);
       ADAPS_RETURN_IF_ERROR(
@@ -146,7 +148,7 @@ class Cluster {
     std::normal_distribution<float> normal(0.0f, 0.1f);
     std::map<std::string, std::vector<float>> grads;
     std::vector<std::future<absl::Status>> futures;
-    for (const Member& m : kMembers) {
+    for (const Member& m : members_) {
       std::vector<float>& g = grads[m.name];
       g.resize(m.length);
       for (float& x : g) x = normal(rng);
@@ -173,6 +175,7 @@ class Cluster {
   std::vector<std::unique_ptr<Server>> servers_;
   std::unique_ptr<Worker> worker_;
   std::map<std::string, std::vector<float>> params_;
+  std::vector<Member> members_;
 };
 
 void ExpectFusedRunIsTheUnfusedOne(PullFormat pull) {
@@ -226,6 +229,32 @@ TEST(Fusion, SendsOnePushPerStepForAllSmallTensors) {
       }
     }
   }
+}
+
+// A member of two floats: its AdaComp encoding (14 bytes) is larger than its dense one (13),
+// so every step it is sent dense with all its residue, which stays zero: exactly what a
+// dense tensor of its own would do.
+TEST(Fusion, AMemberWhoseEncodingWouldExceedItsDenseBytesIsSentDenseWithItsResidue) {
+  std::vector<float> fused, dense;
+  uint64_t fused_wire = 0, dense_wire = 0;
+  for (Compression tiny : {Compression::kDense, Compression::kAdaComp}) {
+    Cluster c;
+    const std::vector<Member> members = {{"tiny", 2, 500, tiny},
+                                         {"fc.b", 10, 500, Compression::kAdaComp}};
+    ASSERT_TRUE(c.Start(tiny == Compression::kDense ? 0 : 64 * 1024, PullFormat::kDense,
+                        absl::Seconds(10), members)
+                    .ok());
+    std::mt19937 rng(5);
+    for (int step = 0; step < 20; ++step) ASSERT_TRUE(c.Step(rng).ok());
+    (tiny == Compression::kDense ? dense : fused) = c.params("tiny");
+    auto t = c.worker().Traffic("tiny");
+    ASSERT_TRUE(t.ok());
+    (tiny == Compression::kDense ? dense_wire : fused_wire) = t->push_wire_bytes;
+  }
+  // Its dense segment and a share of the bucket's envelope cost less than its own message.
+  EXPECT_LT(fused_wire, dense_wire);
+  ASSERT_EQ(fused.size(), 2u);
+  EXPECT_EQ(0, std::memcmp(fused.data(), dense.data(), 2 * sizeof(float)));
 }
 
 TEST(Fusion, AMemberGivenTwiceBeforeTheBucketIsCompleteFailsCleanly) {
