@@ -90,12 +90,12 @@ absl::StatusOr<std::vector<SharedBytes>> EncodeFusedPush(FusionBucket& b,
   return std::vector<SharedBytes>{std::move(bytes)};
 }
 
-TrafficCounters FusedTraffic(const Tensor& member) {
+TrafficCounters FusedTraffic(Tensor& member) {
   FusionBucket& b = *member.fused_into;
   TrafficCounters own, bucket;
   uint32_t length = 0;
   {
-    absl::MutexLock lock(&const_cast<Tensor&>(member).mu);
+    absl::MutexLock lock(&member.mu);
     own = member.traffic;
     length = static_cast<uint32_t>(member.length);
   }

@@ -90,7 +90,7 @@ absl::StatusOr<std::vector<SharedBytes>> EncodeFusedPush(FusionBucket& b,
 
 // A member's traffic: its own pushes and exact segment bytes, plus its share (by length) of
 // the bucket's overhead and of the bucket's pulls.
-TrafficCounters FusedTraffic(const Tensor& member);
+TrafficCounters FusedTraffic(Tensor& member);
 
 }  // namespace adaps
 

@@ -59,8 +59,10 @@ TrainResult Train(const std::string& compressor, bool kill_server = false) {
   std::unique_ptr<Process> restarted;
   if (kill_server) {
     const absl::Time end = absl::Now() + absl::Seconds(60);
-    // A checkpoint of the 6 tensors of the MLP: training is under way.
+    // A checkpoint of the 6 tensors of the MLP: training is under way. (With fusion of
+    // small tensors, the default, fc3.weight and the biases are one bucket: 3 slices.)
     while (cluster.server(0).Log().find("checkpoint of 6 slices") == std::string::npos &&
+           cluster.server(0).Log().find("checkpoint of 3 slices") == std::string::npos &&
            absl::Now() < end) {
       absl::SleepFor(absl::Milliseconds(20));
     }
