@@ -128,7 +128,8 @@ absl::Status Worker::Impl::Declare(const TensorSpec& spec, absl::Span<float> val
                   absl::StrCat("tensor names starting with '", kFusionPrefix, "' are reserved"));
   std::unique_ptr<Tensor> tensor;
   bool fused = false;
-  if (length * sizeof(float) < options_.fusion_threshold_bytes && length <= kFusionCapacity) {
+  if (spec.fuse && length * sizeof(float) < options_.fusion_threshold_bytes &&
+      length <= kFusionCapacity) {
     ADAPS_ASSIGN_OR_RETURN(tensor, NewMember(spec, length));
     ADAPS_RETURN_IF_ERROR(DeclareFused(*tensor, values, &fused));
   }

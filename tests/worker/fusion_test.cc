@@ -293,6 +293,20 @@ TEST(Fusion, ABucketLeftIncompleteFailsItsMembersAfterTheRequestTimeout) {
   EXPECT_EQ(out[0], 7.0f);
 }
 
+TEST(Fusion, ATensorDeclaredWithFuseFalseStaysOutOfTheBucketsAndNeedNotBeGiven) {
+  Cluster c;
+  ASSERT_TRUE(c.Start(64 * 1024, PullFormat::kDense).ok());
+  std::vector<float> v(4, 3.0f);
+  TensorSpec spec{"broadcast", {4}, 500, Compression::kDense};
+  spec.fuse = false;
+  ASSERT_TRUE(c.worker().Declare(spec, absl::MakeSpan(v)).ok());
+  std::mt19937 rng(5);
+  for (int step = 0; step < 3; ++step) ASSERT_TRUE(c.Step(rng).ok());  // never gives it
+  auto t = c.worker().Traffic("broadcast");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->pushes, 0u);
+}
+
 TEST(Fusion, TensorNamesAndSlicesShowTheMembers) {
   Cluster c;
   ASSERT_TRUE(c.Start(64 * 1024, PullFormat::kDense).ok());

@@ -84,6 +84,10 @@ struct TensorSpec {
   Compression compression = Compression::kAdaComp;
   double topk_fraction = 0.001;
   PullFormat pull = PullFormat::kDense;
+  // Whether this tensor may be fused with other small ones (WorkerOptions::
+  // fusion_threshold_bytes). false for a tensor not given every step, e.g. one only declared
+  // to broadcast rank 0's values: a bucket waits for all its members.
+  bool fuse = true;
 };
 
 // Traffic of one tensor since it was declared. Wire bytes count every frame (FlatBuffers
