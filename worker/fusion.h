@@ -18,8 +18,10 @@
 // Run of any member (the server lets its table grow only until it steps).
 //
 // Ownership: Worker::Impl owns its buckets for its whole life (reply callbacks hold raw
-// pointers to `internal`). Thread-safety: `mu` guards the staging; the members' Tensor::mu
-// and internal.mu are taken inside it never; encoding takes internal.mu then each member's.
+// pointers to `internal`). Thread-safety: `mu` guards the staging, and no other lock is
+// taken while it is held; encoding takes internal.mu, then each member's Tensor::mu in turn.
+// Declare must not run concurrently with a Run of the same bucket's members (Declare is
+// collective and ordered anyway).
 #ifndef ADAPS_WORKER_FUSION_H_
 #define ADAPS_WORKER_FUSION_H_
 
