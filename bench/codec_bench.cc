@@ -38,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/gradient_stream.h"
+#include "bench/summary_reporter.h"
 #include "benchmark/benchmark.h"
 #include "common/compressor.h"
 #include "common/wire_codec.h"
@@ -323,33 +324,6 @@ void BM_Push(benchmark::State& state, uint32_t t, bool prescan) {
            });
 }
 
-// Collects every iteration run's counters by name, for the summary (median over repetitions).
-class SummaryReporter : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    ConsoleReporter::ReportRuns(runs);
-    for (const Run& run : runs) {
-      if (run.run_type != Run::RT_Iteration || run.error_occurred) continue;
-      auto& m = values_[run.run_name.str()];
-      for (const auto& [key, counter] : run.counters) m[key].push_back(counter.value);
-    }
-  }
-
-  // Median of a counter of a benchmark; NaN when absent.
-  double Get(const std::string& name, const std::string& counter) const {
-    auto it = values_.find(name);
-    if (it == values_.end()) return std::nan("");
-    auto jt = it->second.find(counter);
-    if (jt == it->second.end() || jt->second.empty()) return std::nan("");
-    std::vector<double> v = jt->second;
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-  }
-
- private:
-  std::map<std::string, std::map<std::string, std::vector<double>>> values_;
-};
-
 const char* CodingName(IndexCoding c) { return c == IndexCoding::kRice ? "rice" : "plain32"; }
 
 void RegisterAll() {
@@ -467,27 +441,6 @@ void PrintSummary(const SummaryReporter& rep) {
 }  // namespace adaps
 
 int main(int argc, char** argv) {
-  // Take out our own flag, then hand the rest to Google Benchmark.
-  std::vector<char*> args;
-  for (int i = 0; i < argc; ++i) {
-    const char* kFlag = "--elements=";
-    if (i > 0 && std::strncmp(argv[i], kFlag, std::strlen(kFlag)) == 0) {
-      adaps::g_elements = std::strtoull(argv[i] + std::strlen(kFlag), nullptr, 10);
-      continue;
-    }
-    args.push_back(argv[i]);
-  }
-  int new_argc = static_cast<int>(args.size());
-  benchmark::Initialize(&new_argc, args.data());
-  if (benchmark::ReportUnrecognizedArguments(new_argc, args.data())) return 1;
-  if (adaps::g_elements < 1000) {
-    std::fprintf(stderr, "--elements must be at least 1000\n");
-    return 1;
-  }
-  adaps::RegisterAll();
-  adaps::SummaryReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  adaps::PrintSummary(reporter);
-  benchmark::Shutdown();
-  return 0;
+  return adaps::BenchmarkMain(argc, argv, &adaps::g_elements, 1000, adaps::RegisterAll,
+                              adaps::PrintSummary);
 }

@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/gradient_stream.h"
+#include "bench/summary_reporter.h"
 #include "benchmark/benchmark.h"
 #include "common/compressor.h"
 #include "common/optimizer.h"
@@ -274,29 +275,6 @@ void BM_Engine(benchmark::State& state, int threads) {
   PerElement(state, d.n);
 }
 
-class SummaryReporter : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    ConsoleReporter::ReportRuns(runs);
-    for (const Run& run : runs) {
-      if (run.run_type != Run::RT_Iteration || run.error_occurred) continue;
-      auto it = run.counters.find("items_per_second");
-      if (it != run.counters.end()) values_[run.run_name.str()].push_back(it->second.value);
-    }
-  }
-  // Median items/s of a benchmark; NaN when absent.
-  double Get(const std::string& name) const {
-    auto it = values_.find(name);
-    if (it == values_.end() || it->second.empty()) return std::nan("");
-    std::vector<double> v = it->second;
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-  }
-
- private:
-  std::map<std::string, std::vector<double>> values_;
-};
-
 const std::vector<std::pair<const char*, OptimizerKind>>& Optimizers() {
   static const auto* list = new std::vector<std::pair<const char*, OptimizerKind>>{
       {"sum", OptimizerKind::kSumOnly},   {"mean", OptimizerKind::kMean},
@@ -369,26 +347,6 @@ void PrintSummary(const SummaryReporter& rep) {
 }  // namespace adaps
 
 int main(int argc, char** argv) {
-  std::vector<char*> args;
-  for (int i = 0; i < argc; ++i) {
-    const char* kFlag = "--elements=";
-    if (i > 0 && std::strncmp(argv[i], kFlag, std::strlen(kFlag)) == 0) {
-      adaps::g_elements = std::strtoull(argv[i] + std::strlen(kFlag), nullptr, 10);
-      continue;
-    }
-    args.push_back(argv[i]);
-  }
-  int new_argc = static_cast<int>(args.size());
-  benchmark::Initialize(&new_argc, args.data());
-  if (benchmark::ReportUnrecognizedArguments(new_argc, args.data())) return 1;
-  if (adaps::g_elements < 8000) {
-    std::fprintf(stderr, "--elements must be at least 8000\n");
-    return 1;
-  }
-  adaps::RegisterAll();
-  adaps::SummaryReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  adaps::PrintSummary(reporter);
-  benchmark::Shutdown();
-  return 0;
+  return adaps::BenchmarkMain(argc, argv, &adaps::g_elements, 8000, adaps::RegisterAll,
+                              adaps::PrintSummary);
 }

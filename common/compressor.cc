@@ -99,6 +99,61 @@ absl::Status SumResidue(absl::Span<const float> grad, SliceState& state, bool pe
   return absl::OkStatus();
 }
 
+// The compressors with error feedback: one step in two phases or one (DESIGN.md section 1;
+// CompressPending leaves the new residue pending until the caller commits or discards it).
+class ResidueCompressor : public Compressor {
+ public:
+  explicit ResidueCompressor(const CompressorOptions& options) : options_(options) {}
+  const CompressorOptions& options() const final { return options_; }
+
+  absl::Status Compress(absl::Span<const float> grad, SliceState& state,
+                        CompressedUpdate& out) final {
+    return Step(grad, state, out, /*pending=*/false);
+  }
+  absl::Status CompressPending(absl::Span<const float> grad, SliceState& state,
+                               CompressedUpdate& out) final {
+    return Step(grad, state, out, /*pending=*/true);
+  }
+
+ protected:
+  virtual absl::Status Step(absl::Span<const float> grad, SliceState& state,
+                            CompressedUpdate& out, bool pending) = 0;
+
+  const CompressorOptions options_;
+};
+
+// Top-k and sign: residue + gradient summed into one buffer (SumResidue), then a pick that
+// writes the update and leaves the error in that buffer.
+class SumThenPickCompressor : public ResidueCompressor {
+ protected:
+  SumThenPickCompressor(const CompressorOptions& options, CompressorKind kind, const char* name)
+      : ResidueCompressor(options), kind_(kind), name_(name) {}
+
+  // The update's fields before the sum (what an empty step sends).
+  virtual void Begin(CompressedUpdate& out) { (void)out; }
+  virtual void Pick(absl::Span<float> r, CompressedUpdate& out) = 0;
+
+ private:
+  absl::Status Step(absl::Span<const float> grad, SliceState& state, CompressedUpdate& out,
+                    bool pending) final {
+    ADAPS_RETURN_IF_ERROR(CheckLengths(grad, state));
+    state.Discard();
+    out.Clear();
+    out.kind = kind_;
+    out.length = static_cast<uint32_t>(grad.size());
+    Begin(out);
+    absl::Span<float> r;
+    ADAPS_RETURN_IF_ERROR(SumResidue(grad, state, pending, options_.non_finite, name_, &r));
+    if (r.empty()) return absl::OkStatus();
+    Pick(r, out);
+    if (pending) state.set_pending();
+    return absl::OkStatus();
+  }
+
+  const CompressorKind kind_;
+  const char* const name_;
+};
+
 class DenseCompressor final : public Compressor {
  public:
   explicit DenseCompressor(const CompressorOptions& options) : options_(options) {}
@@ -131,27 +186,17 @@ class DenseCompressor final : public Compressor {
   CompressorOptions options_;
 };
 
-class AdaCompCompressor final : public Compressor {
+// No pre-scan: the pass reads the active residue and writes the new one into the spare
+// buffer, finding any NaN/Inf of residue + gradient as it goes. Only a successful step
+// swaps the buffers (or, two-phase, marks the spare one pending), so on every error the
+// residue is bit-for-bit what it was.
+class AdaCompCompressor final : public ResidueCompressor {
  public:
-  explicit AdaCompCompressor(const CompressorOptions& options) : options_(options) {}
-  const CompressorOptions& options() const override { return options_; }
-
-  // No pre-scan: the pass reads the active residue and writes the new one into the spare
-  // buffer, finding any NaN/Inf of residue + gradient as it goes. Only a successful step
-  // swaps the buffers (or, two-phase, marks the spare one pending), so on every error the
-  // residue is bit-for-bit what it was.
-  absl::Status Compress(absl::Span<const float> grad, SliceState& state,
-                        CompressedUpdate& out) override {
-    return Step(grad, state, out, /*pending=*/false);
-  }
-  absl::Status CompressPending(absl::Span<const float> grad, SliceState& state,
-                               CompressedUpdate& out) override {
-    return Step(grad, state, out, /*pending=*/true);
-  }
+  explicit AdaCompCompressor(const CompressorOptions& options) : ResidueCompressor(options) {}
 
  private:
   absl::Status Step(absl::Span<const float> grad, SliceState& state, CompressedUpdate& out,
-                    bool pending) {
+                    bool pending) override {
     ADAPS_RETURN_IF_ERROR(CheckLengths(grad, state));
     state.Discard();
     const absl::Span<float> next = state.spare_residue();
@@ -167,42 +212,17 @@ class AdaCompCompressor final : public Compressor {
     return NonFiniteError(grad, options_.non_finite, "AdaComp");
   }
 
-  CompressorOptions options_;
   std::vector<float> gmax_;
 };
 
-class TopKCompressor final : public Compressor {
+class TopKCompressor final : public SumThenPickCompressor {
  public:
-  explicit TopKCompressor(const CompressorOptions& options) : options_(options) {}
-  const CompressorOptions& options() const override { return options_; }
-
-  absl::Status Compress(absl::Span<const float> grad, SliceState& state,
-                        CompressedUpdate& out) override {
-    return Step(grad, state, out, /*pending=*/false);
-  }
-  absl::Status CompressPending(absl::Span<const float> grad, SliceState& state,
-                               CompressedUpdate& out) override {
-    return Step(grad, state, out, /*pending=*/true);
-  }
+  explicit TopKCompressor(const CompressorOptions& options)
+      : SumThenPickCompressor(options, CompressorKind::kTopK, "Top-k") {}
 
  private:
-  absl::Status Step(absl::Span<const float> grad, SliceState& state, CompressedUpdate& out,
-                    bool pending) {
-    ADAPS_RETURN_IF_ERROR(CheckLengths(grad, state));
-    state.Discard();
-    out.Clear();
-    out.kind = CompressorKind::kTopK;
-    out.length = static_cast<uint32_t>(grad.size());
-    absl::Span<float> r;
-    ADAPS_RETURN_IF_ERROR(SumResidue(grad, state, pending, options_.non_finite, "Top-k", &r));
-    if (r.empty()) return absl::OkStatus();
-    Select(r, out);
-    if (pending) state.set_pending();
-    return absl::OkStatus();
-  }
-
   // Sends the k largest magnitudes of `r` (residue + gradient) and zeroes them in `r`.
-  void Select(absl::Span<float> r, CompressedUpdate& out) {
+  void Pick(absl::Span<float> r, CompressedUpdate& out) override {
     const size_t n = r.size();
     size_t k = static_cast<size_t>(std::llround(options_.topk_fraction * static_cast<double>(n)));
     k = std::clamp<size_t>(k, 1, n);
@@ -230,44 +250,19 @@ class TopKCompressor final : public Compressor {
     }
   }
 
-  CompressorOptions options_;
   std::vector<float> mags_;
 };
 
-class SignCompressor final : public Compressor {
+class SignCompressor final : public SumThenPickCompressor {
  public:
-  explicit SignCompressor(const CompressorOptions& options) : options_(options) {}
-  const CompressorOptions& options() const override { return options_; }
-
-  absl::Status Compress(absl::Span<const float> grad, SliceState& state,
-                        CompressedUpdate& out) override {
-    return Step(grad, state, out, /*pending=*/false);
-  }
-  absl::Status CompressPending(absl::Span<const float> grad, SliceState& state,
-                               CompressedUpdate& out) override {
-    return Step(grad, state, out, /*pending=*/true);
-  }
+  explicit SignCompressor(const CompressorOptions& options)
+      : SumThenPickCompressor(options, CompressorKind::kSign, "sign") {}
 
  private:
-  absl::Status Step(absl::Span<const float> grad, SliceState& state, CompressedUpdate& out,
-                    bool pending) {
-    ADAPS_RETURN_IF_ERROR(CheckLengths(grad, state));
-    state.Discard();
-    out.Clear();
-    out.kind = CompressorKind::kSign;
-    const size_t n = grad.size();
-    out.length = static_cast<uint32_t>(n);
-    out.sign_bits.assign((n + 63) / 64, 0);
-    absl::Span<float> r;
-    ADAPS_RETURN_IF_ERROR(SumResidue(grad, state, pending, options_.non_finite, "sign", &r));
-    if (r.empty()) return absl::OkStatus();
-    Quantize(r, out);
-    if (pending) state.set_pending();
-    return absl::OkStatus();
-  }
+  void Begin(CompressedUpdate& out) override { out.sign_bits.assign((out.length + 63) / 64, 0); }
 
   // One bit per element of `r` (residue + gradient), two scales; `r` keeps the error.
-  static void Quantize(absl::Span<float> r, CompressedUpdate& out) {
+  void Pick(absl::Span<float> r, CompressedUpdate& out) override {
     const size_t n = r.size();
     double pos_sum = 0.0, neg_sum = 0.0;
     size_t pos_count = 0;
@@ -288,8 +283,6 @@ class SignCompressor final : public Compressor {
       r[i] -= neg ? out.scale_neg : out.scale;
     }
   }
-
-  CompressorOptions options_;
 };
 
 }  // namespace

@@ -38,7 +38,11 @@ bool IsHelpFlag(absl::string_view arg) {
 std::vector<std::string> FlagsDefinedIn(absl::string_view source_dir) {
   std::vector<std::string> names;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (name != "config" && SourceDirName(flag->Filename()) == source_dir) {
+    const std::string file = flag->Filename();  // by value: absl returns a new string
+    const bool shared = SourceDirName(file) == "common" &&
+                        (absl::EndsWith(file, "/main_flags.cc") ||
+                         absl::EndsWith(file, "/serving_flags.cc"));
+    if (name != "config" && (shared || SourceDirName(file) == source_dir)) {
       names.emplace_back(name);
     }
   }

@@ -21,7 +21,9 @@ inline constexpr int kExitFailure = 1;  // a runtime error: the cluster failed, 
 inline constexpr int kExitUsage = 2;    // a bad flag, config file or environment value
 
 // Names of the flags defined in source files whose directory is named `source_dir`
-// ("scheduler" for scheduler/main.cc), sorted, without --config (it names the config file).
+// ("scheduler" for scheduler/main.cc) and of the shared flags the executable compiled in
+// (common/main_flags.cc, common/serving_flags.cc), sorted, without --config (it names the
+// config file).
 std::vector<std::string> FlagsDefinedIn(absl::string_view source_dir);
 
 // Checks argv the way absl::ParseCommandLine will read it, so that an unknown flag, a bad

@@ -7,10 +7,10 @@
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/main_flags.h"
 #include "common/main_util.h"
 #include "scheduler/scheduler.h"
 
-ABSL_FLAG(std::string, config, "", "Config file of 'name = value' lines (also ADAPS_CONFIG)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on");
 ABSL_FLAG(int, port, 0, "TCP port; 0 lets the OS choose (see --port_file)");
 ABSL_FLAG(std::string, port_file, "", "Write the bound port here (atomically) once listening");
@@ -32,18 +32,6 @@ ABSL_FLAG(std::string, on_worker_death, "continue",
           "an error naming the dead worker)");
 ABSL_FLAG(uint64_t, split_threshold, 1 << 16,
           "Tensors with at least this many elements are split over all servers");
-ABSL_FLAG(std::string, curve_server_key, "",
-          "CURVE: key file of the cluster's server key pair (adaps-keygen); enables encryption");
-ABSL_FLAG(std::string, curve_client_key, "", "CURVE: this node's client key pair file");
-ABSL_FLAG(std::string, curve_allowed_clients, "",
-          "CURVE: file of client public keys allowed to connect, one per line");
-ABSL_FLAG(int, metrics_port, -1,
-          "Serve Prometheus metrics on http://metrics_host:PORT/metrics; -1: off, 0: the OS "
-          "picks (see --metrics_port_file)");
-ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint listens on");
-ABSL_FLAG(std::string, metrics_port_file, "",
-          "Write the metrics endpoint's port here (atomically) once it listens");
-ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical, off");
 
 int main(int argc, char** argv) {
   adaps::MainProgram program(
@@ -61,6 +49,7 @@ int main(int argc, char** argv) {
           adaps::CheckPositive("heartbeat_ms", absl::GetFlag(FLAGS_heartbeat_ms)),
           adaps::CheckPositive("dead_timeout_ms", absl::GetFlag(FLAGS_dead_timeout_ms)),
           adaps::CheckPositive("split_threshold", absl::GetFlag(FLAGS_split_threshold)),
+          adaps::CheckSharedFlags(),
       });
       !s.ok()) {
     return program.UsageError(s);
@@ -82,18 +71,12 @@ int main(int argc, char** argv) {
   config.log_level = absl::GetFlag(FLAGS_log_level);
   config.admin_token = absl::GetFlag(FLAGS_admin_token);
   config.job_id = absl::GetFlag(FLAGS_job_id);
-  auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),
-                                    absl::GetFlag(FLAGS_curve_client_key),
-                                    absl::GetFlag(FLAGS_curve_allowed_clients), /*serving=*/true);
+  auto curve = adaps::ServingCurveKeysFromFlags();
   if (!curve.ok()) return program.UsageError(curve.status());
   config.curve = *std::move(curve);
   if (auto s = adaps::ValidateSchedulerConfig(config); !s.ok()) return program.UsageError(s);
 
-  adaps::MetricsOptions metrics_options;
-  metrics_options.port = absl::GetFlag(FLAGS_metrics_port);
-  metrics_options.host = absl::GetFlag(FLAGS_metrics_host);
-  metrics_options.port_file = absl::GetFlag(FLAGS_metrics_port_file);
-  metrics_options.role = "scheduler";
+  const adaps::MetricsOptions metrics_options = adaps::MetricsOptionsFromFlags("scheduler", 0);
   auto metrics = adaps::Metrics::Create(metrics_options);
   if (!metrics.ok()) return program.Fail(metrics.status());
 

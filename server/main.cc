@@ -6,11 +6,11 @@
 #include "absl/flags/flag.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/main_flags.h"
 #include "common/main_util.h"
 #include "common/metrics.h"
 #include "server/server.h"
 
-ABSL_FLAG(std::string, config, "", "Config file of 'name = value' lines (also ADAPS_CONFIG)");
 ABSL_FLAG(std::string, scheduler, "", "Scheduler address, e.g. tcp://127.0.0.1:5000");
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on for workers");
 ABSL_FLAG(int, port, 0, "TCP port; 0 lets the OS choose (the real one is registered)");
@@ -45,18 +45,6 @@ ABSL_FLAG(bool, restore, true,
 ABSL_FLAG(std::string, restore_from, "",
           "Restore from this checkpoint file whatever job wrote it (e.g. a .job-<id> file, or "
           "one of format 2), instead of checkpoint_dir's");
-ABSL_FLAG(std::string, curve_server_key, "",
-          "CURVE: key file of the cluster's server key pair (adaps-keygen); enables encryption");
-ABSL_FLAG(std::string, curve_client_key, "", "CURVE: this node's client key pair file");
-ABSL_FLAG(std::string, curve_allowed_clients, "",
-          "CURVE: file of client public keys allowed to connect, one per line");
-ABSL_FLAG(int, metrics_port, -1,
-          "Serve Prometheus metrics on http://metrics_host:PORT/metrics; -1: off, 0: the OS "
-          "picks (see --metrics_port_file)");
-ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint listens on");
-ABSL_FLAG(std::string, metrics_port_file, "",
-          "Write the metrics endpoint's port here (atomically) once it listens");
-ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical, off");
 
 namespace {
 
@@ -72,9 +60,7 @@ absl::Status CheckFlags() {
       adaps::CheckNonNegative("checkpoint_interval_s", absl::GetFlag(FLAGS_checkpoint_interval_s)),
       adaps::CheckPositive("scheduler_grace_s", absl::GetFlag(FLAGS_scheduler_grace_s)),
       adaps::CheckPositive("max_slice_elements", absl::GetFlag(FLAGS_max_slice_elements)),
-      absl::GetFlag(FLAGS_metrics_port) == -1
-          ? absl::OkStatus()
-          : adaps::CheckPort("metrics_port", absl::GetFlag(FLAGS_metrics_port)),
+      adaps::CheckSharedFlags(),
       adaps::CheckNonNegative("engine_threads", absl::GetFlag(FLAGS_engine_threads)),
   });
 }
@@ -120,19 +106,13 @@ int main(int argc, char** argv) {
   config.scheduler_grace = absl::Seconds(absl::GetFlag(FLAGS_scheduler_grace_s));
   config.engine_threads = absl::GetFlag(FLAGS_engine_threads);
   config.log_level = absl::GetFlag(FLAGS_log_level);
-  auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),
-                                    absl::GetFlag(FLAGS_curve_client_key),
-                                    absl::GetFlag(FLAGS_curve_allowed_clients), /*serving=*/true);
+  auto curve = adaps::ServingCurveKeysFromFlags();
   if (!curve.ok()) return program.UsageError(curve.status());
   config.curve = *std::move(curve);
   if (auto s = adaps::ValidateServerConfig(config); !s.ok()) return program.UsageError(s);
 
-  adaps::MetricsOptions metrics_options;
-  metrics_options.port = absl::GetFlag(FLAGS_metrics_port);
-  metrics_options.host = absl::GetFlag(FLAGS_metrics_host);
-  metrics_options.port_file = absl::GetFlag(FLAGS_metrics_port_file);
-  metrics_options.role = "server";
-  metrics_options.rank = -1;  // set from the scheduler's view (ServerMetrics::OnView)
+  // The rank label is set from the scheduler's view (ServerMetrics::OnView).
+  const adaps::MetricsOptions metrics_options = adaps::MetricsOptionsFromFlags("server", -1);
   auto metrics = adaps::Metrics::Create(metrics_options);
   if (!metrics.ok()) {
     return absl::IsInvalidArgument(metrics.status()) ? program.UsageError(metrics.status())

@@ -12,11 +12,11 @@
 #include "common/compressor.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/main_flags.h"
 #include "common/main_util.h"
 #include "worker/synthetic.h"
 #include "worker/train_mode.h"
 
-ABSL_FLAG(std::string, config, "", "Config file of 'name = value' lines (also ADAPS_CONFIG)");
 ABSL_FLAG(std::string, scheduler, "", "Scheduler address, e.g. tcp://127.0.0.1:5000");
 ABSL_FLAG(std::string, identity, "", "Stable identity: a restarted worker gets its rank back");
 ABSL_FLAG(std::string, mode, "synthetic", "synthetic or train");
@@ -24,11 +24,15 @@ ABSL_FLAG(std::string, tensors, "25M", "synthetic: total parameters (K, M, G suf
 ABSL_FLAG(int, layers, 10, "synthetic: number of tensors the parameters are split into");
 ABSL_FLAG(int, steps, 20, "synthetic: timed steps");
 ABSL_FLAG(int, warmup, 2, "synthetic: untimed steps first");
+ABSL_FLAG(int, backward_ms, 0,
+          "synthetic: sleep this long before each layer's push (an accelerator's backward pass)");
 ABSL_FLAG(std::string, compressor, "adacomp", "dense, adacomp, topk or sign");
 ABSL_FLAG(int, bin_size, 500, "AdaComp bin size");
 ABSL_FLAG(double, topk_fraction, 0.001, "Top-k: fraction of elements sent");
 ABSL_FLAG(std::string, pull, "dense", "dense or recompressed pulls");
 ABSL_FLAG(bool, compact_indices, true, "Rice-coded indices (false: plain 32-bit)");
+ABSL_FLAG(int, compression_threads, 1,
+          "Threads that compress pushes and decode pulls (0: on the calling and I/O threads)");
 ABSL_FLAG(int, register_timeout_ms, 60000, "How long to wait for the cluster to form");
 ABSL_FLAG(int, request_timeout_ms, 30000, "Deadline of every request");
 ABSL_FLAG(uint64_t, fusion_threshold, 64 * 1024,
@@ -82,9 +86,7 @@ absl::Status CheckFlags(const std::string& mode) {
       adaps::CheckPositive("request_timeout_ms", absl::GetFlag(FLAGS_request_timeout_ms)),
       adaps::CheckFraction("topk_fraction", absl::GetFlag(FLAGS_topk_fraction)),
       adaps::CheckPositive("bin_size", absl::GetFlag(FLAGS_bin_size)),
-      absl::GetFlag(FLAGS_metrics_port) == -1
-          ? absl::OkStatus()
-          : adaps::CheckPort("metrics_port", absl::GetFlag(FLAGS_metrics_port)),
+      adaps::CheckSharedFlags(),
   });
   if (!common.ok()) return common;
   if (mode == "synthetic") {
@@ -128,6 +130,10 @@ absl::StatusOr<adaps::SyntheticConfig> SyntheticFromFlags(adaps::CompressorKind 
   }
   synthetic.steps = absl::GetFlag(FLAGS_steps);
   synthetic.warmup = absl::GetFlag(FLAGS_warmup);
+  if (absl::GetFlag(FLAGS_backward_ms) < 0) {
+    return absl::InvalidArgumentError("--backward_ms must be >= 0");
+  }
+  synthetic.backward_per_layer = absl::Milliseconds(absl::GetFlag(FLAGS_backward_ms));
   synthetic.layer.compression = static_cast<adaps::Compression>(kind);
   synthetic.layer.bin_size = static_cast<uint32_t>(absl::GetFlag(FLAGS_bin_size));
   synthetic.layer.topk_fraction = absl::GetFlag(FLAGS_topk_fraction);
@@ -178,6 +184,7 @@ int main(int argc, char** argv) {
   options.request_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_request_timeout_ms));
   options.compact_indices = absl::GetFlag(FLAGS_compact_indices);
   options.fusion_threshold_bytes = absl::GetFlag(FLAGS_fusion_threshold);
+  options.compression_threads = absl::GetFlag(FLAGS_compression_threads);
   options.log_level = absl::GetFlag(FLAGS_log_level);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);

@@ -42,12 +42,18 @@ absl::Status Worker::Impl::Init() {
                       options_.scheduler_grace > absl::ZeroDuration(),
                   absl::StatusCode::kInvalidArgument, "timeouts must be positive");
   ADAPS_RETURN_IF_ERROR(ValidateLogLevel(options_.log_level));
+  ADAPS_RET_CHECK(options_.compression_threads >= 0 && options_.compression_threads <= 64,
+                  absl::StatusCode::kInvalidArgument, "compression_threads must be 0 to 64");
   ADAPS_RETURN_IF_ERROR(StartMetrics());
   if (options_.fusion_threshold_bytes > 0) {
     transport_->AddTimer(absl::Milliseconds(100), [this] { ExpireFusion(); });
   }
   ADAPS_RETURN_IF_ERROR(transport_->Start());
   retry_thread_ = std::thread([this] { RetryLoop(); });
+  if (options_.compression_threads > 0) {
+    pool_ = std::make_unique<JobPool>(options_.compression_threads);
+    pool_->Start();
+  }
   ADAPS_ASSIGN_OR_RETURN(InMessage reply, cluster_->Register());
   ADAPS_RETURN_IF_ERROR(ApplyRegistration(*reply.envelope()->body_as_ClusterView()));
   worker_metrics_->Bind(rank_);
@@ -159,6 +165,7 @@ absl::Status Worker::Impl::Stop() {
   }
   transport_->Stop();  // fails what a retry waits for
   if (retry_thread_.joinable()) retry_thread_.join();
+  if (pool_ != nullptr) pool_->Stop();  // queued Runs fail ("worker stopped"), decodes finish
   return status;
 }
 

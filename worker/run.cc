@@ -25,10 +25,7 @@ std::future<absl::Status> Ready(absl::Status status) {
 
 void Fulfil(RunOp& op, const absl::Status& status) {
   absl::MutexLock lock(&op.mu);
-  if (op.finished) return;
-  op.finished = true;
-  op.promise.set_value(status);
-  if (op.on_done) op.on_done(status);
+  Settle(op, status);
 }
 
 }  // namespace
@@ -109,49 +106,56 @@ std::future<absl::Status> Worker::Impl::Run(absl::string_view name, absl::Span<c
 std::future<absl::Status> Worker::Impl::RunTensor(
     Tensor& t, absl::Span<const float> grad, absl::Span<float> out, bool push, bool pull,
     std::function<void(const absl::Status&)> on_done) {
-  auto fail = [&on_done](absl::Status s) {
-    if (on_done) on_done(s);
-    return Ready(std::move(s));
+  auto op = std::make_shared<RunOp>(&t, push, pull, out);
+  op->on_done = std::move(on_done);
+  auto future = op->promise.get_future();
+  if (pool_ == nullptr) {
+    PrepareRun(op, grad)();
+  } else if (!pool_->PostOrdered([this, op, grad] { return PrepareRun(op, grad); })) {
+    Fulfil(*op, absl::FailedPreconditionError("worker stopped"));  // (on_done too)
+  }
+  return future;
+}
+
+JobPool::Job Worker::Impl::PrepareRun(const std::shared_ptr<RunOp>& op,
+                                      absl::Span<const float> grad) {
+  auto fail = [op](absl::Status s) -> JobPool::Job {
+    return [op, s] { Fulfil(*op, s); };
   };
+  if (auto s = CheckRunning(); !s.ok()) return fail(s);  // queued work when Stop began
+  Tensor& t = *op->t;
   // A server restarted since this tensor's last operation: learn its steps first.
   if (std::vector<size_t> stale = StaleSlices(t); !stale.empty()) {
     if (auto s = ResyncWithin(t, stale, absl::Now() + options_.request_timeout); !s.ok()) {
       return fail(s);
     }
   }
-  auto op = std::make_shared<RunOp>(&t, push, pull, out);
-  op->on_done = std::move(on_done);
-  auto future = op->promise.get_future();
   const absl::Time started = worker_metrics_->Now();
-  if (push) {
-    absl::MutexLock lock(&t.mu);
-    const IndexCoding coding =
-        options_.compact_indices ? IndexCoding::kRice : IndexCoding::kPlain32;
-    auto encoded = t.bucket != nullptr ? EncodeFusedPush(*t.bucket, grad, coding)
-                                       : EncodePush(t, grad, coding);
-    if (!encoded.ok()) {
-      if (op->on_done) op->on_done(encoded.status());
-      return Ready(encoded.status());
-    }
-    op->encoded = *std::move(encoded);
-    ++t.traffic.pushes;
-  }
-  if (pull) {
-    absl::MutexLock lock(&t.mu);
-    ++t.traffic.pulls;
-  }
-  std::vector<size_t> all(t.meta.size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-  SendParts(op, all);
   {
     absl::MutexLock lock(&t.mu);
-    if (push) {
+    if (op->push) {
+      const IndexCoding coding =
+          options_.compact_indices ? IndexCoding::kRice : IndexCoding::kPlain32;
+      auto encoded = t.bucket != nullptr ? EncodeFusedPush(*t.bucket, grad, coding)
+                                         : EncodePush(t, grad, coding);
+      if (!encoded.ok()) return fail(encoded.status());
+      op->encoded = *std::move(encoded);
+      ++t.traffic.pushes;
+    }
+    if (op->pull) ++t.traffic.pulls;
+  }
+  return [this, op, started] {
+    Tensor& t = *op->t;
+    std::vector<size_t> all(t.meta.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    SendParts(op, all);
+    absl::MutexLock lock(&t.mu);
+    if (op->push) {
       worker_metrics_->Pushed(t, started);
     } else {
       t.metrics.Sync(t.traffic);
     }
-  }
-  return future;
+  };
 }
 
 void Worker::Impl::SendParts(const std::shared_ptr<RunOp>& op, const std::vector<size_t>& slices) {
@@ -229,15 +233,38 @@ void Worker::Impl::SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer
             return;
           }
         }
-        const msg::PullResponse* resp = reply->envelope()->body_as_PullResponse();
-        if (resp == nullptr) {
+        if (reply->envelope()->body_as_PullResponse() == nullptr) {
           return PartDone(op, i, true, absl::DataLossError("pull answered with something else"));
         }
-        PartDone(op, i, true, worker_metrics_->Decode(step, [&] {
-          return ApplyPull(*op->t, i, *resp, reply->payload(),
-                           reply->wire_bytes() + request_bytes, op->out);
-        }));
+        if (pool_ == nullptr) return DecodePull(op, i, *reply, request_bytes, step);
+        auto answer = std::make_shared<InMessage>(*std::move(reply));
+        auto job = [this, op, i, answer, request_bytes, step] {
+          DecodePull(op, i, *answer, request_bytes, step);
+        };
+        if (!pool_->Post(job)) job();  // stopping: decode here, as without a pool
       });
+}
+
+void Worker::Impl::DecodePull(const std::shared_ptr<RunOp>& op, size_t i, const InMessage& reply,
+                              size_t request_bytes, uint64_t step) {
+  {
+    absl::MutexLock lock(&op->mu);
+    // (A failure from now on leaves the promise to EndWrite.)
+    if (!BeginWrite(*op)) {  // failed meanwhile: leave `out` alone
+      --op->outstanding;
+      return;
+    }
+  }
+  const msg::PullResponse* resp = reply.envelope()->body_as_PullResponse();
+  absl::Status status = worker_metrics_->Decode(step, [&] {
+    return ApplyPull(*op->t, i, *resp, reply.payload(), reply.wire_bytes() + request_bytes,
+                     op->out);
+  });
+  {
+    absl::MutexLock lock(&op->mu);
+    EndWrite(*op);
+  }
+  PartDone(op, i, true, std::move(status));
 }
 
 bool Worker::Impl::Retryable(RunOp& op, size_t i, const absl::Status& status) {
@@ -267,9 +294,7 @@ void Worker::Impl::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool /*p
     if (!status.ok() && part.error.ok()) part.error = status;
     if (!retryable && !op->finished) {
       // Fail at once (not after the other parts' deadlines), and never touch `out` again.
-      op->finished = true;
-      op->promise.set_value(status);
-      if (op->on_done) op->on_done(status);
+      Settle(*op, status);
     }
     if (--op->outstanding > 0 || op->finished) return;
     const absl::Time now = absl::Now();

@@ -46,6 +46,117 @@ void FillGradient(std::vector<float>& g, uint64_t seed) {
   }
 }
 
+// The synthetic model: `layers` tensors of about equal size, two gradients each (steps
+// alternate between them).
+struct Layers {
+  std::vector<std::string> names;
+  std::vector<std::vector<float>> params, grads_a, grads_b;
+};
+
+absl::StatusOr<Layers> DeclareLayers(Worker& worker, const SyntheticConfig& config) {
+  const int n = config.layers;
+  Layers m;
+  m.params.resize(n);
+  m.grads_a.resize(n);
+  m.grads_b.resize(n);
+  for (int l = 0; l < n; ++l) {
+    const uint64_t len = config.total_params / n + (uint64_t(l) < config.total_params % n ? 1 : 0);
+    TensorSpec spec = config.layer;
+    spec.name = absl::StrCat("layer", l);
+    spec.shape = {static_cast<int64_t>(len)};
+    m.params[l].assign(len, 0.0f);
+    m.grads_a[l].resize(len);
+    m.grads_b[l].resize(len);
+    FillGradient(m.grads_a[l], config.seed * 1000 + l * 2 + worker.rank() * 7919);
+    FillGradient(m.grads_b[l], config.seed * 1000 + l * 2 + 1 + worker.rank() * 7919);
+    ADAPS_RETURN_IF_ERROR(worker.Declare(spec, absl::MakeSpan(m.params[l])));
+    m.names.push_back(spec.name);
+  }
+  return m;
+}
+
+// Traffic and worker-side time of every layer together.
+absl::StatusOr<TrafficCounters> Totals(Worker& worker, const Layers& m) {
+  TrafficCounters sum;
+  for (const auto& name : m.names) {
+    ADAPS_ASSIGN_OR_RETURN(TrafficCounters t, worker.Traffic(name));
+    sum.push_wire_bytes += t.push_wire_bytes;
+    sum.pull_wire_bytes += t.pull_wire_bytes;
+    sum.push_dense_bytes += t.push_dense_bytes;
+    sum.pull_dense_bytes += t.pull_dense_bytes;
+    sum.compress_seconds += t.compress_seconds;
+    sum.decode_seconds += t.decode_seconds;
+  }
+  return sum;
+}
+
+// One step's phases in ms: the worker's compression and decoding (summed over its
+// threads), and the rest of the step's wall time (the wire, the servers' work, waiting).
+// `calls`: the caller's time inside PushPull (what the trainer's thread loses).
+struct Phases {
+  double step = 0, compress = 0, decode = 0, calls = 0;
+  double rest() const { return step - compress - decode; }
+  void Add(const Phases& p) {
+    step += p.step;
+    compress += p.compress;
+    decode += p.decode;
+    calls += p.calls;
+  }
+};
+
+// Pushes and pulls every layer (each after `backward`), all in flight together.
+absl::StatusOr<Phases> RunStep(Worker& worker, Layers& m, int step, absl::Duration backward) {
+  ADAPS_ASSIGN_OR_RETURN(TrafficCounters before, Totals(worker, m));
+  const absl::Time start = absl::Now();
+  absl::Duration in_calls;
+  std::vector<std::future<absl::Status>> futures;
+  for (size_t l = 0; l < m.names.size(); ++l) {
+    if (backward > absl::ZeroDuration()) absl::SleepFor(backward);
+    auto& g = (step % 2 == 0) ? m.grads_a[l] : m.grads_b[l];
+    const absl::Time call = absl::Now();
+    futures.push_back(worker.PushPull(m.names[l], g, absl::MakeSpan(m.params[l])));
+    in_calls += absl::Now() - call;
+  }
+  absl::Status status;
+  for (auto& f : futures) {
+    absl::Status s = f.get();
+    if (status.ok()) status = s;
+  }
+  ADAPS_RETURN_IF_ERROR(status);
+  Phases p;
+  p.step = absl::ToDoubleMilliseconds(absl::Now() - start);
+  ADAPS_ASSIGN_OR_RETURN(TrafficCounters after, Totals(worker, m));
+  p.compress = (after.compress_seconds - before.compress_seconds) * 1e3;
+  p.decode = (after.decode_seconds - before.decode_seconds) * 1e3;
+  p.calls = absl::ToDoubleMilliseconds(in_calls);
+  return p;
+}
+
+void PrintSummary(Worker& worker, const SyntheticConfig& config, const TrafficCounters& before,
+                  const TrafficCounters& after, const Phases& timed) {
+  const double steps = config.steps;
+  const double step_s = timed.step / 1e3 / steps;
+  const double push_wire = (after.push_wire_bytes - before.push_wire_bytes) / steps;
+  const double pull_wire = (after.pull_wire_bytes - before.pull_wire_bytes) / steps;
+  const double push_dense = (after.push_dense_bytes - before.push_dense_bytes) / steps;
+  const double pull_dense = (after.pull_dense_bytes - before.pull_dense_bytes) / steps;
+  std::printf(
+      "SUMMARY compressor=%s pull=%s params=%llu layers=%d workers=%d servers=%d "
+      "step_ms=%.2f push_wire_bytes=%.0f pull_wire_bytes=%.0f push_rate=%.1fx "
+      "total_rate=%.2fx effective_GBps=%.3f wire_GBps=%.3f cluster_effective_GBps=%.3f "
+      "compress_ms=%.2f wire_server_ms=%.2f decode_ms=%.2f in_calls_ms=%.2f\n",
+      CompressorKindName(CodecKind(config.layer.compression)),
+      config.layer.pull == PullFormat::kDense ? "dense" : "recompressed",
+      static_cast<unsigned long long>(config.total_params), config.layers, worker.num_workers(),
+      worker.num_servers(), step_s * 1e3, push_wire, pull_wire,
+      push_wire > 0 ? push_dense / push_wire : 0.0,
+      push_wire + pull_wire > 0 ? (push_dense + pull_dense) / (push_wire + pull_wire) : 0.0,
+      (push_dense + pull_dense) / step_s / 1e9, (push_wire + pull_wire) / step_s / 1e9,
+      (push_dense + pull_dense) * worker.num_workers() / step_s / 1e9, timed.compress / steps,
+      timed.rest() / steps, timed.decode / steps, timed.calls / steps);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 absl::Status RunSynthetic(Worker& worker, const SyntheticConfig& config) {
@@ -53,82 +164,26 @@ absl::Status RunSynthetic(Worker& worker, const SyntheticConfig& config) {
                   absl::StatusCode::kInvalidArgument, "need at least one element per layer");
   ADAPS_RET_CHECK(config.steps >= 1 && config.warmup >= 0, absl::StatusCode::kInvalidArgument,
                   "steps must be >= 1 and warmup >= 0");
-  const int n = config.layers;
-  std::vector<std::string> names;
-  std::vector<std::vector<float>> params(n), grads_a(n), grads_b(n);
-  for (int l = 0; l < n; ++l) {
-    const uint64_t len = config.total_params / n + (uint64_t(l) < config.total_params % n ? 1 : 0);
-    TensorSpec spec = config.layer;
-    spec.name = absl::StrCat("layer", l);
-    spec.shape = {static_cast<int64_t>(len)};
-    params[l].assign(len, 0.0f);
-    grads_a[l].resize(len);
-    grads_b[l].resize(len);
-    FillGradient(grads_a[l], config.seed * 1000 + l * 2 + worker.rank() * 7919);
-    FillGradient(grads_b[l], config.seed * 1000 + l * 2 + 1 + worker.rank() * 7919);
-    ADAPS_RETURN_IF_ERROR(worker.Declare(spec, absl::MakeSpan(params[l])));
-    names.push_back(spec.name);
-  }
+  ADAPS_ASSIGN_OR_RETURN(Layers m, DeclareLayers(worker, config));
   ADAPS_RETURN_IF_ERROR(worker.Barrier());
   const bool print = worker.rank() == 0;
-  auto totals = [&]() -> absl::StatusOr<TrafficCounters> {
-    TrafficCounters sum;
-    for (const auto& name : names) {
-      ADAPS_ASSIGN_OR_RETURN(TrafficCounters t, worker.Traffic(name));
-      sum.push_wire_bytes += t.push_wire_bytes;
-      sum.pull_wire_bytes += t.pull_wire_bytes;
-      sum.push_dense_bytes += t.push_dense_bytes;
-      sum.pull_dense_bytes += t.pull_dense_bytes;
-    }
-    return sum;
-  };
   TrafficCounters before;
-  absl::Duration timed = absl::ZeroDuration();
+  Phases timed;
   for (int step = 0; step < config.warmup + config.steps; ++step) {
     if (step == config.warmup) {
-      ADAPS_ASSIGN_OR_RETURN(before, totals());
+      ADAPS_ASSIGN_OR_RETURN(before, Totals(worker, m));
     }
-    const absl::Time start = absl::Now();
-    std::vector<std::future<absl::Status>> futures;
-    for (int l = 0; l < n; ++l) {
-      auto& g = (step % 2 == 0) ? grads_a[l] : grads_b[l];
-      futures.push_back(worker.PushPull(names[l], g, absl::MakeSpan(params[l])));
-    }
-    absl::Status status;
-    for (auto& f : futures) {
-      absl::Status s = f.get();
-      if (status.ok()) status = s;
-    }
-    ADAPS_RETURN_IF_ERROR(status);
-    const absl::Duration took = absl::Now() - start;
-    if (step >= config.warmup) timed += took;
+    ADAPS_ASSIGN_OR_RETURN(Phases p, RunStep(worker, m, step, config.backward_per_layer));
+    if (step >= config.warmup) timed.Add(p);
     if (print) {
-      std::printf("step %d%s: %.1f ms\n", step, step < config.warmup ? " (warmup)" : "",
-                  absl::ToDoubleMilliseconds(took));
+      std::printf("step %d%s: %.1f ms (worker compress %.1f ms, wire+server %.1f ms, "
+                  "worker decode %.1f ms; caller in PushPull %.1f ms)\n",
+                  step, step < config.warmup ? " (warmup)" : "", p.step, p.compress, p.rest(),
+                  p.decode, p.calls);
     }
   }
-  ADAPS_ASSIGN_OR_RETURN(TrafficCounters after, totals());
-  const double steps = config.steps;
-  const double step_s = absl::ToDoubleSeconds(timed) / steps;
-  const double push_wire = (after.push_wire_bytes - before.push_wire_bytes) / steps;
-  const double pull_wire = (after.pull_wire_bytes - before.pull_wire_bytes) / steps;
-  const double push_dense = (after.push_dense_bytes - before.push_dense_bytes) / steps;
-  const double pull_dense = (after.pull_dense_bytes - before.pull_dense_bytes) / steps;
-  if (print) {
-    std::printf(
-        "SUMMARY compressor=%s pull=%s params=%llu layers=%d workers=%d servers=%d "
-        "step_ms=%.2f push_wire_bytes=%.0f pull_wire_bytes=%.0f push_rate=%.1fx "
-        "total_rate=%.2fx effective_GBps=%.3f wire_GBps=%.3f cluster_effective_GBps=%.3f\n",
-        CompressorKindName(CodecKind(config.layer.compression)),
-        config.layer.pull == PullFormat::kDense ? "dense" : "recompressed",
-        static_cast<unsigned long long>(config.total_params), n, worker.num_workers(),
-        worker.num_servers(), step_s * 1e3, push_wire, pull_wire,
-        push_wire > 0 ? push_dense / push_wire : 0.0,
-        push_wire + pull_wire > 0 ? (push_dense + pull_dense) / (push_wire + pull_wire) : 0.0,
-        (push_dense + pull_dense) / step_s / 1e9, (push_wire + pull_wire) / step_s / 1e9,
-        (push_dense + pull_dense) * worker.num_workers() / step_s / 1e9);
-    std::fflush(stdout);
-  }
+  ADAPS_ASSIGN_OR_RETURN(TrafficCounters after, Totals(worker, m));
+  if (print) PrintSummary(worker, config, before, after, timed);
   return absl::OkStatus();
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "adaps/worker.h"
 
 namespace adaps {
@@ -19,6 +20,10 @@ struct SyntheticConfig {
   int warmup = 2;  // steps not timed
   TensorSpec layer;  // template: compression, bin size, top-k fraction, pull format
   uint64_t seed = 1;
+  // A stand-in for the trainer's backward pass on an accelerator (the CPU stays free): the
+  // step sleeps this long before each layer's PushPull, as a backward pass produces the
+  // gradients one by one. Zero: every layer is pushed at once.
+  absl::Duration backward_per_layer = absl::ZeroDuration();
 };
 
 // "25M", "1.5K", "1000", "2G" (decimal). kInvalidArgument otherwise.

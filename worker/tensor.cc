@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 
 namespace adaps {
@@ -19,10 +20,24 @@ absl::Status EncodeSlice(Tensor& t, size_t i, absl::Span<const float> grad, Inde
   return EncodeUpdate(t.update, coding, bytes);
 }
 
+// Adds the seconds of its life to `*sum` (a field guarded by the lock held meanwhile).
+class AddsElapsed {
+ public:
+  explicit AddsElapsed(double& sum) : sum_(sum), started_(absl::Now()) {}
+  ~AddsElapsed() { sum_ += absl::ToDoubleSeconds(absl::Now() - started_); }
+  AddsElapsed(const AddsElapsed&) = delete;
+  AddsElapsed& operator=(const AddsElapsed&) = delete;
+
+ private:
+  double& sum_;
+  const absl::Time started_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const float> grad,
                                                     IndexCoding coding) {
+  AddsElapsed timer(t.traffic.compress_seconds);
   std::vector<SharedBytes> encoded;
   encoded.reserve(t.slices.size());
   absl::Status status;
@@ -54,6 +69,7 @@ absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
                        absl::Span<const uint8_t> payload, uint64_t wire_bytes,
                        absl::Span<float> out) {
   absl::MutexLock lock(&t.mu);
+  AddsElapsed timer(t.traffic.decode_seconds);  // ends before `lock` (t.mu held)
   const SliceInfo& info = t.meta[i].info;
   SliceRt& rt = t.slices[i];
   t.traffic.pull_wire_bytes += wire_bytes;

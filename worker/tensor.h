@@ -3,8 +3,11 @@
 //
 // Ownership: the Worker owns its Tensors for its whole life; reply callbacks on the
 // transport's I/O thread keep raw pointers to them (the transport stops before they go).
-// Thread-safety: `Tensor::mu` guards the mutable per-slice state and is taken by caller
-// threads and by the I/O thread, always briefly: never across a blocking call. `meta`, `spec`,
+// Thread-safety: `Tensor::mu` guards the mutable per-slice state and is taken by the threads
+// that encode pushes and decode pulls (the compression pool; with compression_threads = 0
+// the caller and the I/O thread), by the sending thread and the retry thread: held for one
+// tensor's encode or one slice's decode at most, never across a blocking call. With a pool
+// the I/O thread never takes it, so it never waits behind an encode. `meta`, `spec`,
 // `length`, `tensor_id` and `compressor`'s options are set before the tensor is published and
 // read-only afterwards.
 #ifndef ADAPS_WORKER_TENSOR_H_
@@ -14,6 +17,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -94,8 +98,41 @@ struct RunOp {
   absl::Time retry_until ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();  // first failure + timeout
   std::vector<Part> parts ABSL_GUARDED_BY(mu);
   int outstanding ABSL_GUARDED_BY(mu) = 0;
-  bool finished ABSL_GUARDED_BY(mu) = false;  // the promise is set
+  // The outcome is decided (no new write into `out` starts). The promise is set then, or,
+  // while pull answers are still being written into `out` (`writing`, on the compression
+  // pool), by the last of those writers: a ready future never sees `out` written later.
+  bool finished ABSL_GUARDED_BY(mu) = false;
+  int writing ABSL_GUARDED_BY(mu) = 0;
+  std::optional<absl::Status> deferred ABSL_GUARDED_BY(mu);
 };
+
+// A writer of `out` (a pull answer being applied): BeginWrite is false when the outcome
+// is decided already (leave `out` alone); EndWrite sets a promise Settle left to it.
+inline bool BeginWrite(RunOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op.mu) {
+  if (op.finished) return false;
+  ++op.writing;
+  return true;
+}
+inline void EndWrite(RunOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op.mu) {
+  if (--op.writing == 0 && op.deferred.has_value()) {
+    op.promise.set_value(*op.deferred);
+    if (op.on_done) op.on_done(*op.deferred);
+    op.deferred.reset();
+  }
+}
+
+// Decides the outcome of `op` (op.mu held; the first call wins): sets the promise, or
+// leaves it to the last writer still writing into `out`.
+inline void Settle(RunOp& op, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op.mu) {
+  if (op.finished) return;
+  op.finished = true;
+  if (op.writing > 0) {
+    op.deferred = status;
+  } else {
+    op.promise.set_value(status);
+    if (op.on_done) op.on_done(status);
+  }
+}
 
 // The wire payload of every slice of one push, in two phases: each slice is compressed with
 // its new residue left pending, and the residues are committed only when every slice
@@ -106,8 +143,9 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
                                                     IndexCoding coding)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
 
-// On the I/O thread: writes slice `i` of a pull answer into `out` (dense copy, or the
-// recompressed update applied to the replica) and counts `wire_bytes` of traffic.
+// On a compression-pool thread (the I/O thread with compression_threads = 0): writes slice
+// `i` of a pull answer into `out` (dense copy, or the recompressed update applied to the
+// replica), counts `wire_bytes` of traffic and the time it took (decode_seconds).
 // kDataLoss for an answer that does not fit the slice. Takes t.mu.
 absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
                        absl::Span<const uint8_t> payload, uint64_t wire_bytes,

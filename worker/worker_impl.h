@@ -8,7 +8,9 @@
 // common/cluster_client, which registers, heartbeats and re-registers).
 //
 // Threads: caller threads run the public methods; the transport's I/O thread runs Handle,
-// OnView, OnShutdown, the cluster client and every reply callback; the retry thread
+// OnView, OnShutdown, the cluster client and every reply callback; the compression pool
+// (options_.compression_threads, worker/job_pool.h; started in Init, drained and joined in
+// Stop) encodes and sends each Run in call order and applies pull answers; the retry thread
 // (started in Init, joined in Stop) resends the parts of a Run whose server restarted. State marked "I/O thread" is
 // checked with ADAPS_DCHECK_ON_IO_THREAD. No lock is held across a blocking call.
 #ifndef ADAPS_WORKER_WORKER_IMPL_H_
@@ -37,6 +39,7 @@
 #include "common/metrics.h"
 #include "common/transport.h"
 #include "worker/fusion.h"
+#include "worker/job_pool.h"
 #include "worker/tensor.h"
 #include "worker/worker_metrics.h"
 
@@ -64,6 +67,9 @@ class Worker::Impl {
   absl::StatusOr<std::vector<SliceInfo>> Slices(absl::string_view name) const;
   std::vector<std::string> TensorNames() const;
   absl::Status Stop();
+
+  // Tests only: the compression pool (null with compression_threads = 0).
+  JobPool* pool_for_testing() { return pool_.get(); }
 
  private:
   // A blocking request: waits for the answer (the transport answers by the deadline). Call
@@ -120,6 +126,13 @@ class Worker::Impl {
   // Fails every staged member (Stop).
   void FailStagedFusion(const absl::Status& status);
 
+  // The first half of a Run (a pool thread; the caller with no pool): resynchronizes stale
+  // slices, encodes the push. Returns the second half, run in call order: send every part,
+  // or fail the future.
+  JobPool::Job PrepareRun(const std::shared_ptr<RunOp>& op, absl::Span<const float> grad);
+  // Applies a pull answer of slice `i` to op->out (unless op finished) and ends the part.
+  void DecodePull(const std::shared_ptr<RunOp>& op, size_t i, const InMessage& reply,
+                  size_t request_bytes, uint64_t step);
   // Sends the push and/or pull parts of `slices` (op->encoded holds the pushes).
   void SendParts(const std::shared_ptr<RunOp>& op, const std::vector<size_t>& slices);
   void SendPush(const std::shared_ptr<RunOp>& op, size_t i, int peer, uint64_t incarnation)
@@ -173,6 +186,8 @@ class Worker::Impl {
   std::vector<std::string> server_address_;
   std::vector<bool> server_dead_;
 
+  // Null with compression_threads = 0. Stopped (drained) after the transport in Stop.
+  std::unique_ptr<JobPool> pool_;
   // The retry thread and its queue of jobs (closed in Stop: later jobs are refused).
   std::thread retry_thread_;
   absl::Mutex retry_mu_;

@@ -2,8 +2,10 @@
 # Cluster benchmark: adaps-worker synthetic mode on loopback beside raw ZeroMQ throughput.
 #   bench/cluster/run_cluster_bench.sh BUILD_DIR [SERVERS WORKERS PARAMS LAYERS STEPS]
 # Prints one RAW_ZMQ line and one SUMMARY line per configuration (dense, adacomp, topk with
-# dense pulls; adacomp with recompressed pulls). ADAPS_BENCH_WORKER_FLAGS goes to every
-# worker (e.g. --fusion_threshold=0 for small tensors without fusion).
+# dense pulls; adacomp with recompressed pulls), with `uptime` before and after (the machine
+# may be shared: compare only ratios from one run). WORKER_FLAGS: extra adaps-worker flags
+# (e.g. WORKER_FLAGS=--compression_threads=0); the SUMMARY line's compress_ms,
+# wire_server_ms and decode_ms are worker 0's per-step breakdown.
 set -euo pipefail
 build=${1:?build dir}
 servers=${2:-1}
@@ -16,6 +18,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
 trap cleanup EXIT
 
+echo "LOAD before: $(uptime)"
 # Raw ZeroMQ: one message the size of a layer each way, 10 in flight.
 per_layer=$(python3 -c "import sys;s='$params';m={'K':1e3,'M':1e6,'G':1e9};v=float(s[:-1])*m[s[-1]] if s[-1] in m else float(s);print(int(v/$layers*4))")
 "$build/worker/adaps-zmq-raw-bench" --bytes="$per_layer" --messages=50 --window="$layers"
@@ -37,10 +40,11 @@ for config in dense:dense adacomp:dense topk:dense adacomp:recompressed; do
   for w in $(seq "$workers"); do
     "$build/worker/adaps-worker" --scheduler="$addr" --tensors="$params" --layers="$layers" \
         --steps="$steps" --warmup=1 --compressor="$compressor" --pull="$pull" --topk_fraction=0.01 \
-        --log_level=warn ${ADAPS_BENCH_WORKER_FLAGS:-} > "$tmp/worker$w.out" &
+        --log_level=warn ${WORKER_FLAGS:-} > "$tmp/worker$w.out" &
     wpids+=($!)
   done
   for p in "${wpids[@]}"; do wait "$p"; done
   grep -h SUMMARY "$tmp"/worker*.out
   sleep 0.5
 done
+echo "LOAD after: $(uptime)"

@@ -176,37 +176,41 @@ TEST_P(AdaCompProperty, FastPathEqualsReferenceBitForBit) {
 TEST_P(AdaCompProperty, ChangeStepEqualsTheStepOverTheStoredChange) {
   const auto [n, t] = GetParam();
   using internal::AdaCompIsa;
+  using internal::AdaCompStores;
   for (AdaCompIsa isa : {AdaCompIsa::kPortable, AdaCompIsa::kAvx2, AdaCompIsa::kAvx512}) {
-    if (!internal::AdaCompIsaSupported(isa)) continue;
-    std::mt19937 rng(static_cast<uint32_t>(n * 17 + t));
-    std::vector<float> params = RandomGradient(rng, n), published(n, 0.0f);
-    std::vector<float> residue(n, 0.0f), want_residue(n), got_residue(n), change(n);
-    std::vector<float> gmax, scratch;
-    CompressedUpdate want, got;
-    for (int step = 0; step < 4; ++step) {
-      for (size_t i = 0; i < n; ++i) change[i] = params[i] - published[i] - residue[i];
-      ASSERT_TRUE(internal::AdaCompStep(change, residue, absl::MakeSpan(want_residue), t, gmax,
-                                        want, isa));
-      ASSERT_TRUE(internal::AdaCompChangeStep(params, published, residue,
-                                              absl::MakeSpan(got_residue), t, gmax, scratch, got,
-                                              isa));
-      const std::string what = std::string(internal::AdaCompIsaName(isa)) + " step " +
-                               std::to_string(step);
-      ASSERT_EQ(got.indices, want.indices) << what;
-      ASSERT_EQ(got.negative, want.negative) << what;
-      ASSERT_EQ(std::memcmp(&got.scale, &want.scale, sizeof(float)), 0) << what;
-      ASSERT_EQ(std::memcmp(got_residue.data(), want_residue.data(), n * sizeof(float)), 0)
-          << what;
-      ASSERT_TRUE(DecompressAdd(got, 1.0f, absl::MakeSpan(published)).ok());
-      residue = got_residue;
-      const std::vector<float> g = RandomGradient(rng, n);
-      for (size_t i = 0; i < n; ++i) params[i] -= 0.1f * g[i];
+    for (AdaCompStores stores : {AdaCompStores::kRegular, AdaCompStores::kStreaming}) {
+      if (!internal::AdaCompIsaSupported(isa)) continue;
+      std::mt19937 rng(static_cast<uint32_t>(n * 17 + t));
+      std::vector<float> params = RandomGradient(rng, n), published(n, 0.0f);
+      std::vector<float> residue(n, 0.0f), want_residue(n), got_residue(n), change(n);
+      std::vector<float> gmax, scratch;
+      CompressedUpdate want, got;
+      for (int step = 0; step < 4; ++step) {
+        for (size_t i = 0; i < n; ++i) change[i] = params[i] - published[i] - residue[i];
+        ASSERT_TRUE(internal::AdaCompStep(change, residue, absl::MakeSpan(want_residue), t, gmax,
+                                          want, isa));
+        ASSERT_TRUE(internal::AdaCompChangeStep(params, published, residue,
+                                                absl::MakeSpan(got_residue), t, gmax, scratch, got,
+                                                isa, stores));
+        const std::string what = std::string(internal::AdaCompIsaName(isa)) + " stores " +
+                                 std::to_string(static_cast<int>(stores)) + " step " +
+                                 std::to_string(step);
+        ASSERT_EQ(got.indices, want.indices) << what;
+        ASSERT_EQ(got.negative, want.negative) << what;
+        ASSERT_EQ(std::memcmp(&got.scale, &want.scale, sizeof(float)), 0) << what;
+        ASSERT_EQ(std::memcmp(got_residue.data(), want_residue.data(), n * sizeof(float)), 0)
+            << what;
+        ASSERT_TRUE(DecompressAdd(got, 1.0f, absl::MakeSpan(published)).ok());
+        residue = got_residue;
+        const std::vector<float> g = RandomGradient(rng, n);
+        for (size_t i = 0; i < n; ++i) params[i] -= 0.1f * g[i];
+      }
+      params[n / 2] = std::numeric_limits<float>::quiet_NaN();
+      EXPECT_FALSE(internal::AdaCompChangeStep(params, published, residue,
+                                               absl::MakeSpan(got_residue), t, gmax, scratch, got,
+                                               isa, stores));
+      EXPECT_THAT(got.indices, IsEmpty());
     }
-    params[n / 2] = std::numeric_limits<float>::quiet_NaN();
-    EXPECT_FALSE(internal::AdaCompChangeStep(params, published, residue,
-                                             absl::MakeSpan(got_residue), t, gmax, scratch, got,
-                                             isa));
-    EXPECT_THAT(got.indices, IsEmpty());
   }
 }
 

@@ -2,7 +2,6 @@
 // scheduler's port forges control messages (Leave for other workers, Shutdown, heartbeats
 // claiming a worker's rank). None of them may change the cluster: the workers still train
 // together afterwards and the job ends cleanly when the real workers leave.
-#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -11,49 +10,15 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_harness.h"
+#include "tests/integration/raw_client.h"
 #include "zmq.hpp"
-#include "zmq_addon.hpp"
 
 namespace adaps {
 namespace {
 
 using ::adaps::testing::ClusterOptions;
 using ::adaps::testing::LocalCluster;
-
-// A DEALER that sends one request and waits for the answer to it (or nothing).
-class RawClient {
- public:
-  RawClient(zmq::context_t& ctx, const std::string& endpoint)
-      : socket_(ctx, zmq::socket_type::dealer) {
-    socket_.set(zmq::sockopt::linger, 0);
-    socket_.connect(endpoint);
-  }
-  // The status of the answer; kDeadlineExceeded when none came within `timeout`.
-  absl::Status Call(const OutMessage& m, uint64_t request_id, absl::Duration timeout) {
-    (void)socket_.send(zmq::buffer(m.header.data(), m.header.size()), zmq::send_flags::none);
-    const absl::Time end = absl::Now() + timeout;
-    while (absl::Now() < end) {
-      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, std::chrono::milliseconds(20));
-      if (!(item.revents & ZMQ_POLLIN)) continue;
-      std::vector<zmq::message_t> frames;
-      if (!zmq::recv_multipart(socket_, std::back_inserter(frames))) continue;
-      std::vector<uint64_t> aligned((frames[0].size() + 7) / 8);
-      std::memcpy(aligned.data(), frames[0].data(), frames[0].size());
-      auto env = VerifyEnvelope(absl::MakeConstSpan(
-          reinterpret_cast<const uint8_t*>(aligned.data()), frames[0].size()));
-      if (!env.ok() || (*env)->reply_to() != request_id) continue;
-      if ((*env)->body_type() == msg::Body::Error) {
-        return StatusFromError((*env)->body_as_Error());
-      }
-      return absl::OkStatus();
-    }
-    return absl::DeadlineExceededError("no answer");
-  }
-
- private:
-  zmq::socket_t socket_;
-};
+using ::adaps::testing::RawClient;
 
 OutMessage Leave(Sender as, uint64_t id) {
   flatbuffers::FlatBufferBuilder fbb;
@@ -133,7 +98,7 @@ TEST_F(Authorization, ForgedLeavesForEveryWorkerDoNotStopTheCluster) {
   RawClient raw(ctx_, cluster_->scheduler_address());
   for (int rank = 0; rank < 2; ++rank) {
     absl::Status s = raw.Call(Leave({msg::Role::Worker, rank}, 100 + rank), 100 + rank,
-                              absl::Seconds(3));
+                              nullptr, absl::Seconds(3));
     EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   }
   absl::SleepFor(absl::Milliseconds(300));
@@ -145,8 +110,8 @@ TEST_F(Authorization, ForgedLeavesForEveryWorkerDoNotStopTheCluster) {
 TEST_F(Authorization, HeartbeatClaimingAWorkersRankDoesNotTakeItsPlace) {
   StartCluster();
   RawClient raw(ctx_, cluster_->scheduler_address());
-  EXPECT_FALSE(raw.Call(Heartbeat({msg::Role::Worker, 0}, 7), 7, absl::Seconds(3)).ok());
-  absl::Status s = raw.Call(Leave({msg::Role::Worker, 0}, 8), 8, absl::Seconds(3));
+  EXPECT_FALSE(raw.Call(Heartbeat({msg::Role::Worker, 0}, 7), 7, nullptr, absl::Seconds(3)).ok());
+  absl::Status s = raw.Call(Leave({msg::Role::Worker, 0}, 8), 8, nullptr, absl::Seconds(3));
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   ExpectAStepStillWorks(1);
   ExpectCleanEnd();
@@ -155,13 +120,14 @@ TEST_F(Authorization, HeartbeatClaimingAWorkersRankDoesNotTakeItsPlace) {
 TEST_F(Authorization, ShutdownIsRefusedWithoutTheOperatorToken) {
   StartCluster({"--admin_token=s3cret"});
   RawClient raw(ctx_, cluster_->scheduler_address());
-  absl::Status s = raw.Call(Shutdown({msg::Role::Unknown, -1}, 5, ""), 5, absl::Seconds(3));
+  absl::Status s =
+      raw.Call(Shutdown({msg::Role::Unknown, -1}, 5, ""), 5, nullptr, absl::Seconds(3));
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-  s = raw.Call(Shutdown({msg::Role::Unknown, -1}, 6, "wrong"), 6, absl::Seconds(3));
+  s = raw.Call(Shutdown({msg::Role::Unknown, -1}, 6, "wrong"), 6, nullptr, absl::Seconds(3));
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   ExpectAStepStillWorks(1);
   // With the token, an operator may stop the job.
-  s = raw.Call(Shutdown({msg::Role::Unknown, -1}, 9, "s3cret"), 9, absl::Seconds(3));
+  s = raw.Call(Shutdown({msg::Role::Unknown, -1}, 9, "s3cret"), 9, nullptr, absl::Seconds(3));
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(cluster_->scheduler().WaitExit(absl::Seconds(10)), 0);
 }
@@ -169,7 +135,7 @@ TEST_F(Authorization, ShutdownIsRefusedWithoutTheOperatorToken) {
 TEST_F(Authorization, WithoutATokenNoShutdownRequestIsAccepted) {
   StartCluster();
   RawClient raw(ctx_, cluster_->scheduler_address());
-  absl::Status s = raw.Call(Shutdown({msg::Role::Worker, 0}, 5, ""), 5, absl::Seconds(3));
+  absl::Status s = raw.Call(Shutdown({msg::Role::Worker, 0}, 5, ""), 5, nullptr, absl::Seconds(3));
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   ExpectAStepStillWorks(1);
   ExpectCleanEnd();

@@ -2,7 +2,6 @@
 // client: SetHyper, Checkpoint and DeclareSlice are accepted only with the secret the
 // scheduler gave a worker of the job (in that worker's own ClusterView; the servers get the
 // set of them in theirs), and DeclareSlice is bounded by the server's --max_memory.
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -11,58 +10,20 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_harness.h"
+#include "tests/integration/raw_client.h"
 #include "zmq.hpp"
-#include "zmq_addon.hpp"
 
 namespace adaps {
 namespace {
 
 using ::adaps::testing::ClusterOptions;
 using ::adaps::testing::LocalCluster;
+using ::adaps::testing::RawClient;
 using ::adaps::testing::Process;
 using ::adaps::testing::WaitForPortFile;
 using ::testing::HasSubstr;
 
 constexpr Sender kWorker0{msg::Role::Worker, 0};
-
-// A DEALER that sends one request and waits for the answer to it.
-class RawClient {
- public:
-  RawClient(zmq::context_t& ctx, const std::string& endpoint)
-      : socket_(ctx, zmq::socket_type::dealer) {
-    socket_.set(zmq::sockopt::linger, 0);
-    socket_.connect(endpoint);
-  }
-  // The status of the answer (kDeadlineExceeded when none came); its header in `reply`.
-  absl::Status Call(const OutMessage& m, uint64_t request_id, std::vector<uint64_t>* reply = nullptr,
-                    absl::Duration timeout = absl::Seconds(5)) {
-    (void)socket_.send(zmq::buffer(m.header.data(), m.header.size()),
-                       m.payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
-    if (m.payload) (void)socket_.send(zmq::buffer(*m.payload), zmq::send_flags::none);
-    const absl::Time end = absl::Now() + timeout;
-    while (absl::Now() < end) {
-      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, std::chrono::milliseconds(20));
-      if (!(item.revents & ZMQ_POLLIN)) continue;
-      std::vector<zmq::message_t> frames;
-      if (!zmq::recv_multipart(socket_, std::back_inserter(frames))) continue;
-      std::vector<uint64_t> aligned((frames[0].size() + 7) / 8);
-      std::memcpy(aligned.data(), frames[0].data(), frames[0].size());
-      auto env = VerifyEnvelope(absl::MakeConstSpan(
-          reinterpret_cast<const uint8_t*>(aligned.data()), frames[0].size()));
-      if (!env.ok() || (*env)->reply_to() != request_id) continue;
-      if ((*env)->body_type() == msg::Body::Error) {
-        return StatusFromError((*env)->body_as_Error());
-      }
-      if (reply) *reply = std::move(aligned);
-      return absl::OkStatus();
-    }
-    return absl::DeadlineExceededError("no answer");
-  }
-
- private:
-  zmq::socket_t socket_;
-};
 
 const msg::Envelope* EnvelopeOf(const std::vector<uint64_t>& header) {
   return flatbuffers::GetRoot<msg::Envelope>(header.data());

@@ -4,9 +4,14 @@
 // compressed gradients and pulls parameters for the tensors it declared. It keeps one
 // compression residue per tensor slice (the error feedback of AdaComp, Top-k and sign).
 //
-// Ownership: the caller owns every buffer it passes. PushPull/Push/Pull return futures; the
-// buffers must stay alive and untouched until the future is ready (the library reads the
-// gradient before returning, and writes `out` before the future becomes ready).
+// Ownership: the caller owns every buffer it passes. PushPull/Push/Pull return futures at
+// once; both buffers must stay alive and untouched until the future is ready: the library
+// reads the gradient on its compression threads after the call returned (it is not
+// copied: a copy would cost one more pass over the gradient), and writes `out` before the
+// future becomes ready. This is the contract of torch's asynchronous communication hooks
+// (a DDP comm hook's bucket until its future completes) and of Horovod's handles (the
+// tensor of `allreduce_async_` until `synchronize(handle)`). With compression_threads = 0
+// the gradient is read before the call returns, as before.
 // Thread-safety: all methods are thread-safe; operations on one tensor must not overlap
 // (wait for the previous future of that tensor); different tensors may be in flight at once.
 // Failure: every method returns a status; the library never aborts the process. Codes:
@@ -75,6 +80,14 @@ struct WorkerOptions {
   int metrics_port = -1;
   std::string metrics_host = "0.0.0.0";
   std::string metrics_port_file;
+  // Threads that compress pushes and decode pull answers, so that PushPull/Push return at
+  // once and compression overlaps the trainer's backward pass (and the decoding of answers
+  // stays off the I/O thread). Pushes are encoded and sent in the order of the calls (FIFO
+  // per worker: a later tensor never overtakes an earlier one). 0: compress on the calling
+  // thread and decode on the I/O thread. 1 (the default) takes one core beside the
+  // trainer's; more help only when several large tensors are in flight at once and cores
+  // are free. kInvalidArgument below 0 or above 64.
+  int compression_threads = 1;
 };
 
 struct TensorSpec {
@@ -99,6 +112,10 @@ struct TrafficCounters {
   uint64_t pull_wire_bytes = 0;
   uint64_t push_dense_bytes = 0;
   uint64_t pull_dense_bytes = 0;
+  // Time this worker spent encoding the pushes (compression) and applying the pull answers
+  // (decoding into `out`), summed over the threads that did it.
+  double compress_seconds = 0;
+  double decode_seconds = 0;
 };
 
 // Where one slice of a tensor lives.
@@ -148,7 +165,9 @@ class Worker {
   absl::StatusOr<std::vector<SliceInfo>> Slices(absl::string_view name) const;
   std::vector<std::string> TensorNames() const;
 
-  // Tells the scheduler this worker is done and closes the connections. Idempotent.
+  // Tells the scheduler this worker is done and closes the connections. Operations still
+  // queued for compression fail with kFailedPrecondition; every future is ready when it
+  // returns. Idempotent.
   absl::Status Stop();
 
   class Impl;

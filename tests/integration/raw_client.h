@@ -1,0 +1,70 @@
+// A hostile or forging client for the integration tests: a raw ZeroMQ DEALER that sends one
+// request (header and optional payload frame) and waits for the answer to it, with none of
+// the transport's bookkeeping, so a test can reach a scheduler's or a server's port the way
+// a stranger on the network would.
+#ifndef ADAPS_TESTS_INTEGRATION_RAW_CLIENT_H_
+#define ADAPS_TESTS_INTEGRATION_RAW_CLIENT_H_
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/messages.h"
+#include "zmq.hpp"
+#include "zmq_addon.hpp"
+
+namespace adaps {
+namespace testing {
+
+class RawClient {
+ public:
+  RawClient(zmq::context_t& ctx, const std::string& endpoint)
+      : socket_(ctx, zmq::socket_type::dealer) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.connect(endpoint);
+  }
+
+  // The status of the answer to `request_id` (kDeadlineExceeded when none came within
+  // `timeout`); its header, 8-byte aligned, in `reply` when given.
+  absl::Status Call(const OutMessage& m, uint64_t request_id,
+                    std::vector<uint64_t>* reply = nullptr,
+                    absl::Duration timeout = absl::Seconds(5)) {
+    (void)socket_.send(zmq::buffer(m.header.data(), m.header.size()),
+                       m.payload ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    if (m.payload) (void)socket_.send(zmq::buffer(*m.payload), zmq::send_flags::none);
+    const absl::Time end = absl::Now() + timeout;
+    while (absl::Now() < end) {
+      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(20));
+      if (!(item.revents & ZMQ_POLLIN)) continue;
+      std::vector<zmq::message_t> frames;
+      if (!zmq::recv_multipart(socket_, std::back_inserter(frames))) continue;
+      std::vector<uint64_t> aligned((frames[0].size() + 7) / 8);
+      std::memcpy(aligned.data(), frames[0].data(), frames[0].size());
+      auto env = VerifyEnvelope(absl::MakeConstSpan(
+          reinterpret_cast<const uint8_t*>(aligned.data()), frames[0].size()));
+      if (!env.ok() || (*env)->reply_to() != request_id) continue;
+      if ((*env)->body_type() == msg::Body::Error) {
+        return StatusFromError((*env)->body_as_Error());
+      }
+      if (reply) *reply = std::move(aligned);
+      return absl::OkStatus();
+    }
+    return absl::DeadlineExceededError("no answer");
+  }
+
+ private:
+  zmq::socket_t socket_;
+};
+
+}  // namespace testing
+}  // namespace adaps
+
+#endif  // ADAPS_TESTS_INTEGRATION_RAW_CLIENT_H_
