@@ -38,13 +38,6 @@ ABSL_FLAG(int, request_timeout_ms, 30000, "Deadline of every request");
 ABSL_FLAG(uint64_t, fusion_threshold, 64 * 1024,
           "Tensors of fewer bytes than this travel together, one push and one pull message "
           "per step (fusion of small tensors; 0: off)");
-ABSL_FLAG(int, metrics_port, -1,
-          "Serve Prometheus metrics on http://metrics_host:PORT/metrics; -1: off, 0: the OS "
-          "picks (see --metrics_port_file)");
-ABSL_FLAG(std::string, metrics_host, "0.0.0.0", "Address the metrics endpoint listens on");
-ABSL_FLAG(std::string, metrics_port_file, "",
-          "Write the metrics endpoint's port here (atomically) once it listens");
-ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical, off");
 ABSL_FLAG(std::string, model, "mlp", "train: mlp or cnn");
 ABSL_FLAG(int, epochs, 3, "train: passes over the training data");
 ABSL_FLAG(int, batch, 32, "train: batch size per worker and step");
