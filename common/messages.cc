@@ -12,7 +12,10 @@ static_assert(static_cast<int>(msg::PayloadKind::AdaComp) ==
               static_cast<int>(CompressorKind::kAdaComp));
 static_assert(static_cast<int>(msg::PayloadKind::TopK) == static_cast<int>(CompressorKind::kTopK));
 static_assert(static_cast<int>(msg::PayloadKind::Sign) == static_cast<int>(CompressorKind::kSign));
-static_assert(static_cast<int>(msg::PayloadKind::MAX) == static_cast<int>(CompressorKind::kSign));
+// Segmented (a fusion bucket's container, common/wire_codec.h) has no compressor kind.
+static_assert(static_cast<int>(msg::PayloadKind::Segmented) ==
+              static_cast<int>(CompressorKind::kSign) + 1);
+static_assert(msg::PayloadKind::MAX == msg::PayloadKind::Segmented);
 
 absl::StatusOr<uint64_t> SliceKey(uint32_t tensor_id, uint64_t index) {
   if (index >= kMaxSlicesPerTensor) {
@@ -27,7 +30,7 @@ msg::PayloadKind PayloadKindFor(CompressorKind kind) {
 }
 
 absl::StatusOr<CompressorKind> CompressorKindFor(msg::PayloadKind kind) {
-  if (static_cast<uint8_t>(kind) > static_cast<uint8_t>(msg::PayloadKind::MAX)) {
+  if (static_cast<uint8_t>(kind) > static_cast<uint8_t>(msg::PayloadKind::Sign)) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown payload kind ", static_cast<int>(kind)));
   }

@@ -9,17 +9,8 @@
 #include "common/wire_internal.h"
 
 namespace adaps {
-namespace {
+namespace wire_internal {
 
-using wire_internal::ByteReader;
-using wire_internal::CheckIndexBytes;
-using wire_internal::DecodeIndices;
-using wire_internal::IsKnownKind;
-using wire_internal::PutF32;
-using wire_internal::PutPlainIndices;
-using wire_internal::PutRiceIndices;
-using wire_internal::PutU8;
-using wire_internal::PutVarint;
 absl::Status ReadHeader(ByteReader& r, WireHeader* h) {
   uint8_t magic = 0, version = 0, kind = 0, coding = 0;
   ADAPS_RETURN_IF_ERROR(r.U8(&magic));
@@ -31,6 +22,7 @@ absl::Status ReadHeader(ByteReader& r, WireHeader* h) {
                                             kWireFormatVersion, ")"));
   }
   ADAPS_RETURN_IF_ERROR(r.U8(&kind));
+  if (kind == kSegmentedKind) return ReadSegmentedHeader(r, h);
   if (!IsKnownKind(kind)) return absl::DataLossError(absl::StrCat("unknown update kind ", kind));
   ADAPS_RETURN_IF_ERROR(r.U8(&coding));
   if (coding > static_cast<uint8_t>(IndexCoding::kRice)) {
@@ -41,6 +33,7 @@ absl::Status ReadHeader(ByteReader& r, WireHeader* h) {
   ADAPS_RETURN_IF_ERROR(r.Varint32(&h->length));
   h->bin_size = 0;
   h->count = h->length;
+  h->segments = 0;
   if (h->kind == CompressorKind::kAdaComp) {
     ADAPS_RETURN_IF_ERROR(r.Varint32(&h->bin_size));
     if (h->bin_size == 0) return absl::DataLossError("AdaComp bin size 0");
@@ -54,6 +47,20 @@ absl::Status ReadHeader(ByteReader& r, WireHeader* h) {
   return absl::OkStatus();
 }
 
+}  // namespace wire_internal
+
+namespace {
+
+using wire_internal::ByteReader;
+using wire_internal::ReadHeader;
+using wire_internal::CheckIndexBytes;
+using wire_internal::DecodeIndices;
+using wire_internal::IsKnownKind;
+using wire_internal::PutF32;
+using wire_internal::PutPlainIndices;
+using wire_internal::PutRiceIndices;
+using wire_internal::PutU8;
+using wire_internal::PutVarint;
 float LoadF32(const uint8_t* p) {
   float f;
   std::memcpy(&f, p, 4);
@@ -80,6 +87,9 @@ absl::Status Parse(absl::Span<const uint8_t> bytes, Parsed* p, std::vector<uint3
   ByteReader r(bytes);
   WireHeader* h = &p->h;
   ADAPS_RETURN_IF_ERROR(ReadHeader(r, h));
+  if (h->segments != 0) {
+    return absl::InvalidArgumentError("a segmented container is not a single update");
+  }
   switch (h->kind) {
     case CompressorKind::kDense: {
       const uint64_t n = uint64_t{4} * h->length;
@@ -288,6 +298,7 @@ absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span
     return absl::InvalidArgumentError(absl::StrCat("update is for ", head.length,
                                                    " elements, buffer has ", dst.size()));
   }
+  if (head.segments != 0) return wire_internal::DecodeAddSegmented(bytes, factor, dst);
   // Validate and decode once, into per-thread scratch (kept between calls, so a server adding
   // push after push allocates nothing); only a fully valid buffer is then applied.
   thread_local std::vector<uint32_t> idx;

@@ -17,6 +17,17 @@
 //     requires the elements to end exactly at its bit length and the padding to be zero.
 //   kPlain32 (baseline): count x u32 indices; adacomp adds ceil(count/8) bytes of sign bits.
 //
+// A segmented container (a fusion bucket: several tensors' updates in one message, each
+// with its own kind, bin size and residue; see docs/architecture.md "Fusion"):
+//
+//   u8 magic 0xAD | u8 format version (2) | u8 kSegmentedKind | u8 0 | varint total length
+//   | varint n | n x (varint length, varint bin size, varint byte count) | the n encodings
+//
+// Segment i covers the `length` elements after segment i-1 (the first starts at 0); its
+// encoding is an ordinary update (not itself segmented) of exactly that length, of any kind;
+// an AdaComp one carries the segment's bin size. The lengths sum to the total, the byte
+// counts to the rest of the buffer.
+//
 // Decoding is bounds-checked: a truncated, oversized or corrupt buffer, an index past the
 // slice, indices out of order, or another format version returns an error (kDataLoss for
 // damage, kInvalidArgument for a mismatched destination) and writes nothing.
@@ -44,14 +55,45 @@ enum class IndexCoding : uint8_t {
   kRice = 1,
 };
 
+// The kind byte of a segmented container (after the CompressorKind values).
+inline constexpr uint8_t kSegmentedKind = 4;
+
 // What the fixed part of an encoded update says, read without decoding the body.
 struct WireHeader {
-  CompressorKind kind = CompressorKind::kDense;
+  CompressorKind kind = CompressorKind::kDense;  // dense for a segmented container
   IndexCoding coding = IndexCoding::kRice;
   uint32_t length = 0;
   uint32_t bin_size = 0;  // adacomp only
   uint32_t count = 0;     // adacomp, topk: elements sent; dense, sign: length
+  uint32_t segments = 0;  // a segmented container: its number of segments; else 0
 };
+
+// One segment of a segmented container: its length and the AdaComp bin size it is
+// compressed (and a recompressed pull of it recompressed) with.
+struct WireSegment {
+  uint32_t length = 0;
+  uint32_t bin_size = 0;
+  bool operator==(const WireSegment& o) const {
+    return length == o.length && bin_size == o.bin_size;
+  }
+};
+
+// Replaces `*out` with the container of `parts` (each an encoding made by EncodeUpdate or
+// EncodeDense) for the segments `table`. kInvalidArgument when the table is empty, a
+// segment is empty, a part is not an encoding of its segment's length, or the total exceeds
+// 2^32-1; `*out` is left cleared then.
+absl::Status EncodeSegmented(absl::Span<const WireSegment> table,
+                             absl::Span<const absl::Span<const uint8_t>> parts,
+                             std::vector<uint8_t>* out);
+
+// The segment table of a segmented container and where each segment's encoding lies in
+// `bytes` (checked: the container's framing only, not the segments' bodies). kDataLoss for
+// a damaged container, kInvalidArgument when `bytes` is not a segmented container.
+struct SegmentView {
+  WireSegment segment;
+  absl::Span<const uint8_t> bytes;
+};
+absl::StatusOr<std::vector<SegmentView>> SplitSegmented(absl::Span<const uint8_t> bytes);
 
 // Replaces `*out` with the encoding of `update`. kInvalidArgument when the update is
 // inconsistent (sizes, unsorted or out-of-range indices).
@@ -69,11 +111,12 @@ absl::Status EncodeDense(absl::Span<const float> values, IndexCoding coding,
 absl::StatusOr<WireHeader> PeekHeader(absl::Span<const uint8_t> bytes);
 
 // Decodes a whole buffer into `*out` (previous contents replaced). On error `*out` is left
-// cleared.
+// cleared. A segmented container is kInvalidArgument here (use DecodeAdd or SplitSegmented).
 absl::Status DecodeUpdate(absl::Span<const uint8_t> bytes, CompressedUpdate* out);
 
 // dst += factor * decompress(bytes), without building a dense copy. The whole buffer is
-// validated before anything is written, so on any error dst is unchanged.
+// validated before anything is written, so on any error dst is unchanged. A segmented
+// container adds each segment at its offset (all segments validated before any is added).
 // kInvalidArgument when dst.size() differs from the encoded length; kDataLoss when the
 // buffer is damaged.
 absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span<float> dst);

@@ -135,6 +135,17 @@ class BitWriter {
   unsigned fill_ = 0;
 };
 
+// ---- headers (wire_codec.cc) and segmented containers (wire_segmented.cc) ---------------
+
+// Reads and checks the fixed part of an update, or of a segmented container (up to its
+// segment count; h->segments > 0 then).
+absl::Status ReadHeader(ByteReader& r, WireHeader* h);
+// The rest of a segmented container's fixed part, after its kind byte.
+absl::Status ReadSegmentedHeader(ByteReader& r, WireHeader* h);
+// DecodeAdd of a segmented container whose total length is dst.size().
+absl::Status DecodeAddSegmented(absl::Span<const uint8_t> bytes, float factor,
+                                absl::Span<float> dst);
+
 // ---- index streams (wire_indices.cc) ------------------------------------------------------
 
 bool IsKnownKind(uint8_t k);

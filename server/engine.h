@@ -76,6 +76,8 @@ struct EngineWork {
   uint32_t length = 0;
   uint32_t bin_size = 0;
   bool has_init = false;
+  std::vector<WireSegment> segments;  // a fusion bucket's table (DeclareSlice.segments)
+  uint32_t downlink_bin_cap = 0;        // a bucket's: the server's --pull_bin_size (0: none)
   // The payload (push, declare's initial values): bytes when set, else frame's payload.
   InMessage frame;
   SharedBytes bytes;

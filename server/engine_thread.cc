@@ -66,7 +66,38 @@ void EngineThread::ReplyError(const EngineWork& work, const absl::Status& status
   sink_->Send(work.route, work.peer, MakeError(sink_->self(), work.request_id, status));
 }
 
+// A fusion bucket's declaration (shard.h: DeclareSegments); `length` is its capacity.
+void EngineThread::OnDeclareBucket(EngineWork& work) {
+  auto it = shards_.find(work.key);
+  uint64_t total = 0;
+  for (const WireSegment& seg : work.segments) total += seg.length;
+  if (total > work.length) {
+    return ReplyError(work, absl::InvalidArgumentError(absl::StrCat(
+                                "bucket segments hold ", total, " elements, more than its ",
+                                work.length)));
+  }
+  const WireSegment last = work.segments.back();
+  if (work.has_init) {
+    if (auto st = Shard::CheckInitialValues(last.length, work.payload()); !st.ok()) {
+      return ReplyError(work, st);
+    }
+  }
+  if (it == shards_.end()) {
+    auto shard = Shard::CreateBucket(work.key, work.name, work.segments);
+    if (!shard.ok()) return ReplyError(work, shard.status());
+    it = shards_.emplace(work.key, *std::move(shard)).first;
+  }
+  const absl::Span<const uint8_t> init =
+      work.has_init ? work.payload() : absl::Span<const uint8_t>();
+  if (auto st = it->second.DeclareSegments(work.segments, init); !st.ok()) {
+    return ReplyError(work, st);
+  }
+  it->second.set_downlink_bin_cap(work.downlink_bin_cap);
+  Ack(work);
+}
+
 void EngineThread::OnDeclare(EngineWork& work) {
+  if (!work.segments.empty()) return OnDeclareBucket(work);
   auto it = shards_.find(work.key);
   if (work.length > options_.max_slice_elements && it == shards_.end()) {
     return ReplyError(work, absl::ResourceExhaustedError(absl::StrCat(

@@ -35,6 +35,7 @@ class EngineThread {
   void Run();
   void Handle(EngineWork& work);
   void OnDeclare(EngineWork& work);
+  void OnDeclareBucket(EngineWork& work);
   void OnPush(EngineWork& work);
   void OnPull(EngineWork& work);
   void OnLiveWorkers(EngineWork& work);

@@ -172,6 +172,8 @@ void Server::OnDeclare(InMessage& in) {
   if (auto st = CheckWorkerSecret(d->secret(), "DeclareSlice"); !st.ok()) {
     return ReplyError(in, st);
   }
+  // A fusion bucket's initial values (its last segment's) are checked by its owner.
+  const bool bucket = d->segments() != nullptr && d->segments()->size() > 0;
   // A new key is checked here in full, so that every key given an owner gets a slice.
   if (engine_->OwnerOf(d->key()) < 0) {
     if (d->length() > config_.max_slice_elements) {
@@ -186,7 +188,7 @@ void Server::OnDeclare(InMessage& in) {
                                 " bytes budgeted) exceeds --max_memory ", memory_budget_, " (",
                                 memory_used_, " bytes in use)")));
     }
-    if (d->has_init()) {
+    if (d->has_init() && !bucket) {
       if (auto st = Shard::CheckInitialValues(d->length(), in.payload()); !st.ok()) {
         return ReplyError(in, st);
       }
@@ -201,6 +203,12 @@ void Server::OnDeclare(InMessage& in) {
   // The shard's bin size is its downlink's (pushes carry their own in every update).
   work.bin_size = PullBinSize(d->bin_size(), config_.pull_bin_size);
   work.has_init = d->has_init();
+  if (bucket) {
+    for (const msg::Segment* seg : *d->segments()) {
+      work.segments.push_back(WireSegment{seg->length(), seg->bin_size()});
+    }
+    work.downlink_bin_cap = config_.pull_bin_size;  // per member, at publishing
+  }
   Route(std::move(in), engine_->AssignOwner(work.key), std::move(work));
 }
 
@@ -228,10 +236,14 @@ void Server::OnPush(InMessage& in) {
   }
   auto header = PeekHeader(in.payload());
   if (!header.ok()) return ReplyError(in, header.status());
-  if (static_cast<uint8_t>(header->kind) != static_cast<uint8_t>(p->kind())) {
+  const uint8_t carried =
+      header->segments ? kSegmentedKind : static_cast<uint8_t>(header->kind);
+  if (carried != static_cast<uint8_t>(p->kind())) {
     return ReplyError(in, absl::InvalidArgumentError(absl::StrCat(
                               "push says payload kind ", msg::EnumNamePayloadKind(p->kind()),
-                              " but carries ", CompressorKindName(header->kind))));
+                              " but carries ",
+                              header->segments ? "a segmented container"
+                                               : CompressorKindName(header->kind))));
   }
   SyncLiveWorkers();  // the step completes against the live workers as of this push
   EngineWork work;

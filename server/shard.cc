@@ -1,5 +1,6 @@
 #include "server/shard.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -24,6 +25,94 @@ absl::StatusOr<Shard> Shard::Create(uint64_t key, std::string name, uint32_t len
   s.published_.assign(length, 0.0f);
   s.down_residue_ = std::make_unique<SliceState>(length);
   return s;
+}
+
+absl::StatusOr<Shard> Shard::CreateBucket(uint64_t key, std::string name,
+                                          absl::Span<const WireSegment> table) {
+  uint64_t total = 0;
+  for (const WireSegment& seg : table) {
+    ADAPS_RET_CHECK(seg.length > 0 && seg.bin_size > 0, absl::StatusCode::kInvalidArgument,
+                    "bucket segment length and bin size must be > 0");
+    total += seg.length;
+  }
+  ADAPS_RET_CHECK(!table.empty() && total <= UINT32_MAX, absl::StatusCode::kInvalidArgument,
+                  "a bucket needs 1 to 2^32-1 elements in segments");
+  ADAPS_ASSIGN_OR_RETURN(Shard s, Create(key, std::move(name), static_cast<uint32_t>(total), 1));
+  s.bucket_ = true;
+  s.segments_.assign(table.begin(), table.end());
+  return s;
+}
+
+namespace {
+
+// Whether `a` is the beginning of `b`.
+bool IsPrefix(absl::Span<const WireSegment> a, absl::Span<const WireSegment> b) {
+  return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+
+uint64_t TotalLength(absl::Span<const WireSegment> table) {
+  uint64_t total = 0;
+  for (const WireSegment& seg : table) total += seg.length;
+  return total;
+}
+
+}  // namespace
+
+void Shard::Grow(absl::Span<const WireSegment> table) {
+  const uint32_t length = static_cast<uint32_t>(TotalLength(table));
+  segments_.assign(table.begin(), table.end());
+  length_ = length;
+  params_.resize(length, 0.0f);
+  agg_.resize(length, 0.0f);
+  published_.resize(length, 0.0f);
+  down_residue_ = std::make_unique<SliceState>(length);  // nothing was recompressed yet
+  dense_version_ = UINT64_MAX;
+}
+
+absl::Status Shard::DeclareSegments(absl::Span<const WireSegment> table,
+                                    absl::Span<const uint8_t> init_of_last) {
+  for (const WireSegment& seg : table) {
+    ADAPS_RET_CHECK(seg.length > 0 && seg.bin_size > 0, absl::StatusCode::kInvalidArgument,
+                    "bucket segment length and bin size must be > 0");
+  }
+  ADAPS_RET_CHECK(!table.empty(), absl::StatusCode::kInvalidArgument, "empty segment table");
+  const uint64_t total = TotalLength(table);
+  if (!bucket_) {
+    // A restored bucket lost its table (checkpoints do not hold it): it takes the one of
+    // its length; a shorter one is an earlier member's declaration (a rejoining worker).
+    if (restored_ && segments_.empty() && total <= length_) {
+      if (total == length_) segments_.assign(table.begin(), table.end());
+      return absl::OkStatus();
+    }
+    if (!restored_ || total > length_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "slice '", name_, "' is not a fusion bucket of ", total, " elements"));
+    }
+  }
+  if (!IsPrefix(segments_, table) && !IsPrefix(table, segments_)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("segment table of bucket '", name_, "' contradicts the declared one"));
+  }
+  const bool fresh = version_ == 0 && pushed_.empty() && !restored_;
+  if (table.size() > segments_.size()) {
+    if (!fresh) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "bucket '", name_, "' has stepped: no member can join it any more"));
+    }
+    ADAPS_RET_CHECK(total <= UINT32_MAX, absl::StatusCode::kInvalidArgument,
+                    "bucket longer than 2^32-1 elements");
+    Grow(table);
+  }
+  if (!init_of_last.empty() && fresh && table.size() == segments_.size()) {
+    const WireSegment& last = table.back();
+    if (init_of_last.size() == uint64_t{last.length} * sizeof(float)) {
+      const uint64_t at = total - last.length;
+      std::memcpy(params_.data() + at, init_of_last.data(), init_of_last.size());
+      std::memcpy(published_.data() + at, init_of_last.data(), init_of_last.size());
+      dense_version_ = UINT64_MAX;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Shard> Shard::FromRecord(SliceRecord r) {
@@ -95,18 +184,46 @@ void Shard::Initialize(absl::Span<const uint8_t> bytes) {
   dense_version_ = UINT64_MAX;
 }
 
-absl::Status Shard::CheckLength(absl::Span<const uint8_t> payload) const {
+absl::Status Shard::CheckLength(absl::Span<const uint8_t> payload,
+                                std::vector<WireSegment>* learned) const {
+  learned->clear();
   ADAPS_ASSIGN_OR_RETURN(WireHeader header, PeekHeader(payload));
   if (header.length != length_) {
     return absl::InvalidArgumentError(absl::StrCat("push of ", header.length,
                                                    " elements to slice '", name_, "' of ",
                                                    length_));
   }
+  if (header.segments == 0) {
+    if (bucket_ || !segments_.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push to bucket '", name_, "' is not a segmented container"));
+    }
+    return absl::OkStatus();
+  }
+  if (!bucket_ && !restored_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("segmented push to slice '", name_, "', which is not a fusion bucket"));
+  }
+  ADAPS_ASSIGN_OR_RETURN(std::vector<SegmentView> views, SplitSegmented(payload));
+  const bool learn = segments_.empty();
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (learn) {
+      learned->push_back(views[i].segment);
+    } else if (i >= segments_.size() || !(views[i].segment == segments_[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push's segment ", i, " does not match the table of bucket '", name_, "'"));
+    }
+  }
+  if (!learn && views.size() != segments_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push of ", views.size(), " segments to bucket '", name_, "' of ", segments_.size()));
+  }
   return absl::OkStatus();
 }
 
 absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t> payload) {
-  ADAPS_RETURN_IF_ERROR(CheckLength(payload));
+  std::vector<WireSegment> learned;
+  ADAPS_RETURN_IF_ERROR(CheckLength(payload, &learned));
   if (step != version_ && resuming_) {
     // The workers' steps went on after the checkpoint. A worker pushes step s only once it
     // saw step s - 1 complete, so every step before the highest pushed one completed before
@@ -128,6 +245,7 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
   }
   ADAPS_RETURN_IF_ERROR(DecodeAdd(payload, 1.0f, absl::MakeSpan(agg_)));
   pushed_.insert(worker);
+  if (!learned.empty()) segments_ = std::move(learned);
   return absl::OkStatus();
 }
 
@@ -150,9 +268,11 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
 
 absl::Status Shard::ApplyPush(absl::Span<const uint8_t> payload,
                               const OptimizerConfig& optimizer) {
-  ADAPS_RETURN_IF_ERROR(CheckLength(payload));
+  std::vector<WireSegment> learned;
+  ADAPS_RETURN_IF_ERROR(CheckLength(payload, &learned));
   std::fill(agg_.begin(), agg_.end(), 0.0f);
   ADAPS_RETURN_IF_ERROR(DecodeAdd(payload, 1.0f, absl::MakeSpan(agg_)));
+  if (!learned.empty()) segments_ = std::move(learned);
   ApplyOptimizer(optimizer, agg_, absl::MakeSpan(params_), optimizer_);
   ++version_;
   return absl::OkStatus();
@@ -181,6 +301,7 @@ std::shared_ptr<std::vector<uint8_t>> Shard::Reusable(
 }
 
 absl::Status Shard::PublishRecompressed() {
+  if (!segments_.empty()) return PublishRecompressedSegments();
   // AdaComp over the change the compressor has not seen yet, params - published - residue,
   // computed inside the pass (one pass over the three arrays, no stored change), into the
   // residue's spare buffer: the residue changes only when the step succeeds.
@@ -206,6 +327,62 @@ absl::Status Shard::PublishRecompressed() {
   // The same additions a worker's decode makes (published[i] += +-scale), from the update
   // in memory instead of the encoded bytes.
   ADAPS_RETURN_IF_ERROR(DecompressAdd(down_update_, 1.0f, absl::MakeSpan(published_)));
+  down_base_ = down_version_;
+  down_version_ = version_;
+  down_spare_ = std::move(down_bytes_);
+  down_bytes_ = std::move(bytes);
+  return absl::OkStatus();
+}
+
+uint32_t Shard::DownlinkBin(uint32_t member_bin) const {
+  return down_bin_cap_ == 0 ? member_bin : std::min(member_bin, down_bin_cap_);
+}
+
+// PublishRecompressed segment by segment, each with its member's bin size (DownlinkBin):
+// bit for bit what a shard of each member would publish, in one container.
+absl::Status Shard::PublishRecompressedSegments() {
+  SliceState& state = *down_residue_;
+  state.Discard();
+  const absl::Span<float> next = state.spare_residue();
+  const absl::Span<const float> residue = state.residue();
+  seg_updates_.resize(segments_.size());
+  seg_bytes_.resize(segments_.size());
+  uint64_t at = 0;
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    const uint32_t n = segments_[i].length;
+    auto part = [&](auto span) { return span.subspan(at, n); };
+    if (!internal::AdaCompChangeStep(part(absl::MakeConstSpan(params_)),
+                                     part(absl::MakeConstSpan(published_)), part(residue),
+                                     part(next), DownlinkBin(segments_[i].bin_size), down_gmax_,
+                                     down_scratch_, seg_updates_[i])) {
+      // As PublishRecompressed: a NaN/Inf change sends nothing for this member (its residue
+      // stays, its update is empty); an overflow fails the whole version (nothing changed).
+      bool change_finite = true;
+      for (uint32_t j = 0; j < n && change_finite; ++j) {
+        change_finite = std::isfinite(params_[at + j] - published_[at + j] - residue[at + j]);
+      }
+      if (change_finite) {
+        return absl::OutOfRangeError(
+            "AdaComp residue + gradient overflows the float range; residue left unchanged");
+      }
+      std::copy(residue.begin() + at, residue.begin() + at + n, next.begin() + at);
+    }
+    ADAPS_RETURN_IF_ERROR(EncodeUpdate(seg_updates_[i], IndexCoding::kRice, &seg_bytes_[i]));
+    at += n;
+  }
+  std::vector<absl::Span<const uint8_t>> parts(seg_bytes_.begin(), seg_bytes_.end());
+  std::shared_ptr<std::vector<uint8_t>> bytes = Reusable(down_spare_);
+  // The container's table says the bins the members were encoded at.
+  std::vector<WireSegment> table = segments_;
+  for (WireSegment& seg : table) seg.bin_size = DownlinkBin(seg.bin_size);
+  ADAPS_RETURN_IF_ERROR(EncodeSegmented(table, parts, bytes.get()));
+  state.swap_residue();
+  at = 0;
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    ADAPS_RETURN_IF_ERROR(DecompressAdd(
+        seg_updates_[i], 1.0f, absl::MakeSpan(published_).subspan(at, segments_[i].length)));
+    at += segments_[i].length;
+  }
   down_base_ = down_version_;
   down_version_ = version_;
   down_spare_ = std::move(down_bytes_);

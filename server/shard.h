@@ -11,6 +11,14 @@
 // the same bytes go to every worker, so workers applying the same messages hold
 // bitwise-identical replicas.
 //
+// A fusion bucket (docs/architecture.md "Fusion") is a shard too: several small tensors of
+// the workers laid out one after another, each a segment with its own bin size. Its pushes
+// are segmented containers (common/wire_codec.h), decode-added segment by segment; the
+// optimizer runs over the whole (it is elementwise, so each member steps exactly as a
+// shard of its own would); a recompressed pull is recompressed segment by segment with each
+// member's bin size, into one container. Its segment table grows by one member per
+// declaration until the bucket first steps.
+//
 // Knows nothing of sockets or FlatBuffers: takes spans, returns status and bytes. Ownership:
 // a shard owns all its state (no globals, nothing shared with another shard); answer
 // bytes are shared with whoever sends them and never changed while anyone else holds them.
@@ -29,6 +37,7 @@
 #include "absl/types/span.h"
 #include "common/compressor.h"
 #include "common/optimizer.h"
+#include "common/wire_codec.h"
 #include "server/checkpoint.h"
 
 namespace adaps {
@@ -59,6 +68,10 @@ class Shard {
   // A fresh slice of zeros. kInvalidArgument for a zero length or bin size.
   static absl::StatusOr<Shard> Create(uint64_t key, std::string name, uint32_t length,
                                       uint32_t bin_size);
+  // A fresh fusion bucket of zeros holding the segments of `table`. kInvalidArgument for an
+  // empty table, an empty segment, a bin size of zero or more than 2^32-1 elements in all.
+  static absl::StatusOr<Shard> CreateBucket(uint64_t key, std::string name,
+                                            absl::Span<const WireSegment> table);
   // A slice as a checkpoint recorded it (marked restored: initial values are then ignored).
   // kDataLoss for a record whose arrays do not match its length.
   static absl::StatusOr<Shard> FromRecord(SliceRecord record);
@@ -76,6 +89,23 @@ class Shard {
   absl::Span<const float> params() const { return params_; }
   absl::Span<const float> published() const { return published_; }
   size_t held_pulls() const { return held_.size(); }
+  // A bucket's segments (empty for a plain slice, and for a bucket restored from a
+  // checkpoint until a declaration or a push told it its table again).
+  const std::vector<WireSegment>& segments() const { return segments_; }
+  // A fusion bucket's recompressed pulls encode each member at min(its bin size, cap) (the
+  // server's --pull_bin_size; 0: the member's own). A plain shard's downlink bin is the one
+  // it was created with.
+  void set_downlink_bin_cap(uint32_t cap) { down_bin_cap_ = cap; }
+
+  // A worker's declaration of a bucket with segments `table` (and, from rank 0, the values
+  // of the table's last segment in `init_of_last`, checked by CheckInitialValues). A table
+  // the shard's extends (an earlier declaration) is accepted as it is; one that extends the
+  // shard's grows the slice by the new segments (zeros, then `init_of_last`), but only while
+  // nothing happened yet (version 0, no push, not restored): kFailedPrecondition otherwise.
+  // A restored bucket that lost its table takes one of exactly its length. kInvalidArgument
+  // for a table that contradicts the shard's, or for a plain slice. Unchanged on error.
+  absl::Status DeclareSegments(absl::Span<const WireSegment> table,
+                               absl::Span<const uint8_t> init_of_last);
 
   // Whether `bytes` are `length` finite float32 values. kInvalidArgument otherwise.
   static absl::Status CheckInitialValues(uint32_t length, absl::Span<const uint8_t> bytes);
@@ -110,10 +140,17 @@ class Shard {
 
  private:
   Shard() = default;
-  absl::Status CheckLength(absl::Span<const uint8_t> payload) const;
+  // Length and segment table of a push; `learned` receives the table of a segmented push
+  // to a bucket that has none yet (restored), to be adopted once the push is applied.
+  absl::Status CheckLength(absl::Span<const uint8_t> payload,
+                           std::vector<WireSegment>* learned) const;
   absl::Status PublishRecompressed();
+  uint32_t DownlinkBin(uint32_t member_bin) const;
+  absl::Status PublishRecompressedSegments();
+  void Grow(absl::Span<const WireSegment> table);
   // `bytes` if nobody else holds it (to overwrite it in place), else a new buffer.
-  static std::shared_ptr<std::vector<uint8_t>> Reusable(std::shared_ptr<std::vector<uint8_t>>& bytes);
+  static std::shared_ptr<std::vector<uint8_t>> Reusable(
+      std::shared_ptr<std::vector<uint8_t>>& bytes);
 
   uint64_t key_ = 0;
   std::string name_;
@@ -141,6 +178,14 @@ class Shard {
   // from version to version: no allocation per version once sized.
   std::vector<float> down_gmax_, down_scratch_;
   CompressedUpdate down_update_;
+
+  // A fusion bucket: its segments; their updates and encodings of the current version
+  // (reused from version to version).
+  bool bucket_ = false;
+  std::vector<WireSegment> segments_;
+  uint32_t down_bin_cap_ = 0;  // set_downlink_bin_cap
+  std::vector<CompressedUpdate> seg_updates_;
+  std::vector<std::vector<uint8_t>> seg_bytes_;
 };
 
 }  // namespace adaps

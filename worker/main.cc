@@ -35,6 +35,9 @@ ABSL_FLAG(int, compression_threads, 1,
           "Threads that compress pushes and decode pulls (0: on the calling and I/O threads)");
 ABSL_FLAG(int, register_timeout_ms, 60000, "How long to wait for the cluster to form");
 ABSL_FLAG(int, request_timeout_ms, 30000, "Deadline of every request");
+ABSL_FLAG(uint64_t, fusion_threshold, 64 * 1024,
+          "Tensors of fewer bytes than this travel together, one push and one pull message "
+          "per step (fusion of small tensors; 0: off)");
 ABSL_FLAG(std::string, model, "mlp", "train: mlp or cnn");
 ABSL_FLAG(int, epochs, 3, "train: passes over the training data");
 ABSL_FLAG(int, batch, 32, "train: batch size per worker and step");
@@ -184,6 +187,7 @@ int main(int argc, char** argv) {
   options.register_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_register_timeout_ms));
   options.request_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_request_timeout_ms));
   options.compact_indices = absl::GetFlag(FLAGS_compact_indices);
+  options.fusion_threshold_bytes = absl::GetFlag(FLAGS_fusion_threshold);
   options.compression_threads = absl::GetFlag(FLAGS_compression_threads);
   options.log_level = absl::GetFlag(FLAGS_log_level);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);

@@ -45,6 +45,9 @@ absl::Status Worker::Impl::Init() {
   ADAPS_RET_CHECK(options_.compression_threads >= 0 && options_.compression_threads <= 64,
                   absl::StatusCode::kInvalidArgument, "compression_threads must be 0 to 64");
   ADAPS_RETURN_IF_ERROR(StartMetrics());
+  if (options_.fusion_threshold_bytes > 0) {
+    transport_->AddTimer(absl::Milliseconds(100), [this] { ExpireFusion(); });
+  }
   ADAPS_RETURN_IF_ERROR(transport_->Start());
   retry_thread_ = std::thread([this] { RetryLoop(); });
   if (options_.compression_threads > 0) {
@@ -153,6 +156,7 @@ absl::Status Worker::Impl::Stop() {
     stopped_ = true;
     leave = rank_ >= 0 && !shutdown_;
   }
+  FailStagedFusion(absl::FailedPreconditionError("the worker stopped"));
   absl::Status status;
   if (leave) status = cluster_->Leave(absl::Seconds(2));
   {

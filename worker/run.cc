@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/fusion.h"
 #include "worker/kinds.h"
 #include "worker/worker_impl.h"
 
@@ -105,12 +106,20 @@ std::future<absl::Status> Worker::Impl::Run(absl::string_view name, absl::Span<c
         absl::StrCat("tensor '", name, "' has ", t.length, " elements; got ",
                      push ? grad.size() : out.size())));
   }
+  if (t.fused_into != nullptr) return RunFused(t, grad, out, push, pull);
+  return RunTensor(t, grad, out, push, pull, nullptr);
+}
+
+std::future<absl::Status> Worker::Impl::RunTensor(
+    Tensor& t, absl::Span<const float> grad, absl::Span<float> out, bool push, bool pull,
+    std::function<void(const absl::Status&)> on_done) {
   auto op = std::make_shared<RunOp>(&t, push, pull, out);
+  op->on_done = std::move(on_done);
   auto future = op->promise.get_future();
   if (pool_ == nullptr) {
     PrepareRun(op, grad)();
   } else if (!pool_->PostOrdered([this, op, grad] { return PrepareRun(op, grad); })) {
-    return Ready(absl::FailedPreconditionError("worker stopped"));
+    Fulfil(*op, absl::FailedPreconditionError("worker stopped"));  // (on_done too)
   }
   return future;
 }
@@ -134,7 +143,8 @@ JobPool::Job Worker::Impl::PrepareRun(const std::shared_ptr<RunOp>& op,
     if (op->push) {
       const IndexCoding coding =
           options_.compact_indices ? IndexCoding::kRice : IndexCoding::kPlain32;
-      auto encoded = EncodePush(t, grad, coding);
+      auto encoded = t.bucket != nullptr ? EncodeFusedPush(*t.bucket, grad, coding)
+                                         : EncodePush(t, grad, coding);
       if (!encoded.ok()) return fail(encoded.status());
       op->encoded = *std::move(encoded);
       ++t.traffic.pushes;
@@ -196,7 +206,9 @@ void Worker::Impl::SendPush(const std::shared_ptr<RunOp>& op, size_t i, int peer
   rt.step = std::max(rt.step, step + 1);
   rt.pull_floor = UINT64_MAX;
   flatbuffers::FlatBufferBuilder fbb(128);
-  auto body = msg::CreatePush(fbb, m.key, step, PayloadKindFor(CodecKind(t.spec.compression)));
+  auto body = msg::CreatePush(fbb, m.key, step,
+                              t.bucket != nullptr ? msg::PayloadKind::Segmented
+                                                  : PayloadKindFor(CodecKind(t.spec.compression)));
   const uint64_t id = transport_->NewRequestId();
   OutMessage msg = FinishEnvelope(fbb, transport_->self(), body, id, 0, op->encoded[i]);
   t.traffic.push_wire_bytes += msg.header.size() + op->encoded[i]->size();

@@ -14,6 +14,7 @@
 #define ADAPS_WORKER_TENSOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
@@ -51,6 +52,8 @@ struct SliceRt {
   uint64_t pull_floor = UINT64_MAX;  // a resync found the server behind: a pull alone waits for this
 };
 
+struct FusionBucket;  // worker/fusion.h
+
 struct Tensor {
   TensorSpec spec;
   uint64_t length = 0;
@@ -62,6 +65,11 @@ struct Tensor {
   CompressedUpdate update ABSL_GUARDED_BY(mu);
   TrafficCounters traffic ABSL_GUARDED_BY(mu);
   TensorMetrics metrics ABSL_GUARDED_BY(mu);  // mirrors `traffic` (worker/worker_metrics.h)
+  // Fusion (worker/fusion.h), set before the tensor is published: the bucket this tensor
+  // is (`bucket`) or is a member of (`fused_into`, as member `fusion_index`); else null.
+  FusionBucket* bucket = nullptr;
+  FusionBucket* fused_into = nullptr;
+  size_t fusion_index = 0;
 };
 
 // One Run (push and/or pull of every slice of a tensor) that outlives a server restart.
@@ -85,6 +93,9 @@ struct RunOp {
   const absl::Span<float> out;
   std::vector<SharedBytes> encoded;  // per slice (push): set before the first send
   std::promise<absl::Status> promise;
+  // Called once with the status the promise is set to, right after it (a fusion bucket's
+  // members learn their outcome this way). May be empty.
+  std::function<void(const absl::Status&)> on_done;
   absl::Mutex mu;
   absl::Time retry_until ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();  // first failure + timeout
   std::vector<Part> parts ABSL_GUARDED_BY(mu);
@@ -107,6 +118,7 @@ inline bool BeginWrite(RunOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op.mu) {
 inline void EndWrite(RunOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op.mu) {
   if (--op.writing == 0 && op.deferred.has_value()) {
     op.promise.set_value(*op.deferred);
+    if (op.on_done) op.on_done(*op.deferred);
     op.deferred.reset();
   }
 }
@@ -120,6 +132,7 @@ inline void Settle(RunOp& op, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_R
     op.deferred = status;
   } else {
     op.promise.set_value(status);
+    if (op.on_done) op.on_done(status);
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/kinds.h"
@@ -123,9 +124,20 @@ absl::Status Worker::Impl::Declare(const TensorSpec& spec, absl::Span<float> val
   if (Find(spec.name).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name, "' declared twice"));
   }
-  ADAPS_ASSIGN_OR_RETURN(std::unique_ptr<Tensor> tensor, NewTensor(spec, length));
-  ADAPS_RETURN_IF_ERROR(DeclareSlices(*tensor, values));
-  worker_metrics_->Attach(*tensor);
+  ADAPS_RET_CHECK(!absl::StartsWith(spec.name, kFusionPrefix), absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("tensor names starting with '", kFusionPrefix, "' are reserved"));
+  std::unique_ptr<Tensor> tensor;
+  bool fused = false;
+  if (spec.fuse && length * sizeof(float) < options_.fusion_threshold_bytes &&
+      length <= kFusionCapacity) {
+    ADAPS_ASSIGN_OR_RETURN(tensor, NewMember(spec, length));
+    ADAPS_RETURN_IF_ERROR(DeclareFused(*tensor, values, &fused));
+  }
+  if (!fused) {
+    ADAPS_ASSIGN_OR_RETURN(tensor, NewTensor(spec, length));
+    ADAPS_RETURN_IF_ERROR(DeclareSlices(*tensor, values));
+    worker_metrics_->Attach(*tensor);
+  }
   log_.get()->debug("declared '{}' ({} elements, {} slices)", spec.name, length,
                     tensor->meta.size());
   absl::MutexLock lock(&mu_);
@@ -184,6 +196,7 @@ absl::Status Worker::Impl::Checkpoint(const std::string& directory) {
 
 absl::StatusOr<TrafficCounters> Worker::Impl::Traffic(absl::string_view name) const {
   ADAPS_ASSIGN_OR_RETURN(Tensor * t, Find(name));
+  if (t->fused_into != nullptr) return FusedTraffic(*t);
   absl::MutexLock lock(&t->mu);
   return t->traffic;
 }

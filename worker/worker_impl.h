@@ -38,6 +38,7 @@
 #include "common/messages.h"
 #include "common/metrics.h"
 #include "common/transport.h"
+#include "worker/fusion.h"
 #include "worker/job_pool.h"
 #include "worker/tensor.h"
 #include "worker/worker_metrics.h"
@@ -106,6 +107,25 @@ class Worker::Impl {
   absl::Status ResyncSlices(Tensor& t, const std::vector<size_t>& slices);
   // ResyncSlices, asked again while the server answers kUnavailable, until `deadline`.
   absl::Status ResyncWithin(Tensor& t, const std::vector<size_t>& slices, absl::Time deadline);
+  // The body of Run for a tensor with its own slices (a bucket's internal one included);
+  // `on_done` (may be empty) is called once with the outcome.
+  std::future<absl::Status> RunTensor(Tensor& t, absl::Span<const float> grad,
+                                      absl::Span<float> out, bool push, bool pull,
+                                      std::function<void(const absl::Status&)> on_done);
+
+  // Fusion of small tensors (fusion.cc, worker/fusion.h). DeclareFused declares a member
+  // `t` (spec, length, compressor and residue set) into the open bucket, creating one when
+  // needed; false in *fused when the tensor cannot be fused (it is then declared as usual).
+  absl::Status DeclareFused(Tensor& t, absl::Span<float> values, bool* fused);
+  absl::StatusOr<std::unique_ptr<Tensor>> NewMember(const TensorSpec& spec, uint64_t length);
+  absl::StatusOr<FusionBucket*> OpenBucket(const Tensor& t);
+  std::future<absl::Status> RunFused(Tensor& member, absl::Span<const float> grad,
+                                     absl::Span<float> out, bool push, bool pull);
+  // I/O thread timer: fails the staged members of buckets incomplete past their deadline.
+  void ExpireFusion();
+  // Fails every staged member (Stop).
+  void FailStagedFusion(const absl::Status& status);
+
   // The first half of a Run (a pool thread; the caller with no pool): resynchronizes stale
   // slices, encodes the push. Returns the second half, run in call order: send every part,
   // or fail the future.
@@ -176,6 +196,10 @@ class Worker::Impl {
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Tensor>> tensors_ ABSL_GUARDED_BY(mu_);
+  // Fusion buckets (worker/fusion.h), in declaration order; the open one per pull format.
+  std::vector<std::unique_ptr<FusionBucket>> buckets_ ABSL_GUARDED_BY(mu_);
+  FusionBucket* open_bucket_[2] ABSL_GUARDED_BY(mu_) = {nullptr, nullptr};
+  bool fusion_off_ ABSL_GUARDED_BY(mu_) = false;  // a bucket was laid out as several slices
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   // This worker's secret from its latest view: proves to servers it is a worker of the job.
   std::string secret_ ABSL_GUARDED_BY(mu_);

@@ -15,8 +15,9 @@ bash "$repo/deploy/launch.sh" --bin "$bin" --servers 1 --workers 2 --timeout 240
   --mode=train --model=mlp --train_limit=16000 --epochs=3 --log_level=warn \
   --data_dir="$data" >"$out" 2>&1 &
 launch=$!
-# Wait for a checkpoint of the model (6 tensors), then kill the job's server.
-for _ in $(seq 600); do grep -q "checkpoint of 6 slices" "$out" && break; sleep 0.1; done
+# Wait for a checkpoint of the model (6 tensors; 3 slices with fusion of small tensors, the
+# default), then kill the job's server.
+for _ in $(seq 600); do grep -qE "checkpoint of (6|3) slices" "$out" && break; sleep 0.1; done
 pid=""
 for p in /proc/[0-9]*; do
   if { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -q -- "adaps-server .*--checkpoint_dir=$dir/ckpt"; then

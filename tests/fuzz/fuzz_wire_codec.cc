@@ -1,5 +1,6 @@
-// Fuzz target for the decoder of the sparse ternary (and every other) update encoding: the
-// bytes a server receives in each push and a worker in each recompressed pull. Decoding
+// Fuzz target for the decoder of the sparse ternary (and every other) update encoding, and
+// of segmented containers (fusion buckets): the bytes a server receives in each push and a
+// worker in each recompressed pull. Decoding
 // must never crash, read or write out of bounds, or write anything when it fails.
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +26,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (float v : dst) {
       if (v != 0.0f) std::abort();  // a failed decode wrote something
     }
+  }
+  if (header.ok() && header->segments > 0) {
+    // A segmented container (a fusion bucket): it adds iff its framing and every segment
+    // are valid, and what adds re-encodes to a container with the same segments.
+    if (decoded.ok()) std::abort();  // never a single update
+    auto views = adaps::SplitSegmented(bytes);
+    bool valid = views.ok() && header->length == n;
+    std::vector<adaps::WireSegment> table;
+    std::vector<absl::Span<const uint8_t>> parts;
+    if (views.ok()) {
+      for (const adaps::SegmentView& v : *views) {
+        adaps::CompressedUpdate part;
+        valid = valid && adaps::DecodeUpdate(v.bytes, &part).ok();
+        table.push_back(v.segment);
+        parts.push_back(v.bytes);
+      }
+    }
+    if (added.ok() != valid) std::abort();
+    if (valid) {
+      std::vector<uint8_t> again;
+      if (!adaps::EncodeSegmented(table, parts, &again).ok()) std::abort();
+      auto twice = adaps::SplitSegmented(again);
+      if (!twice.ok() || twice->size() != table.size()) std::abort();
+    }
+    return 0;
   }
   if (added.ok() != (decoded.ok() && header->length == n)) std::abort();
 

@@ -161,5 +161,26 @@ int main(int argc, char** argv) {
   Write("ack", MakeAck(sched, 3));
   Write("error", MakeError(sched, 3, absl::DataLossError("seed")));
   Write("three_frames", MakeAck(worker, 0), 2);
+  {
+    // A fusion bucket (slice 2, capacity 100) with two members, rank 0's values of the last.
+    flatbuffers::FlatBufferBuilder b;
+    std::vector<msg::Segment> segs = {msg::Segment(40, 8), msg::Segment(24, 8)};
+    auto x = msg::CreateDeclareSlice(b, 2, b.CreateString("adaps.fusion/0"), 100, 1, true,
+                                     b.CreateString(""), b.CreateVectorOfStructs(segs));
+    std::vector<float> init(24, 0.25f);
+    Write("declare_slice_bucket", FinishEnvelope(b, worker, x, id++, 0, FloatsToBytes(init)));
+  }
+  {
+    // Its push: a segmented container of an AdaComp and a dense member.
+    SharedBytes a = Encoded(CompressorKind::kAdaComp, 40, IndexCoding::kRice);
+    SharedBytes d = Encoded(CompressorKind::kDense, 24, IndexCoding::kRice);
+    const std::vector<WireSegment> table = {{40, 8}, {24, 8}};
+    const std::vector<absl::Span<const uint8_t>> parts = {*a, *d};
+    auto bytes = std::make_shared<Bytes>();
+    if (!EncodeSegmented(table, parts, bytes.get()).ok()) return 1;
+    flatbuffers::FlatBufferBuilder b;
+    auto x = msg::CreatePush(b, 2, 0, msg::PayloadKind::Segmented);
+    Write("push_segmented", FinishEnvelope(b, worker, x, id++, 0, bytes));
+  }
   return 0;
 }

@@ -15,6 +15,9 @@ int main(int argc, char** argv) {
   }
   std::vector<float> g(300);
   for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>((i * 37) % 23) - 11.0f;
+  // A segmented container (a fusion bucket) of one update of each kind, Rice-coded.
+  std::vector<std::vector<uint8_t>> parts;
+  std::vector<adaps::WireSegment> table;
   for (auto kind : {adaps::CompressorKind::kDense, adaps::CompressorKind::kAdaComp,
                     adaps::CompressorKind::kTopK, adaps::CompressorKind::kSign}) {
     adaps::CompressorOptions o;
@@ -28,11 +31,20 @@ int main(int argc, char** argv) {
     for (auto coding : {adaps::IndexCoding::kRice, adaps::IndexCoding::kPlain32}) {
       std::vector<uint8_t> bytes;
       if (!adaps::EncodeUpdate(u, coding, &bytes).ok()) return 1;
+      if (coding == adaps::IndexCoding::kRice) {
+        parts.push_back(bytes);
+        table.push_back(adaps::WireSegment{static_cast<uint32_t>(g.size()), 50});
+      }
       const std::string name = std::string(argv[1]) + "/" + adaps::CompressorKindName(kind) +
                                (coding == adaps::IndexCoding::kRice ? "_rice" : "_plain32");
       std::ofstream(name, std::ios::binary)
           .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
     }
   }
+  std::vector<absl::Span<const uint8_t>> spans(parts.begin(), parts.end());
+  std::vector<uint8_t> bytes;
+  if (!adaps::EncodeSegmented(table, spans, &bytes).ok()) return 1;
+  std::ofstream(std::string(argv[1]) + "/segmented_rice", std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   return 0;
 }

@@ -367,3 +367,48 @@ TEST(ServerEngine, TwoWorkersTrainSeveralTensorsOnTwoEngineThreadsExactly) {
 
 }  // namespace
 }  // namespace adaps
+
+namespace adaps {
+namespace {
+
+// A fusion bucket's declaration as the I/O thread routes it (server/engine_thread.cc).
+uint64_t DeclareBucket(EngineHarness& h, uint64_t id, std::vector<WireSegment> table,
+                       std::vector<float> init, uint32_t capacity = 100) {
+  EngineWork w;
+  w.kind = EngineWork::Kind::kDeclare;
+  w.key = 9;
+  w.route = "worker";
+  w.request_id = id;
+  w.name = "adaps.fusion/0";
+  w.length = capacity;
+  w.bin_size = 1;
+  w.segments = std::move(table);
+  w.has_init = !init.empty();
+  if (w.has_init) {
+    auto bytes = std::make_shared<Bytes>(init.size() * sizeof(float));
+    std::memcpy(bytes->data(), init.data(), bytes->size());
+    w.bytes = bytes;
+  }
+  EXPECT_TRUE(h.engine->Submit(h.engine->AssignOwner(9), std::move(w)));
+  return id;
+}
+
+TEST(Engine, ABucketGrowsMemberByMemberAndRefusesBadTables) {
+  EngineHarness h(1);
+  const std::vector<float> a(10, 1.5f), b(6, -2.0f);
+  h.ExpectAck(DeclareBucket(h, 1001, {{10, 5}}, a));
+  h.ExpectAck(DeclareBucket(h, 1002, {{10, 5}, {6, 50}}, {}));  // another worker, first
+  h.ExpectAck(DeclareBucket(h, 1003, {{10, 5}, {6, 50}}, b));   // rank 0
+  EXPECT_EQ(h.sink.Wait(DeclareBucket(h, 1004, {{10, 5}, {6, 50}, {90, 5}}, {})).status.code(),
+            absl::StatusCode::kInvalidArgument);  // past its capacity
+  EXPECT_EQ(h.sink.Wait(DeclareBucket(h, 1005, {{10, 6}}, {})).status.code(),
+            absl::StatusCode::kInvalidArgument);  // contradicts the table
+  EXPECT_EQ(h.sink.Wait(DeclareBucket(h, 1006, {{10, 5}, {6, 50}, {3, 5}}, {1.0f})).status.code(),
+            absl::StatusCode::kInvalidArgument);  // values of another length than the last
+  std::vector<float> want = a;
+  want.insert(want.end(), b.begin(), b.end());
+  EXPECT_EQ(h.Answer(h.Pull(9, 0)).second, want);
+}
+
+}  // namespace
+}  // namespace adaps

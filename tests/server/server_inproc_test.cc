@@ -44,6 +44,7 @@ class ServerInproc : public ::testing::Test {
     wo.context = context_;
     wo.request_timeout = absl::Seconds(2);
     wo.log_level = "warn";
+    wo.fusion_threshold_bytes = 0;  // the tests send their own pushes to "t"'s plain slice
     auto worker = Worker::Create(wo);
     start.join();
     ASSERT_TRUE(server_status.ok()) << server_status;

@@ -219,7 +219,8 @@ std::unique_ptr<PyWorker> CreateWorker(const std::string& scheduler, const std::
 
 void Declare(PyWorker& self, const std::string& name, py::object values,
              std::optional<std::vector<int64_t>> shape, uint32_t bin_size,
-             const std::string& compression, double topk_fraction, const std::string& pull) {
+             const std::string& compression, double topk_fraction, const std::string& pull,
+             bool fuse) {
   Borrowed v = Borrow(values, /*writable=*/true, "declare: values");
   TensorSpec spec;
   spec.name = name;
@@ -229,6 +230,7 @@ void Declare(PyWorker& self, const std::string& name, py::object values,
   spec.compression = ParseCompression(compression);
   spec.topk_fraction = topk_fraction;
   spec.pull = ParsePull(pull);
+  spec.fuse = fuse;
   Worker& worker = self.get();
   absl::Status status;
   {
@@ -336,7 +338,7 @@ void DefineModule(py::module_& m) {
       .def_property_readonly("num_servers", [](PyWorker& w) { return w.get().num_servers(); })
       .def("declare", &Declare, py::arg("name"), py::arg("values"), py::arg("shape") = py::none(),
            py::arg("bin_size") = 500, py::arg("compression") = "adacomp",
-           py::arg("topk_fraction") = 0.001, py::arg("pull") = "dense")
+           py::arg("topk_fraction") = 0.001, py::arg("pull") = "dense", py::arg("fuse") = true)
       .def("push_pull", &PushPull, py::arg("name"), py::arg("grad"), py::arg("out"))
       .def("push", &Push, py::arg("name"), py::arg("grad"))
       .def("pull", &Pull, py::arg("name"), py::arg("out"))

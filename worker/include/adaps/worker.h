@@ -56,6 +56,13 @@ struct WorkerOptions {
   absl::Duration request_timeout = absl::Seconds(30);
   // Compact (Rice) index coding on the wire; false sends plain 32-bit indices.
   bool compact_indices = true;
+  // Fusion of small tensors (docs/architecture.md "Fusion"): tensors of fewer bytes than
+  // this travel together in one push and one pull message per step (a bucket on one
+  // server), each keeping its own residue and bin size. 0 turns fusion off. Every fused
+  // tensor must then be given (PushPull, Push or Pull: the same for all) once per step: the
+  // bucket is sent when all its members were given, and fails with kDeadlineExceeded when
+  // that did not happen within request_timeout.
+  uint64_t fusion_threshold_bytes = 64 * 1024;
   std::string log_level = "info";
   std::shared_ptr<TransportContext> context;  // null: the worker makes its own
   // ZeroMQ CURVE (Z85 keys, 40 characters; see docs/reliability.md): set all three to
@@ -90,6 +97,10 @@ struct TensorSpec {
   Compression compression = Compression::kAdaComp;
   double topk_fraction = 0.001;
   PullFormat pull = PullFormat::kDense;
+  // Whether this tensor may be fused with other small ones (WorkerOptions::
+  // fusion_threshold_bytes). false for a tensor not given every step, e.g. one only declared
+  // to broadcast rank 0's values: a bucket waits for all its members.
+  bool fuse = true;
 };
 
 // Traffic of one tensor since it was declared. Wire bytes count every frame (FlatBuffers

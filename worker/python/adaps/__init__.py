@@ -10,10 +10,11 @@ Worker(scheduler, identity="", register_timeout=60.0, request_timeout=30.0,
     Registers with the scheduler and returns once the cluster formed.
     .rank, .num_workers, .num_servers
     .declare(name, values, shape=None, bin_size=500, compression="adacomp",
-             topk_fraction=0.001, pull="dense")
+             topk_fraction=0.001, pull="dense", fuse=True)
         Collective (every worker, same order). Rank 0's `values` become the initial
         parameters; `values` is overwritten in place with them on every worker.
         compression: dense, adacomp, topk, sign. pull: dense, recompressed.
+        fuse=False keeps a small tensor out of fusion buckets (one not pushed every step).
     .push_pull(name, grad, out) / .push(name, grad) / .pull(name, out) -> Handle
         Asynchronous; the library reads `grad` before the call returns and writes `out`
         before the handle is done. Handle.wait(timeout=None) raises adaps.Error.

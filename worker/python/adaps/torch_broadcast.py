@@ -44,7 +44,8 @@ def _broadcast_bytes(worker, data, nbytes):
         if nbytes % 2:
             raw = np.concatenate([raw, np.zeros(1, dtype=np.uint8)])
         values[:n16] = raw.view(np.uint16).astype(np.float32)
-    worker.declare(_next_name(worker), values, compression="dense")
+    # Only declared (never pushed): kept out of fusion buckets, which wait for every member.
+    worker.declare(_next_name(worker), values, compression="dense", fuse=False)
     if not np.all((values >= 0) & (values <= 65535) & (values == np.floor(values))):
         raise RuntimeError("adaps.torch: a broadcast arrived damaged (not 16-bit integers)")
     return values[:n16].astype(np.uint16).tobytes()[:nbytes]

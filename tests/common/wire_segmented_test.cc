@@ -1,0 +1,190 @@
+// Segmented containers of the wire codec (common/wire_codec.h): a fusion bucket's payload.
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/status_macros.h"
+#include "common/wire_codec.h"
+#include "common/wire_internal.h"
+#include "gtest/gtest.h"
+
+namespace adaps {
+namespace {
+
+std::vector<float> Gradient(uint32_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> g(n);
+  for (float& v : g) v = normal(rng);
+  return g;
+}
+
+std::vector<uint8_t> Encoded(CompressorKind kind, uint32_t n, uint32_t bin, uint32_t seed) {
+  const std::vector<float> g = Gradient(n, seed);
+  std::vector<uint8_t> out;
+  if (kind == CompressorKind::kDense) {
+    EXPECT_TRUE(EncodeDense(g, IndexCoding::kRice, &out).ok());
+    return out;
+  }
+  CompressorOptions o;
+  o.kind = kind;
+  o.bin_size = bin;
+  o.topk_fraction = 0.1;
+  auto c = MakeCompressor(o);
+  SliceState state(n);
+  CompressedUpdate u;
+  EXPECT_TRUE((*c)->Compress(g, state, u).ok());
+  EXPECT_TRUE(EncodeUpdate(u, IndexCoding::kRice, &out).ok());
+  return out;
+}
+
+struct Bucket {
+  std::vector<WireSegment> table;
+  std::vector<std::vector<uint8_t>> parts;
+  std::vector<uint8_t> bytes;
+  uint32_t total = 0;
+};
+
+// An AdaComp member (bin 50), a dense one, a Top-k one and a tiny AdaComp one (bin 500).
+Bucket ThreeKinds() {
+  Bucket b;
+  b.table = {{120, 50}, {7, 1}, {40, 9}, {3, 500}};
+  b.parts = {Encoded(CompressorKind::kAdaComp, 120, 50, 1), Encoded(CompressorKind::kDense, 7, 1, 2),
+             Encoded(CompressorKind::kTopK, 40, 9, 3), Encoded(CompressorKind::kAdaComp, 3, 500, 4)};
+  std::vector<absl::Span<const uint8_t>> spans(b.parts.begin(), b.parts.end());
+  EXPECT_TRUE(EncodeSegmented(b.table, spans, &b.bytes).ok());
+  for (const WireSegment& s : b.table) b.total += s.length;
+  return b;
+}
+
+// A container written by hand: header, the given table (length, bin, bytes) and body.
+std::vector<uint8_t> Handmade(uint32_t total, uint32_t n, const std::vector<uint32_t>& table,
+                              const std::vector<uint8_t>& body) {
+  std::vector<uint8_t> out = {kWireMagic, kWireFormatVersion, kSegmentedKind, 0};
+  wire_internal::PutVarint(&out, total);
+  wire_internal::PutVarint(&out, n);
+  for (uint32_t v : table) wire_internal::PutVarint(&out, v);
+  out.insert(out.end(), body.begin(), body.end());
+  return out;
+}
+
+TEST(WireSegmented, AddsEachSegmentAtItsOffsetBitForBitAsSeparateUpdates) {
+  const Bucket b = ThreeKinds();
+  std::vector<float> fused = Gradient(b.total, 9), separate = fused;
+  ASSERT_TRUE(DecodeAdd(b.bytes, 0.5f, absl::MakeSpan(fused)).ok());
+  size_t at = 0;
+  for (size_t i = 0; i < b.parts.size(); ++i) {
+    ASSERT_TRUE(
+        DecodeAdd(b.parts[i], 0.5f, absl::MakeSpan(separate.data() + at, b.table[i].length)).ok());
+    at += b.table[i].length;
+  }
+  EXPECT_EQ(0, std::memcmp(fused.data(), separate.data(), fused.size() * sizeof(float)));
+}
+
+TEST(WireSegmented, SplitReturnsTheTableAndEachSegmentsBytes) {
+  const Bucket b = ThreeKinds();
+  auto views = SplitSegmented(b.bytes);
+  ASSERT_TRUE(views.ok()) << views.status();
+  ASSERT_EQ(views->size(), b.parts.size());
+  for (size_t i = 0; i < b.parts.size(); ++i) {
+    EXPECT_EQ((*views)[i].segment, b.table[i]);
+    EXPECT_EQ(std::vector<uint8_t>((*views)[i].bytes.begin(), (*views)[i].bytes.end()),
+              b.parts[i]);
+  }
+  auto header = PeekHeader(b.bytes);
+  ASSERT_TRUE(header.ok());
+  EXPECT_EQ(header->length, b.total);
+  EXPECT_EQ(header->segments, b.parts.size());
+}
+
+TEST(WireSegmented, IsNotASingleUpdate) {
+  const Bucket b = ThreeKinds();
+  CompressedUpdate u;
+  EXPECT_EQ(DecodeUpdate(b.bytes, &u).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SplitSegmented(b.parts[0]).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WireSegmented, EncoderRefusesPartsThatDoNotMatchTheTable) {
+  const Bucket b = ThreeKinds();
+  std::vector<absl::Span<const uint8_t>> spans(b.parts.begin(), b.parts.end());
+  std::vector<uint8_t> out;
+  std::vector<WireSegment> table = b.table;
+  table[1].length = 8;  // the dense part holds 7
+  EXPECT_EQ(EncodeSegmented(table, spans, &out).code(), absl::StatusCode::kInvalidArgument);
+  table = b.table;
+  table[0].bin_size = 51;  // the AdaComp part says 50
+  EXPECT_EQ(EncodeSegmented(table, spans, &out).code(), absl::StatusCode::kInvalidArgument);
+  spans[2] = b.bytes;  // nested
+  EXPECT_EQ(EncodeSegmented(b.table, spans, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeSegmented({}, {}, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(out.empty());
+}
+
+// Every hostile container is kDataLoss and leaves the destination as it was.
+void ExpectRefused(const std::vector<uint8_t>& bytes, uint32_t total, const char* why) {
+  std::vector<float> dst = Gradient(total, 5);
+  const std::vector<float> before = dst;
+  const absl::Status st = DecodeAdd(bytes, 1.0f, absl::MakeSpan(dst));
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << why << ": " << st;
+  EXPECT_EQ(0, std::memcmp(dst.data(), before.data(), dst.size() * sizeof(float))) << why;
+}
+
+TEST(WireSegmented, HostileTablesAreDataLossAndChangeNothing) {
+  const std::vector<uint8_t> a = Encoded(CompressorKind::kAdaComp, 10, 50, 1);
+  const std::vector<uint8_t> d = Encoded(CompressorKind::kDense, 4, 1, 2);
+  std::vector<uint8_t> both = a;
+  both.insert(both.end(), d.begin(), d.end());
+  const uint32_t na = a.size(), nd = d.size();
+  // The well-formed one decodes.
+  std::vector<float> dst(14);
+  ASSERT_TRUE(DecodeAdd(Handmade(14, 2, {10, 50, na, 4, 1, nd}, both), 1.0f,
+                        absl::MakeSpan(dst)).ok());
+  ExpectRefused(Handmade(14, 0, {}, both), 14, "no segments");
+  ExpectRefused(Handmade(14, 15, {10, 50, na, 4, 1, nd}, both), 14, "more segments than elements");
+  ExpectRefused(Handmade(14, 1000000, {10, 50, na, 4, 1, nd}, both), 14, "huge count");
+  ExpectRefused(Handmade(14, 2, {10, 50, na, 5, 1, nd}, both), 14, "lengths exceed the total");
+  ExpectRefused(Handmade(14, 2, {9, 50, na, 5, 1, nd}, both), 14, "a part of another length");
+  ExpectRefused(Handmade(14, 2, {10, 51, na, 4, 1, nd}, both), 14, "another bin size");
+  ExpectRefused(Handmade(14, 2, {10, 0, na, 4, 1, nd}, both), 14, "bin size 0");
+  ExpectRefused(Handmade(14, 2, {0, 50, na, 14, 1, nd}, both), 14, "an empty segment");
+  ExpectRefused(Handmade(14, 2, {10, 50, na + 1, 4, 1, nd}, both), 14, "bytes past the end");
+  ExpectRefused(Handmade(14, 2, {10, 50, na - 1, 4, 1, nd + 1}, both), 14, "a shifted boundary");
+  ExpectRefused(Handmade(14, 2, {10, 50, na, 4, 1, nd - 1}, both), 14, "bytes left over");
+  ExpectRefused(Handmade(14, 2, {10, 50, 0xffffffffu, 4, 1, nd}, both), 14, "a huge byte count");
+  std::vector<uint8_t> nested = Handmade(4, 1, {4, 1, nd}, d);
+  ExpectRefused(Handmade(14, 2, {10, 50, na, 4, 1, static_cast<uint32_t>(nested.size())},
+                         [&] { auto v = a; v.insert(v.end(), nested.begin(), nested.end()); return v; }()),
+                14, "a nested container");
+  std::vector<uint8_t> bad_coding = Handmade(14, 2, {10, 50, na, 4, 1, nd}, both);
+  bad_coding[3] = 1;
+  ExpectRefused(bad_coding, 14, "a coding byte");
+}
+
+TEST(WireSegmented, EveryTruncationIsRefusedAndChangesNothing) {
+  const Bucket b = ThreeKinds();
+  for (size_t n = 0; n < b.bytes.size(); ++n) {
+    std::vector<uint8_t> cut(b.bytes.begin(), b.bytes.begin() + n);
+    std::vector<float> dst = Gradient(b.total, 5);
+    const std::vector<float> before = dst;
+    EXPECT_FALSE(DecodeAdd(cut, 1.0f, absl::MakeSpan(dst)).ok()) << n;
+    EXPECT_EQ(0, std::memcmp(dst.data(), before.data(), dst.size() * sizeof(float))) << n;
+  }
+}
+
+TEST(WireSegmented, RandomDamageNeverWritesOnError) {
+  const Bucket b = ThreeKinds();
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::vector<uint8_t> bytes = b.bytes;
+    const int flips = 1 + trial % 3;
+    for (int f = 0; f < flips; ++f) bytes[rng() % bytes.size()] ^= uint8_t(1u << (rng() % 8));
+    std::vector<float> dst = Gradient(b.total, 5);
+    const std::vector<float> before = dst;
+    if (!DecodeAdd(bytes, 1.0f, absl::MakeSpan(dst)).ok()) {
+      EXPECT_EQ(0, std::memcmp(dst.data(), before.data(), dst.size() * sizeof(float)));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace adaps

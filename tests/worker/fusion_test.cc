@@ -1,0 +1,326 @@
+// Fusion of small tensors (worker/fusion.h) against an in-process cluster (a Scheduler, two
+// Servers with momentum SGD, one Worker over inproc://): a fused run is bit for bit the
+// unfused one (fusion_threshold_bytes 0), a step is one push message for all the small
+// tensors, and misuse (a member given twice, a bucket left incomplete) fails cleanly.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "adaps/worker.h"
+#include "common/metrics.h"
+#include "common/status_macros.h"
+#include "common/transport.h"
+#include "gtest/gtest.h"
+#include "scheduler/scheduler.h"
+#include "server/server.h"
+
+namespace adaps {
+namespace {
+
+constexpr int kServers = 2;
+
+// The sum of every adaps_server_pushes_total series served on 127.0.0.1:port; -1 on failure.
+double ServerPushes(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buf[4096];
+      ssize_t got;
+      while ((got = read(fd, buf, sizeof(buf))) > 0) response.append(buf, got);
+    }
+  }
+  close(fd);
+  double sum = 0;
+  for (absl::string_view line : absl::StrSplit(response, '\n')) {
+    if (!absl::StartsWith(line, "adaps_server_pushes_total")) continue;
+    double v = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) sum += v;
+  }
+  return sum;
+}
+
+struct Member {
+  std::string name;
+  int64_t length;
+  uint32_t bin;
+  Compression compression;
+};
+
+// Three AdaComp members with different bin sizes, a dense one, and one above the threshold.
+const std::vector<Member> kMembers = {{"fc.w", 300, 50, Compression::kAdaComp},
+                                      {"fc.b", 10, 500, Compression::kAdaComp},
+                                      {"conv.w", 120, 50, Compression::kAdaComp},
+                                      {"bn", 6, 50, Compression::kDense},
+                                      {"big", 20000, 500, Compression::kAdaComp}};
+
+class Cluster {
+ public:
+  absl::Status Start(uint64_t fusion_threshold, PullFormat pull,
+                     absl::Duration timeout = absl::Seconds(10),
+                     const std::vector<Member>& members = kMembers) {
+    members_ = members;
+    context_ = std::make_shared<TransportContext>(1);
+    SchedulerConfig sc;
+    sc.bind = "inproc://scheduler";
+    sc.num_servers = kServers;
+    sc.heartbeat_interval = absl::Milliseconds(100);
+    sc.dead_timeout = absl::Seconds(5);
+    sc.log_level = "warn";
+    scheduler_ = std::make_unique<Scheduler>(sc, context_);
+    ADAPS_RETURN_IF_ERROR(scheduler_->Start());
+    std::vector<absl::Status> server_status(kServers);
+    std::vector<std::thread> starts;
+    for (int s = 0; s < kServers; ++s) {
+      MetricsOptions mo;
+      mo.port = 0;
+      mo.host = "127.0.0.1";
+      mo.role = "server";
+      mo.rank = s;
+      ADAPS_ASSIGN_OR_RETURN(std::unique_ptr<Metrics> m, Metrics::Create(mo));
+      metrics_.push_back(std::move(m));
+      ServerConfig vc;
+      vc.scheduler = "inproc://scheduler";
+      vc.bind = "inproc://server" + std::to_string(s);
+      vc.optimizer.kind = OptimizerKind::kMomentum;
+      vc.optimizer.learning_rate = 0.1f;
+      vc.optimizer.momentum = 0.9f;
+      vc.log_level = "warn";
+      servers_.push_back(std::make_unique<Server>(vc, context_, metrics_.back().get()));
+    }
+    for (int s = 0; s < kServers; ++s) {
+      starts.emplace_back([&, s] { server_status[s] = servers_[s]->Start(); });
+    }
+    WorkerOptions wo;
+    wo.scheduler = "inproc://scheduler";
+    wo.context = context_;
+    wo.request_timeout = timeout;
+    wo.log_level = "error";
+    wo.fusion_threshold_bytes = fusion_threshold;
+    auto worker = Worker::Create(wo);
+    for (auto& t : starts) t.join();
+    for (const auto& st : server_status) ADAPS_RETURN_IF_ERROR(st);
+    ADAPS_RETURN_IF_ERROR(worker.status());
+    worker_ = *std::move(worker);
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal;
+    for (const Member& m : members_) {
+      std::vector<float> init(m.length);
+      for (float& x : init) x = normal(rng);
+      ADAPS_RETURN_IF_ERROR(
+          worker_->Declare({m.name, {m.length}, m.bin, m.compression, 0.01, pull},
+                           absl::MakeSpan(init)));
+      params_[m.name] = init;
+    }
+    return absl::OkStatus();
+  }
+
+  ~Cluster() {
+    if (worker_) {
+      EXPECT_TRUE(worker_->Stop().ok());
+    }
+    if (scheduler_) {
+      EXPECT_TRUE(scheduler_->WaitForShutdown(absl::Seconds(5)));
+    }
+    for (auto& s : servers_) EXPECT_TRUE(s->WaitForShutdown(absl::Seconds(5)));
+  }
+
+  // One PushPull of every member (all in flight at once), gradients from `rng`.
+  absl::Status Step(std::mt19937& rng) {
+    std::normal_distribution<float> normal(0.0f, 0.1f);
+    std::map<std::string, std::vector<float>> grads;
+    std::vector<std::future<absl::Status>> futures;
+    for (const Member& m : members_) {
+      std::vector<float>& g = grads[m.name];
+      g.resize(m.length);
+      for (float& x : g) x = normal(rng);
+      futures.push_back(worker_->PushPull(m.name, g, absl::MakeSpan(params_[m.name])));
+    }
+    absl::Status status;
+    for (auto& f : futures) status.Update(f.get());
+    return status;
+  }
+
+  double Pushes() {
+    double sum = 0;
+    for (auto& m : metrics_) sum += ServerPushes(m->port());
+    return sum;
+  }
+
+  Worker& worker() { return *worker_; }
+  const std::vector<float>& params(const std::string& name) { return params_[name]; }
+
+ private:
+  std::shared_ptr<TransportContext> context_;
+  std::vector<std::unique_ptr<Metrics>> metrics_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::vector<std::unique_ptr<Server>> servers_;
+  std::unique_ptr<Worker> worker_;
+  std::map<std::string, std::vector<float>> params_;
+  std::vector<Member> members_;
+};
+
+void ExpectFusedRunIsTheUnfusedOne(PullFormat pull) {
+  std::map<std::string, std::vector<float>> reference;
+  std::vector<TrafficCounters> traffic[2];
+  for (uint64_t threshold : {uint64_t{0}, uint64_t{64 * 1024}}) {
+    Cluster c;
+    ASSERT_TRUE(c.Start(threshold, pull).ok());
+    std::mt19937 rng(5);
+    for (int step = 0; step < 40; ++step) ASSERT_TRUE(c.Step(rng).ok()) << step;
+    for (const Member& m : kMembers) {
+      if (threshold == 0) {
+        reference[m.name] = c.params(m.name);
+        continue;
+      }
+      const std::vector<float>& got = c.params(m.name);
+      ASSERT_EQ(got.size(), reference[m.name].size());
+      EXPECT_EQ(0, std::memcmp(got.data(), reference[m.name].data(), got.size() * sizeof(float)))
+          << m.name;
+      auto t = c.worker().Traffic(m.name);
+      ASSERT_TRUE(t.ok());
+      EXPECT_EQ(t->pushes, 40u);
+      EXPECT_EQ(t->pulls, 40u);
+      EXPECT_EQ(t->push_dense_bytes, 40u * 4 * m.length);
+    }
+  }
+}
+
+TEST(Fusion, AFusedRunIsBitForBitTheUnfusedRun) { ExpectFusedRunIsTheUnfusedOne(PullFormat::kDense); }
+
+TEST(Fusion, AFusedRunWithRecompressedPullsIsBitForBitTheUnfusedRun) {
+  ExpectFusedRunIsTheUnfusedOne(PullFormat::kRecompressed);
+}
+
+TEST(Fusion, SendsOnePushPerStepForAllSmallTensors) {
+  for (uint64_t threshold : {uint64_t{0}, uint64_t{64 * 1024}}) {
+    Cluster c;
+    ASSERT_TRUE(c.Start(threshold, PullFormat::kDense).ok());
+    const double before = c.Pushes();
+    std::mt19937 rng(5);
+    for (int step = 0; step < 10; ++step) ASSERT_TRUE(c.Step(rng).ok());
+    // "big" is one slice (under the split threshold); the four small ones are one bucket.
+    const double per_step = threshold == 0 ? 1 + 4 : 1 + 1;
+    EXPECT_EQ(c.Pushes() - before, 10 * per_step) << "threshold " << threshold;
+    // The small members' pushes show no rate below 1 (the header is shared).
+    if (threshold != 0) {
+      for (const char* name : {"fc.w", "fc.b", "conv.w"}) {
+        auto t = c.worker().Traffic(name);
+        ASSERT_TRUE(t.ok());
+        EXPECT_LT(t->push_wire_bytes, t->push_dense_bytes) << name;
+      }
+    }
+  }
+}
+
+// A member of two floats: its AdaComp encoding (14 bytes) is larger than its dense one (13),
+// so every step it is sent dense with all its residue, which stays zero: exactly what a
+// dense tensor of its own would do.
+TEST(Fusion, AMemberWhoseEncodingWouldExceedItsDenseBytesIsSentDenseWithItsResidue) {
+  std::vector<float> fused, dense;
+  uint64_t fused_wire = 0, dense_wire = 0;
+  for (Compression tiny : {Compression::kDense, Compression::kAdaComp}) {
+    Cluster c;
+    const std::vector<Member> members = {{"tiny", 2, 500, tiny},
+                                         {"fc.b", 10, 500, Compression::kAdaComp}};
+    ASSERT_TRUE(c.Start(tiny == Compression::kDense ? 0 : 64 * 1024, PullFormat::kDense,
+                        absl::Seconds(10), members)
+                    .ok());
+    std::mt19937 rng(5);
+    for (int step = 0; step < 20; ++step) ASSERT_TRUE(c.Step(rng).ok());
+    (tiny == Compression::kDense ? dense : fused) = c.params("tiny");
+    auto t = c.worker().Traffic("tiny");
+    ASSERT_TRUE(t.ok());
+    (tiny == Compression::kDense ? dense_wire : fused_wire) = t->push_wire_bytes;
+  }
+  // Its dense segment and a share of the bucket's envelope cost less than its own message.
+  EXPECT_LT(fused_wire, dense_wire);
+  ASSERT_EQ(fused.size(), 2u);
+  EXPECT_EQ(0, std::memcmp(fused.data(), dense.data(), 2 * sizeof(float)));
+}
+
+TEST(Fusion, AMemberGivenTwiceBeforeTheBucketIsCompleteFailsCleanly) {
+  Cluster c;
+  ASSERT_TRUE(c.Start(64 * 1024, PullFormat::kDense).ok());
+  std::vector<float> g(10, 0.5f), out(10);
+  auto first = c.worker().PushPull("fc.b", g, absl::MakeSpan(out));
+  auto second = c.worker().PushPull("fc.b", g, absl::MakeSpan(out));
+  EXPECT_EQ(second.get().code(), absl::StatusCode::kFailedPrecondition);
+  // A Push of another member in a PushPull step is refused too.
+  std::vector<float> g2(300, 0.5f);
+  EXPECT_EQ(c.worker().Push("fc.w", g2).get().code(), absl::StatusCode::kFailedPrecondition);
+  // The step still completes once every member was given.
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  std::vector<std::vector<float>> bufs;
+  std::vector<std::future<absl::Status>> rest;
+  for (const Member& m : kMembers) {
+    if (m.name == "fc.b") continue;
+    bufs.emplace_back(m.length, 0.1f);
+    rest.push_back(c.worker().PushPull(m.name, bufs.back(), absl::MakeSpan(bufs.back())));
+  }
+  EXPECT_TRUE(first.get().ok());
+  for (auto& f : rest) EXPECT_TRUE(f.get().ok());
+}
+
+TEST(Fusion, ABucketLeftIncompleteFailsItsMembersAfterTheRequestTimeout) {
+  Cluster c;
+  ASSERT_TRUE(c.Start(64 * 1024, PullFormat::kDense, absl::Milliseconds(600)).ok());
+  std::vector<float> g(10, 0.5f), out(10, 7.0f);
+  auto f = c.worker().PushPull("fc.b", g, absl::MakeSpan(out));
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  const absl::Status st = f.get();
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(st.message().find("fc.w"), absl::string_view::npos) << st;
+  EXPECT_EQ(out[0], 7.0f);
+}
+
+TEST(Fusion, ATensorDeclaredWithFuseFalseStaysOutOfTheBucketsAndNeedNotBeGiven) {
+  Cluster c;
+  ASSERT_TRUE(c.Start(64 * 1024, PullFormat::kDense).ok());
+  std::vector<float> v(4, 3.0f);
+  TensorSpec spec{"broadcast", {4}, 500, Compression::kDense};
+  spec.fuse = false;
+  ASSERT_TRUE(c.worker().Declare(spec, absl::MakeSpan(v)).ok());
+  std::mt19937 rng(5);
+  for (int step = 0; step < 3; ++step) ASSERT_TRUE(c.Step(rng).ok());  // never gives it
+  auto t = c.worker().Traffic("broadcast");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->pushes, 0u);
+}
+
+TEST(Fusion, TensorNamesAndSlicesShowTheMembers) {
+  Cluster c;
+  ASSERT_TRUE(c.Start(64 * 1024, PullFormat::kDense).ok());
+  std::vector<std::string> names = c.worker().TensorNames();
+  EXPECT_EQ(names.size(), kMembers.size());
+  for (const std::string& n : names) EXPECT_EQ(n.find("adaps.fusion"), std::string::npos);
+  auto slices = c.worker().Slices("fc.b");
+  ASSERT_TRUE(slices.ok());
+  ASSERT_EQ(slices->size(), 1u);
+  EXPECT_EQ((*slices)[0].length, 10u);
+  std::vector<float> v(4);
+  EXPECT_EQ(c.worker().Declare({"adaps.fusion/9", {4}}, absl::MakeSpan(v)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace adaps

@@ -1,0 +1,364 @@
+// Fusion of small tensors (worker/fusion.h): declaring members into buckets, staging their
+// Runs, and encoding a bucket's push.
+#include "worker/fusion.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "worker/kinds.h"
+#include "worker/worker_impl.h"
+
+namespace adaps {
+namespace {
+
+std::future<absl::Status> ReadyStatus(absl::Status status) {
+  std::promise<absl::Status> p;
+  p.set_value(std::move(status));
+  return p.get_future();
+}
+
+// Member `t`'s wire bytes for `grad` (its residue left pending), dense when the compressed
+// encoding would be larger than the dense one. Needs t.mu.
+absl::Status EncodeMember(Tensor& t, absl::Span<const float> grad, IndexCoding coding,
+                          std::vector<uint8_t>* bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
+  SliceState* residue = t.slices[0].residue.get();
+  if (residue == nullptr) return EncodeDense(grad, coding, bytes);
+  ADAPS_RETURN_IF_ERROR(t.compressor->CompressPending(grad, *residue, t.update));
+  ADAPS_RETURN_IF_ERROR(EncodeUpdate(t.update, coding, bytes));
+  // Dense encoding: 4 header bytes, the varint length, 4 bytes per value.
+  uint64_t dense = 4 + 4 * uint64_t{grad.size()};
+  for (uint64_t n = grad.size(); n >= 0x80; n >>= 7) ++dense;
+  if (bytes->size() <= dense) return absl::OkStatus();
+  // Send everything the residue holds and the gradient, dense; nothing is left behind.
+  std::vector<float> all(grad.size());
+  const absl::Span<const float> r = residue->residue();
+  for (size_t i = 0; i < grad.size(); ++i) all[i] = r[i] + grad[i];
+  ADAPS_RETURN_IF_ERROR(EncodeDense(all, coding, bytes));
+  absl::Span<float> next = residue->spare_residue();
+  std::fill(next.begin(), next.end(), 0.0f);
+  residue->set_pending();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<WireSegment> SegmentTable(const FusionBucket& b) {
+  std::vector<WireSegment> table;
+  for (const FusionBucket::Member& m : b.members) {
+    table.push_back(WireSegment{m.length, m.t->spec.bin_size});
+  }
+  return table;
+}
+
+absl::StatusOr<std::vector<SharedBytes>> EncodeFusedPush(FusionBucket& b,
+                                                         absl::Span<const float> grad,
+                                                         IndexCoding coding) {
+  std::vector<std::vector<uint8_t>> parts(b.members.size());
+  absl::Status status;
+  for (size_t i = 0; i < b.members.size() && status.ok(); ++i) {
+    const FusionBucket::Member& m = b.members[i];
+    absl::MutexLock lock(&m.t->mu);
+    status = EncodeMember(*m.t, grad.subspan(m.offset, m.length), coding, &parts[i]);
+    if (!status.ok()) {
+      status = absl::Status(status.code(), absl::StrCat("gradient of '", m.t->spec.name,
+                                                        "': ", status.message()));
+    }
+  }
+  auto bytes = std::make_shared<Bytes>();
+  if (status.ok()) {
+    std::vector<absl::Span<const uint8_t>> spans(parts.begin(), parts.end());
+    status = EncodeSegmented(SegmentTable(b), spans, bytes.get());
+  }
+  for (size_t i = 0; i < b.members.size(); ++i) {
+    const FusionBucket::Member& m = b.members[i];
+    absl::MutexLock lock(&m.t->mu);
+    SliceState* residue = m.t->slices[0].residue.get();
+    if (!status.ok()) {
+      if (residue != nullptr) residue->Discard();
+      continue;
+    }
+    if (residue != nullptr) residue->Commit();
+    ++m.t->traffic.pushes;
+    m.t->traffic.push_wire_bytes += parts[i].size();
+    m.t->traffic.push_dense_bytes += uint64_t{m.length} * sizeof(float);
+    b.segment_push_bytes += parts[i].size();
+  }
+  if (!status.ok()) return status;
+  return std::vector<SharedBytes>{std::move(bytes)};
+}
+
+TrafficCounters FusedTraffic(Tensor& member) {
+  FusionBucket& b = *member.fused_into;
+  TrafficCounters own, bucket;
+  uint32_t length = 0;
+  {
+    absl::MutexLock lock(&member.mu);
+    own = member.traffic;
+    length = static_cast<uint32_t>(member.length);
+  }
+  uint64_t segments = 0, total = 0;
+  {
+    absl::MutexLock lock(&b.internal.mu);
+    bucket = b.internal.traffic;
+    segments = b.segment_push_bytes;
+    total = b.internal.length;
+  }
+  if (total == 0) return own;
+  const auto share = [&](uint64_t bytes) {
+    return static_cast<uint64_t>(static_cast<double>(bytes) * length / total + 0.5);
+  };
+  own.push_wire_bytes += share(bucket.push_wire_bytes - std::min(segments, bucket.push_wire_bytes));
+  own.pull_wire_bytes = share(bucket.pull_wire_bytes);
+  return own;
+}
+
+absl::StatusOr<FusionBucket*> Worker::Impl::OpenBucket(const Tensor& t) {
+  const int format = t.spec.pull == PullFormat::kRecompressed ? 1 : 0;
+  size_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    FusionBucket* open = open_bucket_[format];
+    if (open != nullptr) {
+      absl::MutexLock bucket_lock(&open->mu);
+      if (!open->closed && open->internal.length + t.length <= kFusionCapacity) return open;
+    }
+    if (fusion_off_) return nullptr;
+    seq = buckets_.size();
+  }
+  auto b = std::make_unique<FusionBucket>();
+  Tensor& in = b->internal;
+  in.spec.name = absl::StrCat(kFusionPrefix, seq);
+  in.spec.shape = {kFusionCapacity};
+  in.spec.bin_size = 1;
+  in.spec.pull = t.spec.pull;
+  in.bucket = b.get();
+  flatbuffers::FlatBufferBuilder fbb(256);
+  auto body = msg::CreateDeclareTensor(fbb, fbb.CreateString(in.spec.name), kFusionCapacity, 1);
+  ADAPS_ASSIGN_OR_RETURN(InMessage reply, Call(cluster_->scheduler_peer(), fbb, body, nullptr,
+                                               options_.request_timeout));
+  const msg::TensorLayout* layout = reply.envelope()->body_as_TensorLayout();
+  ADAPS_RET_CHECK(layout != nullptr && layout->slices() != nullptr &&
+                      layout->length() == kFusionCapacity,
+                  absl::StatusCode::kDataLoss, "bad tensor layout from the scheduler");
+  if (layout->slices()->size() != 1) {
+    log_.get()->warn("fusion off: the scheduler splits a bucket of {} elements over {} slices "
+                     "(its --split_threshold is below that)",
+                     kFusionCapacity, layout->slices()->size());
+    absl::MutexLock lock(&mu_);
+    fusion_off_ = true;
+    return nullptr;
+  }
+  const msg::Slice* s = layout->slices()->Get(0);
+  ADAPS_RET_CHECK(s->server() >= 0 && s->server() < num_servers_, absl::StatusCode::kDataLoss,
+                  "bad slice in the tensor layout");
+  in.tensor_id = layout->tensor_id();
+  ADAPS_ASSIGN_OR_RETURN(uint64_t key, SliceKey(in.tensor_id, 0));
+  in.meta.push_back(SliceMeta{SliceInfo{0, 0, s->server()}, key});
+  {
+    absl::MutexLock lock(&in.mu);
+    in.slices.emplace_back();
+  }
+  worker_metrics_->Attach(in);
+  FusionBucket* raw = b.get();
+  absl::MutexLock lock(&mu_);
+  buckets_.push_back(std::move(b));
+  open_bucket_[format] = raw;
+  return raw;
+}
+
+absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewMember(const TensorSpec& spec,
+                                                                uint64_t length) {
+  CompressorOptions copts;
+  copts.kind = CodecKind(spec.compression);
+  copts.bin_size = spec.bin_size;
+  copts.topk_fraction = spec.topk_fraction;
+  ADAPS_RETURN_IF_ERROR(ValidateOptions(copts));
+  ADAPS_RET_CHECK(spec.bin_size > 0, absl::StatusCode::kInvalidArgument, "bin size is zero");
+  auto t = std::make_unique<Tensor>();
+  t->spec = spec;
+  t->length = length;
+  ADAPS_ASSIGN_OR_RETURN(auto compressor, MakeCompressor(copts));
+  absl::MutexLock lock(&t->mu);  // not shared yet; held for the annotations only
+  t->compressor = std::move(compressor);
+  SliceRt rt;
+  if (spec.compression != Compression::kDense) rt.residue = std::make_unique<SliceState>(length);
+  t->slices.push_back(std::move(rt));
+  return t;
+}
+
+absl::Status Worker::Impl::DeclareFused(Tensor& t, absl::Span<float> values, bool* fused) {
+  *fused = false;
+  ADAPS_ASSIGN_OR_RETURN(FusionBucket * b, OpenBucket(t));
+  if (b == nullptr) return absl::OkStatus();
+  Tensor& in = b->internal;
+  const uint64_t offset = in.length;
+  const uint32_t length = static_cast<uint32_t>(t.length);
+  std::vector<WireSegment> table = SegmentTable(*b);
+  table.push_back(WireSegment{length, t.spec.bin_size});
+  const SliceMeta& m = in.meta[0];
+  SharedBytes init;
+  if (rank_ == 0) init = FloatsToBytes(values);
+  ADAPS_RETURN_IF_ERROR(CallServerResuming(
+      m.info.server,
+      [&](flatbuffers::FlatBufferBuilder& fbb) {
+        std::vector<msg::Segment> segs;
+        for (const WireSegment& seg : table) segs.emplace_back(seg.length, seg.bin_size);
+        return msg::CreateDeclareSlice(fbb, m.key, fbb.CreateString(in.spec.name),
+                                       kFusionCapacity, 1, rank_ == 0,
+                                       fbb.CreateString(Secret()),
+                                       fbb.CreateVectorOfStructs(segs));
+      },
+      init));
+  if (!rejoined_) ADAPS_RETURN_IF_ERROR(Barrier());
+  uint64_t incarnation = 0;
+  const int peer = ServerPeer(m.info.server, &incarnation);
+  flatbuffers::FlatBufferBuilder fbb(128);
+  auto p = msg::CreatePullRequest(fbb, m.key, 0, 0, msg::PullFormat::Dense);
+  ADAPS_ASSIGN_OR_RETURN(InMessage r, Call(peer, fbb, p, nullptr, options_.request_timeout));
+  const uint64_t end = offset + length;
+  // (Another worker may have declared the next member already: the bucket is then longer.)
+  ADAPS_RET_CHECK(r.envelope()->body_as_PullResponse() != nullptr &&
+                      r.payload().size() % sizeof(float) == 0 &&
+                      r.payload().size() >= end * sizeof(float),
+                  absl::StatusCode::kDataLoss, "bad initial pull of a fusion bucket");
+  std::memcpy(values.data(), r.payload().data() + offset * sizeof(float),
+              uint64_t{length} * sizeof(float));
+  {
+    absl::MutexLock lock(&b->mu);
+    b->members.push_back(FusionBucket::Member{&t, offset, length});
+  }
+  {
+    absl::MutexLock lock(&in.mu);
+    in.length = end;
+    in.spec.shape = {static_cast<int64_t>(end)};
+    in.meta[0].info.length = static_cast<uint32_t>(end);
+    SliceRt& rt = in.slices[0];
+    rt.replica.resize(end);
+    std::memcpy(rt.replica.data(), r.payload().data(), end * sizeof(float));
+    rt.replica_version = r.envelope()->body_as_PullResponse()->version();
+    rt.step = rt.replica_version;
+    rt.incarnation = incarnation;
+  }
+  t.tensor_id = in.tensor_id;
+  t.meta.push_back(SliceMeta{SliceInfo{0, length, m.info.server}, m.key});
+  t.fused_into = b;
+  t.fusion_index = b->members.size() - 1;
+  *fused = true;
+  return absl::OkStatus();
+}
+
+std::future<absl::Status> Worker::Impl::RunFused(Tensor& member, absl::Span<const float> grad,
+                                                 absl::Span<float> out, bool push, bool pull) {
+  FusionBucket& b = *member.fused_into;
+  const size_t i = member.fusion_index;
+  std::shared_ptr<FusionBatch> batch;
+  std::future<absl::Status> future;
+  {
+    absl::MutexLock lock(&b.mu);
+    b.closed = true;
+    const FusionBucket::Member& m = b.members[i];
+    if (b.given > 0 && (b.push != push || b.pull != pull)) {
+      return ReadyStatus(absl::FailedPreconditionError(absl::StrCat(
+          "tensor '", member.spec.name, "' is fused with others (bucket ", b.internal.spec.name,
+          ") that were given another operation in this step: give every member the same "
+          "one (PushPull, Push or Pull)")));
+    }
+    if (b.given == 0) {
+      b.staged = std::make_shared<FusionBatch>();
+      b.staged->promises.resize(b.members.size());
+      b.staged->outs.resize(b.members.size());
+      b.staged->given.assign(b.members.size(), false);
+      if (push) b.staged->grad.resize(b.internal.length);
+      if (pull) b.staged->out.resize(b.internal.length);
+      b.push = push;
+      b.pull = pull;
+      b.deadline = absl::Now() + options_.request_timeout;
+    }
+    FusionBatch& s = *b.staged;
+    if (s.given[i]) {
+      return ReadyStatus(absl::FailedPreconditionError(absl::StrCat(
+          "tensor '", member.spec.name, "' was given again before its fusion bucket ",
+          b.internal.spec.name, " was complete: every member must be given once per step")));
+    }
+    s.given[i] = true;
+    if (push) std::copy(grad.begin(), grad.end(), s.grad.begin() + m.offset);
+    s.outs[i] = out;
+    future = s.promises[i].get_future();
+    if (++b.given < static_cast<int>(b.members.size())) return future;
+    batch = std::move(b.staged);
+    b.given = 0;
+  }
+  if (pull) {
+    for (const FusionBucket::Member& each : b.members) {
+      absl::MutexLock lock(&each.t->mu);
+      ++each.t->traffic.pulls;
+      each.t->traffic.pull_dense_bytes += uint64_t{each.length} * sizeof(float);
+    }
+  }
+  RunTensor(b.internal, batch->grad, absl::MakeSpan(batch->out), push, pull,
+            [batch, &b, pull](const absl::Status& status) {
+              for (size_t k = 0; k < batch->promises.size(); ++k) {
+                if (status.ok() && pull) {
+                  const FusionBucket::Member& each = b.members[k];
+                  std::memcpy(batch->outs[k].data(), batch->out.data() + each.offset,
+                              uint64_t{each.length} * sizeof(float));
+                }
+                batch->promises[k].set_value(status);
+              }
+            });
+  return future;
+}
+
+void Worker::Impl::ExpireFusion() {
+  std::vector<FusionBucket*> buckets;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& b : buckets_) buckets.push_back(b.get());
+  }
+  const absl::Time now = absl::Now();
+  for (FusionBucket* b : buckets) {
+    std::shared_ptr<FusionBatch> expired;
+    std::vector<std::string> missing;
+    {
+      absl::MutexLock lock(&b->mu);
+      if (b->given == 0 || now < b->deadline) continue;
+      expired = std::move(b->staged);
+      b->given = 0;
+      for (size_t k = 0; k < b->members.size(); ++k) {
+        if (!expired->given[k]) missing.push_back(b->members[k].t->spec.name);
+      }
+    }
+    const absl::Status status = absl::DeadlineExceededError(absl::StrCat(
+        "fusion bucket ", b->internal.spec.name, " was not complete within the request "
+        "timeout: tensor(s) ", absl::StrJoin(missing, ", "), " not given in this step"));
+    log_.get()->warn("{}", std::string(status.message()));
+    for (size_t k = 0; k < expired->promises.size(); ++k) {
+      if (expired->given[k]) expired->promises[k].set_value(status);
+    }
+  }
+}
+
+void Worker::Impl::FailStagedFusion(const absl::Status& status) {
+  std::vector<FusionBucket*> buckets;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& b : buckets_) buckets.push_back(b.get());
+  }
+  for (FusionBucket* b : buckets) {
+    std::shared_ptr<FusionBatch> staged;
+    {
+      absl::MutexLock lock(&b->mu);
+      staged = std::move(b->staged);
+      b->given = 0;
+    }
+    if (staged == nullptr) continue;
+    for (size_t k = 0; k < staged->promises.size(); ++k) {
+      if (staged->given[k]) staged->promises[k].set_value(status);
+    }
+  }
+}
+
+}  // namespace adaps
