@@ -171,16 +171,10 @@ absl::StatusOr<FusionBucket*> Worker::Impl::OpenBucket(const Tensor& t) {
 
 absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewMember(const TensorSpec& spec,
                                                                 uint64_t length) {
-  CompressorOptions copts;
-  copts.kind = CodecKind(spec.compression);
-  copts.bin_size = spec.bin_size;
-  copts.topk_fraction = spec.topk_fraction;
-  ADAPS_RETURN_IF_ERROR(ValidateOptions(copts));
-  ADAPS_RET_CHECK(spec.bin_size > 0, absl::StatusCode::kInvalidArgument, "bin size is zero");
+  ADAPS_ASSIGN_OR_RETURN(auto compressor, MakeTensorCompressor(spec));
   auto t = std::make_unique<Tensor>();
   t->spec = spec;
   t->length = length;
-  ADAPS_ASSIGN_OR_RETURN(auto compressor, MakeCompressor(copts));
   absl::MutexLock lock(&t->mu);  // not shared yet; held for the annotations only
   t->compressor = std::move(compressor);
   SliceRt rt;

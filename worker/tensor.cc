@@ -6,8 +6,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "worker/kinds.h"
 
 namespace adaps {
+
+absl::StatusOr<std::unique_ptr<Compressor>> MakeTensorCompressor(const TensorSpec& spec) {
+  CompressorOptions copts;
+  copts.kind = CodecKind(spec.compression);
+  copts.bin_size = spec.bin_size;
+  copts.topk_fraction = spec.topk_fraction;
+  ADAPS_RETURN_IF_ERROR(ValidateOptions(copts));
+  ADAPS_RET_CHECK(spec.bin_size > 0, absl::StatusCode::kInvalidArgument, "bin size is zero");
+  return MakeCompressor(copts);
+}
 
 namespace {
 

@@ -136,6 +136,10 @@ inline void Settle(RunOp& op, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_R
   }
 }
 
+// The compressor a tensor's spec asks for (kind, bin size, Top-k fraction), checked:
+// kInvalidArgument for a bad option or a zero bin size.
+absl::StatusOr<std::unique_ptr<Compressor>> MakeTensorCompressor(const TensorSpec& spec);
+
 // The wire payload of every slice of one push, in two phases: each slice is compressed with
 // its new residue left pending, and the residues are committed only when every slice
 // succeeded. On any error (kInvalidArgument for NaN/Inf, kOutOfRange for a residue overflow)

@@ -27,16 +27,10 @@ absl::StatusOr<Tensor*> Worker::Impl::Find(absl::string_view name) const {
 // Checks the spec and asks the scheduler for the layout; the tensor is not yet published.
 absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewTensor(const TensorSpec& spec,
                                                                 uint64_t length) {
-  CompressorOptions copts;
-  copts.kind = CodecKind(spec.compression);
-  copts.bin_size = spec.bin_size;
-  copts.topk_fraction = spec.topk_fraction;
-  ADAPS_RETURN_IF_ERROR(ValidateOptions(copts));
-  ADAPS_RET_CHECK(spec.bin_size > 0, absl::StatusCode::kInvalidArgument, "bin size is zero");
+  ADAPS_ASSIGN_OR_RETURN(auto compressor, MakeTensorCompressor(spec));
   auto tensor = std::make_unique<Tensor>();
   tensor->spec = spec;
   tensor->length = length;
-  ADAPS_ASSIGN_OR_RETURN(auto compressor, MakeCompressor(copts));
 
   flatbuffers::FlatBufferBuilder fbb(256);
   auto body = msg::CreateDeclareTensor(fbb, fbb.CreateString(spec.name), length, spec.bin_size);

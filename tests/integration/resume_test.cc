@@ -34,9 +34,10 @@ constexpr size_t kLen = 64;
 constexpr int kTensors = 32;
 constexpr int kKills = 8;
 
-WorkerOptions Options(const std::string& scheduler) {
+WorkerOptions Options(const std::string& scheduler, bool fuse = true) {
   WorkerOptions o;
   o.scheduler = scheduler;
+  if (!fuse) o.fusion_threshold_bytes = 0;
   o.register_timeout = absl::Seconds(20);
   o.request_timeout = absl::Seconds(5);
   o.log_level = "error";
@@ -46,7 +47,9 @@ WorkerOptions Options(const std::string& scheduler) {
 // What one worker saw: per tensor, p[0] after each PushPull.
 using Seen = std::vector<std::vector<float>>;
 
-void TrainThroughKills(int kills, Seen* seen0, Seen* seen1, std::string* log) {
+// With `fuse`, the 32 small tensors travel in fusion buckets (the default), else one slice
+// each.
+void TrainThroughKills(int kills, bool fuse, Seen* seen0, Seen* seen1, std::string* log) {
   ClusterOptions options;
   options.num_servers = 0;  // started here, with an identity and checkpoints
   options.num_workers = 2;
@@ -63,12 +66,18 @@ void TrainThroughKills(int kills, Seen* seen0, Seen* seen1, std::string* log) {
   servers.push_back(std::make_unique<Process>(ADAPS_SERVER_BIN, args, cluster.dir() + "/s0.log"));
   std::atomic<bool> done{false};
   std::atomic<bool> killed_all{false};
+  std::atomic<bool> stepping{false};  // rank 0 completed a step: every tensor is declared
   // Kills the server (while both workers are in their steps) once it checkpointed every
-  // tensor, and starts it again; `kills` times.
+  // tensor (a checkpoint written after the first step; a restored server's first one holds
+  // what it restored), and starts it again; `kills` times.
   std::thread killer([&] {
     for (int k = 0; k < kills && !done; ++k) {
-      const std::string want = absl::StrCat("checkpoint of ", kTensors, " slices");
-      while (servers.back()->Log().find(want) == std::string::npos && !done) {
+      size_t from = 0;
+      if (k == 0) {
+        while (!stepping && !done) absl::SleepFor(absl::Milliseconds(5));
+        from = servers.back()->Log().size();
+      }
+      while (servers.back()->Log().find("checkpoint of ", from) == std::string::npos && !done) {
         absl::SleepFor(absl::Milliseconds(5));
       }
       if (done) return;
@@ -85,7 +94,7 @@ void TrainThroughKills(int kills, Seen* seen0, Seen* seen1, std::string* log) {
   std::vector<std::thread> workers;
   for (int i = 0; i < 2; ++i) {
     workers.emplace_back([&, i] {
-      auto w = Worker::Create(Options(cluster.scheduler_address()));
+      auto w = Worker::Create(Options(cluster.scheduler_address(), fuse));
       ASSERT_TRUE(w.ok()) << w.status();
       std::vector<std::vector<float>> p(kTensors, std::vector<float>(kLen, 0.0f));
       const std::vector<float> g(kLen, 1.0f);
@@ -109,6 +118,7 @@ void TrainThroughKills(int kills, Seen* seen0, Seen* seen1, std::string* log) {
                                << st;
           seen[rank][t].push_back(p[t][0]);
         }
+        if (rank == 0) stepping = true;
       }
       EXPECT_TRUE((*w)->Stop().ok());
     });
@@ -129,10 +139,13 @@ std::string Around(const std::vector<float>& v, size_t s) {
   return out;
 }
 
-TEST(Resume, ServerKilledWithManyTensorsInFlightKeepsBothWorkersInStep) {
+// Run with fusion buckets (the default) and with one slice per tensor.
+class Resume : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Resume, ServerKilledWithManyTensorsInFlightKeepsBothWorkersInStep) {
   Seen a, b;
   std::string log;
-  TrainThroughKills(kKills, &a, &b, &log);
+  TrainThroughKills(kKills, /*fuse=*/GetParam(), &a, &b, &log);
   ASSERT_FALSE(HasFailure()) << log;
   ASSERT_EQ(a.size(), static_cast<size_t>(kTensors));
   // Each kill may end one operation of a worker differently: the one whose step the old
@@ -167,7 +180,7 @@ TEST(Resume, ServerKilledWithManyTensorsInFlightKeepsBothWorkersInStep) {
 // are at different steps) and restarted with --checkpoint_every_steps: each restores the
 // latest step checkpoint both servers have, so the tensor split over them is one step of
 // the model again (every element equal), and training goes on from it.
-TEST(Resume, AllServersKilledAndRestartedResumeAtOneStepAcrossShards) {
+TEST(ResumeAllServers, KilledAndRestartedResumeAtOneStepAcrossShards) {
   ClusterOptions options;
   options.num_servers = 0;
   options.num_workers = 2;
@@ -249,6 +262,11 @@ TEST(Resume, AllServersKilledAndRestartedResumeAtOneStepAcrossShards) {
     EXPECT_EQ(seen[0][s], 2.0f * (steps[0] + 1)) << "operation " << s;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Fusion, Resume, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Fused" : "OneSlicePerTensor";
+                         });
 
 }  // namespace
 }  // namespace adaps
