@@ -158,15 +158,13 @@ void PutHeader(CompressorKind kind, IndexCoding coding, uint64_t length,
   PutVarint(out, length);
 }
 
-// Appends the floats of a dense body in one copy. With `check_finite`, the same pass ORs
-// together whether any value's exponent is all ones (NaN or +-Inf) and returns false then.
-bool PutDenseBody(absl::Span<const float> values, bool check_finite, std::vector<uint8_t>* out) {
-  const size_t at = out->size();
+// Writes the floats of a dense body to `dst` (4 bytes each) in one copy. With
+// `check_finite`, the same pass ORs together whether any value's exponent is all ones (NaN
+// or +-Inf) and returns false then.
+bool WriteDenseBody(absl::Span<const float> values, bool check_finite, uint8_t* dst) {
   const size_t n = values.size();
-  out->resize(at + 4 * n);
   // memcpy from the null data() of an empty span is undefined, even for 0 bytes.
   if (n == 0) return true;
-  uint8_t* dst = out->data() + at;
   if (!check_finite) {
     std::memcpy(dst, values.data(), 4 * n);
     return true;
@@ -182,18 +180,29 @@ bool PutDenseBody(absl::Span<const float> values, bool check_finite, std::vector
   return bad == 0;
 }
 
+// Appends a dense body (WriteDenseBody).
+bool PutDenseBody(absl::Span<const float> values, bool check_finite, std::vector<uint8_t>* out) {
+  const size_t at = out->size();
+  out->resize(at + 4 * values.size());
+  return WriteDenseBody(values, check_finite, out->data() + at);
+}
+
 }  // namespace
 
 absl::Status EncodeDense(absl::Span<const float> values, IndexCoding coding,
                          std::vector<uint8_t>* out) {
-  out->clear();
   if (values.size() > std::numeric_limits<uint32_t>::max()) {
+    out->clear();
     return absl::InvalidArgumentError(
         absl::StrCat("dense update of ", values.size(), " elements is longer than 2^32-1"));
   }
-  out->reserve(16 + 4 * values.size());
-  PutHeader(CompressorKind::kDense, coding, values.size(), out);
-  if (!PutDenseBody(values, /*check_finite=*/true, out)) {
+  // Written in place at the exact size: a reused buffer of the same size (the worker's
+  // next push of the slice) is neither zero-filled nor reallocated before the one copy.
+  std::vector<uint8_t> header;
+  PutHeader(CompressorKind::kDense, coding, values.size(), &header);
+  out->resize(header.size() + 4 * values.size());
+  std::memcpy(out->data(), header.data(), header.size());
+  if (!WriteDenseBody(values, /*check_finite=*/true, out->data() + header.size())) {
     out->clear();
     return absl::InvalidArgumentError("dense values hold NaN or Inf");
   }

@@ -1,5 +1,6 @@
 #include "worker/tensor.h"
 
+#include <atomic>
 #include <cstring>
 #include <utility>
 
@@ -44,6 +45,19 @@ class AddsElapsed {
   const absl::Time started_;
 };
 
+// The slice's last push buffer when this is its only holder, else a new one (kept for the
+// next push).
+std::shared_ptr<Bytes> ReusablePushBytes(SliceRt& rt) {
+  if (rt.push_bytes && rt.push_bytes.use_count() == 1) {
+    // Whoever held it last (the transport's I/O thread, after sending) released it: see its
+    // reads as done before this thread overwrites the bytes.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return rt.push_bytes;
+  }
+  rt.push_bytes = std::make_shared<Bytes>();
+  return rt.push_bytes;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const float> grad,
@@ -54,7 +68,7 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
   absl::Status status;
   for (size_t i = 0; i < t.slices.size() && status.ok(); ++i) {
     const SliceInfo& info = t.meta[i].info;
-    auto bytes = std::make_shared<Bytes>();
+    std::shared_ptr<Bytes> bytes = ReusablePushBytes(t.slices[i]);
     status = EncodeSlice(t, i, grad.subspan(info.offset, info.length), coding, bytes.get());
     t.metrics.AddSent(t.slices[i].residue ? t.update.SentElements() : info.length);
     if (!status.ok()) {

@@ -7,6 +7,7 @@
 #include <future>
 #include <vector>
 
+#include "common/wire_codec.h"
 #include "gtest/gtest.h"
 
 namespace adaps {
@@ -57,6 +58,47 @@ TEST_F(RunOutcome, TheLastOfTwoWritersSetsTheDeferredOutcome) {
   EXPECT_FALSE(IsReady(future_));
   EndWrite(*op_);
   EXPECT_TRUE(IsReady(future_));
+}
+
+// A dense tensor of two slices, as Declare would leave it (no residues).
+std::unique_ptr<Tensor> DenseTensor(uint32_t slice_length) {
+  auto t = std::make_unique<Tensor>();
+  t->length = 2 * slice_length;
+  t->meta.resize(2);
+  t->meta[0].info.offset = 0;
+  t->meta[0].info.length = slice_length;
+  t->meta[1].info.offset = slice_length;
+  t->meta[1].info.length = slice_length;
+  absl::MutexLock lock(&t->mu);
+  t->slices.resize(2);
+  return t;
+}
+
+// The next push of a slice writes its last push's buffer again once nobody else holds it
+// (no allocation per step), and a new one while it is still held (the transport not done
+// with it, or a Run keeping it to send again after a server restart).
+TEST(EncodePush, ReusesASlicesBufferOnlyOnceItWasReleased) {
+  auto t = DenseTensor(1000);
+  std::vector<float> g(2000, 1.0f);
+  absl::MutexLock lock(&t->mu);
+  auto first = EncodePush(*t, g, IndexCoding::kRice);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto held = EncodePush(*t, g, IndexCoding::kRice);  // `first` still held
+  ASSERT_TRUE(held.ok());
+  EXPECT_NE((*held)[0].get(), (*first)[0].get());
+  EXPECT_EQ(*(*held)[0], *(*first)[0]);
+  // The buffer object, not its data pointer: a new buffer may get freed memory back.
+  const Bytes* held_bytes = (*held)[0].get();
+  first->clear();
+  held->clear();  // released: the next push writes the same bytes again
+  g[5] = 2.0f;
+  auto again = EncodePush(*t, g, IndexCoding::kRice);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)[0].get(), held_bytes);
+  std::vector<float> decoded(1000, 0.0f);
+  ASSERT_TRUE(DecodeAdd(*(*again)[0], 1.0f, absl::MakeSpan(decoded)).ok());
+  EXPECT_EQ(decoded[5], 2.0f);
+  EXPECT_EQ(decoded[6], 1.0f);
 }
 
 }  // namespace
