@@ -55,21 +55,34 @@ absl::Status SetHyperParam(OptimizerConfig& c, const std::string& name, double v
 
 namespace {
 
-void ApplyMomentum(const OptimizerConfig& c, absl::Span<const float> grad, absl::Span<float> p,
-                   std::vector<float>& m) {
+// The gradient as the optimizers read it: grad[i] * scale, and with kClear grad[i] = 0 after.
+// (x * 1.0f is x: ApplyOptimizer's plain reads are the same floats.)
+template <bool kClear>
+struct Grad {
+  float* g;
+  float scale;
+  float operator()(size_t i) const {
+    const float v = g[i] * scale;
+    if (kClear) g[i] = 0.0f;
+    return v;
+  }
+};
+
+template <typename G>
+void ApplyMomentum(const OptimizerConfig& c, G grad, absl::Span<float> p, std::vector<float>& m) {
   const size_t n = p.size();
   if (m.size() != n) m.assign(n, 0.0f);
   const float lr = c.learning_rate, wd = c.weight_decay, mu = c.momentum;
   const bool nesterov = c.kind == OptimizerKind::kNesterov;
   for (size_t i = 0; i < n; ++i) {
-    const float g = grad[i] + wd * p[i];
+    const float g = grad(i) + wd * p[i];
     m[i] = mu * m[i] + g;
     p[i] -= lr * (nesterov ? g + mu * m[i] : m[i]);
   }
 }
 
-void ApplyAdam(const OptimizerConfig& c, absl::Span<const float> grad, absl::Span<float> p,
-               OptimizerState& s) {
+template <typename G>
+void ApplyAdam(const OptimizerConfig& c, G grad, absl::Span<float> p, OptimizerState& s) {
   const size_t n = p.size();
   if (s.m.size() != n) s.m.assign(n, 0.0f);
   if (s.v.size() != n) s.v.assign(n, 0.0f);
@@ -78,28 +91,26 @@ void ApplyAdam(const OptimizerConfig& c, absl::Span<const float> grad, absl::Spa
   const float c1 = 1.0f - std::pow(b1, static_cast<float>(s.adam_t));
   const float c2 = 1.0f - std::pow(b2, static_cast<float>(s.adam_t));
   for (size_t i = 0; i < n; ++i) {
-    const float g = grad[i] + wd * p[i];
+    const float g = grad(i) + wd * p[i];
     s.m[i] = b1 * s.m[i] + (1.0f - b1) * g;
     s.v[i] = b2 * s.v[i] + (1.0f - b2) * g * g;
     p[i] -= lr * (s.m[i] / c1) / (std::sqrt(s.v[i] / c2) + c.epsilon);
   }
 }
 
-}  // namespace
-
-void ApplyOptimizer(const OptimizerConfig& c, absl::Span<const float> grad,
-                    absl::Span<float> p, OptimizerState& state) {
+template <typename G>
+void Apply(const OptimizerConfig& c, G grad, absl::Span<float> p, OptimizerState& state) {
   const size_t n = p.size();
   const float lr = c.learning_rate, wd = c.weight_decay;
   switch (c.kind) {
     case OptimizerKind::kSumOnly:
-      for (size_t i = 0; i < n; ++i) p[i] += grad[i];
+      for (size_t i = 0; i < n; ++i) p[i] += grad(i);
       return;
     case OptimizerKind::kMean:
-      std::copy(grad.begin(), grad.end(), p.begin());
+      for (size_t i = 0; i < n; ++i) p[i] = grad(i);
       return;
     case OptimizerKind::kSgd:
-      for (size_t i = 0; i < n; ++i) p[i] -= lr * (grad[i] + wd * p[i]);
+      for (size_t i = 0; i < n; ++i) p[i] -= lr * (grad(i) + wd * p[i]);
       return;
     case OptimizerKind::kMomentum:
     case OptimizerKind::kNesterov:
@@ -107,6 +118,20 @@ void ApplyOptimizer(const OptimizerConfig& c, absl::Span<const float> grad,
     case OptimizerKind::kAdam:
       return ApplyAdam(c, grad, p, state);
   }
+}
+
+}  // namespace
+
+void ApplyOptimizer(const OptimizerConfig& c, absl::Span<const float> grad,
+                    absl::Span<float> p, OptimizerState& state) {
+  // Read only: Grad<false> never writes through the pointer.
+  Apply(c, Grad<false>{const_cast<float*>(grad.data()), 1.0f}, p, state);
+}
+
+void ApplyOptimizerAndClear(const OptimizerConfig& c, float grad_scale, absl::Span<float> grad,
+                            absl::Span<float> p, OptimizerState& state) {
+  const float scale = c.kind == OptimizerKind::kSumOnly ? 1.0f : grad_scale;
+  Apply(c, Grad<true>{grad.data(), scale}, p, state);
 }
 
 absl::StatusOr<LrSchedule> ParseLrSchedule(absl::string_view name) {

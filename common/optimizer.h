@@ -52,6 +52,13 @@ struct OptimizerState {
 void ApplyOptimizer(const OptimizerConfig& config, absl::Span<const float> grad,
                     absl::Span<float> params, OptimizerState& state);
 
+// The server's step in one pass over its aggregation buffer: ApplyOptimizer of
+// grad[i] * grad_scale (the mean of the workers' sum; sum-only takes grad as it is), and
+// grad[i] = 0 once read. The same floats as scaling, applying and clearing in three passes.
+void ApplyOptimizerAndClear(const OptimizerConfig& config, float grad_scale,
+                            absl::Span<float> grad, absl::Span<float> params,
+                            OptimizerState& state);
+
 enum class LrSchedule { kConstant, kCosine };
 
 // "constant" or "cosine"; kInvalidArgument otherwise.

@@ -1,7 +1,13 @@
 // The index streams of the wire codec: Rice-coded gaps between ascending indices (with the
 // signs packed beside them for AdaComp), or plain 32-bit indices. See common/wire_codec.h.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -12,57 +18,146 @@ namespace wire_internal {
 
 bool IsKnownKind(uint8_t k) { return k <= static_cast<uint8_t>(CompressorKind::kSign); }
 
-// Total bits of Rice-coding the gaps of `idx` with parameter k.
-uint64_t RiceCost(const std::vector<uint32_t>& idx, unsigned k) {
-  uint64_t bits = 0;
-  int64_t prev = -1;
-  for (uint32_t i : idx) {
-    const uint32_t gap = static_cast<uint32_t>(static_cast<int64_t>(i) - prev - 1);
-    const uint32_t q = gap >> k;
-    bits += q >= kRiceEscape ? kRiceEscape + 32 : q + 1 + k;
-    prev = i;
-  }
-  return bits;
+// Little-endian store of 8 bytes (the Rice writer's window).
+inline void StoreLE64(uint8_t* p, uint64_t w) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  w = __builtin_bswap64(w);
+#endif
+  std::memcpy(p, &w, 8);
 }
 
-unsigned ChooseRiceK(const std::vector<uint32_t>& idx, uint32_t length) {
+namespace {
+
+// Bits of one Rice code of `gap` with parameter k, without the sign bit.
+inline uint64_t RiceBits(uint32_t gap, unsigned k) {
+  const uint32_t q = gap >> k;
+  return q >= kRiceEscape ? kRiceEscape + 32 : q + 1 + k;
+}
+
+// Bits of Rice-coding gaps g[0..m) with parameter k (without signs); m <= 2^20.
+uint32_t BlockBits(const uint32_t* g, size_t m, unsigned k) {
+  uint32_t sum = 0;
+  size_t j = 0;
+#if defined(__SSE2__)
+  // Four gaps at a time: q = g >> k, and an escape where g >> (k + 5) != 0 (q >= 32; a shift
+  // of 32 or more gives 0).
+  const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(k));
+  const __m128i shift_esc = _mm_cvtsi32_si128(static_cast<int>(k + 5));
+  const __m128i plain = _mm_set1_epi32(static_cast<int>(k + 1));
+  const __m128i escape = _mm_set1_epi32(static_cast<int>(kRiceEscape + 32));
+  const __m128i zero = _mm_setzero_si128();
+  __m128i acc = zero;
+  for (; j + 4 <= m; j += 4) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + j));
+    const __m128i code = _mm_add_epi32(_mm_srl_epi32(v, shift), plain);
+    const __m128i short_code = _mm_cmpeq_epi32(_mm_srl_epi32(v, shift_esc), zero);
+    acc = _mm_add_epi32(acc, _mm_or_si128(_mm_and_si128(short_code, code),
+                                          _mm_andnot_si128(short_code, escape)));
+  }
+  alignas(16) uint32_t lanes[4];
+  _mm_store_si128(reinterpret_cast<__m128i*>(lanes), acc);
+  sum = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+#endif
+  for (; j < m; ++j) sum += static_cast<uint32_t>(RiceBits(g[j], k));
+  return sum;
+}
+
+// The Rice parameter that codes the gaps of `idx` in the fewest bits, among the four around
+// log2 of the mean gap (the lowest on a tie), and that many bits (without signs). One pass
+// over the indices prices all candidates, a block of gaps at a time.
+unsigned ChooseRiceK(const std::vector<uint32_t>& idx, uint32_t length, uint64_t* bits) {
+  *bits = 0;
   if (idx.empty()) return 0;
   const double mean_gap = static_cast<double>(length - idx.size()) / static_cast<double>(idx.size());
-  int center = mean_gap > 1.0 ? static_cast<int>(std::log2(mean_gap)) : 0;
-  unsigned best_k = 0;
-  uint64_t best = std::numeric_limits<uint64_t>::max();
-  for (int k = std::max(0, center - 2); k <= std::min(31, center + 1); ++k) {
-    const uint64_t c = RiceCost(idx, static_cast<unsigned>(k));
-    if (c < best) {
-      best = c;
-      best_k = static_cast<unsigned>(k);
-    }
+  const int center = mean_gap > 1.0 ? static_cast<int>(std::log2(mean_gap)) : 0;
+  const unsigned lo = static_cast<unsigned>(std::max(0, center - 2));
+  const unsigned hi = static_cast<unsigned>(std::min(31, center + 1));
+  unsigned k[4];
+  for (unsigned t = 0; t < 4; ++t) k[t] = std::min(lo + t, hi);  // repeats of hi never win
+  uint64_t cost[4] = {0, 0, 0, 0};
+  constexpr size_t kBlock = 1024;
+  uint32_t gaps[kBlock];
+  uint32_t next = 0;  // the previous index + 1
+  for (size_t b = 0; b < idx.size(); b += kBlock) {
+    const size_t m = std::min(kBlock, idx.size() - b);
+    const uint32_t* in = idx.data() + b;
+    gaps[0] = in[0] - next;
+    for (size_t j = 1; j < m; ++j) gaps[j] = in[j] - in[j - 1] - 1;
+    next = in[m - 1] + 1;
+    for (unsigned t = 0; t < 4; ++t) cost[t] += BlockBits(gaps, m, k[t]);
   }
-  return best_k;
+  unsigned best = 0;
+  for (unsigned t = 1; t < 4; ++t) {
+    if (cost[t] < cost[best]) best = t;
+  }
+  *bits = cost[best];
+  return k[best];
 }
 
+// LSB-first bit writer appending to `out` through a 64-bit window: every Put stores the whole
+// window and advances by the bytes it completed. The caller sizes `out` for the stream plus
+// 8 bytes; a Put that would pass the end grows it (never taken when the size was right).
+class WindowWriter {
+ public:
+  explicit WindowWriter(std::vector<uint8_t>* out, size_t at) : out_(out), at_(at) {}
+  // n <= 56; bits < 2^n.
+  void Put(uint64_t bits, unsigned n) {
+    if (at_ + 8 > out_->size()) out_->resize(2 * out_->size() + 16);
+    acc_ |= bits << fill_;
+    fill_ += n;
+    StoreLE64(out_->data() + at_, acc_);
+    at_ += fill_ >> 3;
+    acc_ >>= fill_ & ~7u;
+    fill_ &= 7;
+  }
+  // Ends the stream: `out` is cut after its last (partly written) byte; returns the padding
+  // bits of that byte.
+  unsigned Finish() {
+    out_->resize(at_ + (fill_ ? 1 : 0));
+    return fill_ ? 8 - fill_ : 0;
+  }
+
+ private:
+  std::vector<uint8_t>* out_;
+  size_t at_;
+  uint64_t acc_ = 0;
+  unsigned fill_ = 0;
+};
+
+}  // namespace
+
 void PutRiceIndices(const CompressedUpdate& u, bool with_signs, std::vector<uint8_t>* out) {
-  const unsigned k = ChooseRiceK(u.indices, u.length);
+  uint64_t bits = 0;
+  const unsigned k = ChooseRiceK(u.indices, u.length, &bits);
+  if (with_signs) bits += u.indices.size();
   const size_t k_at = out->size();
-  PutU8(out, static_cast<uint8_t>(k));
-  BitWriter w(out);
-  int64_t prev = -1;
+  out->resize(k_at + 1 + static_cast<size_t>((bits + 7) / 8) + 8);  // 8: the window past the end
+  WindowWriter w(out, k_at + 1);
+  const unsigned s = with_signs ? 1 : 0;
+  const uint64_t low_mask = (uint64_t{1} << k) - 1;
+  uint32_t next = 0;
   for (size_t j = 0; j < u.indices.size(); ++j) {
     const uint32_t i = u.indices[j];
-    const uint32_t gap = static_cast<uint32_t>(static_cast<int64_t>(i) - prev - 1);
+    const uint32_t gap = i - next;
     const uint32_t q = gap >> k;
+    const uint64_t sign = with_signs && u.negative[j] ? 1 : 0;
     if (q >= kRiceEscape) {
-      w.Ones(kRiceEscape);
+      w.Put(0xffffffffu, kRiceEscape);  // kRiceEscape ones, then the raw gap
       w.Put(gap, 32);
+      if (with_signs) w.Put(sign, 1);
+    } else if (q + 1 + k + s <= 56) {
+      // q ones, a zero, the low k bits of the gap, the sign: one code word.
+      w.Put(((uint64_t{1} << q) - 1) | ((gap & low_mask) << (q + 1)) | (sign << (q + 1 + k)),
+            q + 1 + k + s);
     } else {
-      w.Ones(q);
-      w.Put(0, 1);
-      if (k) w.Put(gap, k);
+      w.Put((uint64_t{1} << q) - 1, q);
+      w.Put((gap & low_mask) << 1, 1 + k);
+      if (with_signs) w.Put(sign, 1);
     }
-    if (with_signs) w.Put(u.negative[j] ? 1 : 0, 1);
-    prev = i;
+    next = i + 1;
   }
-  (*out)[k_at] |= static_cast<uint8_t>(w.Flush() << kRicePadShift);
+  const unsigned pad = w.Finish();
+  (*out)[k_at] = static_cast<uint8_t>(k | (pad << kRicePadShift));
 }
 
 void PutPlainIndices(const CompressedUpdate& u, bool with_signs, std::vector<uint8_t>* out) {
@@ -179,20 +274,29 @@ absl::Status DecodeIndices(ByteReader& r, IndexCoding coding, unsigned k, unsign
     // Unary part: the run of one-bits, counted at once (a window of only ones -- 64 or more in
     // a row -- is an escape; ctz of 0 is undefined). Zeros read past the end stop the run
     // early, and the extent check below then finds the stream truncated.
-    const uint64_t zeros = ~br.Peek(bit);
+    const uint64_t window = br.Peek(bit);
+    const uint64_t zeros = ~window;
     const unsigned q = zeros ? static_cast<unsigned>(__builtin_ctzll(zeros)) : 64;
     uint64_t gap;
+    uint8_t sign = 0;
     if (q >= kRiceEscape) {
       if (end - bit < uint64_t{kRiceEscape} + 32 + sign_bits) return ByteReader::Truncated();
       bit += kRiceEscape;
       gap = br.Peek(bit) & 0xffffffffu;
       bit += 32;
+      if (with_signs) sign = static_cast<uint8_t>(br.Peek(bit) & 1);
     } else {
-      if (end - bit < uint64_t{q} + 1 + k + sign_bits) return ByteReader::Truncated();
+      const unsigned code = q + 1 + k + sign_bits;
+      if (end - bit < code) return ByteReader::Truncated();
       if (k && (q >> (32 - k)) != 0) return absl::DataLossError("Rice gap overflows 32 bits");
-      bit += q + 1;
-      gap = (uint64_t{q} << k) | (br.Peek(bit) & low_mask);
-      bit += k;
+      if (code <= 57) {  // the whole code is in the window (Peek's 57 valid bits)
+        gap = (uint64_t{q} << k) | ((window >> (q + 1)) & low_mask);
+        if (with_signs) sign = static_cast<uint8_t>((window >> (q + 1 + k)) & 1);
+      } else {
+        gap = (uint64_t{q} << k) | (br.Peek(bit + q + 1) & low_mask);
+        if (with_signs) sign = static_cast<uint8_t>(br.Peek(bit + q + 1 + k) & 1);
+      }
+      bit += q + 1 + k;
     }
     const int64_t i = prev + 1 + static_cast<int64_t>(gap);
     if (i >= static_cast<int64_t>(length)) {
@@ -200,7 +304,7 @@ absl::Status DecodeIndices(ByteReader& r, IndexCoding coding, unsigned k, unsign
     }
     idx[j] = static_cast<uint32_t>(i);
     if (with_signs) {
-      neg[j] = static_cast<uint8_t>(br.Peek(bit) & 1);
+      neg[j] = sign;
       ++bit;
     }
     prev = i;

@@ -254,12 +254,9 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
   for (int w : live) {
     if (!pushed_.count(w)) return false;
   }
-  if (optimizer.kind != OptimizerKind::kSumOnly) {
-    const float inv = 1.0f / static_cast<float>(pushed_.size());
-    for (float& x : agg_) x *= inv;
-  }
-  ApplyOptimizer(optimizer, agg_, absl::MakeSpan(params_), optimizer_);
-  std::fill(agg_.begin(), agg_.end(), 0.0f);
+  // The mean of the pushes (sum-only: their sum), applied, and agg_ cleared, in one pass.
+  ApplyOptimizerAndClear(optimizer, 1.0f / static_cast<float>(pushed_.size()),
+                         absl::MakeSpan(agg_), absl::MakeSpan(params_), optimizer_);
   pushed_.clear();
   ++version_;
   resuming_ = false;

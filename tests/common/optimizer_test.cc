@@ -2,8 +2,10 @@
 #include "common/optimizer.h"
 
 #include <cmath>
+#include <random>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace adaps {
@@ -120,6 +122,45 @@ TEST(LrSchedule, ConstantOrNoRunLengthKeepsTheRate) {
   EXPECT_EQ(*ParseLrSchedule("cosine"), LrSchedule::kCosine);
   EXPECT_EQ(*ParseLrSchedule("constant"), LrSchedule::kConstant);
   EXPECT_EQ(ParseLrSchedule("step").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace adaps
+
+namespace adaps {
+namespace {
+
+// The server's one-pass step is the three passes it replaced, float for float, for every
+// kind over several steps (momentum and Adam state included), and leaves the sum at zero.
+TEST(Optimizer, ApplyAndClearIsScaleThenApplyThenClear) {
+  for (const char* name : {"sum", "mean", "sgd", "momentum", "nesterov", "adam"}) {
+    OptimizerConfig c;
+    c.kind = *ParseOptimizerKind(name);
+    c.learning_rate = 0.07f;
+    c.weight_decay = 0.01f;
+    c.momentum = 0.9f;
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal;
+    std::vector<float> p1(257), p2;
+    for (float& x : p1) x = normal(rng);
+    p2 = p1;
+    OptimizerState s1, s2;
+    for (int step = 0; step < 4; ++step) {
+      std::vector<float> sum(p1.size());
+      for (float& x : sum) x = 3.0f * normal(rng);
+      std::vector<float> g = sum;
+      const float inv = 1.0f / 3.0f;
+      if (c.kind != OptimizerKind::kSumOnly) {
+        for (float& x : g) x *= inv;
+      }
+      ApplyOptimizer(c, g, absl::MakeSpan(p1), s1);
+      ApplyOptimizerAndClear(c, inv, absl::MakeSpan(sum), absl::MakeSpan(p2), s2);
+      ASSERT_EQ(p1, p2) << name << " step " << step;
+      ASSERT_EQ(s1.m, s2.m) << name;
+      ASSERT_EQ(s1.v, s2.v) << name;
+      EXPECT_THAT(sum, ::testing::Each(0.0f)) << name;
+    }
+  }
 }
 
 }  // namespace
