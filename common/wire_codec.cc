@@ -1,5 +1,6 @@
 #include "common/wire_codec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -65,6 +66,17 @@ float LoadF32(const uint8_t* p) {
   float f;
   std::memcpy(&f, p, 4);
   return f;
+}
+
+// Per-thread scratch of the decoders (kept between calls: a server adding push after push
+// allocates nothing).
+std::vector<uint32_t>& ScratchIndices() {
+  thread_local std::vector<uint32_t> idx;
+  return idx;
+}
+std::vector<uint8_t>& ScratchSigns() {
+  thread_local std::vector<uint8_t> neg;
+  return neg;
 }
 
 absl::Status NonFinite(const char* what) {
@@ -310,8 +322,8 @@ absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span
   if (head.segments != 0) return wire_internal::DecodeAddSegmented(bytes, factor, dst);
   // Validate and decode once, into per-thread scratch (kept between calls, so a server adding
   // push after push allocates nothing); only a fully valid buffer is then applied.
-  thread_local std::vector<uint32_t> idx;
-  thread_local std::vector<uint8_t> neg;
+  std::vector<uint32_t>& idx = ScratchIndices();
+  std::vector<uint8_t>& neg = ScratchSigns();
   Parsed p;
   ADAPS_RETURN_IF_ERROR(Parse(bytes, &p, &idx, &neg));
   const WireHeader& h = p.h;
@@ -335,6 +347,37 @@ absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span
       for (uint32_t i = 0; i < h.length; ++i) d[i] += ((p.bits[i / 8] >> (i % 8)) & 1) ? b : a;
       break;
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeAddCopy(absl::Span<const uint8_t> bytes, float factor, absl::Span<float> dst,
+                           absl::Span<float> copy) {
+  if (copy.size() != dst.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("copy of ", copy.size(), " elements for ",
+                                                   dst.size()));
+  }
+  ADAPS_ASSIGN_OR_RETURN(WireHeader head, PeekHeader(bytes));
+  if (head.segments != 0 || head.kind != CompressorKind::kAdaComp || head.length != dst.size()) {
+    ADAPS_RETURN_IF_ERROR(DecodeAdd(bytes, factor, dst));
+    if (!dst.empty()) std::memcpy(copy.data(), dst.data(), dst.size() * sizeof(float));
+    return absl::OkStatus();
+  }
+  std::vector<uint32_t>& idx = ScratchIndices();
+  std::vector<uint8_t>& neg = ScratchSigns();
+  Parsed p;
+  ADAPS_RETURN_IF_ERROR(Parse(bytes, &p, &idx, &neg));
+  const float pos = factor * p.scale;
+  const uint32_t* ix = idx.data();
+  const uint8_t* ng = neg.data();
+  const uint32_t count = p.h.count;
+  float* d = dst.data();
+  constexpr size_t kBlock = 16384;  // 64 KiB: still in L2 when copied
+  uint32_t j = 0;
+  for (size_t b = 0; b < dst.size(); b += kBlock) {
+    const size_t e = std::min(dst.size(), b + kBlock);
+    for (; j < count && ix[j] < e; ++j) d[ix[j]] += ng[j] ? -pos : pos;
+    std::memcpy(copy.data() + b, d + b, (e - b) * sizeof(float));
   }
   return absl::OkStatus();
 }

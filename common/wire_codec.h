@@ -121,6 +121,13 @@ absl::Status DecodeUpdate(absl::Span<const uint8_t> bytes, CompressedUpdate* out
 // buffer is damaged.
 absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span<float> dst);
 
+// DecodeAdd(bytes, factor, dst), then copy = dst: a worker's recompressed pull (replica +=
+// update, parameters = replica). A single AdaComp update takes one pass over dst: each block
+// gets its additions while it is in cache and is copied at once. On any error neither dst
+// nor copy changes. kInvalidArgument when copy.size() differs from dst.size().
+absl::Status DecodeAddCopy(absl::Span<const uint8_t> bytes, float factor, absl::Span<float> dst,
+                           absl::Span<float> copy);
+
 // Size of the encoding in bits divided by the number of elements sent (count). Infinity
 // when nothing is sent.
 double BitsPerSentElement(const CompressedUpdate& update, size_t encoded_bytes);

@@ -114,10 +114,13 @@ absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
                                             rt.replica_version));
   }
   if (!payload.empty()) {
-    ADAPS_RETURN_IF_ERROR(DecodeAdd(payload, 1.0f, absl::MakeSpan(rt.replica)));
+    // replica += update and the parameters = replica, in one pass
+    ADAPS_RETURN_IF_ERROR(DecodeAddCopy(payload, 1.0f, absl::MakeSpan(rt.replica),
+                                        absl::MakeSpan(dst, rt.replica.size())));
+  } else {
+    std::memcpy(dst, rt.replica.data(), rt.replica.size() * sizeof(float));
   }
   rt.replica_version = resp.version();
-  std::memcpy(dst, rt.replica.data(), rt.replica.size() * sizeof(float));
   return absl::OkStatus();
 }
 

@@ -441,3 +441,40 @@ TEST(WireCodecCorrupt, RandomByteFlipsNeverWriteOutOfBounds) {
 
 }  // namespace
 }  // namespace adaps
+
+namespace adaps {
+namespace {
+
+// The worker's recompressed pull: DecodeAddCopy is DecodeAdd then a copy, float for float,
+// for every kind and for lengths that end inside a block; a damaged buffer changes neither.
+TEST(WireCodec, DecodeAddCopyIsDecodeAddThenCopy) {
+  for (CompressorKind kind : {CompressorKind::kAdaComp, CompressorKind::kDense,
+                              CompressorKind::kTopK, CompressorKind::kSign}) {
+    for (uint32_t n : {1u, 1000u, 16384u, 50001u}) {
+      const CompressedUpdate u = Compressed(kind, n, n + 7);
+      std::vector<uint8_t> bytes;
+      ASSERT_TRUE(EncodeUpdate(u, IndexCoding::kRice, &bytes).ok());
+      std::vector<float> base(n);
+      for (uint32_t i = 0; i < n; ++i) base[i] = 0.25f * static_cast<float>(i % 13);
+      std::vector<float> want = base, dst = base, copy(n, -1.0f);
+      ASSERT_TRUE(DecodeAdd(bytes, 0.5f, absl::MakeSpan(want)).ok());
+      ASSERT_TRUE(DecodeAddCopy(bytes, 0.5f, absl::MakeSpan(dst), absl::MakeSpan(copy)).ok());
+      EXPECT_EQ(dst, want) << CompressorKindName(kind) << " " << n;
+      EXPECT_EQ(copy, want) << CompressorKindName(kind) << " " << n;
+      // Damaged: the last byte cut off. Nothing changes.
+      std::vector<float> dst2 = base, copy2(n, -1.0f);
+      const std::vector<uint8_t> cut(bytes.begin(), bytes.end() - 1);
+      EXPECT_FALSE(DecodeAddCopy(cut, 0.5f, absl::MakeSpan(dst2), absl::MakeSpan(copy2)).ok());
+      EXPECT_EQ(dst2, base);
+      EXPECT_THAT(copy2, Each(-1.0f));
+    }
+  }
+  std::vector<float> a(10), b(9);
+  std::vector<uint8_t> bytes;
+  ASSERT_TRUE(EncodeDense(a, IndexCoding::kRice, &bytes).ok());
+  EXPECT_EQ(DecodeAddCopy(bytes, 1.0f, absl::MakeSpan(a), absl::MakeSpan(b)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace adaps
