@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "server/server_metrics.h"
 
@@ -130,6 +131,7 @@ void EngineThread::OnPush(EngineWork& work) {
   }
   Shard& shard = it->second;
   ServerMetrics::Work timing = Time(shard, /*push=*/true);
+  const absl::Time start = absl::Now();
   if (options_.sync) {
     const uint64_t version = shard.version();
     if (auto st = shard.AddPush(work.worker, work.step, work.payload()); !st.ok()) {
@@ -139,6 +141,7 @@ void EngineThread::OnPush(EngineWork& work) {
     Ack(work);
     // (A restored shard may have moved to the workers' step: pulls held for it are ready.)
     const bool completed = shard.CompleteStepIfReady(live_, optimizer_);
+    shard.CountStepWork(absl::Now() - start, completed);
     if (completed || shard.version() != version) AnswerHeld(shard);
     if (completed) MaybeStepRecord(shard);
     return;
@@ -146,6 +149,7 @@ void EngineThread::OnPush(EngineWork& work) {
   if (auto st = shard.ApplyPush(work.payload(), optimizer_); !st.ok()) {
     return ReplyError(work, st);
   }
+  shard.CountStepWork(absl::Now() - start, /*completed=*/true);
   if (options_.metrics != nullptr) options_.metrics->Pushed(shard, work.frame.wire_bytes());
   Ack(work);
   AnswerHeld(shard);
@@ -185,7 +189,10 @@ void EngineThread::OnLiveWorkers(EngineWork& work) {
   // Sync: every step the lost workers were holding up completes now.
   for (auto& [key, shard] : shards_) {
     ServerMetrics::Work timing = Time(shard, /*push=*/true);
-    if (shard.CompleteStepIfReady(live_, optimizer_)) {
+    const absl::Time start = absl::Now();
+    const bool completed = shard.CompleteStepIfReady(live_, optimizer_);
+    shard.CountStepWork(absl::Now() - start, completed);
+    if (completed) {
       AnswerHeld(shard);
       MaybeStepRecord(shard);
     }
@@ -219,12 +226,15 @@ void EngineThread::AnswerHeld(Shard& shard) {
 }
 
 absl::Status EngineThread::SendAnswer(Shard& shard, const Shard::Pull& pull) {
+  const absl::Time start = absl::Now();
   ADAPS_ASSIGN_OR_RETURN(Shard::Answer answer, shard.AnswerPull(pull));
+  shard.CountPublishWork(absl::Now() - start);
   const msg::PullFormat format = pull.format == Shard::Format::kDense
                                      ? msg::PullFormat::Dense
                                      : msg::PullFormat::Recompressed;
   flatbuffers::FlatBufferBuilder fbb(128);
-  auto body = msg::CreatePullResponse(fbb, shard.key(), answer.version, answer.base, format);
+  auto body = msg::CreatePullResponse(fbb, shard.key(), answer.version, answer.base, format,
+                                      shard.version_work_us());
   OutMessage out =
       FinishEnvelope(fbb, sink_->self(), body, 0, pull.request_id, std::move(answer.payload));
   if (options_.metrics != nullptr) {

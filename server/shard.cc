@@ -275,6 +275,13 @@ absl::Status Shard::ApplyPush(absl::Span<const uint8_t> payload,
   return absl::OkStatus();
 }
 
+void Shard::CountStepWork(absl::Duration elapsed, bool completed) {
+  step_work_ += elapsed;
+  if (!completed) return;
+  version_work_ = step_work_;
+  step_work_ = absl::ZeroDuration();
+}
+
 void Shard::Hold(Pull pull) { held_.push_back(std::move(pull)); }
 
 std::vector<Shard::Pull> Shard::TakeReadyPulls() {

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -128,6 +129,16 @@ class Shard {
   // codec); on error the parameters are unchanged.
   absl::Status ApplyPush(absl::Span<const uint8_t> payload, const OptimizerConfig& optimizer);
 
+  // The engine's time on this shard (for the workers' per-step breakdown): `elapsed` of
+  // work on the step in progress (pushes), closing that step when `completed` (the step's
+  // work becomes the new version's); CountPublishWork adds the encoding of the current
+  // version's answers to it. version_work_us(): the current version's work so far.
+  void CountStepWork(absl::Duration elapsed, bool completed);
+  void CountPublishWork(absl::Duration elapsed) { version_work_ += elapsed; }
+  uint64_t version_work_us() const {
+    return static_cast<uint64_t>(absl::ToInt64Microseconds(version_work_));
+  }
+
   // Keeps a pull until the version reaches its min_version.
   void Hold(Pull pull);
   // Removes and returns the held pulls the current version satisfies, in arrival order.
@@ -157,6 +168,7 @@ class Shard {
   uint32_t length_ = 0;
   uint32_t bin_size_ = 0;
   uint64_t version_ = 0;
+  absl::Duration step_work_, version_work_;  // CountStepWork
   bool restored_ = false;
   bool resuming_ = false;  // restored, and no step completed since (see AddPush)
   std::vector<float> params_;

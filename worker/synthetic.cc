@@ -86,20 +86,24 @@ absl::StatusOr<TrafficCounters> Totals(Worker& worker, const Layers& m) {
     sum.pull_dense_bytes += t.pull_dense_bytes;
     sum.compress_seconds += t.compress_seconds;
     sum.decode_seconds += t.decode_seconds;
+    sum.server_seconds += t.server_seconds;
   }
   return sum;
 }
 
 // One step's phases in ms: the worker's compression and decoding (summed over its
 // threads), and the rest of the step's wall time (the wire, the servers' work, waiting).
-// `calls`: the caller's time inside PushPull (what the trainer's thread loses).
+// `server`: the servers' engine work on the versions pulled, as they reported it (summed
+// over slices; it overlaps the rest). `calls`: the caller's time inside PushPull (what the
+// trainer's thread loses).
 struct Phases {
-  double step = 0, compress = 0, decode = 0, calls = 0;
+  double step = 0, compress = 0, decode = 0, server = 0, calls = 0;
   double rest() const { return step - compress - decode; }
   void Add(const Phases& p) {
     step += p.step;
     compress += p.compress;
     decode += p.decode;
+    server += p.server;
     calls += p.calls;
   }
 };
@@ -128,6 +132,7 @@ absl::StatusOr<Phases> RunStep(Worker& worker, Layers& m, int step, absl::Durati
   ADAPS_ASSIGN_OR_RETURN(TrafficCounters after, Totals(worker, m));
   p.compress = (after.compress_seconds - before.compress_seconds) * 1e3;
   p.decode = (after.decode_seconds - before.decode_seconds) * 1e3;
+  p.server = (after.server_seconds - before.server_seconds) * 1e3;
   p.calls = absl::ToDoubleMilliseconds(in_calls);
   return p;
 }
@@ -144,7 +149,7 @@ void PrintSummary(Worker& worker, const SyntheticConfig& config, const TrafficCo
       "SUMMARY compressor=%s pull=%s params=%llu layers=%d workers=%d servers=%d "
       "step_ms=%.2f push_wire_bytes=%.0f pull_wire_bytes=%.0f push_rate=%.1fx "
       "total_rate=%.2fx effective_GBps=%.3f wire_GBps=%.3f cluster_effective_GBps=%.3f "
-      "compress_ms=%.2f wire_server_ms=%.2f decode_ms=%.2f in_calls_ms=%.2f\n",
+      "compress_ms=%.2f wire_server_ms=%.2f decode_ms=%.2f server_ms=%.2f in_calls_ms=%.2f\n",
       CompressorKindName(CodecKind(config.layer.compression)),
       config.layer.pull == PullFormat::kDense ? "dense" : "recompressed",
       static_cast<unsigned long long>(config.total_params), config.layers, worker.num_workers(),
@@ -153,7 +158,7 @@ void PrintSummary(Worker& worker, const SyntheticConfig& config, const TrafficCo
       push_wire + pull_wire > 0 ? (push_dense + pull_dense) / (push_wire + pull_wire) : 0.0,
       (push_dense + pull_dense) / step_s / 1e9, (push_wire + pull_wire) / step_s / 1e9,
       (push_dense + pull_dense) * worker.num_workers() / step_s / 1e9, timed.compress / steps,
-      timed.rest() / steps, timed.decode / steps, timed.calls / steps);
+      timed.rest() / steps, timed.decode / steps, timed.server / steps, timed.calls / steps);
   std::fflush(stdout);
 }
 
@@ -177,9 +182,9 @@ absl::Status RunSynthetic(Worker& worker, const SyntheticConfig& config) {
     if (step >= config.warmup) timed.Add(p);
     if (print) {
       std::printf("step %d%s: %.1f ms (worker compress %.1f ms, wire+server %.1f ms, "
-                  "worker decode %.1f ms; caller in PushPull %.1f ms)\n",
+                  "worker decode %.1f ms; servers' work %.1f ms; caller in PushPull %.1f ms)\n",
                   step, step < config.warmup ? " (warmup)" : "", p.step, p.compress, p.rest(),
-                  p.decode, p.calls);
+                  p.decode, p.server, p.calls);
     }
   }
   ADAPS_ASSIGN_OR_RETURN(TrafficCounters after, Totals(worker, m));

@@ -99,6 +99,7 @@ absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
   SliceRt& rt = t.slices[i];
   t.traffic.pull_wire_bytes += wire_bytes;
   t.traffic.pull_dense_bytes += uint64_t{info.length} * sizeof(float);
+  t.traffic.server_seconds += static_cast<double>(resp.server_us()) * 1e-6;
   t.metrics.Sync(t.traffic);
   float* dst = out.data() + info.offset;
   if (resp.format() == msg::PullFormat::Dense) {

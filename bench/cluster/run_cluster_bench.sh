@@ -5,7 +5,10 @@
 # dense pulls; adacomp with recompressed pulls), with `uptime` before and after (the machine
 # may be shared: compare only ratios from one run). WORKER_FLAGS: extra adaps-worker flags
 # (e.g. WORKER_FLAGS=--compression_threads=0); the SUMMARY line's compress_ms,
-# wire_server_ms and decode_ms are worker 0's per-step breakdown.
+# wire_server_ms and decode_ms are worker 0's per-step breakdown (wire_server_ms: the step
+# less compress and decode); server_ms is the servers' engine work on the versions worker 0
+# pulled, as the servers reported it in their answers, summed over slices (so over the
+# engine threads: it can exceed the step).
 set -euo pipefail
 build=${1:?build dir}
 servers=${2:-1}

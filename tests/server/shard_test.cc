@@ -290,3 +290,28 @@ TEST(Shard, ZeroLengthOrBinSizeIsRefused) {
 
 }  // namespace
 }  // namespace adaps
+
+namespace adaps {
+namespace {
+
+// The engine's time per version for the workers' breakdown: a step's pushes add up, the
+// completing one closes the step into the new version's work, publishing adds to it, and
+// the next step starts from zero.
+TEST(Shard, WorkOfAStepBecomesItsVersionsWorkAndPublishingAddsToIt) {
+  auto shard = Shard::Create(1, "w", 8, 4);
+  ASSERT_TRUE(shard.ok());
+  EXPECT_EQ(shard->version_work_us(), 0u);
+  shard->CountStepWork(absl::Microseconds(30), /*completed=*/false);
+  EXPECT_EQ(shard->version_work_us(), 0u);  // the step is still open
+  shard->CountStepWork(absl::Microseconds(50), /*completed=*/true);
+  EXPECT_EQ(shard->version_work_us(), 80u);
+  shard->CountPublishWork(absl::Microseconds(20));
+  EXPECT_EQ(shard->version_work_us(), 100u);
+  shard->CountStepWork(absl::Microseconds(7), /*completed=*/false);
+  EXPECT_EQ(shard->version_work_us(), 100u);
+  shard->CountStepWork(absl::Microseconds(5), /*completed=*/true);
+  EXPECT_EQ(shard->version_work_us(), 12u);
+}
+
+}  // namespace
+}  // namespace adaps

@@ -142,6 +142,21 @@ TEST_F(WorkerInproc, RecompressedPullsFollowTheParameters) {
   EXPECT_EQ(traffic->pulls, 4u);
 }
 
+// The servers' engine work reaches the worker in the pull answers: nonzero for 1M
+// parameters a step, and no more than the wall time of the steps.
+TEST_F(WorkerInproc, PullAnswersCarryTheServersWorkPerStep) {
+  constexpr size_t kN = 1 << 20;
+  DeclareTwoSlices("big", kN, 1024, Compression::kDense);
+  std::vector<float> g(kN, 0.5f), out(kN);
+  const absl::Time start = absl::Now();
+  for (int step = 0; step < 3; ++step) ASSERT_TRUE(PushPull("big", g, out).ok());
+  const double wall = absl::ToDoubleSeconds(absl::Now() - start);
+  auto traffic = worker_->Traffic("big");
+  ASSERT_TRUE(traffic.ok());
+  EXPECT_GT(traffic->server_seconds, 0.0);
+  EXPECT_LE(traffic->server_seconds, wall);
+}
+
 // AdaComp, bins of 4. In slice 0, bins of [4, 1, 1, 1]: the scale is 4, only the 4 is sent,
 // each bin keeps [0, 1, 1, 1] in the residue. In slice 1 one element of 3e38 keeps about
 // 2.25e38 in the residue, so the same value again overflows that slice's residue.

@@ -116,6 +116,9 @@ struct TrafficCounters {
   // (decoding into `out`), summed over the threads that did it.
   double compress_seconds = 0;
   double decode_seconds = 0;
+  // The servers' engine work on the versions this tensor's pulls received, as the servers
+  // reported it in their answers (decode-adds, optimizer, encoding), summed over slices.
+  double server_seconds = 0;
 };
 
 // Where one slice of a tensor lives.
