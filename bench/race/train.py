@@ -59,6 +59,11 @@ def parse():
                          "velocity, the servers run plain SGD; vs_torch.sh starts them with "
                          "--optimizer=sgd --pull_bin_size=100) and biases at bin size 100; "
                          "plain = the servers run the momentum, every tensor at its layer's T")
+    ap.add_argument("--adacomp-1d-bin", type=int, default=0,
+                    help="dgc recipe: bin size of every 1-D parameter (biases and BatchNorm "
+                         "weights); 0 = biases at 100, BatchNorm weights at --adacomp-fc-bin")
+    ap.add_argument("--adacomp-fc-bin", type=int, default=0,
+                    help="AdaComp bin size of the non-conv layers; 0 = adaps.torch's (500)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="", help="rank 0's JSON result")
     ap.add_argument("--label", default="", help="stored in the result")
@@ -134,14 +139,19 @@ class Adaps:
         bin_sizes = None
         if self.correct:
             server_opt = "sgd"
-            bin_sizes = {n: 100 for n, p in model.named_parameters()
-                         if n.endswith(".bias") and p.dim() == 1}
+            if a.adacomp_1d_bin > 0:
+                bin_sizes = {n: a.adacomp_1d_bin for n, p in model.named_parameters()
+                             if p.dim() == 1}
+            else:
+                bin_sizes = {n: 100 for n, p in model.named_parameters()
+                             if n.endswith(".bias") and p.dim() == 1}
         self.opt = adaps.torch.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=a.lr,
                             momentum=0.0 if self.correct else a.momentum), model,
             self.worker, server_optimizer=server_opt,
             compression="dense" if dense else "adacomp",
-            pull="dense" if dense else a.adacomp_pull, bin_sizes=bin_sizes)
+            pull="dense" if dense else a.adacomp_pull, bin_sizes=bin_sizes,
+            bin_size=a.adacomp_fc_bin or None)
 
     @staticmethod
     def _velocity_hook(momentum):
@@ -226,6 +236,8 @@ def main():
                    world=a.world, batch_size=a.batch_size, epochs=a.epochs,
                    train_size=a.train_size, test_size=a.test_size, lr=a.lr,
                    momentum=a.momentum, adacomp_recipe=a.adacomp_recipe
+                   if a.system == "adacomp" else None,
+                   adacomp_bins=dict(one_d=a.adacomp_1d_bin, fc=a.adacomp_fc_bin)
                    if a.system == "adacomp" else None, params=sum(p.numel() for p in model.parameters()),
                    steps=r["steps"], evals=r["evals"], train_time=sum(r["step_times"]),
                    wall_time=wall, step_ms_mean=1e3 * sum(r["step_times"]) / r["steps"],
