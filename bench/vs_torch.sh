@@ -17,6 +17,7 @@
 #                     [--adacomp-recipe dgc|plain]  (dgc: the main command's, docs/accuracy.md)
 #                     [-- trainer flags, e.g. --epochs 2 --train-size 16000 --eval-every 25]
 #   bench/vs_torch.sh --summarize [--results DIR] [--target ACC]   table + plots only
+# ADAPS_SERVER_FLAGS: extra adaps-server flags for both adaps systems (e.g. --engine_threads=1).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 rate=100mbit model=mlp seed=1 systems="ddp powersgd fp16 adaps adacomp" target=""
@@ -36,7 +37,7 @@ while [[ $# -gt 0 ]]; do
     --adacomp-recipe) adacomp_recipe=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
     --summarize) summarize_only=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) echo "vs_torch: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -117,11 +118,11 @@ run() {  # system
       workers+=($!)
     done
   else
-    local sched="tcp://$(addr 4):$port" server_opt=momentum server_extra=()
+    local sched="tcp://$(addr 4):$port" server_opt=momentum server_extra=(${ADAPS_SERVER_FLAGS:-})
     [[ $adaps_mode == local ]] && server_opt=mean
     # The main command's recipe (docs/accuracy.md): momentum on the workers, SGD here.
     if [[ $sys == adacomp && $adaps_mode == server && $adacomp_recipe == dgc ]]; then
-      server_opt=sgd server_extra=(--pull_bin_size=100)
+      server_opt=sgd server_extra+=(--pull_bin_size=100)
     fi
     s0=$(host_bytes 4)
     on 4 "$bin/scheduler/adaps-scheduler" --host=0.0.0.0 --port="$port" --num_servers="$servers" \

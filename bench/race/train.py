@@ -64,6 +64,9 @@ def parse():
                          "weights); 0 = biases at 100, BatchNorm weights at --adacomp-fc-bin")
     ap.add_argument("--adacomp-fc-bin", type=int, default=0,
                     help="AdaComp bin size of the non-conv layers; 0 = adaps.torch's (500)")
+    ap.add_argument("--compression-threads", type=int, default=1,
+                    help="adaps: the worker's compression pool (0: compress on the calling "
+                         "thread, decode on the I/O thread)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="", help="rank 0's JSON result")
     ap.add_argument("--label", default="", help="stored in the result")
@@ -123,7 +126,8 @@ class Adaps:
     def __init__(self, a, model):
         import adaps
         import adaps.torch
-        self.worker = adaps.Worker(scheduler=a.scheduler, request_timeout=300.0)
+        self.worker = adaps.Worker(scheduler=a.scheduler, request_timeout=300.0,
+                                   compression_threads=a.compression_threads)
         self.rank = self.worker.rank
         self.model = model
         dense = a.system == "adaps"

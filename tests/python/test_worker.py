@@ -81,3 +81,22 @@ def test_non_float32_values_are_rejected_with_a_reason(cluster):
     with pytest.raises(adaps.Error, match="expected a float32"):
         w.declare("l", [0.0, 1.0])
     w.stop()
+
+
+def test_compression_threads_reach_the_worker_and_traffic_has_the_phase_times(cluster):
+    with pytest.raises(adaps.Error) as e:
+        adaps.Worker("tcp://127.0.0.1:1", register_timeout=0.5, compression_threads=-1)
+    assert e.value.code == adaps.INVALID_ARGUMENT and "compression_threads" in str(e.value)
+    for threads in (0, 2):  # the old path (caller and I/O thread) and a pool of two
+        c = cluster(1, server_args=["--optimizer=sgd", "--learning_rate=1"])
+        w = adaps.Worker(c.address, request_timeout=10, compression_threads=threads)
+        values = np.zeros(1 << 20, np.float32)
+        w.declare("big%d" % threads, values, compression="adacomp", bin_size=50,
+                  pull="recompressed")
+        for _ in range(3):
+            w.push_pull("big%d" % threads, np.ones_like(values), values).wait()
+        np.testing.assert_array_equal(values, np.full_like(values, -3.0))
+        t = w.traffic("big%d" % threads)
+        assert t["compress_seconds"] > 0 and t["decode_seconds"] > 0
+        assert t["server_seconds"] > 0
+        w.stop()

@@ -200,8 +200,10 @@ class PyWorker {
 
 std::unique_ptr<PyWorker> CreateWorker(const std::string& scheduler, const std::string& identity,
                                        double register_timeout, double request_timeout,
-                                       bool compact_indices, const std::string& log_level) {
+                                       bool compact_indices, const std::string& log_level,
+                                       int compression_threads) {
   WorkerOptions options;
+  options.compression_threads = compression_threads;
   options.scheduler = scheduler;
   options.identity = identity;
   options.register_timeout = Seconds(register_timeout);
@@ -296,6 +298,9 @@ py::dict Traffic(PyWorker& self, const std::string& name) {
   d["pull_wire_bytes"] = t->pull_wire_bytes;
   d["push_dense_bytes"] = t->push_dense_bytes;
   d["pull_dense_bytes"] = t->pull_dense_bytes;
+  d["compress_seconds"] = t->compress_seconds;
+  d["decode_seconds"] = t->decode_seconds;
+  d["server_seconds"] = t->server_seconds;
   return d;
 }
 
@@ -332,7 +337,8 @@ void DefineModule(py::module_& m) {
   py::class_<PyWorker>(m, "Worker")
       .def(py::init(&CreateWorker), py::arg("scheduler"), py::arg("identity") = "",
            py::arg("register_timeout") = 60.0, py::arg("request_timeout") = 30.0,
-           py::arg("compact_indices") = true, py::arg("log_level") = "warn")
+           py::arg("compact_indices") = true, py::arg("log_level") = "warn",
+           py::arg("compression_threads") = 1)
       .def_property_readonly("rank", [](PyWorker& w) { return w.get().rank(); })
       .def_property_readonly("num_workers", [](PyWorker& w) { return w.get().num_workers(); })
       .def_property_readonly("num_servers", [](PyWorker& w) { return w.get().num_servers(); })

@@ -6,8 +6,10 @@
     w.push_pull("w", grad, values).wait()                     # raises adaps.Error
 
 Worker(scheduler, identity="", register_timeout=60.0, request_timeout=30.0,
-       compact_indices=True, log_level="warn")
+       compact_indices=True, log_level="warn", compression_threads=1)
     Registers with the scheduler and returns once the cluster formed.
+    compression_threads: the pool that encodes pushes and decodes pulls off the caller's
+    thread (0: on the caller's and the I/O thread, as before the pool).
     .rank, .num_workers, .num_servers
     .declare(name, values, shape=None, bin_size=500, compression="adacomp",
              topk_fraction=0.001, pull="dense", fuse=True)
@@ -19,7 +21,8 @@ Worker(scheduler, identity="", register_timeout=60.0, request_timeout=30.0,
         Asynchronous; the library reads `grad` before the call returns and writes `out`
         before the handle is done. Handle.wait(timeout=None) raises adaps.Error.
     .barrier(), .set_hyper([("learning_rate", 0.1), ...]), .checkpoint(dir)
-    .traffic(name) -> dict of pushes, pulls, push/pull wire and dense bytes
+    .traffic(name) -> dict of pushes, pulls, push/pull wire and dense bytes, and seconds
+        spent compressing, decoding and (as the servers reported it) on the servers
     .slices(name), .tensor_names(), .stop()
 
 Arrays: NumPy float32 arrays and PyTorch CPU tensors are used in place (no copy) when
@@ -54,7 +57,8 @@ def worker_from_env(**overrides):
     """A Worker configured from the environment `python3 -m adaps.launch` sets.
 
     ADAPS_SCHEDULER (required), ADAPS_IDENTITY, ADAPS_REGISTER_TIMEOUT_S,
-    ADAPS_REQUEST_TIMEOUT_S, ADAPS_LOG_LEVEL; keyword arguments win over the environment.
+    ADAPS_REQUEST_TIMEOUT_S, ADAPS_LOG_LEVEL, ADAPS_COMPRESSION_THREADS; keyword arguments
+    win over the environment.
     """
     env = os.environ
     kwargs = {}
@@ -68,6 +72,8 @@ def worker_from_env(**overrides):
         kwargs["request_timeout"] = float(env["ADAPS_REQUEST_TIMEOUT_S"])
     if "ADAPS_LOG_LEVEL" in env:
         kwargs["log_level"] = env["ADAPS_LOG_LEVEL"]
+    if "ADAPS_COMPRESSION_THREADS" in env:
+        kwargs["compression_threads"] = int(env["ADAPS_COMPRESSION_THREADS"])
     kwargs.update(overrides)
     if "scheduler" not in kwargs:
         raise _error(FAILED_PRECONDITION, "ADAPS_SCHEDULER is not set: start the script with "
