@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_harness.h"
+#include "tests/integration/raw_client.h"
 #include "zmq.hpp"
 #include "zmq_addon.hpp"
 
@@ -32,67 +33,8 @@ constexpr size_t kLen = 100;
 
 float Init(size_t i) { return static_cast<float>(i) * 0.5f; }
 
-// What came back for one raw request: nothing (dropped), an Ack, or an Error.
-struct Answer {
-  bool answered = false;
-  msg::Body body = msg::Body::NONE;
-  absl::Status status;
-};
-
-class RawClient {
- public:
-  RawClient(zmq::context_t& ctx, const std::string& endpoint)
-      : socket_(ctx, zmq::socket_type::dealer) {
-    socket_.set(zmq::sockopt::linger, 0);
-    socket_.connect(endpoint);
-  }
-
-  void SendFrames(const std::vector<std::string>& frames) {
-    for (size_t i = 0; i < frames.size(); ++i) {
-      (void)socket_.send(zmq::buffer(frames[i]), i + 1 < frames.size() ? zmq::send_flags::sndmore
-                                                                     : zmq::send_flags::none);
-    }
-  }
-  void Send(const OutMessage& m) {
-    std::vector<std::string> frames = {
-        std::string(reinterpret_cast<const char*>(m.header.data()), m.header.size())};
-    if (m.payload) frames.emplace_back(m.payload->begin(), m.payload->end());
-    SendFrames(frames);
-  }
-
-  // Waits for the answer to `request_id`.
-  Answer Wait(uint64_t request_id, absl::Duration timeout) {
-    Answer a;
-    const absl::Time end = absl::Now() + timeout;
-    while (absl::Now() < end) {
-      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, std::chrono::milliseconds(20));
-      if (!(item.revents & ZMQ_POLLIN)) continue;
-      std::vector<zmq::message_t> frames;
-      if (!zmq::recv_multipart(socket_, std::back_inserter(frames))) continue;
-      // FlatBuffers needs alignment; libzmq keeps small frames inline, unaligned.
-      aligned_.assign((frames[0].size() + 7) / 8, 0);
-      std::memcpy(aligned_.data(), frames[0].data(), frames[0].size());
-      auto env = VerifyEnvelope(absl::MakeConstSpan(
-          reinterpret_cast<const uint8_t*>(aligned_.data()), frames[0].size()));
-      if (!env.ok() || (*env)->reply_to() != request_id) continue;
-      a.answered = true;
-      a.body = (*env)->body_type();
-      if (a.body == msg::Body::Error) a.status = StatusFromError((*env)->body_as_Error());
-      return a;
-    }
-    return a;
-  }
-
-  Answer Call(const OutMessage& m, uint64_t id, absl::Duration timeout = absl::Seconds(3)) {
-    Send(m);
-    return Wait(id, timeout);
-  }
-
- private:
-  zmq::socket_t socket_;
-  std::vector<uint64_t> aligned_;
-};
+using testing::RawAnswer;
+using testing::RawClient;
 
 const Sender kWorker0{msg::Role::Worker, 0};
 
@@ -186,7 +128,7 @@ TEST(HostileInput, GarbageTruncatedVersionLengthsNanInfAndForgeriesChangeNothing
 
   auto expect_error = [&](const OutMessage& m, uint64_t rid, absl::StatusCode code,
                           const std::string& what, RawClient* to = nullptr) {
-    Answer ans = (to ? to : &raw)->Call(m, rid);
+    RawAnswer ans = (to ? to : &raw)->Exchange(m, rid);
     ASSERT_TRUE(ans.answered) << what << ": no answer";
     ASSERT_EQ(ans.body, msg::Body::Error) << what;
     EXPECT_EQ(ans.status.code(), code) << what << ": " << ans.status;
@@ -239,7 +181,7 @@ TEST(HostileInput, GarbageTruncatedVersionLengthsNanInfAndForgeriesChangeNothing
     const uint8_t big[] = {0x80, 0x80, 0x80, 0x80, 0x08};
     claim->insert(claim->begin() + 4, big, big + 5);
     ++id;
-    Answer ans = raw.Call(PushMessage(dense_key, msg::PayloadKind::Dense, claim, id), id);
+    RawAnswer ans = raw.Exchange(PushMessage(dense_key, msg::PayloadKind::Dense, claim, id), id);
     ASSERT_TRUE(ans.answered);
     EXPECT_TRUE(ans.status.code() == absl::StatusCode::kInvalidArgument ||
                 ans.status.code() == absl::StatusCode::kDataLoss)
@@ -255,7 +197,7 @@ TEST(HostileInput, GarbageTruncatedVersionLengthsNanInfAndForgeriesChangeNothing
     eb.add_body_type(msg::Body::PullRequest);
     eb.add_body(body.Union());
     fbb.Finish(eb.Finish());
-    Answer ans = to->Call(OutMessage{fbb.Release(), nullptr}, id);
+    RawAnswer ans = to->Exchange(OutMessage{fbb.Release(), nullptr}, id);
     ASSERT_TRUE(ans.answered);
     EXPECT_EQ(ans.status.code(), absl::StatusCode::kFailedPrecondition) << ans.status;
     EXPECT_THAT(std::string(ans.status.message()), HasSubstr("protocol version"));

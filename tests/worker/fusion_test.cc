@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
+#include "tests/worker/inproc_cluster.h"
 
 namespace adaps {
 namespace {
@@ -78,17 +79,11 @@ class Cluster {
                      absl::Duration timeout = absl::Seconds(10),
                      const std::vector<Member>& members = kMembers) {
     members_ = members;
-    context_ = std::make_shared<TransportContext>(1);
-    SchedulerConfig sc;
-    sc.bind = "inproc://scheduler";
-    sc.num_servers = kServers;
-    sc.heartbeat_interval = absl::Milliseconds(100);
-    sc.dead_timeout = absl::Seconds(5);
-    sc.log_level = "warn";
-    scheduler_ = std::make_unique<Scheduler>(sc, context_);
-    ADAPS_RETURN_IF_ERROR(scheduler_->Start());
-    std::vector<absl::Status> server_status(kServers);
-    std::vector<std::thread> starts;
+    testing::InprocServersOptions o;
+    o.servers = kServers;
+    o.optimizer.kind = OptimizerKind::kMomentum;
+    o.optimizer.learning_rate = 0.1f;
+    o.optimizer.momentum = 0.9f;
     for (int s = 0; s < kServers; ++s) {
       MetricsOptions mo;
       mo.port = 0;
@@ -97,27 +92,17 @@ class Cluster {
       mo.rank = s;
       ADAPS_ASSIGN_OR_RETURN(std::unique_ptr<Metrics> m, Metrics::Create(mo));
       metrics_.push_back(std::move(m));
-      ServerConfig vc;
-      vc.scheduler = "inproc://scheduler";
-      vc.bind = "inproc://server" + std::to_string(s);
-      vc.optimizer.kind = OptimizerKind::kMomentum;
-      vc.optimizer.learning_rate = 0.1f;
-      vc.optimizer.momentum = 0.9f;
-      vc.log_level = "warn";
-      servers_.push_back(std::make_unique<Server>(vc, context_, metrics_.back().get()));
+      o.metrics.push_back(metrics_.back().get());
     }
-    for (int s = 0; s < kServers; ++s) {
-      starts.emplace_back([&, s] { server_status[s] = servers_[s]->Start(); });
-    }
+    ADAPS_RETURN_IF_ERROR(cluster_.Start(o));
     WorkerOptions wo;
-    wo.scheduler = "inproc://scheduler";
-    wo.context = context_;
+    wo.scheduler = testing::InprocServers::kScheduler;
+    wo.context = cluster_.context();
     wo.request_timeout = timeout;
     wo.log_level = "error";
     wo.fusion_threshold_bytes = fusion_threshold;
     auto worker = Worker::Create(wo);
-    for (auto& t : starts) t.join();
-    for (const auto& st : server_status) ADAPS_RETURN_IF_ERROR(st);
+    ADAPS_RETURN_IF_ERROR(cluster_.JoinServers());
     ADAPS_RETURN_IF_ERROR(worker.status());
     worker_ = *std::move(worker);
     std::mt19937 rng(11);
@@ -137,10 +122,6 @@ class Cluster {
     if (worker_) {
       EXPECT_TRUE(worker_->Stop().ok());
     }
-    if (scheduler_) {
-      EXPECT_TRUE(scheduler_->WaitForShutdown(absl::Seconds(5)));
-    }
-    for (auto& s : servers_) EXPECT_TRUE(s->WaitForShutdown(absl::Seconds(5)));
   }
 
   // One PushPull of every member (all in flight at once), gradients from `rng`.
@@ -169,10 +150,8 @@ class Cluster {
   const std::vector<float>& params(const std::string& name) { return params_[name]; }
 
  private:
-  std::shared_ptr<TransportContext> context_;
-  std::vector<std::unique_ptr<Metrics>> metrics_;
-  std::unique_ptr<Scheduler> scheduler_;
-  std::vector<std::unique_ptr<Server>> servers_;
+  std::vector<std::unique_ptr<Metrics>> metrics_;  // outlive the servers
+  testing::InprocServers cluster_;  // waits for the scheduler and servers to end last
   std::unique_ptr<Worker> worker_;
   std::map<std::string, std::vector<float>> params_;
   std::vector<Member> members_;

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
+#include "tests/worker/inproc_cluster.h"
 #include "worker/worker_impl.h"
 
 namespace adaps {
@@ -30,41 +31,19 @@ class Cluster {
   explicit Cluster(int compression_threads) : threads_(compression_threads) {}
 
   absl::Status Start() {
-    context_ = std::make_shared<TransportContext>(1);
-    SchedulerConfig sc;
-    sc.bind = "inproc://scheduler";
-    sc.num_servers = kServers;
-    sc.split_threshold = 16;  // every tensor of 16 elements or more gets a slice per server
-    sc.heartbeat_interval = absl::Milliseconds(100);
-    sc.dead_timeout = absl::Seconds(5);
-    sc.log_level = "warn";
-    scheduler_ = std::make_unique<Scheduler>(sc, context_);
-    if (auto s = scheduler_->Start(); !s.ok()) return s;
-    std::vector<absl::Status> server_status(kServers);
-    std::vector<std::thread> starts;
-    for (int s = 0; s < kServers; ++s) {
-      ServerConfig vc;
-      vc.scheduler = "inproc://scheduler";
-      vc.bind = "inproc://server" + std::to_string(s);
-      vc.optimizer.kind = OptimizerKind::kSumOnly;
-      vc.log_level = "warn";
-      servers_.push_back(std::make_unique<Server>(vc, context_));
-    }
-    for (int s = 0; s < kServers; ++s) {
-      starts.emplace_back([&, s] { server_status[s] = servers_[s]->Start(); });
-    }
+    testing::InprocServersOptions o;
+    o.servers = kServers;
+    o.split_threshold = 16;  // every tensor of 16 elements or more gets a slice per server
+    if (auto s = cluster_.Start(o); !s.ok()) return s;
     WorkerOptions wo;
-    wo.scheduler = "inproc://scheduler";
-    wo.context = context_;
+    wo.scheduler = testing::InprocServers::kScheduler;
+    wo.context = cluster_.context();
     wo.request_timeout = absl::Seconds(5);
     wo.log_level = "warn";
     wo.compression_threads = threads_;
     worker_ = std::make_unique<Worker::Impl>(wo);
     absl::Status status = worker_->Init();
-    for (auto& t : starts) t.join();
-    for (const auto& st : server_status) {
-      if (!st.ok()) return st;
-    }
+    if (auto s = cluster_.JoinServers(); !s.ok()) return s;
     return status;
   }
 
@@ -73,10 +52,6 @@ class Cluster {
       EXPECT_TRUE(worker_->Stop().ok());
       worker_.reset();
     }
-    if (scheduler_) {
-      EXPECT_TRUE(scheduler_->WaitForShutdown(absl::Seconds(5)));
-    }
-    for (auto& s : servers_) EXPECT_TRUE(s->WaitForShutdown(absl::Seconds(5)));
   }
 
   Worker::Impl& worker() { return *worker_; }
@@ -101,9 +76,7 @@ class Cluster {
 
  private:
   const int threads_;
-  std::shared_ptr<TransportContext> context_;
-  std::unique_ptr<Scheduler> scheduler_;
-  std::vector<std::unique_ptr<Server>> servers_;
+  testing::InprocServers cluster_;  // waits for the scheduler and servers to end last
   std::unique_ptr<Worker::Impl> worker_;
 };
 

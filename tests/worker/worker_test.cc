@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
+#include "tests/worker/inproc_cluster.h"
 
 namespace adaps {
 namespace {
@@ -21,37 +22,17 @@ constexpr int kServers = 2;
 class WorkerInproc : public ::testing::Test {
  protected:
   void SetUp() override {
-    context_ = std::make_shared<TransportContext>(1);
-    SchedulerConfig sc;
-    sc.bind = "inproc://scheduler";
-    sc.num_servers = kServers;
-    sc.split_threshold = 16;  // every tensor of 16 elements or more gets a slice per server
-    sc.heartbeat_interval = absl::Milliseconds(100);
-    sc.dead_timeout = absl::Seconds(5);
-    sc.log_level = "warn";
-    scheduler_ = std::make_unique<Scheduler>(sc, context_);
-    ASSERT_TRUE(scheduler_->Start().ok());
-    std::vector<absl::Status> server_status(kServers);
-    std::vector<std::thread> starts;
-    for (int s = 0; s < kServers; ++s) {
-      ServerConfig vc;
-      vc.scheduler = "inproc://scheduler";
-      vc.bind = "inproc://server" + std::to_string(s);
-      vc.optimizer.kind = OptimizerKind::kSumOnly;
-      vc.log_level = "warn";
-      servers_.push_back(std::make_unique<Server>(vc, context_));
-    }
-    for (int s = 0; s < kServers; ++s) {
-      starts.emplace_back([&, s] { server_status[s] = servers_[s]->Start(); });
-    }
+    testing::InprocServersOptions o;
+    o.servers = kServers;
+    o.split_threshold = 16;  // every tensor of 16 elements or more gets a slice per server
+    ASSERT_TRUE(cluster_.Start(o).ok());
     WorkerOptions wo;
-    wo.scheduler = "inproc://scheduler";
-    wo.context = context_;
+    wo.scheduler = testing::InprocServers::kScheduler;
+    wo.context = cluster_.context();
     wo.request_timeout = absl::Seconds(5);
     wo.log_level = "warn";
     auto worker = Worker::Create(wo);
-    for (auto& t : starts) t.join();
-    for (const auto& st : server_status) ASSERT_TRUE(st.ok()) << st;
+    ASSERT_TRUE(cluster_.JoinServers().ok());
     ASSERT_TRUE(worker.ok()) << worker.status();
     worker_ = *std::move(worker);
   }
@@ -60,10 +41,6 @@ class WorkerInproc : public ::testing::Test {
     if (worker_) {
       EXPECT_TRUE(worker_->Stop().ok());
     }
-    if (scheduler_) {
-      EXPECT_TRUE(scheduler_->WaitForShutdown(absl::Seconds(5)));
-    }
-    for (auto& s : servers_) EXPECT_TRUE(s->WaitForShutdown(absl::Seconds(5)));
   }
 
   // Declares `name` with `n` elements of initial value 0 and checks it has two slices of
@@ -85,9 +62,7 @@ class WorkerInproc : public ::testing::Test {
     return worker_->PushPull(name, g, absl::MakeSpan(out)).get();
   }
 
-  std::shared_ptr<TransportContext> context_;
-  std::unique_ptr<Scheduler> scheduler_;
-  std::vector<std::unique_ptr<Server>> servers_;
+  testing::InprocServers cluster_;  // waits for the scheduler and servers to end last
   std::unique_ptr<Worker> worker_;
 };
 
