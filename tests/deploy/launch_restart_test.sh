@@ -2,31 +2,73 @@
 # deploy/launch.sh --checkpoint-dir: the server is killed (SIGKILL) mid-training; launch.sh
 # starts it again with the same flags, it restores its checkpoint, the adaps-worker processes
 # resume it and the job ends with exit 0. Usage: launch_restart_test.sh BUILD_DIR.
+#
+# The kill must come after a checkpoint that holds the model. The training takes a few
+# seconds and a checkpoint's fsync can take longer than that on a loaded disk, so the test
+# does not race them: once training has started it stops the job's workers (SIGSTOP), waits
+# for a checkpoint of the model (the server is idle then), continues the workers (SIGCONT)
+# and kills the server at once.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${1:-$repo/build}
 data=/usr/share/datasets/fashion-mnist
 [[ -d $data ]] || { echo "SKIP: Fashion-MNIST is not installed"; exit 77; }
 dir=$(mktemp -d /tmp/adaps-launch-restart.XXXXXX)
-trap 'rm -rf "$dir"' EXIT
 out=$dir/out.log
+workers=()
+cleanup() {
+  [[ ${#workers[@]} -gt 0 ]] && kill -CONT "${workers[@]}" 2>/dev/null
+  [[ -n ${launch:-} ]] && kill "$launch" 2>/dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail_now() { echo "FAIL: $*"; cat "$out"; exit 1; }
+# The pids whose command line matches the extended regex $1.
+pids_of() {
+  local p
+  for p in /proc/[0-9]*; do
+    if { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -qE -- "$1"; then echo "${p#/proc/}"; fi
+  done
+}
+# Waits up to $2 tenths of a second for the extended regex $1 in the log; fails early when
+# launch.sh has ended.
+wait_for() {
+  local _
+  for _ in $(seq "$2"); do
+    grep -qE -- "$1" "$out" && return 0
+    kill -0 "$launch" 2>/dev/null || fail_now "launch.sh ended before the log said /$1/"
+    sleep 0.1
+  done
+  fail_now "no /$1/ in the log after $(($2 / 10)) s"
+}
+
 bash "$repo/deploy/launch.sh" --bin "$bin" --servers 1 --workers 2 --timeout 240 \
   --checkpoint-dir "$dir/ckpt" --server-args "--checkpoint_interval_s=1" -- \
   --mode=train --model=mlp --train_limit=16000 --epochs=3 --log_level=warn \
   --data_dir="$data" >"$out" 2>&1 &
 launch=$!
-# Wait for a checkpoint of the model (6 tensors; 3 slices with fusion of small tensors, the
-# default), then kill the job's server.
-for _ in $(seq 600); do grep -qE "checkpoint of (6|3) slices" "$out" && break; sleep 0.1; done
-pid=""
-for p in /proc/[0-9]*; do
-  if { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -q -- "adaps-server .*--checkpoint_dir=$dir/ckpt"; then
-    pid=${p#/proc/}
-  fi
+# Training has started once a worker reports progress (every tensor is declared by then).
+wait_for "step [0-9]+/[0-9]+ " 600
+sched=$(grep -oE "launch: scheduler at tcp://[0-9.]+:[0-9]+" "$out" | head -1 | sed 's/.* at //')
+[[ -n $sched ]] || fail_now "launch.sh did not say where the scheduler is"
+mapfile -t workers < <(pids_of "adaps-worker --scheduler=$sched ")
+[[ ${#workers[@]} -eq 2 ]] || fail_now "found ${#workers[@]} workers of this job, not 2"
+kill -STOP "${workers[@]}"
+# The model's checkpoint: 6 tensors, or 3 slices with fusion of small tensors (the default).
+# Under 20 s: the scheduler declares a silent worker dead after 30 s.
+before=$(grep -cE "checkpoint of (6|3) slices" "$out")
+for _ in $(seq 200); do
+  [[ $(grep -cE "checkpoint of (6|3) slices" "$out") -gt $before ]] && break
+  sleep 0.1
 done
-[[ -n $pid ]] || { echo "FAIL: no server of this job found"; cat "$out"; exit 1; }
-kill -KILL "$pid"
+[[ $(grep -cE "checkpoint of (6|3) slices" "$out") -gt $before ]] ||
+  fail_now "no checkpoint of the model within 20 s of stopping the workers"
+mapfile -t server < <(pids_of "adaps-server .*--checkpoint_dir=$dir/ckpt")
+[[ ${#server[@]} -eq 1 ]] || fail_now "found ${#server[@]} servers of this job, not 1"
+kill -CONT "${workers[@]}"
+kill -KILL "${server[0]}"
 wait "$launch"; rc=$?
+launch=""
 fail=0
 [[ $rc -eq 0 ]] || { echo "FAIL: launch.sh exited $rc"; fail=1; }
 grep -q "restarting it from its checkpoint" "$out" || { echo "FAIL: the server was not restarted"; fail=1; }
