@@ -65,6 +65,10 @@ class Process {
       absl::SleepFor(absl::Milliseconds(10));
     }
   }
+  // Sends `sig` (SIGSTOP, SIGCONT) to a process still running.
+  void Signal(int sig) {
+    if (pid_ > 0 && !exited_) ::kill(pid_, sig);
+  }
   void Kill() {
     if (pid_ > 0 && !exited_) {
       ::kill(pid_, SIGKILL);

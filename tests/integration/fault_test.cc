@@ -270,7 +270,21 @@ void KillServerMidStepAndRestart(bool same_port) {
   auto server = std::make_unique<Process>(ADAPS_SERVER_BIN, first, cluster.dir() + "/s-a.log");
   std::vector<std::string> second = args;
   std::unique_ptr<Process> restarted;
-  constexpr int kSteps = 90, kKillAt = 60;
+  // The kill comes at the first step from kKillAt on with a timed checkpoint of a later step
+  // than the first on disk: the second one that holds the slice (the first may be of step 0,
+  // the second starts after it ended). A checkpoint's fsync can take seconds on a loaded
+  // disk, so the workers step on until then; both stop kAfterKill steps after the kill.
+  constexpr int kKillAt = 60, kAfterKill = 30, kGiveUpAt = 2400;  // about 60 s
+  const auto checkpoints = [&] {
+    const std::string log = server->Log();
+    int n = 0;
+    for (size_t at = log.find("checkpoint of 1 slices"); at != std::string::npos;
+         at = log.find("checkpoint of 1 slices", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  std::atomic<int> last_step{-1};  // set by rank 0; ahead of both workers
   std::vector<std::vector<float>> seen(2);
   std::vector<std::thread> threads;
   for (int i = 0; i < 2; ++i) {
@@ -279,15 +293,21 @@ void KillServerMidStepAndRestart(bool same_port) {
       ASSERT_TRUE(w.ok()) << w.status();
       std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
       ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
-      for (int s = 0; s < kSteps; ++s) {
-        if ((*w)->rank() == 0 && s == kKillAt) {
-          if (same_port) {  // written once the cluster formed
-            second.push_back("--port=" + WaitForPortFile(cluster.dir() + "/server.port",
-                                                         absl::Seconds(1)));
+      for (int s = 0; s != last_step.load(); ++s) {
+        if ((*w)->rank() == 0 && last_step.load() < 0 && s >= kKillAt) {
+          if (checkpoints() >= 2) {
+            if (same_port) {  // written once the cluster formed
+              second.push_back("--port=" + WaitForPortFile(cluster.dir() + "/server.port",
+                                                           absl::Seconds(1)));
+            }
+            server->Kill();  // the other worker is inside its step
+            restarted =
+                std::make_unique<Process>(ADAPS_SERVER_BIN, second, cluster.dir() + "/s-b.log");
+            last_step = s + kAfterKill;
+          } else if (s >= kGiveUpAt) {
+            ADD_FAILURE() << "no two timed checkpoints by step " << s << "\n" << server->Log();
+            last_step = s + 1;
           }
-          server->Kill();  // the other worker is inside its step
-          restarted =
-              std::make_unique<Process>(ADAPS_SERVER_BIN, second, cluster.dir() + "/s-b.log");
         }
         absl::Status st = (*w)->PushPull("t", g, absl::MakeSpan(p)).get();
         ASSERT_TRUE(st.ok()) << "step " << s << ": " << st;
@@ -300,7 +320,7 @@ void KillServerMidStepAndRestart(bool same_port) {
   }
   for (auto& t : threads) t.join();
   ASSERT_TRUE(restarted);
-  EXPECT_EQ(restarted->WaitExit(absl::Seconds(10)), 0) << restarted->Log();
+  EXPECT_EQ(restarted->WaitExit(absl::Seconds(30)), 0) << restarted->Log();
   const std::string log = restarted->Log();
   const size_t at = log.find("restored at step ");
   ASSERT_NE(at, std::string::npos) << log;

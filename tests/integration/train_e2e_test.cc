@@ -49,6 +49,8 @@ TrainResult Train(const std::string& compressor, bool kill_server = false,
     options.server_args.insert(options.server_args.end(),
                                {"--identity=s0", "--checkpoint_dir=" + ckpt,
                                 "--checkpoint_interval_s=1", "--log_level=info"});
+    // Over the harness's 3 s: the workers are stopped while the server checkpoints (below).
+    options.scheduler_args = {"--dead_timeout_ms=30000"};
   }
   LocalCluster cluster(options);
   if (cluster.scheduler_address().empty()) {
@@ -68,13 +70,40 @@ TrainResult Train(const std::string& compressor, bool kill_server = false,
   }
   std::unique_ptr<Process> restarted;
   if (kill_server) {
-    const absl::Time end = absl::Now() + absl::Seconds(60);
-    // A checkpoint of the 6 tensors of the MLP: training is under way. (With fusion of
-    // small tensors, the default, fc3.weight and the biases are one bucket: 3 slices.)
-    while (cluster.server(0).Log().find("checkpoint of 6 slices") == std::string::npos &&
-           cluster.server(0).Log().find("checkpoint of 3 slices") == std::string::npos &&
-           absl::Now() < end) {
+    // The kill must come after a checkpoint that holds the model. The training takes a few
+    // seconds and a checkpoint's fsync can take longer on a loaded disk, so the two are not
+    // raced: once training is under way (a worker reports progress, every tensor is
+    // declared) the workers are stopped, the now idle server writes its timed checkpoint of
+    // the model (6 tensors; 3 slices with fusion of small tensors, the default), and the
+    // workers go on as the server is killed.
+    const std::regex progress(R"(step [0-9]+/[0-9]+ )");
+    const std::regex model_checkpoint("checkpoint of (6|3) slices");
+    const auto count = [](const std::string& log, const std::regex& re) {
+      return std::distance(std::sregex_iterator(log.begin(), log.end(), re),
+                           std::sregex_iterator());
+    };
+    // (Only the worker of rank 0, either process, reports progress.)
+    const auto progressed = [&] {
+      return count(workers[0]->Log(), progress) + count(workers[1]->Log(), progress) > 0;
+    };
+    absl::Time end = absl::Now() + absl::Seconds(60);
+    while (!progressed() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(20));
+    if (!progressed()) {
+      result.log = "no progress from the workers within 60 s\n" + workers[0]->Log() +
+                   workers[1]->Log();
+      return result;
+    }
+    for (auto& w : workers) w->Signal(SIGSTOP);
+    const auto before = count(cluster.server(0).Log(), model_checkpoint);
+    end = absl::Now() + absl::Seconds(20);  // the scheduler's dead timeout is 30 s here
+    while (count(cluster.server(0).Log(), model_checkpoint) == before && absl::Now() < end) {
       absl::SleepFor(absl::Milliseconds(20));
+    }
+    for (auto& w : workers) w->Signal(SIGCONT);
+    if (count(cluster.server(0).Log(), model_checkpoint) == before) {
+      result.log = "no checkpoint of the model within 20 s of stopping the workers\n" +
+                   cluster.server(0).Log();
+      return result;
     }
     cluster.server(0).Kill();
     std::vector<std::string> args = {"--scheduler=" + cluster.scheduler_address(),
