@@ -36,6 +36,10 @@ std::future<absl::Status> Worker::Pull(absl::string_view name, absl::Span<float>
   return impl_->Run(name, {}, out, false, true);
 }
 
+absl::Status Worker::PullParameters(absl::string_view name, absl::Span<float> out) {
+  return impl_->PullParameters(name, out);
+}
+
 absl::Status Worker::Barrier() { return impl_->Barrier(); }
 absl::Status Worker::SetHyper(const std::vector<std::pair<std::string, double>>& params) {
   return impl_->SetHyper(params);

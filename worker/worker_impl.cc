@@ -157,6 +157,44 @@ absl::StatusOr<std::vector<InMessage>> Worker::Impl::PullAllDense(
   return out;
 }
 
+absl::Status Worker::Impl::PullParameters(absl::string_view name, absl::Span<float> out) {
+  ADAPS_RETURN_IF_ERROR(CheckRunning());
+  ADAPS_ASSIGN_OR_RETURN(Tensor * t, Find(name));
+  ADAPS_RET_CHECK(out.size() == t->length, absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("tensor '", t->spec.name, "' has ", t->length,
+                               " elements, the buffer ", out.size()));
+  // A fused tensor is a segment of its bucket's one slice: the bucket is pulled.
+  Tensor& src = t->fused_into != nullptr ? t->fused_into->internal : *t;
+  const uint64_t at =
+      t->fused_into != nullptr ? t->fused_into->members[t->fusion_index].offset : 0;
+  std::vector<size_t> all(src.meta.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls,
+                         PullAllDense(src, all, "parameter pull"));
+  uint64_t wire = 0;
+  for (size_t i = 0; i < src.meta.size(); ++i) {
+    const SliceInfo& info = src.meta[i].info;
+    wire += pulls[i].wire_bytes();
+    // The part of this slice inside [at, at + t->length) of `src`.
+    const uint64_t lo = std::max<uint64_t>(info.offset, at);
+    const uint64_t hi = std::min<uint64_t>(info.offset + info.length, at + t->length);
+    if (lo >= hi) continue;
+    std::memcpy(out.data() + (lo - at), pulls[i].payload().data() + (lo - info.offset) * sizeof(float),
+                (hi - lo) * sizeof(float));
+  }
+  {
+    absl::MutexLock lock(&src.mu);
+    src.traffic.pull_wire_bytes += wire;
+    if (&src == t) src.traffic.pull_dense_bytes += t->length * sizeof(float);
+    src.metrics.Sync(src.traffic);
+  }
+  if (&src != t) {  // the bucket's wire bytes are shared by its members (FusedTraffic)
+    absl::MutexLock lock(&t->mu);
+    t->traffic.pull_dense_bytes += t->length * sizeof(float);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Worker::Impl::Barrier() {
   ADAPS_RETURN_IF_ERROR(CheckRunning());
   flatbuffers::FlatBufferBuilder fbb(64);

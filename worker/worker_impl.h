@@ -61,6 +61,7 @@ class Worker::Impl {
   std::future<absl::Status> Run(absl::string_view name, absl::Span<const float> grad,
                                 absl::Span<float> out, bool push, bool pull);
   absl::Status Barrier();
+  absl::Status PullParameters(absl::string_view name, absl::Span<float> out);
   absl::Status SetHyper(const std::vector<std::pair<std::string, double>>& params);
   absl::Status Checkpoint(const std::string& directory);
   absl::StatusOr<TrafficCounters> Traffic(absl::string_view name) const;

@@ -125,3 +125,44 @@ def test_state_dict_round_trip_and_zero_grad_set_to_none(cluster):
         assert opt.param_groups is opt.optimizer.param_groups
         return opt.param_groups[0]["lr"], opt.optimizer.param_groups[0]["lr"]
     assert run_ranks(address, 2, rank) == [(0.25, 0.25), (0.25, 0.25)]
+
+
+def test_pull_parameters_loads_the_servers_exact_parameters_behind_recompressed_pulls(cluster):
+    address = sgd_cluster(cluster)
+
+    def rank(w):
+        torch.manual_seed(0)
+        # 20000 weights: a tensor of its own; the rest are fused (under 64 KiB).
+        m = nn.Sequential(nn.Linear(40, 50), nn.Tanh(), nn.Linear(50, 400))
+        opt = adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m, w,
+                                               server_optimizer="sgd", compression="dense",
+                                               pull="recompressed")
+        # Every rank has the same replica and data, so the mean gradient is its own and the
+        # servers' SGD is reproduced here (dense pushes: nothing held back on the way up).
+        ref = [p.detach().clone() for p in m.parameters()]
+        x = torch.linspace(-1, 1, 8 * 40).reshape(8, 40)
+        for _ in range(6):
+            opt.zero_grad()
+            m(x).pow(2).mean().backward()
+            grads = [p.grad.detach().clone() for p in m.parameters()]
+            opt.step()
+            for r, g in zip(ref, grads):
+                r.sub_(0.1 * g)
+        replica_gap = max((p.detach() - r).abs().max().item()
+                          for p, r in zip(m.parameters(), ref))
+        m(x).sum().backward()  # pushed, not yet waited for
+        with pytest.raises(adaps.Error, match="in flight"):
+            opt.pull_parameters()
+        opt.step()
+        for r, p in zip(ref, m.parameters()):
+            r.sub_(0.1 * p.grad.detach())
+        opt.pull_parameters()
+        exact_gap = max((p.detach() - r).abs().max().item()
+                        for p, r in zip(m.parameters(), ref))
+        opt.zero_grad()
+        m(x).sum().backward()
+        opt.step()  # the recompressed stream goes on from the replica
+        return replica_gap, exact_gap
+    for replica_gap, exact_gap in run_ranks(address, 2, rank):
+        assert replica_gap > 1e-4, "the recompressed replica should trail the servers"
+        assert exact_gap < 1e-6

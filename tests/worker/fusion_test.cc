@@ -301,5 +301,45 @@ TEST(Fusion, TensorNamesAndSlicesShowTheMembers) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The servers' parameters do not depend on the pull format (the pushes do not), so a run
+// with recompressed pulls must get from PullParameters exactly what a run with dense pulls
+// gets from PushPull, for fused members, a tensor of one slice and one of several; its
+// replica (what PushPull wrote) trails them, and the steps after go on from the replica.
+TEST(Fusion, PullParametersGivesTheServersExactParametersBehindRecompressedPulls) {
+  std::vector<Member> members = kMembers;
+  members.push_back({"huge", 150000, 500, Compression::kAdaComp});  // > split threshold
+  std::map<std::string, std::vector<float>> exact;
+  for (PullFormat pull : {PullFormat::kDense, PullFormat::kRecompressed}) {
+    Cluster c;
+    ASSERT_TRUE(c.Start(64 * 1024, pull, absl::Seconds(10), members).ok());
+    ASSERT_GE(c.worker().Slices("huge")->size(), 2u);
+    std::mt19937 rng(5);
+    for (int step = 0; step < 20; ++step) ASSERT_TRUE(c.Step(rng).ok()) << step;
+    if (pull == PullFormat::kDense) {
+      for (const Member& m : members) exact[m.name] = c.params(m.name);
+      continue;
+    }
+    int trailing = 0;
+    for (const Member& m : members) {
+      std::vector<float> got(m.length, -1.0f);
+      ASSERT_TRUE(c.worker().PullParameters(m.name, absl::MakeSpan(got)).ok()) << m.name;
+      EXPECT_EQ(0, std::memcmp(got.data(), exact[m.name].data(), got.size() * sizeof(float)))
+          << m.name;
+      if (c.params(m.name) != got) ++trailing;
+    }
+    EXPECT_GE(trailing, 3) << "the recompressed replicas should trail the servers";
+    std::vector<float> wrong(7);
+    EXPECT_EQ(c.worker().PullParameters("fc.w", absl::MakeSpan(wrong)).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.worker().PullParameters("nope", absl::MakeSpan(wrong)).code(),
+              absl::StatusCode::kInvalidArgument);
+    for (int step = 0; step < 3; ++step) ASSERT_TRUE(c.Step(rng).ok()) << "after, " << step;
+    auto t = c.worker().Traffic("huge");
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(t->pulls, 23u);
+    EXPECT_EQ(t->pull_dense_bytes, 24u * 4 * 150000);  // 23 pulls and the parameter pull
+  }
+}
+
 }  // namespace
 }  // namespace adaps

@@ -361,6 +361,18 @@ void DefineModule(py::module_& m) {
           },
           py::arg("params"))
       .def(
+          "pull_parameters",
+          [](PyWorker& w, const std::string& name, py::object out) {
+            Borrowed o = Borrow(out, /*writable=*/true, "pull_parameters: out");
+            Worker& x = w.get();
+            Blocking([&] { return x.PullParameters(name, absl::MakeSpan(o.data, o.size)); });
+          },
+          py::arg("name"), py::arg("out"),
+          "Blocks until `out` holds the servers' parameters of `name` as of their last "
+          "completed step, exactly (a dense pull; the tensor's replica and residues are left "
+          "alone). With recompressed pulls the parameters push_pull writes trail the servers' "
+          "by what the downlink has not sent yet; this gives the trained model itself.")
+      .def(
           "checkpoint",
           [](PyWorker& w, const std::string& dir) {
             Worker& x = w.get();

@@ -155,6 +155,16 @@ class Worker {
   std::future<absl::Status> Push(absl::string_view name, absl::Span<const float> grad);
   std::future<absl::Status> Pull(absl::string_view name, absl::Span<float> out);
 
+  // The servers' parameters of `name` as of their last completed step, exactly (a dense
+  // pull of each of its slices), into `out` (the tensor's length); blocks. The tensor's
+  // replica and residues are left alone, so this may be called between steps whatever the
+  // tensor's pull format. With recompressed pulls the parameters PushPull writes are the
+  // worker's replica, which trails the servers' by what the downlink has not sent yet
+  // (the servers' residue); this gives the trained model itself, as a checkpoint holds it
+  // (e.g. once at the end of training). Must not overlap another operation on the tensor.
+  // kInvalidArgument for an undeclared tensor or a wrong length (`out` unchanged).
+  absl::Status PullParameters(absl::string_view name, absl::Span<float> out);
+
   // Waits until every live worker reached the barrier.
   absl::Status Barrier();
   // Sets optimizer hyper-parameters on every server (learning_rate, momentum, weight_decay,

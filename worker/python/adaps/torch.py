@@ -444,6 +444,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return None
         return self.optimizer.step()
 
+    def pull_parameters(self):
+        """Server mode: loads the servers' parameters as of their last completed step into
+        the model, exactly (one dense pull per trained tensor; not collective: any worker
+        may call it, each on its own). With pull="recompressed" the model that step() leaves
+        is this worker's replica, which trails the servers' parameters by what the downlink
+        has not sent yet (the servers' residue); call this once at the end of training,
+        before evaluating or saving, to get the trained model itself, as a server checkpoint
+        holds it. The next step() writes the replica again. Local mode: nothing to do (the
+        servers hold no parameters; the model already is every worker's). Call it between
+        steps, not while one is in flight."""
+        if self.mode != "server":
+            return
+        if any(e.handle is not None for e in self._params):
+            raise adaps._error(adaps.FAILED_PRECONDITION,
+                               "adaps.torch: pull_parameters() while a step is in flight "
+                               "(backward pushed gradients that step() has not waited for); "
+                               "call it after step()")
+        with torch.no_grad():
+            for e in self._params:
+                self.worker.pull_parameters(e.name, e.buf)
+                e.param.copy_(torch.from_numpy(e.buf).view_as(e.param))
+
     def state_dict(self):
         return self.optimizer.state_dict()
 
