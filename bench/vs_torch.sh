@@ -118,12 +118,14 @@ run() {  # system
       workers+=($!)
     done
   else
-    local sched="tcp://$(addr 4):$port" server_opt=momentum server_extra=(${ADAPS_SERVER_FLAGS:-})
+    local sched="tcp://$(addr 4):$port" server_opt=momentum server_extra=()
     [[ $adaps_mode == local ]] && server_opt=mean
     # The main command's recipe (docs/accuracy.md): momentum on the workers, SGD here.
     if [[ $sys == adacomp && $adaps_mode == server && $adacomp_recipe == dgc ]]; then
       server_opt=sgd server_extra+=(--pull_bin_size=100)
     fi
+    # Last, so that they can override the recipe's (the last of a repeated flag wins).
+    server_extra+=(${ADAPS_SERVER_FLAGS:-})
     s0=$(host_bytes 4)
     on 4 "$bin/scheduler/adaps-scheduler" --host=0.0.0.0 --port="$port" --num_servers="$servers" \
       --num_workers=4 --log_level=warn > >(sed -u "s/^/[sched] /" >>"$log") 2>&1 &

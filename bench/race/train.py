@@ -64,6 +64,12 @@ def parse():
                          "weights); 0 = biases at 100, BatchNorm weights at --adacomp-fc-bin")
     ap.add_argument("--adacomp-fc-bin", type=int, default=0,
                     help="AdaComp bin size of the non-conv layers; 0 = adaps.torch's (500)")
+    ap.add_argument("--final-pull", default="off", choices=("auto", "off"),
+                    help="auto: adacomp with recompressed pulls, before the last evaluation "
+                         "rank 0 loads the servers' exact parameters (DistributedOptimizer."
+                         "pull_parameters, one dense pull, on the clock; the replica's "
+                         "accuracy is printed too). off (default): evaluate the replica; the "
+                         "two measured the same (docs/benchmarks.md, the race's notes)")
     ap.add_argument("--compression-threads", type=int, default=1,
                     help="adaps: the worker's compression pool (0: compress on the calling "
                          "thread, decode on the I/O thread)")
@@ -156,6 +162,9 @@ class Adaps:
             compression="dense" if dense else "adacomp",
             pull="dense" if dense else a.adacomp_pull, bin_sizes=bin_sizes,
             bin_size=a.adacomp_fc_bin or None)
+        self.final_pull = None
+        if not dense and a.adacomp_pull == "recompressed" and a.final_pull == "auto":
+            self.final_pull = self.opt.pull_parameters
 
     @staticmethod
     def _velocity_hook(momentum):
@@ -168,6 +177,7 @@ class Adaps:
             u.mul_(momentum).add_(grad)
             return u.clone()
         return hook
+
 
     def barrier(self):
         self.worker.barrier()
@@ -187,6 +197,7 @@ def train(a, sysobj, raw_model, x_train, y_train, x_test, y_test):
     total = steps_per_epoch * a.epochs
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
     evals, step_times = [], []
+    final = None
     clock, step = 0.0, 0
     rx0, tx0 = common.netdev_bytes()
     for epoch in range(a.epochs):
@@ -201,6 +212,18 @@ def train(a, sysobj, raw_model, x_train, y_train, x_test, y_test):
             clock += dt
             step_times.append(dt)
             step += 1
+            final_pull = getattr(sysobj, "final_pull", None) if step == total else None
+            if final_pull is not None and sysobj.rank == 0:
+                # The trained model is the servers' (rank 0 would save it): one dense pull,
+                # on the clock; the replica's accuracy is kept for the record.
+                replica_acc = common.evaluate(raw_model, x_test, y_test)
+                t1 = time.perf_counter()
+                final_pull()
+                pulled_s = time.perf_counter() - t1
+                clock += pulled_s
+                final = dict(replica_acc=replica_acc, seconds=pulled_s)
+                print("final pull of the servers' parameters: %.2f s (the replica's test_acc "
+                      "%.4f)" % (pulled_s, replica_acc), flush=True)
             if step % a.eval_every == 0 or step == total:
                 acc = common.evaluate(raw_model, x_test, y_test) if sysobj.rank == 0 else None
                 sysobj.barrier()  # off the clock: nobody computes ahead while rank 0 evaluates
@@ -210,7 +233,7 @@ def train(a, sysobj, raw_model, x_train, y_train, x_test, y_test):
                           (step, loss.item(), acc, clock), flush=True)
     rx1, tx1 = common.netdev_bytes()
     return dict(evals=evals, step_times=step_times, steps=step,
-                rx_bytes=rx1 - rx0, tx_bytes=tx1 - tx0)
+                rx_bytes=rx1 - rx0, tx_bytes=tx1 - tx0, final_pull=final)
 
 
 def main():
@@ -243,10 +266,12 @@ def main():
                    if a.system == "adacomp" else None,
                    adacomp_bins=dict(one_d=a.adacomp_1d_bin, fc=a.adacomp_fc_bin)
                    if a.system == "adacomp" else None, params=sum(p.numel() for p in model.parameters()),
-                   steps=r["steps"], evals=r["evals"], train_time=sum(r["step_times"]),
+                   steps=r["steps"], evals=r["evals"],
+                   train_time=sum(r["step_times"]) + (r["final_pull"] or {}).get("seconds", 0.0),
                    wall_time=wall, step_ms_mean=1e3 * sum(r["step_times"]) / r["steps"],
                    step_ms_median=1e3 * steady[len(steady) // 2],
-                   rx_bytes=r["rx_bytes"], tx_bytes=r["tx_bytes"], library_traffic=traffic)
+                   rx_bytes=r["rx_bytes"], tx_bytes=r["tx_bytes"], library_traffic=traffic,
+                   final_pull=r["final_pull"])
         with open(a.out, "w") as f:
             json.dump(res, f)
     sysobj.stop()
