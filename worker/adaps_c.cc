@@ -86,6 +86,13 @@ int adaps_worker_push_pull(adaps_worker* worker, const char* name, const float* 
                             .get());
 }
 
+int adaps_worker_pull_parameters(adaps_worker* worker, const char* name, float* out,
+                                 size_t count) {
+  if (name == nullptr) return worker->Record(absl::InvalidArgumentError("null name"));
+  if (out == nullptr && count > 0) return worker->Record(absl::InvalidArgumentError("null out"));
+  return worker->Record(worker->worker->PullParameters(name, absl::MakeSpan(out, count)));
+}
+
 int adaps_worker_barrier(adaps_worker* worker) { return worker->Record(worker->worker->Barrier()); }
 
 int adaps_worker_set_hyper(adaps_worker* worker, const char* name, double value) {

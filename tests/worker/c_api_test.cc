@@ -47,6 +47,13 @@ TEST(CApi, DeclaresPushesPullsAndReportsErrors) {
   ASSERT_EQ(adaps_worker_traffic(w, "w", &wire, &dense), 0);
   EXPECT_EQ(dense, 2u * 6 * 4);
   EXPECT_GT(wire, dense);
+  std::vector<float> exact(6, -1.0f);
+  ASSERT_EQ(adaps_worker_pull_parameters(w, "w", exact.data(), 6), 0)
+      << adaps_worker_last_error(w);
+  EXPECT_EQ(exact, out);
+  EXPECT_EQ(adaps_worker_pull_parameters(w, "w", exact.data(), 5), 3);
+  EXPECT_EQ(adaps_worker_pull_parameters(w, "missing", exact.data(), 6), 3);
+  EXPECT_EQ(adaps_worker_pull_parameters(w, nullptr, exact.data(), 6), 3);
 
   EXPECT_EQ(adaps_worker_push_pull(w, "missing", grad.data(), out.data(), 6), 3);
   EXPECT_NE(std::string(adaps_worker_last_error(w)).find("not declared"), std::string::npos);

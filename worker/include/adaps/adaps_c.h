@@ -43,6 +43,10 @@ int adaps_worker_declare(adaps_worker* worker, const adaps_tensor_spec* spec, fl
                          size_t count);
 int adaps_worker_push_pull(adaps_worker* worker, const char* name, const float* grad,
                            float* out, size_t count);
+/* The servers' parameters of `name` as of their last completed step, exactly (a dense pull;
+ * the replica behind recompressed pulls is left alone): adaps::Worker::PullParameters. */
+int adaps_worker_pull_parameters(adaps_worker* worker, const char* name, float* out,
+                                 size_t count);
 int adaps_worker_barrier(adaps_worker* worker);
 int adaps_worker_set_hyper(adaps_worker* worker, const char* name, double value);
 /* Traffic of one tensor: bytes on the wire and dense-equivalent bytes, pushes and pulls. */
