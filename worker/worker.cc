@@ -40,6 +40,10 @@ absl::Status Worker::PullParameters(absl::string_view name, absl::Span<float> ou
   return impl_->PullParameters(name, out);
 }
 
+absl::StatusOr<std::vector<uint32_t>> Worker::LastSent(absl::string_view name) const {
+  return impl_->LastSent(name);
+}
+
 absl::Status Worker::Barrier() { return impl_->Barrier(); }
 absl::Status Worker::SetHyper(const std::vector<std::pair<std::string, double>>& params) {
   return impl_->SetHyper(params);

@@ -195,6 +195,12 @@ absl::Status Worker::Impl::PullParameters(absl::string_view name, absl::Span<flo
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<uint32_t>> Worker::Impl::LastSent(absl::string_view name) const {
+  ADAPS_ASSIGN_OR_RETURN(Tensor * t, Find(name));
+  absl::MutexLock lock(&t->mu);
+  return t->last_sent;
+}
+
 absl::Status Worker::Impl::Barrier() {
   ADAPS_RETURN_IF_ERROR(CheckRunning());
   flatbuffers::FlatBufferBuilder fbb(64);

@@ -62,6 +62,7 @@ class Worker::Impl {
                                 absl::Span<float> out, bool push, bool pull);
   absl::Status Barrier();
   absl::Status PullParameters(absl::string_view name, absl::Span<float> out);
+  absl::StatusOr<std::vector<uint32_t>> LastSent(absl::string_view name) const;
   absl::Status SetHyper(const std::vector<std::pair<std::string, double>>& params);
   absl::Status Checkpoint(const std::string& directory);
   absl::StatusOr<TrafficCounters> Traffic(absl::string_view name) const;

@@ -64,6 +64,10 @@ def parse():
                          "weights); 0 = biases at 100, BatchNorm weights at --adacomp-fc-bin")
     ap.add_argument("--adacomp-fc-bin", type=int, default=0,
                     help="AdaComp bin size of the non-conv layers; 0 = adaps.torch's (500)")
+    ap.add_argument("--momentum-masking", default="off", choices=("on", "off"),
+                    help="adacomp with the dgc recipe: DGC's momentum factor masking, each "
+                         "worker clears its velocity where its last push sent it "
+                         "(adaps.Worker.last_sent)")
     ap.add_argument("--final-pull", default="off", choices=("auto", "off"),
                     help="auto: adacomp with recompressed pulls, before the last evaluation "
                          "rank 0 loads the servers' exact parameters (DistributedOptimizer."
@@ -143,8 +147,10 @@ class Adaps:
         if self.correct:
             # In a hook on each parameter, before the gradient reaches .grad: adaps.torch
             # pushes .grad during backward and refuses a gradient changed after it.
-            for p in model.parameters():
-                p.register_hook(self._velocity_hook(a.momentum))
+            masking = a.momentum_masking == "on"
+            for n, p in model.named_parameters():
+                p.register_hook(self._velocity_hook(a.momentum, self.worker if masking else None,
+                                                    n))
         server_opt = "mean" if a.adaps_mode == "local" else "momentum"
         bin_sizes = None
         if self.correct:
@@ -167,13 +173,19 @@ class Adaps:
             self.final_pull = self.opt.pull_parameters
 
     @staticmethod
-    def _velocity_hook(momentum):
+    def _velocity_hook(momentum, worker=None, name=None):
+        """u = m u + g, pushed instead of g; with `worker`, u is first cleared where the
+        last push of `name` sent it (DGC's momentum factor masking)."""
         state = {}
 
         def hook(grad):
             u = state.get("u")
             if u is None:
                 u = state["u"] = torch.zeros_like(grad)
+            elif worker is not None:
+                sent = torch.from_numpy(worker.last_sent(name))
+                if sent.numel():
+                    u.view(-1).index_fill_(0, sent, 0.0)
             u.mul_(momentum).add_(grad)
             return u.clone()
         return hook

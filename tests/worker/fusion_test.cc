@@ -341,5 +341,46 @@ TEST(Fusion, PullParametersGivesTheServersExactParametersBehindRecompressedPulls
   }
 }
 
+// LastSent: AdaComp's selection (one dominant element a bin, from a zero residue), for a
+// fused member and a tensor of its own, every element of a dense member; empty before the
+// first push.
+TEST(Fusion, LastSentIsWhatTheLastPushSent) {
+  const std::vector<Member> members = {{"a", 40, 4, Compression::kAdaComp},
+                                       {"d", 8, 4, Compression::kDense},
+                                       {"big", 150000, 500, Compression::kAdaComp}};
+  Cluster c;
+  ASSERT_TRUE(c.Start(64 * 1024, PullFormat::kDense, absl::Seconds(10), members).ok());
+  ASSERT_GE(c.worker().Slices("big")->size(), 2u);  // the slices' offsets count
+  std::map<std::string, std::vector<uint32_t>> expect;
+  std::map<std::string, std::vector<float>> grads, out;
+  for (const Member& m : members) {
+    auto before = c.worker().LastSent(m.name);
+    ASSERT_TRUE(before.ok());
+    EXPECT_TRUE(before->empty()) << m.name;
+    std::vector<float>& g = grads[m.name];
+    g.assign(m.length, 0.01f);
+    out[m.name].resize(m.length);
+    for (uint32_t k = 0; k * m.bin < m.length; ++k) {  // (every length is whole bins)
+      const uint32_t i = k * m.bin + (k * 7) % m.bin;
+      g.at(i) = (k % 2 ? -5.0f : 5.0f);
+      if (m.compression == Compression::kAdaComp) expect[m.name].push_back(i);
+    }
+    if (m.compression == Compression::kDense) {
+      for (uint32_t i = 0; i < m.length; ++i) expect[m.name].push_back(i);
+    }
+  }
+  std::vector<std::future<absl::Status>> futures;
+  for (const Member& m : members) {
+    futures.push_back(c.worker().PushPull(m.name, grads[m.name], absl::MakeSpan(out[m.name])));
+  }
+  for (auto& f : futures) ASSERT_TRUE(f.get().ok());
+  for (const Member& m : members) {
+    auto sent = c.worker().LastSent(m.name);
+    ASSERT_TRUE(sent.ok());
+    EXPECT_EQ(*sent, expect[m.name]) << m.name;
+  }
+  EXPECT_EQ(c.worker().LastSent("nope").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace adaps

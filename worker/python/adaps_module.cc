@@ -8,6 +8,7 @@
 // a Handle dropped unfinished waits for it, so the library never writes freed memory.
 // The GIL is released whenever the library works or waits. A non-OK status raises
 // adaps.Error(message) with `.code` (absl::StatusCode value) and `.code_name`.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -372,6 +373,20 @@ void DefineModule(py::module_& m) {
           "completed step, exactly (a dense pull; the tensor's replica and residues are left "
           "alone). With recompressed pulls the parameters push_pull writes trail the servers' "
           "by what the downlink has not sent yet; this gives the trained model itself.")
+      .def(
+          "last_sent",
+          [](PyWorker& w, const std::string& name) {
+            absl::StatusOr<std::vector<uint32_t>> sent = w.get().LastSent(name);
+            if (!sent.ok()) RaiseStatus(sent.status());
+            py::array_t<int64_t> out(static_cast<py::ssize_t>(sent->size()));
+            int64_t* p = out.mutable_data();
+            for (size_t k = 0; k < sent->size(); ++k) p[k] = (*sent)[k];
+            return out;
+          },
+          py::arg("name"),
+          "The indices (int64, ascending) of the elements of `name` that its last successful "
+          "push sent: AdaComp's or Top-k's selection, every element of a dense push; empty "
+          "before the first push. For DGC's momentum factor masking.")
       .def(
           "checkpoint",
           [](PyWorker& w, const std::string& dir) {

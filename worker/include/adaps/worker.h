@@ -165,6 +165,12 @@ class Worker {
   // kInvalidArgument for an undeclared tensor or a wrong length (`out` unchanged).
   absl::Status PullParameters(absl::string_view name, absl::Span<float> out);
 
+  // The elements of `name` its last successful push sent, ascending: AdaComp's or Top-k's
+  // selected elements, every element of a tensor sent dense (or sign). Empty before the
+  // first push. For DGC's momentum factor masking (a trainer that pushes a velocity clears
+  // it where the push sent it). kInvalidArgument for an undeclared tensor.
+  absl::StatusOr<std::vector<uint32_t>> LastSent(absl::string_view name) const;
+
   // Waits until every live worker reached the barrier.
   absl::Status Barrier();
   // Sets optimizer hyper-parameters on every server (learning_rate, momentum, weight_decay,
