@@ -100,3 +100,28 @@ def test_compression_threads_reach_the_worker_and_traffic_has_the_phase_times(cl
         assert t["compress_seconds"] > 0 and t["decode_seconds"] > 0
         assert t["server_seconds"] > 0
         w.stop()
+
+
+def test_last_sent_and_pull_parameters(cluster):
+    c = cluster(1, server_args=["--optimizer=sgd", "--learning_rate=1"])
+    w = adaps.Worker(c.address, request_timeout=10)
+    values = np.zeros(100, np.float32)
+    w.declare("x", values, compression="adacomp", bin_size=10, pull="recompressed")
+    assert w.last_sent("x").size == 0
+    grad = np.full(100, 0.01, np.float32)
+    grad[3::10] = 5.0  # one dominant element a bin: AdaComp sends exactly those
+    w.push_pull("x", grad, values).wait()
+    sent = w.last_sent("x")
+    assert sent.dtype == np.int64
+    np.testing.assert_array_equal(sent, np.arange(3, 100, 10))
+    exact = np.zeros(100, np.float32)
+    w.pull_parameters("x", exact)
+    # The servers' SGD stepped by what they received: -scale at the sent elements.
+    assert np.all(exact[3::10] < 0) and np.count_nonzero(exact) == 10
+    with pytest.raises(adaps.Error) as e:
+        w.last_sent("nope")
+    assert e.value.code == adaps.INVALID_ARGUMENT
+    with pytest.raises(adaps.Error) as e:
+        w.pull_parameters("x", np.zeros(7, np.float32))
+    assert e.value.code == adaps.INVALID_ARGUMENT
+    w.stop()
