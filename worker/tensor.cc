@@ -60,15 +60,15 @@ std::shared_ptr<Bytes> ReusablePushBytes(SliceRt& rt) {
 
 }  // namespace
 
-void AppendSent(const CompressedUpdate* update, const SliceInfo& info,
+bool AppendSent(const CompressedUpdate* update, const SliceInfo& info,
                 std::vector<uint32_t>* sent) {
-  const uint32_t at = static_cast<uint32_t>(info.offset);
   if (update == nullptr || update->kind == CompressorKind::kDense ||
       update->kind == CompressorKind::kSign) {
-    for (uint32_t k = 0; k < info.length; ++k) sent->push_back(at + k);
-    return;
+    return false;
   }
+  const uint32_t at = static_cast<uint32_t>(info.offset);
   for (uint32_t idx : update->indices) sent->push_back(at + idx);
+  return true;
 }
 
 absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const float> grad,
@@ -78,11 +78,14 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
   encoded.reserve(t.slices.size());
   absl::Status status;
   std::vector<uint32_t> sent;
+  bool all = false;  // (every slice of a tensor has the same kind)
   for (size_t i = 0; i < t.slices.size() && status.ok(); ++i) {
     const SliceInfo& info = t.meta[i].info;
     std::shared_ptr<Bytes> bytes = ReusablePushBytes(t.slices[i]);
     status = EncodeSlice(t, i, grad.subspan(info.offset, info.length), coding, bytes.get());
-    if (status.ok()) AppendSent(t.slices[i].residue ? &t.update : nullptr, info, &sent);
+    if (status.ok() && !AppendSent(t.slices[i].residue ? &t.update : nullptr, info, &sent)) {
+      all = true;
+    }
     t.metrics.AddSent(t.slices[i].residue ? t.update.SentElements() : info.length);
     if (!status.ok()) {
       status = absl::Status(status.code(),
@@ -100,6 +103,8 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
     }
   }
   if (!status.ok()) return status;
+  t.last_sent_all = all;
+  if (all) sent.clear();
   t.last_sent = std::move(sent);
   return encoded;
 }

@@ -198,7 +198,10 @@ absl::Status Worker::Impl::PullParameters(absl::string_view name, absl::Span<flo
 absl::StatusOr<std::vector<uint32_t>> Worker::Impl::LastSent(absl::string_view name) const {
   ADAPS_ASSIGN_OR_RETURN(Tensor * t, Find(name));
   absl::MutexLock lock(&t->mu);
-  return t->last_sent;
+  if (!t->last_sent_all) return t->last_sent;
+  std::vector<uint32_t> every(t->length);
+  for (uint32_t i = 0; i < every.size(); ++i) every[i] = i;
+  return every;
 }
 
 absl::Status Worker::Impl::Barrier() {
