@@ -22,24 +22,27 @@ std::future<absl::Status> ReadyStatus(absl::Status status) {
 
 // Member `t`'s wire bytes for `grad` (its residue left pending), dense when the compressed
 // encoding would be larger than the dense one. Needs t.mu.
-// `sent` gets the member's sent elements, or `*sent_all` is set (AppendSent).
+// `sent` gets the elements it sends.
 absl::Status EncodeMember(Tensor& t, absl::Span<const float> grad, IndexCoding coding,
-                          std::vector<uint8_t>* bytes, std::vector<uint32_t>* sent,
-                          bool* sent_all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
+                          std::vector<uint8_t>* bytes, SentElements* sent)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
   SliceState* residue = t.slices[0].residue.get();
   const SliceInfo whole{0, static_cast<uint32_t>(grad.size()), 0};
-  sent->clear();
-  *sent_all = true;
-  if (residue == nullptr) return EncodeDense(grad, coding, bytes);
+  *sent = SentElements();
+  if (residue == nullptr) {
+    sent->Add(nullptr, whole);
+    return EncodeDense(grad, coding, bytes);
+  }
   ADAPS_RETURN_IF_ERROR(t.compressor->CompressPending(grad, *residue, t.update));
   ADAPS_RETURN_IF_ERROR(EncodeUpdate(t.update, coding, bytes));
   // Dense encoding: 4 header bytes, the varint length, 4 bytes per value.
   uint64_t dense = 4 + 4 * uint64_t{grad.size()};
   for (uint64_t n = grad.size(); n >= 0x80; n >>= 7) ++dense;
   if (bytes->size() <= dense) {
-    *sent_all = !AppendSent(&t.update, whole, sent);
+    sent->Add(&t.update, whole);
     return absl::OkStatus();
   }
+  sent->Add(nullptr, whole);
   // Send everything the residue holds and the gradient, dense; nothing is left behind.
   std::vector<float> all(grad.size());
   const absl::Span<const float> r = residue->residue();
@@ -65,16 +68,12 @@ absl::StatusOr<std::vector<SharedBytes>> EncodeFusedPush(FusionBucket& b,
                                                          absl::Span<const float> grad,
                                                          IndexCoding coding) {
   std::vector<std::vector<uint8_t>> parts(b.members.size());
-  std::vector<std::vector<uint32_t>> sent(b.members.size());
-  std::vector<char> all(b.members.size(), 0);
+  std::vector<SentElements> sent(b.members.size());
   absl::Status status;
   for (size_t i = 0; i < b.members.size() && status.ok(); ++i) {
     const FusionBucket::Member& m = b.members[i];
     absl::MutexLock lock(&m.t->mu);
-    bool sent_all = false;
-    status = EncodeMember(*m.t, grad.subspan(m.offset, m.length), coding, &parts[i], &sent[i],
-                          &sent_all);
-    all[i] = sent_all;
+    status = EncodeMember(*m.t, grad.subspan(m.offset, m.length), coding, &parts[i], &sent[i]);
     if (!status.ok()) {
       status = absl::Status(status.code(), absl::StrCat("gradient of '", m.t->spec.name,
                                                         "': ", status.message()));
@@ -95,7 +94,6 @@ absl::StatusOr<std::vector<SharedBytes>> EncodeFusedPush(FusionBucket& b,
     }
     if (residue != nullptr) residue->Commit();
     m.t->last_sent = std::move(sent[i]);
-    m.t->last_sent_all = all[i] != 0;
     ++m.t->traffic.pushes;
     m.t->traffic.push_wire_bytes += parts[i].size();
     m.t->traffic.push_dense_bytes += uint64_t{m.length} * sizeof(float);

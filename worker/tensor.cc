@@ -60,15 +60,15 @@ std::shared_ptr<Bytes> ReusablePushBytes(SliceRt& rt) {
 
 }  // namespace
 
-bool AppendSent(const CompressedUpdate* update, const SliceInfo& info,
-                std::vector<uint32_t>* sent) {
+void SentElements::Add(const CompressedUpdate* update, const SliceInfo& info) {
   if (update == nullptr || update->kind == CompressorKind::kDense ||
       update->kind == CompressorKind::kSign) {
-    return false;
+    all = true;
+    indices.clear();
   }
+  if (all) return;
   const uint32_t at = static_cast<uint32_t>(info.offset);
-  for (uint32_t idx : update->indices) sent->push_back(at + idx);
-  return true;
+  for (uint32_t idx : update->indices) indices.push_back(at + idx);
 }
 
 absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const float> grad,
@@ -77,15 +77,12 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
   std::vector<SharedBytes> encoded;
   encoded.reserve(t.slices.size());
   absl::Status status;
-  std::vector<uint32_t> sent;
-  bool all = false;  // (every slice of a tensor has the same kind)
+  SentElements sent;
   for (size_t i = 0; i < t.slices.size() && status.ok(); ++i) {
     const SliceInfo& info = t.meta[i].info;
     std::shared_ptr<Bytes> bytes = ReusablePushBytes(t.slices[i]);
     status = EncodeSlice(t, i, grad.subspan(info.offset, info.length), coding, bytes.get());
-    if (status.ok() && !AppendSent(t.slices[i].residue ? &t.update : nullptr, info, &sent)) {
-      all = true;
-    }
+    if (status.ok()) sent.Add(t.slices[i].residue ? &t.update : nullptr, info);
     t.metrics.AddSent(t.slices[i].residue ? t.update.SentElements() : info.length);
     if (!status.ok()) {
       status = absl::Status(status.code(),
@@ -103,8 +100,6 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
     }
   }
   if (!status.ok()) return status;
-  t.last_sent_all = all;
-  if (all) sent.clear();
   t.last_sent = std::move(sent);
   return encoded;
 }

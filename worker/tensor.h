@@ -59,6 +59,16 @@ struct SliceRt {
 
 struct FusionBucket;  // worker/fusion.h
 
+// The elements one push sent (Worker::LastSent): ascending tensor indices, or all of them
+// (`all`: a dense push, kept as a flag so that it costs nothing).
+struct SentElements {
+  std::vector<uint32_t> indices;
+  bool all = false;
+  // Adds a slice's: `update`'s indices (AdaComp, Top-k) shifted by the slice's offset, or
+  // every element (`update` null: a dense slice; or a dense/sign update) by setting `all`.
+  void Add(const CompressedUpdate* update, const SliceInfo& info);
+};
+
 struct Tensor {
   TensorSpec spec;
   uint64_t length = 0;
@@ -69,10 +79,7 @@ struct Tensor {
   std::vector<SliceRt> slices ABSL_GUARDED_BY(mu);
   CompressedUpdate update ABSL_GUARDED_BY(mu);
   TrafficCounters traffic ABSL_GUARDED_BY(mu);
-  // The elements the last successful push sent (Worker::LastSent), ascending; or all of
-  // them (`last_sent_all`: a dense push, kept as a flag so that it costs nothing).
-  std::vector<uint32_t> last_sent ABSL_GUARDED_BY(mu);
-  bool last_sent_all ABSL_GUARDED_BY(mu) = false;
+  SentElements last_sent ABSL_GUARDED_BY(mu);  // by the last successful push
   TensorMetrics metrics ABSL_GUARDED_BY(mu);  // mirrors `traffic` (worker/worker_metrics.h)
   // Fusion (worker/fusion.h), set before the tensor is published: the bucket this tensor
   // is (`bucket`) or is a member of (`fused_into`, as member `fusion_index`); else null.
@@ -157,12 +164,6 @@ absl::StatusOr<std::unique_ptr<Compressor>> MakeTensorCompressor(const TensorSpe
 absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const float> grad,
                                                     IndexCoding coding)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
-
-// Appends to `sent` the tensor indices of the elements a slice's push sent, `update`'s
-// (AdaComp, Top-k), and returns true; returns false, appending nothing, when the push sent
-// every element of the slice (`update` null: a dense slice; or a dense/sign update).
-bool AppendSent(const CompressedUpdate* update, const SliceInfo& info,
-                std::vector<uint32_t>* sent);
 
 // On a compression-pool thread (the I/O thread with compression_threads = 0): writes slice
 // `i` of a pull answer into `out` (dense copy, or the recompressed update applied to the

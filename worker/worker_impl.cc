@@ -3,6 +3,7 @@
 #include "worker/worker_impl.h"
 
 #include <cstring>
+#include <numeric>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -168,7 +169,7 @@ absl::Status Worker::Impl::PullParameters(absl::string_view name, absl::Span<flo
   const uint64_t at =
       t->fused_into != nullptr ? t->fused_into->members[t->fusion_index].offset : 0;
   std::vector<size_t> all(src.meta.size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  std::iota(all.begin(), all.end(), size_t{0});
   ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls,
                          PullAllDense(src, all, "parameter pull"));
   uint64_t wire = 0;
@@ -179,8 +180,8 @@ absl::Status Worker::Impl::PullParameters(absl::string_view name, absl::Span<flo
     const uint64_t lo = std::max<uint64_t>(info.offset, at);
     const uint64_t hi = std::min<uint64_t>(info.offset + info.length, at + t->length);
     if (lo >= hi) continue;
-    std::memcpy(out.data() + (lo - at), pulls[i].payload().data() + (lo - info.offset) * sizeof(float),
-                (hi - lo) * sizeof(float));
+    const uint8_t* from = pulls[i].payload().data() + (lo - info.offset) * sizeof(float);
+    std::memcpy(out.data() + (lo - at), from, (hi - lo) * sizeof(float));
   }
   {
     absl::MutexLock lock(&src.mu);
@@ -198,9 +199,9 @@ absl::Status Worker::Impl::PullParameters(absl::string_view name, absl::Span<flo
 absl::StatusOr<std::vector<uint32_t>> Worker::Impl::LastSent(absl::string_view name) const {
   ADAPS_ASSIGN_OR_RETURN(Tensor * t, Find(name));
   absl::MutexLock lock(&t->mu);
-  if (!t->last_sent_all) return t->last_sent;
+  if (!t->last_sent.all) return t->last_sent.indices;
   std::vector<uint32_t> every(t->length);
-  for (uint32_t i = 0; i < every.size(); ++i) every[i] = i;
+  std::iota(every.begin(), every.end(), 0u);
   return every;
 }
 
