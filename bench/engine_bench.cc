@@ -14,6 +14,10 @@
 // adaps-codec-bench. After Google Benchmark's own output, a summary with issue 12's targets.
 // Extra flags (mixed freely with --benchmark_* flags):
 //   --elements=N    parameters in all (default 8000000; the engine cuts them in 8 slices)
+//   --warm          do not evict the caches before each iteration of the per-parameter
+//                   benchmarks (plain pass, optimizers, recompression): the figures of the
+//                   rounds before 2026-12-01 19:00, whose plain pass at 8M elements (64 MB)
+//                   was served partly from the 32 MB L3
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -104,6 +108,33 @@ void PerElement(benchmark::State& state, size_t n) {
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(n));
 }
 
+// Reads a buffer three times the L3 of the machine (32 MB here) so that the next pass starts
+// with none of its arrays cached: the server's arrays of a real model are far larger than
+// the caches, and a reference pass served partly from L3 (the plain pass's 64 MB at the
+// default 8M elements against recompression's 128 MB) would flatter the reference. Read
+// only: its lines are clean and leave without a write-back during the timed pass. Runs with
+// the timer paused.
+void EvictCaches() {
+  static std::vector<uint64_t>* buffer = [] {
+    auto* b = new std::vector<uint64_t>((96u << 20) / sizeof(uint64_t));
+    for (size_t i = 0; i < b->size(); ++i) (*b)[i] = i;  // real pages, not the zero page
+    return b;
+  }();
+  uint64_t sum = 0;
+  for (size_t i = 0; i < buffer->size(); i += 8) sum += (*buffer)[i];
+  benchmark::DoNotOptimize(sum);
+}
+
+// The per-parameter benchmarks start each iteration with cold caches (EvictCaches) unless
+// --warm is given (the figures of earlier rounds).
+bool g_warm = false;
+void Cold(benchmark::State& state) {
+  if (g_warm) return;
+  state.PauseTiming();
+  EvictCaches();
+  state.ResumeTiming();
+}
+
 __attribute__((noinline)) void PlainPass(const float* g, float* r, size_t n) {
   for (size_t i = 0; i < n; ++i) r[i] += g[i];
 }
@@ -112,8 +143,32 @@ void BM_PlainPass(benchmark::State& state) {
   const Data& d = GetData();
   std::vector<float> r(d.n, 0.0f);
   for (auto _ : state) {
+    Cold(state);
     PlainPass(d.grads[0].data(), r.data(), d.n);
     benchmark::DoNotOptimize(r.data());
+    benchmark::ClobberMemory();
+  }
+  PerElement(state, d.n);
+}
+
+// The memory floor of recompression's access pattern: per element three loads (params,
+// published, the residue) and one store (the new residue), out = in + (p - pub - in), with
+// no bin maximum, selection, fix-up or encoding. Recompression can at best run at this
+// speed; its ratio to a plain pass can at best be this one's.
+__attribute__((noinline)) void ThreeReadsOneWrite(const float* __restrict p,
+                                                  const float* __restrict pub,
+                                                  const float* __restrict in,
+                                                  float* __restrict out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = in[i] + (p[i] - pub[i] - in[i]);
+}
+
+void BM_RecompressFloor(benchmark::State& state) {
+  const Data& d = GetData();
+  std::vector<float> out(d.n, 0.0f), in(d.n, 0.0f);
+  for (auto _ : state) {
+    Cold(state);
+    ThreeReadsOneWrite(d.grads[0].data(), d.grads[1].data(), in.data(), out.data(), d.n);
+    benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   }
   PerElement(state, d.n);
@@ -147,6 +202,7 @@ void BM_Optimizer(benchmark::State& state, OptimizerKind kind) {
   OptimizerState os;
   ApplyOptimizer(config, d.grads[0], absl::MakeSpan(params), os);  // sizes m, v
   for (auto _ : state) {
+    Cold(state);
     ApplyOptimizer(config, d.grads[1], absl::MakeSpan(params), os);
     benchmark::ClobberMemory();
   }
@@ -169,6 +225,7 @@ void BM_Recompress(benchmark::State& state) {
   for (auto _ : state) {
     state.PauseTiming();
     if (!shard->ApplyPush(*d.dense, sgd).ok()) return state.SkipWithError("push");
+    if (!g_warm) EvictCaches();
     state.ResumeTiming();
     auto a = shard->AnswerPull({"r", 1, 0, shard->version() - 1, Shard::Format::kRecompressed});
     if (!a.ok() || !a->payload) return state.SkipWithError("pull");
@@ -195,6 +252,7 @@ void BM_RecompressUnfused(benchmark::State& state) {
     state.PauseTiming();
     const std::vector<float>& g = d.grads[step++ % kSteps];
     for (size_t i = 0; i < d.n; ++i) params[i] -= 0.01f * g[i];
+    if (!g_warm) EvictCaches();
     state.ResumeTiming();
     const float* r = residue.residue().data();
     for (size_t i = 0; i < d.n; ++i) change[i] = params[i] - published[i] - r[i];
@@ -295,6 +353,8 @@ void RegisterAll() {
     benchmark::RegisterBenchmark(absl::StrCat("optimizer/", name).c_str(), BM_Optimizer, kind)
         ->Unit(benchmark::kMillisecond);
   }
+  benchmark::RegisterBenchmark("recompress_floor", BM_RecompressFloor)
+      ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("recompress/T:500", BM_Recompress)->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("recompress_unfused/T:500", BM_RecompressUnfused)
       ->Unit(benchmark::kMillisecond);
@@ -313,8 +373,9 @@ void Line(const char* what, double value, const char* unit, const char* target, 
 
 void PrintSummary(const SummaryReporter& rep) {
   const double plain = rep.Get("plain_pass");
-  std::printf("\n== Summary: %zu parameters, %d engine slices, median over repetitions ==\n",
-              g_elements, kSlices);
+  std::printf("\n== Summary: %zu parameters, %d engine slices, median over repetitions, %s ==\n",
+              g_elements, kSlices,
+              g_warm ? "warm caches (--warm)" : "each per-parameter pass from cold caches");
   std::printf("  plain pass r += g: %.1f M elements/s (the reference of the ratios)\n",
               plain / 1e6);
   std::printf("  dense add: %.1f M received elements/s\n", rep.Get("dense_add") / 1e6);
@@ -331,6 +392,10 @@ void PrintSummary(const SummaryReporter& rep) {
               "%.1f M (%.2fx plain): %.2fx faster\n",
               recompress / 1e6, recompress / plain, unfused / 1e6, unfused / plain,
               recompress / unfused);
+  const double floor = rep.Get("recompress_floor");
+  std::printf("  recompression's memory floor (3 loads + 1 store an element): %.1f M params/s "
+              "(%.2fx plain); recompression runs at %.2fx its floor\n",
+              floor / 1e6, floor / plain, recompress / floor);
   const double one = rep.Get("engine_8_slices/threads:1/real_time");
   const double two = rep.Get("engine_8_slices/threads:2/real_time");
   std::printf("  engine 1 thread: %.1f M params/s per step; 2 threads: %.1f M\n", one / 1e6,
@@ -347,6 +412,15 @@ void PrintSummary(const SummaryReporter& rep) {
 }  // namespace adaps
 
 int main(int argc, char** argv) {
+  int kept = 0;  // --warm is ours: take it out before Google Benchmark sees the flags
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0 && std::strcmp(argv[i], "--warm") == 0) {
+      adaps::g_warm = true;
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
   return adaps::BenchmarkMain(argc, argv, &adaps::g_elements, 8000, adaps::RegisterAll,
                               adaps::PrintSummary);
 }

@@ -236,6 +236,14 @@ TEST(Shard, CheckpointRecordRoundTripsEveryPartOfTheState) {
   ASSERT_TRUE(s.CompleteStepIfReady({0}, adam));
   ASSERT_TRUE(back->CompleteStepIfReady({0}, adam));
   EXPECT_EQ(std::memcmp(s.params().data(), back->params().data(), 4 * sizeof(float)), 0);
+  // ... and so do its recompressed pulls: the record holds the downlink's settled state
+  // (the last version's deferred fix-ups applied).
+  auto mine = s.AnswerPull({"r", 1, 0, 3, Shard::Format::kRecompressed});
+  auto theirs = back->AnswerPull({"r", 1, 0, 3, Shard::Format::kRecompressed});
+  ASSERT_TRUE(mine.ok() && theirs.ok());
+  ASSERT_TRUE(mine->payload && theirs->payload);
+  EXPECT_EQ(*mine->payload, *theirs->payload);
+  EXPECT_EQ(std::memcmp(s.published().data(), back->published().data(), 4 * sizeof(float)), 0);
   back->Initialize(Raw({9, 9, 9, 9}));  // restored: initial values ignored
   EXPECT_NE(back->params()[0], 9.0f);
   SliceRecord bad = r;
