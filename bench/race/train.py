@@ -68,6 +68,13 @@ def parse():
                     help="adacomp with the dgc recipe: DGC's momentum factor masking, each "
                          "worker clears its velocity where its last push sent it "
                          "(adaps.Worker.last_sent)")
+    ap.add_argument("--lr-in-push", default="off", choices=("on", "off"),
+                    help="adacomp with the dgc recipe: each worker pushes lr_t / lr_0 times its "
+                         "velocity and the servers keep lr_0 (error feedback on the update, "
+                         "as in EF-SGD): what the residue holds back is applied later at the "
+                         "learning rate of the step that computed it, not at the (cosine-"
+                         "decayed) rate of the step that sends it. off: the servers get the "
+                         "scheduler's lr_t each step")
     ap.add_argument("--final-pull", default="off", choices=("auto", "off"),
                     help="auto: adacomp with recompressed pulls, before the last evaluation "
                          "rank 0 loads the servers' exact parameters (DistributedOptimizer."
@@ -148,9 +155,12 @@ class Adaps:
             # In a hook on each parameter, before the gradient reaches .grad: adaps.torch
             # pushes .grad during backward and refuses a gradient changed after it.
             masking = a.momentum_masking == "on"
+            # --lr-in-push: train() sets push_scale[0] = lr_t / lr_0 before each step.
+            self.lr_in_push = a.lr_in_push == "on"
+            self.push_scale = [1.0]
             for n, p in model.named_parameters():
                 p.register_hook(self._velocity_hook(a.momentum, self.worker if masking else None,
-                                                    n))
+                                                    n, self.push_scale))
         server_opt = "mean" if a.adaps_mode == "local" else "momentum"
         bin_sizes = None
         if self.correct:
@@ -173,9 +183,9 @@ class Adaps:
             self.final_pull = self.opt.pull_parameters
 
     @staticmethod
-    def _velocity_hook(momentum, worker=None, name=None):
-        """u = m u + g, pushed instead of g; with `worker`, u is first cleared where the
-        last push of `name` sent it (DGC's momentum factor masking)."""
+    def _velocity_hook(momentum, worker=None, name=None, scale=(1.0,)):
+        """u = m u + g, pushed (times scale[0]) instead of g; with `worker`, u is first
+        cleared where the last push of `name` sent it (DGC's momentum factor masking)."""
         state = {}
 
         def hook(grad):
@@ -187,7 +197,7 @@ class Adaps:
                 if sent.numel():
                     u.view(-1).index_fill_(0, sent, 0.0)
             u.mul_(momentum).add_(grad)
-            return u.clone()
+            return u.clone() if scale[0] == 1.0 else u * scale[0]
         return hook
 
 
@@ -207,7 +217,12 @@ def train(a, sysobj, raw_model, x_train, y_train, x_test, y_test):
     model, opt = sysobj.model, sysobj.opt
     steps_per_epoch = len(x_train) // a.batch_size
     total = steps_per_epoch * a.epochs
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
+    # --lr-in-push: the schedule runs on a stand-in optimizer and reaches the workers' pushes
+    # as a factor; the servers keep the initial learning rate.
+    lr_in_push = getattr(sysobj, "lr_in_push", False)
+    sched_opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=a.lr) \
+        if lr_in_push else opt
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(sched_opt, T_max=total)
     evals, step_times = [], []
     final = None
     clock, step = 0.0, 0
@@ -215,6 +230,8 @@ def train(a, sysobj, raw_model, x_train, y_train, x_test, y_test):
     for epoch in range(a.epochs):
         for idx in common.batches(len(x_train), a.batch_size, a.seed, epoch):
             t0 = time.perf_counter()
+            if lr_in_push:
+                sysobj.push_scale[0] = sched_opt.param_groups[0]["lr"] / a.lr
             opt.zero_grad()
             loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
             loss.backward()
@@ -276,6 +293,7 @@ def main():
                    train_size=a.train_size, test_size=a.test_size, lr=a.lr,
                    momentum=a.momentum, adacomp_recipe=a.adacomp_recipe
                    if a.system == "adacomp" else None,
+                   lr_in_push=a.lr_in_push if a.system == "adacomp" else None,
                    adacomp_bins=dict(one_d=a.adacomp_1d_bin, fc=a.adacomp_fc_bin)
                    if a.system == "adacomp" else None, params=sum(p.numel() for p in model.parameters()),
                    steps=r["steps"], evals=r["evals"],
