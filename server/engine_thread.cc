@@ -229,8 +229,9 @@ absl::Status EngineThread::SendAnswer(Shard& shard, const Shard::Pull& pull) {
   const absl::Time start = absl::Now();
   ADAPS_ASSIGN_OR_RETURN(Shard::Answer answer, shard.AnswerPull(pull));
   shard.CountPublishWork(absl::Now() - start);
-  const msg::PullFormat format = pull.format == Shard::Format::kDense
-                                     ? msg::PullFormat::Dense
+  const msg::PullFormat format = pull.format == Shard::Format::kDense ? msg::PullFormat::Dense
+                                 : pull.format == Shard::Format::kReplica
+                                     ? msg::PullFormat::Replica
                                      : msg::PullFormat::Recompressed;
   flatbuffers::FlatBufferBuilder fbb(128);
   auto body = msg::CreatePullResponse(fbb, shard.key(), answer.version, answer.base, format,

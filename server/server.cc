@@ -269,7 +269,22 @@ void Server::OnPull(InMessage& in) {
     return ReplyError(in, absl::InvalidArgumentError(
                               absl::StrCat("pull of undeclared slice ", p->key())));
   }
-  if (p->format() == msg::PullFormat::Recompressed && !config_.sync) {
+  Shard::Format format;
+  switch (p->format()) {
+    case msg::PullFormat::Dense:
+      format = Shard::Format::kDense;
+      break;
+    case msg::PullFormat::Recompressed:
+      format = Shard::Format::kRecompressed;
+      break;
+    case msg::PullFormat::Replica:
+      format = Shard::Format::kReplica;
+      break;
+    default:
+      return ReplyError(in, absl::InvalidArgumentError(absl::StrCat(
+                                "unknown pull format ", static_cast<int>(p->format()))));
+  }
+  if (format != Shard::Format::kDense && !config_.sync) {
     return ReplyError(in, absl::FailedPreconditionError(
                               "recompressed pulls need a server in sync mode"));
   }
@@ -278,8 +293,7 @@ void Server::OnPull(InMessage& in) {
   work.key = p->key();
   work.min_version = p->min_version();
   work.have_version = p->have_version();
-  work.format = p->format() == msg::PullFormat::Dense ? Shard::Format::kDense
-                                                      : Shard::Format::kRecompressed;
+  work.format = format;
   Route(std::move(in), owner, std::move(work));
 }
 

@@ -408,6 +408,17 @@ absl::StatusOr<Shard::Answer> Shard::AnswerPull(const Pull& pull) {
     answer.payload = dense_bytes_;
     return answer;
   }
+  if (pull.format == Format::kReplica) {
+    // (Rare: a worker declaring or resynchronizing. Not cached.) Not published first: a
+    // restored shard that took the workers' step would otherwise publish that step, and a
+    // worker that took its replica just before would be two versions behind the next one.
+    auto bytes = std::make_shared<std::vector<uint8_t>>(published_.size() * sizeof(float));
+    std::memcpy(bytes->data(), published_.data(), bytes->size());
+    answer.payload = std::move(bytes);
+    answer.version = version_;     // the step, as a dense answer says it
+    answer.base = down_version_;  // the version of the published state it holds
+    return answer;
+  }
   if (down_version_ != version_) ADAPS_RETURN_IF_ERROR(PublishRecompressed());
   answer.version = down_version_;
   if (pull.have_version == down_base_ && down_base_ != down_version_) {

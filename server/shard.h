@@ -47,7 +47,11 @@ class Shard {
  public:
   // The same type as SharedBytes in common/messages.h (an immutable shared payload).
   using PayloadBytes = std::shared_ptr<const std::vector<uint8_t>>;
-  enum class Format { kDense, kRecompressed };
+  // kReplica: published_ (what recompressed pulls have published) as dense floats, the
+  // answer's base being its version down_version_ and its version the shard's, as for a
+  // dense answer (nothing is published for it): the replica a worker takes when it declares
+  // or resynchronizes a tensor it pulls recompressed.
+  enum class Format { kDense, kRecompressed, kReplica };
   // A pull waiting for (or being answered at) a version. `route` is opaque to the shard.
   struct Pull {
     std::string route;

@@ -223,7 +223,7 @@ absl::Status Worker::Impl::DeclareFused(Tensor& t, absl::Span<float> values, boo
   uint64_t incarnation = 0;
   const int peer = ServerPeer(m.info.server, &incarnation);
   flatbuffers::FlatBufferBuilder fbb(128);
-  auto p = msg::CreatePullRequest(fbb, m.key, 0, 0, msg::PullFormat::Dense);
+  auto p = msg::CreatePullRequest(fbb, m.key, 0, 0, ReplicaFormat(in.spec.pull));
   ADAPS_ASSIGN_OR_RETURN(InMessage r, Call(peer, fbb, p, nullptr, options_.request_timeout));
   const uint64_t end = offset + length;
   // (Another worker may have declared the next member already: the bucket is then longer.)
@@ -245,8 +245,10 @@ absl::Status Worker::Impl::DeclareFused(Tensor& t, absl::Span<float> values, boo
     SliceRt& rt = in.slices[0];
     rt.replica.resize(end);
     std::memcpy(rt.replica.data(), r.payload().data(), end * sizeof(float));
-    rt.replica_version = r.envelope()->body_as_PullResponse()->version();
-    rt.step = rt.replica_version;
+    const msg::PullResponse* resp = r.envelope()->body_as_PullResponse();
+    rt.replica_version = ReplicaVersion(*resp);
+    rt.synced_out = nullptr;
+    rt.step = resp->version();
     rt.incarnation = incarnation;
   }
   t.tensor_id = in.tensor_id;

@@ -27,6 +27,18 @@ inline Compression ApiCompression(CompressorKind k) { return static_cast<Compres
 inline msg::PullFormat WirePullFormat(PullFormat p) {
   return p == PullFormat::kRecompressed ? msg::PullFormat::Recompressed : msg::PullFormat::Dense;
 }
+// The format of the dense pull that (re)sets a tensor's replica: the servers' parameters
+// for dense pulls; for recompressed ones what the server has published, which the next
+// recompressed answers are the change from (its parameters run ahead of it by the
+// downlink's residue).
+inline msg::PullFormat ReplicaFormat(PullFormat p) {
+  return p == PullFormat::kRecompressed ? msg::PullFormat::Replica : msg::PullFormat::Dense;
+}
+// The version of the replica such an answer holds (a Replica answer's `version` is the
+// slice's step).
+inline uint64_t ReplicaVersion(const msg::PullResponse& r) {
+  return r.format() == msg::PullFormat::Replica ? r.base_version() : r.version();
+}
 
 }  // namespace adaps
 

@@ -64,7 +64,8 @@ absl::Status Worker::Impl::ResyncSlices(Tensor& t, const std::vector<size_t>& sl
     incarnations.push_back(incarnation);
   }
   ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls,
-                         PullAllDense(t, slices, "pull while resynchronizing"));
+                         PullAllDense(t, slices, "pull while resynchronizing",
+                                      ReplicaFormat(t.spec.pull)));
   absl::MutexLock lock(&t.mu);
   for (size_t k = 0; k < slices.size(); ++k) {
     SliceRt& rt = t.slices[slices[k]];
@@ -78,7 +79,8 @@ absl::Status Worker::Impl::ResyncSlices(Tensor& t, const std::vector<size_t>& sl
     if (version < rt.step) rt.pull_floor = version;
     rt.step = std::max(rt.step, version);
     std::memcpy(rt.replica.data(), pulls[k].payload().data(), pulls[k].payload().size());
-    rt.replica_version = version;
+    rt.replica_version = ReplicaVersion(*pulls[k].envelope()->body_as_PullResponse());
+    rt.synced_out = nullptr;  // the caller's buffer still holds the old replica
     rt.incarnation = incarnations[k];
   }
   return absl::OkStatus();
@@ -283,7 +285,7 @@ void Worker::Impl::DecodePull(const std::shared_ptr<RunOp>& op, size_t i, const 
   const msg::PullResponse* resp = reply.envelope()->body_as_PullResponse();
   absl::Status status = worker_metrics_->Decode(step, [&] {
     return ApplyPull(*op->t, i, *resp, reply.payload(), reply.wire_bytes() + request_bytes,
-                     op->out);
+                     op->out, options_.incremental_pulls && op->t->bucket == nullptr);
   });
   {
     absl::MutexLock lock(&op->mu);

@@ -90,15 +90,18 @@ absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
     ServerPeer(m.info.server, &incarnation);
     incarnations.push_back(incarnation);
   }
-  ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls, PullAllDense(t, all, "initial pull"));
+  ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls,
+                         PullAllDense(t, all, "initial pull", ReplicaFormat(t.spec.pull)));
   absl::MutexLock lock(&t.mu);
   for (size_t i = 0; i < t.meta.size(); ++i) {
     const SliceInfo& info = t.meta[i].info;
     SliceRt& rt = t.slices[i];
     std::memcpy(values.data() + info.offset, pulls[i].payload().data(), pulls[i].payload().size());
     rt.replica.assign(values.begin() + info.offset, values.begin() + info.offset + info.length);
-    rt.replica_version = pulls[i].envelope()->body_as_PullResponse()->version();
-    rt.step = rt.replica_version;
+    const msg::PullResponse* resp = pulls[i].envelope()->body_as_PullResponse();
+    rt.replica_version = ReplicaVersion(*resp);
+    rt.synced_out = nullptr;
+    rt.step = resp->version();
     rt.incarnation = incarnations[i];
   }
   return absl::OkStatus();
@@ -142,12 +145,13 @@ absl::Status Worker::Impl::Declare(const TensorSpec& spec, absl::Span<float> val
 
 // Blocking dense pulls of `slices` at their current version; called with no lock held.
 absl::StatusOr<std::vector<InMessage>> Worker::Impl::PullAllDense(
-    const Tensor& t, const std::vector<size_t>& slices, const char* why) {
+    const Tensor& t, const std::vector<size_t>& slices, const char* why,
+    msg::PullFormat format) {
   std::vector<InMessage> out;
   for (size_t i : slices) {
     const SliceMeta& m = t.meta[i];
     flatbuffers::FlatBufferBuilder b(128);
-    auto p = msg::CreatePullRequest(b, m.key, 0, 0, msg::PullFormat::Dense);
+    auto p = msg::CreatePullRequest(b, m.key, 0, 0, format);
     ADAPS_ASSIGN_OR_RETURN(InMessage r, Call(ServerPeer(m.info.server), b, p, nullptr,
                                              options_.request_timeout));
     ADAPS_RET_CHECK(r.envelope()->body_as_PullResponse() != nullptr &&

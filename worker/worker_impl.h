@@ -98,9 +98,11 @@ class Worker::Impl {
   // Data path (worker_impl.cc).
   absl::StatusOr<std::unique_ptr<Tensor>> NewTensor(const TensorSpec& spec, uint64_t length);
   absl::Status DeclareSlices(Tensor& t, absl::Span<float> values);
-  absl::StatusOr<std::vector<InMessage>> PullAllDense(const Tensor& t,
-                                                      const std::vector<size_t>& slices,
-                                                      const char* why);
+  // Dense pulls of `slices`: the parameters (format Dense) or, for the replica of a tensor
+  // pulled recompressed, what the servers published (Replica; kinds.h ReplicaFormat).
+  absl::StatusOr<std::vector<InMessage>> PullAllDense(
+      const Tensor& t, const std::vector<size_t>& slices, const char* why,
+      msg::PullFormat format = msg::PullFormat::Dense);
 
   // Runs that survive a server restart (run.cc). A slice is stale when its server's
   // incarnation changed since the slice learned its step; ResyncSlices learns step and

@@ -183,16 +183,28 @@ TEST(Faults, ACompletedJobEndsWithExitCodeZeroEverywhere) {
   EXPECT_EQ(cluster.server(0).WaitExit(absl::Seconds(10)), 0) << cluster.server(0).Log();
 }
 
-TEST(Faults, KilledServerRestartsFromItsCheckpointAndWorkersCarryOn) {
+// Two workers, a scheduler, and no server: the test starts it (CheckpointedServerArgs) so
+// that it can kill and restart it.
+ClusterOptions RestartableServerCluster() {
   ClusterOptions options = SumCluster(2, {"--dead_timeout_ms=1000", "--num_servers=1"});
-  options.num_servers = 0;  // the server is started here, with an identity and checkpoints
-  LocalCluster cluster(options);
-  ASSERT_FALSE(cluster.scheduler_address().empty());
+  options.num_servers = 0;
+  return options;
+}
+
+// The command line of that server: sum-only, identity shard0, checkpoints in the cluster's
+// directory (created here; empty on failure).
+std::vector<std::string> CheckpointedServerArgs(const LocalCluster& cluster) {
   const std::string ckpt = cluster.dir() + "/ckpt";
-  ASSERT_EQ(::mkdir(ckpt.c_str(), 0755), 0);
-  const std::vector<std::string> args = {"--scheduler=" + cluster.scheduler_address(),
-                                         "--optimizer=sum", "--identity=shard0",
-                                         "--checkpoint_dir=" + ckpt, "--log_level=info"};
+  if (::mkdir(ckpt.c_str(), 0755) != 0) return {};
+  return {"--scheduler=" + cluster.scheduler_address(), "--optimizer=sum", "--identity=shard0",
+          "--checkpoint_dir=" + ckpt, "--log_level=info"};
+}
+
+TEST(Faults, KilledServerRestartsFromItsCheckpointAndWorkersCarryOn) {
+  LocalCluster cluster(RestartableServerCluster());
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  const std::vector<std::string> args = CheckpointedServerArgs(cluster);
+  ASSERT_FALSE(args.empty());
   auto server = std::make_unique<Process>(ADAPS_SERVER_BIN, args, cluster.dir() + "/s-a.log");
   std::unique_ptr<Process> restarted;
   constexpr int kBefore = 8, kCheckpointAt = 5, kAfter = 6;
@@ -247,6 +259,90 @@ TEST(Faults, KilledServerRestartsFromItsCheckpointAndWorkersCarryOn) {
   EXPECT_EQ(after_restart[0], expected) << restarted->Log();
   EXPECT_EQ(after_restart[1], expected);
   EXPECT_THAT(restarted->Log(), HasSubstr("restored at step 5"));
+  EXPECT_EQ(restarted->WaitExit(absl::Seconds(10)), 0) << restarted->Log();
+}
+
+// Incremental pulls across a server restart: a worker with WorkerOptions::incremental_pulls
+// and one without get the same recompressed answers, so their parameters are the same bits
+// after every step, also once the restarted server resynchronized them: the incremental
+// worker's buffer must then take the restored replica whole, not add the next update to
+// the parameters of the steps the server lost.
+TEST(Faults, IncrementalPullsTakeTheRestoredReplicaAfterAServerRestart) {
+  LocalCluster cluster(RestartableServerCluster());
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  const std::vector<std::string> args = CheckpointedServerArgs(cluster);
+  ASSERT_FALSE(args.empty());
+  auto server = std::make_unique<Process>(ADAPS_SERVER_BIN, args, cluster.dir() + "/s-a.log");
+  std::unique_ptr<Process> restarted;
+  constexpr int kBefore = 8, kCheckpointAt = 5, kAfter = 6;
+  // Per worker (by rank): its parameters after each successful step.
+  std::vector<std::vector<std::vector<float>>> seen(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      WorkerOptions o = Options(cluster.scheduler_address());
+      o.fusion_threshold_bytes = 0;  // one slice of its own (fused tensors are copied)
+      o.incremental_pulls = i == 1;
+      auto w = Worker::Create(o);
+      ASSERT_TRUE(w.ok()) << w.status();
+      const int rank = (*w)->rank();
+      std::vector<float> p(kLen, 0.0f), g(kLen);
+      ASSERT_TRUE((*w)->Declare({"t", {kLen}, 50, Compression::kAdaComp, 0.01,
+                                 PullFormat::kRecompressed},
+                                absl::MakeSpan(p))
+                      .ok());
+      int step = 0;
+      const auto next_grad = [&] {  // the same for both workers, step by step
+        for (size_t j = 0; j < kLen; ++j) {
+          g[j] = 1.0f + 0.1f * static_cast<float>((j * 7 + step) % 13);
+        }
+      };
+      for (; step < kBefore; ++step) {
+        next_grad();
+        ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok()) << step;
+        seen[rank].push_back(p);
+        if (step + 1 == kCheckpointAt) {
+          ASSERT_TRUE((*w)->Barrier().ok());
+          if (rank == 0) {
+            ASSERT_TRUE((*w)->Checkpoint("").ok());
+          }
+          ASSERT_TRUE((*w)->Barrier().ok());
+        }
+      }
+      ASSERT_TRUE((*w)->Barrier().ok());
+      if (rank == 0) {
+        server->Kill();
+        restarted = std::make_unique<Process>(ADAPS_SERVER_BIN, args, cluster.dir() + "/s-b.log");
+      }
+      ASSERT_TRUE((*w)->Barrier().ok());
+      int done = 0;
+      const absl::Time end = absl::Now() + absl::Seconds(30);
+      while (done < kAfter && absl::Now() < end) {
+        next_grad();
+        absl::Status st = (*w)->PushPull("t", g, absl::MakeSpan(p)).get();
+        if (!st.ok()) {
+          ASSERT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+          absl::SleepFor(absl::Milliseconds(100));
+          continue;
+        }
+        seen[rank].push_back(p);
+        ++done;
+        ++step;
+      }
+      EXPECT_EQ(done, kAfter);
+      EXPECT_TRUE((*w)->Stop().ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(restarted);
+  EXPECT_THAT(restarted->Log(), HasSubstr("restored at step 5"));
+  ASSERT_EQ(seen[0].size(), seen[1].size());
+  ASSERT_EQ(seen[0].size(), static_cast<size_t>(kBefore + kAfter));
+  for (size_t k = 0; k < seen[0].size(); ++k) {
+    EXPECT_EQ(seen[0][k], seen[1][k]) << "after step " << k << " (the restart after step "
+                                      << kBefore - 1 << ")";
+  }
+  EXPECT_NE(seen[0][kBefore], seen[0][kBefore - 1]) << "the run should go on after the restart";
   EXPECT_EQ(restarted->WaitExit(absl::Seconds(10)), 0) << restarted->Log();
 }
 

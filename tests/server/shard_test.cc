@@ -205,6 +205,50 @@ TEST(Shard, RecompressedReplicaEqualsThePublishedStateBitwiseOverManySteps) {
   EXPECT_EQ(s.AnswerPull(stale).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A replica pull (a worker declaring or resynchronizing a recompressed tensor) gets what
+// recompressed pulls published, at its version, with the shard's step beside it, and
+// publishes nothing: a worker that took it just before the step completes receives the
+// next change from it (the old code answered the parameters, which run ahead of the
+// published state by the downlink's residue, at the shard's step).
+TEST(Shard, ReplicaPullGivesThePublishedStateAndPublishesNothing) {
+  constexpr uint32_t kLen = 300;
+  Shard s = Make(kLen, 50);
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  OptimizerConfig sgd = Kind(OptimizerKind::kSgd);
+  uint64_t have = 0;
+  const auto step = [&](uint64_t at) {
+    std::vector<float> g(kLen);
+    for (float& x : g) x = normal(rng);
+    ASSERT_TRUE(s.AddPush(0, at, Dense(g)).ok());
+    ASSERT_TRUE(s.CompleteStepIfReady({0}, sgd));
+  };
+  for (uint64_t at = 0; at < 3; ++at) {
+    step(at);
+    auto a = s.AnswerPull({"r", 1, s.version(), have, Shard::Format::kRecompressed});
+    ASSERT_TRUE(a.ok()) << a.status();
+    have = a->version;
+  }
+  step(3);  // version 4, published at 3
+  auto replica = s.AnswerPull({"r", 1, 0, 0, Shard::Format::kReplica});
+  ASSERT_TRUE(replica.ok()) << replica.status();
+  EXPECT_EQ(replica->version, 4u);
+  EXPECT_EQ(replica->base, 3u);
+  std::vector<float> mine(kLen);
+  ASSERT_TRUE(replica->payload && replica->payload->size() == kLen * sizeof(float));
+  std::memcpy(mine.data(), replica->payload->data(), replica->payload->size());
+  EXPECT_NE(0, std::memcmp(mine.data(), s.params().data(), kLen * sizeof(float)))
+      << "the published state should trail the parameters";
+  // The next recompressed answer is the change from version 3, and it brings the replica
+  // to the published state bit for bit.
+  auto next = s.AnswerPull({"r", 1, 4, 3, Shard::Format::kRecompressed});
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->base, 3u);
+  EXPECT_EQ(next->version, 4u);
+  ApplyAnswer(*next, mine);
+  EXPECT_EQ(0, std::memcmp(mine.data(), s.published().data(), kLen * sizeof(float)));
+}
+
 TEST(Shard, CheckpointRecordRoundTripsEveryPartOfTheState) {
   Shard s = Make();
   s.Initialize(Raw({1, 2, 3, 4}));
