@@ -247,7 +247,6 @@ absl::Status Worker::Impl::DeclareFused(Tensor& t, absl::Span<float> values, boo
     std::memcpy(rt.replica.data(), r.payload().data(), end * sizeof(float));
     const msg::PullResponse* resp = r.envelope()->body_as_PullResponse();
     rt.replica_version = ReplicaVersion(*resp);
-    rt.synced_out = nullptr;
     rt.step = resp->version();
     rt.incarnation = incarnation;
   }

@@ -33,9 +33,6 @@ ABSL_FLAG(std::string, pull, "dense", "dense or recompressed pulls");
 ABSL_FLAG(bool, compact_indices, true, "Rice-coded indices (false: plain 32-bit)");
 ABSL_FLAG(int, compression_threads, 1,
           "Threads that compress pushes and decode pulls (0: on the calling and I/O threads)");
-ABSL_FLAG(bool, incremental_pulls, false,
-          "Recompressed pulls add the servers' change to the parameters instead of copying the "
-          "replica into them (WorkerOptions::incremental_pulls)");
 ABSL_FLAG(int, register_timeout_ms, 60000, "How long to wait for the cluster to form");
 ABSL_FLAG(int, request_timeout_ms, 30000, "Deadline of every request");
 ABSL_FLAG(uint64_t, fusion_threshold, 64 * 1024,
@@ -192,7 +189,6 @@ int main(int argc, char** argv) {
   options.compact_indices = absl::GetFlag(FLAGS_compact_indices);
   options.fusion_threshold_bytes = absl::GetFlag(FLAGS_fusion_threshold);
   options.compression_threads = absl::GetFlag(FLAGS_compression_threads);
-  options.incremental_pulls = absl::GetFlag(FLAGS_incremental_pulls);
   options.log_level = absl::GetFlag(FLAGS_log_level);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);

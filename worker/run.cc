@@ -80,7 +80,6 @@ absl::Status Worker::Impl::ResyncSlices(Tensor& t, const std::vector<size_t>& sl
     rt.step = std::max(rt.step, version);
     std::memcpy(rt.replica.data(), pulls[k].payload().data(), pulls[k].payload().size());
     rt.replica_version = ReplicaVersion(*pulls[k].envelope()->body_as_PullResponse());
-    rt.synced_out = nullptr;  // the caller's buffer still holds the old replica
     rt.incarnation = incarnations[k];
   }
   return absl::OkStatus();
@@ -285,7 +284,7 @@ void Worker::Impl::DecodePull(const std::shared_ptr<RunOp>& op, size_t i, const 
   const msg::PullResponse* resp = reply.envelope()->body_as_PullResponse();
   absl::Status status = worker_metrics_->Decode(step, [&] {
     return ApplyPull(*op->t, i, *resp, reply.payload(), reply.wire_bytes() + request_bytes,
-                     op->out, options_.incremental_pulls && op->t->bucket == nullptr);
+                     op->out);
   });
   {
     absl::MutexLock lock(&op->mu);

@@ -106,7 +106,7 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
 
 absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
                        absl::Span<const uint8_t> payload, uint64_t wire_bytes,
-                       absl::Span<float> out, bool incremental) {
+                       absl::Span<float> out) {
   absl::MutexLock lock(&t.mu);
   AddsElapsed timer(t.traffic.decode_seconds);  // ends before `lock` (t.mu held)
   const SliceInfo& info = t.meta[i].info;
@@ -128,22 +128,13 @@ absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
                                             resp.base_version(), " but replica is at ",
                                             rt.replica_version));
   }
-  const absl::Span<float> dst_span(dst, rt.replica.size());
-  // Incremental: `dst` is what the last pull made it (the replica, unless the caller
-  // changed it): the same additions to both, no copy.
-  const bool in_place = incremental && rt.synced_out == dst;
-  if (in_place && !payload.empty()) {
-    // DecodeAdd checks the whole update before it adds anything: a bad answer changes
-    // neither buffer.
-    ADAPS_RETURN_IF_ERROR(DecodeAdd(payload, 1.0f, absl::MakeSpan(rt.replica)));
-    ADAPS_RETURN_IF_ERROR(DecodeAdd(payload, 1.0f, dst_span));
-  } else if (!payload.empty()) {
+  if (!payload.empty()) {
     // replica += update and the parameters = replica, in one pass
-    ADAPS_RETURN_IF_ERROR(DecodeAddCopy(payload, 1.0f, absl::MakeSpan(rt.replica), dst_span));
-  } else if (!in_place) {
+    ADAPS_RETURN_IF_ERROR(DecodeAddCopy(payload, 1.0f, absl::MakeSpan(rt.replica),
+                                        absl::MakeSpan(dst, rt.replica.size())));
+  } else {
     std::memcpy(dst, rt.replica.data(), rt.replica.size() * sizeof(float));
   }
-  rt.synced_out = incremental ? dst : nullptr;
   rt.replica_version = resp.version();
   return absl::OkStatus();
 }

@@ -55,10 +55,6 @@ struct SliceRt {
   // holds it (the transport sent it and no RunOp keeps it for a retry): no allocation and
   // no page faults per step for a dense slice of megabytes.
   std::shared_ptr<Bytes> push_bytes;
-  // WorkerOptions::incremental_pulls: the output slice the last recompressed pull brought
-  // to the replica (null: none is; the next pull copies the whole replica). Reset wherever
-  // the replica is set from a dense answer (declaration, resynchronization).
-  const float* synced_out = nullptr;
 };
 
 struct FusionBucket;  // worker/fusion.h
@@ -172,12 +168,10 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
 // On a compression-pool thread (the I/O thread with compression_threads = 0): writes slice
 // `i` of a pull answer into `out` (dense copy, or the recompressed update applied to the
 // replica), counts `wire_bytes` of traffic and the time it took (decode_seconds).
-// `incremental` (WorkerOptions::incremental_pulls): a recompressed update is added to `out`
-// as to the replica when `out` is the buffer this slice's last pull wrote.
 // kDataLoss for an answer that does not fit the slice. Takes t.mu.
 absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
                        absl::Span<const uint8_t> payload, uint64_t wire_bytes,
-                       absl::Span<float> out, bool incremental);
+                       absl::Span<float> out);
 
 }  // namespace adaps
 

@@ -100,7 +100,6 @@ absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
     rt.replica.assign(values.begin() + info.offset, values.begin() + info.offset + info.length);
     const msg::PullResponse* resp = pulls[i].envelope()->body_as_PullResponse();
     rt.replica_version = ReplicaVersion(*resp);
-    rt.synced_out = nullptr;
     rt.step = resp->version();
     rt.incarnation = incarnations[i];
   }

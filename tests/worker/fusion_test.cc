@@ -77,7 +77,7 @@ class Cluster {
  public:
   absl::Status Start(uint64_t fusion_threshold, PullFormat pull,
                      absl::Duration timeout = absl::Seconds(10),
-                     const std::vector<Member>& members = kMembers, bool incremental = false) {
+                     const std::vector<Member>& members = kMembers) {
     members_ = members;
     testing::InprocServersOptions o;
     o.servers = kServers;
@@ -101,7 +101,6 @@ class Cluster {
     wo.request_timeout = timeout;
     wo.log_level = "error";
     wo.fusion_threshold_bytes = fusion_threshold;
-    wo.incremental_pulls = incremental;
     auto worker = Worker::Create(wo);
     ADAPS_RETURN_IF_ERROR(cluster_.JoinServers());
     ADAPS_RETURN_IF_ERROR(worker.status());
@@ -125,10 +124,8 @@ class Cluster {
     }
   }
 
-  // One PushPull of every member (all in flight at once), gradients from `rng`, into its
-  // parameters (params(name)) or, for a member in `outs`, into that buffer.
-  absl::Status Step(std::mt19937& rng,
-                    const std::map<std::string, absl::Span<float>>& outs = {}) {
+  // One PushPull of every member (all in flight at once), gradients from `rng`.
+  absl::Status Step(std::mt19937& rng) {
     std::normal_distribution<float> normal(0.0f, 0.1f);
     std::map<std::string, std::vector<float>> grads;
     std::vector<std::future<absl::Status>> futures;
@@ -136,9 +133,7 @@ class Cluster {
       std::vector<float>& g = grads[m.name];
       g.resize(m.length);
       for (float& x : g) x = normal(rng);
-      auto out = outs.find(m.name);
-      futures.push_back(worker_->PushPull(
-          m.name, g, out != outs.end() ? out->second : absl::MakeSpan(params_[m.name])));
+      futures.push_back(worker_->PushPull(m.name, g, absl::MakeSpan(params_[m.name])));
     }
     absl::Status status;
     for (auto& f : futures) status.Update(f.get());
@@ -152,7 +147,7 @@ class Cluster {
   }
 
   Worker& worker() { return *worker_; }
-  std::vector<float>& params(const std::string& name) { return params_[name]; }
+  const std::vector<float>& params(const std::string& name) { return params_[name]; }
 
  private:
   std::vector<std::unique_ptr<Metrics>> metrics_;  // outlive the servers
@@ -343,54 +338,6 @@ TEST(Fusion, PullParametersGivesTheServersExactParametersBehindRecompressedPulls
     ASSERT_TRUE(t.ok());
     EXPECT_EQ(t->pulls, 23u);
     EXPECT_EQ(t->pull_dense_bytes, 24u * 4 * 150000);  // 23 pulls and the parameter pull
-  }
-}
-
-// Incremental pulls (WorkerOptions::incremental_pulls) add the servers' change to the
-// buffer the last pull wrote instead of copying the replica into it: bit for bit the copied
-// pulls' parameters; a new buffer gets the whole replica; a change the caller made to the
-// buffer is kept (the copied pull overwrites it). Fused members are copied as before.
-TEST(Fusion, IncrementalPullsGiveTheCopiedPullsParametersBitForBit) {
-  std::vector<Member> members = kMembers;
-  members.push_back({"huge", 150000, 500, Compression::kAdaComp});  // > split threshold
-  std::map<std::string, std::vector<float>> copied;
-  float copied_huge0 = 0.0f;
-  for (bool incremental : {false, true}) {
-    SCOPED_TRACE(incremental ? "incremental" : "copied");
-    Cluster c;
-    ASSERT_TRUE(
-        c.Start(64 * 1024, PullFormat::kRecompressed, absl::Seconds(10), members, incremental)
-            .ok());
-    std::mt19937 rng(7);
-    for (int step = 0; step < 20; ++step) ASSERT_TRUE(c.Step(rng).ok()) << step;
-    // A new buffer for two tensors (one of several slices): the whole replica.
-    std::vector<float> fresh_big(20000, -1.0f), fresh_huge(150000, -1.0f);
-    ASSERT_TRUE(c.Step(rng, {{"big", absl::MakeSpan(fresh_big)},
-                             {"huge", absl::MakeSpan(fresh_huge)}})
-                    .ok());
-    // Back to the old buffers (another address again: copied), one more step, then the
-    // caller changes one parameter before the next.
-    ASSERT_TRUE(c.Step(rng).ok());
-    c.params("huge")[0] += 100.0f;
-    ASSERT_TRUE(c.Step(rng).ok());
-    if (!incremental) {
-      for (const Member& m : members) copied[m.name] = c.params(m.name);
-      copied["fresh_big"] = fresh_big;
-      copied["fresh_huge"] = fresh_huge;
-      copied_huge0 = c.params("huge")[0];
-      continue;
-    }
-    for (const Member& m : members) {
-      std::vector<float> want = copied[m.name], got = c.params(m.name);
-      if (m.name == "huge") {
-        // The caller's +100 stayed (the copied pull overwrote it with the replica).
-        EXPECT_NEAR(got[0] - copied_huge0, 100.0f, 1e-3f);
-        got[0] = want[0] = 0.0f;
-      }
-      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << m.name;
-    }
-    EXPECT_EQ(fresh_big, copied["fresh_big"]);
-    EXPECT_EQ(fresh_huge, copied["fresh_huge"]);
   }
 }
 

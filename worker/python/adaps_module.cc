@@ -202,10 +202,9 @@ class PyWorker {
 std::unique_ptr<PyWorker> CreateWorker(const std::string& scheduler, const std::string& identity,
                                        double register_timeout, double request_timeout,
                                        bool compact_indices, const std::string& log_level,
-                                       int compression_threads, bool incremental_pulls) {
+                                       int compression_threads) {
   WorkerOptions options;
   options.compression_threads = compression_threads;
-  options.incremental_pulls = incremental_pulls;
   options.scheduler = scheduler;
   options.identity = identity;
   options.register_timeout = Seconds(register_timeout);
@@ -340,7 +339,7 @@ void DefineModule(py::module_& m) {
       .def(py::init(&CreateWorker), py::arg("scheduler"), py::arg("identity") = "",
            py::arg("register_timeout") = 60.0, py::arg("request_timeout") = 30.0,
            py::arg("compact_indices") = true, py::arg("log_level") = "warn",
-           py::arg("compression_threads") = 1, py::arg("incremental_pulls") = false)
+           py::arg("compression_threads") = 1)
       .def_property_readonly("rank", [](PyWorker& w) { return w.get().rank(); })
       .def_property_readonly("num_workers", [](PyWorker& w) { return w.get().num_workers(); })
       .def_property_readonly("num_servers", [](PyWorker& w) { return w.get().num_servers(); })

@@ -88,19 +88,6 @@ struct WorkerOptions {
   // trainer's; more help only when several large tensors are in flight at once and cores
   // are free. kInvalidArgument below 0 or above 64.
   int compression_threads = 1;
-  // Recompressed pulls: add the servers' change to the output buffer instead of copying
-  // the whole replica into it, when the buffer is the one this tensor's last pull wrote
-  // (the same address): the replica gets the same float additions, so an output the caller
-  // left alone stays bit for bit the replica, and a pull costs the update's elements
-  // instead of a copy of the tensor (two passes over it). For trainers that change the
-  // parameters only through pulls (server-side optimizers). A change the caller makes to
-  // the buffer in between is kept, as a local change is under DDP, and is not sent to the
-  // servers. Another buffer, a new declaration or a resynchronization with a restarted
-  // server gets the whole replica again. The buffer must be the same one from pull to
-  // pull, holding what the last pull wrote (not a new buffer that happens to reuse the old
-  // address). Fused tensors are always copied (they are small). Off by default: the output
-  // is then the replica after every pull, whatever the caller did to it.
-  bool incremental_pulls = false;
 };
 
 struct TensorSpec {

@@ -6,15 +6,10 @@
     w.push_pull("w", grad, values).wait()                     # raises adaps.Error
 
 Worker(scheduler, identity="", register_timeout=60.0, request_timeout=30.0,
-       compact_indices=True, log_level="warn", compression_threads=1,
-       incremental_pulls=False)
+       compact_indices=True, log_level="warn", compression_threads=1)
     Registers with the scheduler and returns once the cluster formed.
     compression_threads: the pool that encodes pushes and decodes pulls off the caller's
     thread (0: on the caller's and the I/O thread, as before the pool).
-    incremental_pulls: a recompressed pull into the same `out` as the last one adds the
-    servers' change to it instead of copying the whole replica (the C++
-    WorkerOptions::incremental_pulls): for a trainer that changes its parameters only
-    through pulls; a change made to `out` in between is kept.
     .rank, .num_workers, .num_servers
     .declare(name, values, shape=None, bin_size=500, compression="adacomp",
              topk_fraction=0.001, pull="dense", fuse=True)
