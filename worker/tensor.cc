@@ -77,7 +77,8 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
   std::vector<SharedBytes> encoded;
   encoded.reserve(t.slices.size());
   absl::Status status;
-  SentElements sent;
+  SentElements& sent = t.sent_scratch;
+  sent.Clear();
   for (size_t i = 0; i < t.slices.size() && status.ok(); ++i) {
     const SliceInfo& info = t.meta[i].info;
     std::shared_ptr<Bytes> bytes = ReusablePushBytes(t.slices[i]);
@@ -100,7 +101,7 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
     }
   }
   if (!status.ok()) return status;
-  t.last_sent = std::move(sent);
+  std::swap(t.last_sent, sent);
   return encoded;
 }
 

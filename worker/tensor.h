@@ -64,6 +64,10 @@ struct FusionBucket;  // worker/fusion.h
 struct SentElements {
   std::vector<uint32_t> indices;
   bool all = false;
+  void Clear() {
+    indices.clear();  // (keeps the capacity)
+    all = false;
+  }
   // Adds a slice's: `update`'s indices (AdaComp, Top-k) shifted by the slice's offset, or
   // every element (`update` null: a dense slice; or a dense/sign update) by setting `all`.
   void Add(const CompressedUpdate* update, const SliceInfo& info);
@@ -80,6 +84,9 @@ struct Tensor {
   CompressedUpdate update ABSL_GUARDED_BY(mu);
   TrafficCounters traffic ABSL_GUARDED_BY(mu);
   SentElements last_sent ABSL_GUARDED_BY(mu);  // by the last successful push
+  // EncodePush collects a push's elements here and swaps it with last_sent on success: the
+  // index buffers are reused from push to push instead of grown anew.
+  SentElements sent_scratch ABSL_GUARDED_BY(mu);
   TensorMetrics metrics ABSL_GUARDED_BY(mu);  // mirrors `traffic` (worker/worker_metrics.h)
   // Fusion (worker/fusion.h), set before the tensor is published: the bucket this tensor
   // is (`bucket`) or is a member of (`fused_into`, as member `fusion_index`); else null.
