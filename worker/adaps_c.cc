@@ -95,6 +95,11 @@ int adaps_worker_pull_parameters(adaps_worker* worker, const char* name, float* 
 
 int adaps_worker_barrier(adaps_worker* worker) { return worker->Record(worker->worker->Barrier()); }
 
+int adaps_worker_set_bin_size(adaps_worker* worker, const char* name, uint32_t bin_size) {
+  if (name == nullptr) return worker->Record(absl::InvalidArgumentError("null name"));
+  return worker->Record(worker->worker->SetBinSize(name, bin_size));
+}
+
 int adaps_worker_set_hyper(adaps_worker* worker, const char* name, double value) {
   if (name == nullptr) return worker->Record(absl::InvalidArgumentError("null name"));
   return worker->Record(worker->worker->SetHyper({{name, value}}));

@@ -8,8 +8,8 @@
 // the caller and the I/O thread), by the sending thread and the retry thread: held for one
 // tensor's encode or one slice's decode at most, never across a blocking call. With a pool
 // the I/O thread never takes it, so it never waits behind an encode. `meta`, `spec`,
-// `length`, `tensor_id` and `compressor`'s options are set before the tensor is published and
-// read-only afterwards.
+// `length` and `tensor_id` are set before the tensor is published and read-only afterwards;
+// `compressor` is replaced (under `mu`) only by Worker::SetBinSize.
 #ifndef ADAPS_WORKER_TENSOR_H_
 #define ADAPS_WORKER_TENSOR_H_
 

@@ -44,6 +44,10 @@ absl::StatusOr<std::vector<uint32_t>> Worker::LastSent(absl::string_view name) c
   return impl_->LastSent(name);
 }
 
+absl::Status Worker::SetBinSize(absl::string_view name, uint32_t bin_size) {
+  return impl_->SetBinSize(name, bin_size);
+}
+
 absl::Status Worker::Barrier() { return impl_->Barrier(); }
 absl::Status Worker::SetHyper(const std::vector<std::pair<std::string, double>>& params) {
   return impl_->SetHyper(params);

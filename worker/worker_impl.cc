@@ -208,6 +208,26 @@ absl::StatusOr<std::vector<uint32_t>> Worker::Impl::LastSent(absl::string_view n
   return every;
 }
 
+absl::Status Worker::Impl::SetBinSize(absl::string_view name, uint32_t bin_size) {
+  ADAPS_ASSIGN_OR_RETURN(Tensor * t, Find(name));
+  ADAPS_RET_CHECK(t->spec.compression == Compression::kAdaComp,
+                  absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("tensor '", name, "' is not compressed with AdaComp: it has no "
+                               "bin size to set"));
+  // A fusion bucket's segment table, which its server checks every push against and bins
+  // the downlink with, holds the declared bin sizes.
+  ADAPS_RET_CHECK(t->fused_into == nullptr, absl::StatusCode::kFailedPrecondition,
+                  absl::StrCat("tensor '", name, "' is fused with other small tensors, which "
+                               "keep their declared bin sizes; declare it with fuse = false "
+                               "to change its bin size"));
+  TensorSpec spec = t->spec;  // the declared spec stays (the servers' segments use it)
+  spec.bin_size = bin_size;
+  ADAPS_ASSIGN_OR_RETURN(auto compressor, MakeTensorCompressor(spec));
+  absl::MutexLock lock(&t->mu);
+  t->compressor = std::move(compressor);
+  return absl::OkStatus();
+}
+
 absl::Status Worker::Impl::Barrier() {
   ADAPS_RETURN_IF_ERROR(CheckRunning());
   flatbuffers::FlatBufferBuilder fbb(64);

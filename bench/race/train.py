@@ -75,6 +75,19 @@ def parse():
                          "learning rate of the step that computed it, not at the (cosine-"
                          "decayed) rate of the step that sends it. off: the servers get the "
                          "scheduler's lr_t each step")
+    ap.add_argument("--adacomp-warmup-steps", type=int, default=0,
+                    help="adacomp: DGC's sparsity warm-up over the first N steps: each "
+                         "tensor's push bin size grows geometrically from "
+                         "--adacomp-warmup-bin to its own (adaps.Worker.set_bin_size; "
+                         "tensors fused with others keep theirs). 0: off")
+    ap.add_argument("--adacomp-warmup-bin", type=int, default=10,
+                    help="the bin size of the warm-up's first step")
+    ap.add_argument("--adacomp-cooldown-steps", type=int, default=0,
+                    help="adacomp: over the last N steps each tensor's push bin size falls "
+                         "geometrically from its own to --adacomp-cooldown-bin (denser "
+                         "pushes while the learning rate anneals). 0: off")
+    ap.add_argument("--adacomp-cooldown-bin", type=int, default=50,
+                    help="the bin size of the cool-down's last step")
     ap.add_argument("--final-pull", default="off", choices=("auto", "off"),
                     help="auto: adacomp with recompressed pulls, before the last evaluation "
                          "rank 0 loads the servers' exact parameters (DistributedOptimizer."
@@ -178,6 +191,13 @@ class Adaps:
             compression="dense" if dense else "adacomp",
             pull="dense" if dense else a.adacomp_pull, bin_sizes=bin_sizes,
             bin_size=a.adacomp_fc_bin or None)
+        # (name, its own bin size) of the tensors whose bin sizes follow the schedule
+        self.warmup = []
+        self.warmup_steps, self.warmup_bin = a.adacomp_warmup_steps, a.adacomp_warmup_bin
+        self.cooldown_steps, self.cooldown_bin = a.adacomp_cooldown_steps, a.adacomp_cooldown_bin
+        self.total_steps = None  # set by train()
+        if not dense and (self.warmup_steps > 0 or self.cooldown_steps > 0):
+            self.warmup = [(e.name, e.bin_size) for e in self.opt._params]
         self.final_pull = None
         if not dense and a.adacomp_pull == "recompressed" and a.final_pull == "auto":
             self.final_pull = self.opt.pull_parameters
@@ -201,6 +221,37 @@ class Adaps:
         return hook
 
 
+    @staticmethod
+    def _geometric(a, b, f):
+        return max(1, round(a * (b / a) ** f))
+
+    def before_step(self, step):
+        """--adacomp-warmup-steps, --adacomp-cooldown-steps: the bin sizes of this step's
+        pushes."""
+        if not self.warmup:
+            return
+        start_cool = self.total_steps - self.cooldown_steps
+        if self.warmup_steps < step < start_cool:
+            return
+        import adaps
+        keep = []
+        for name, own in self.warmup:
+            if step < self.warmup_steps:
+                t = min(own, self._geometric(self.warmup_bin, own, step / self.warmup_steps))
+            elif step >= start_cool and self.cooldown_steps > 0:
+                f = (step - start_cool + 1) / self.cooldown_steps
+                t = min(own, self._geometric(own, self.cooldown_bin, f))
+            else:
+                t = own
+            try:
+                self.worker.set_bin_size(name, t)
+            except adaps.Error as err:
+                if err.code != adaps.FAILED_PRECONDITION:  # (fused: keeps its own)
+                    raise
+                continue
+            keep.append((name, own))
+        self.warmup = keep
+
     def barrier(self):
         self.worker.barrier()
 
@@ -220,6 +271,7 @@ def train(a, sysobj, raw_model, x_train, y_train, x_test, y_test):
     # --lr-in-push: the schedule runs on a stand-in optimizer and reaches the workers' pushes
     # as a factor; the servers keep the initial learning rate.
     lr_in_push = getattr(sysobj, "lr_in_push", False)
+    sysobj.total_steps = total
     sched_opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=a.lr) \
         if lr_in_push else opt
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(sched_opt, T_max=total)
@@ -232,6 +284,8 @@ def train(a, sysobj, raw_model, x_train, y_train, x_test, y_test):
             t0 = time.perf_counter()
             if lr_in_push:
                 sysobj.push_scale[0] = sched_opt.param_groups[0]["lr"] / a.lr
+            if hasattr(sysobj, "before_step"):
+                sysobj.before_step(step)
             opt.zero_grad()
             loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
             loss.backward()

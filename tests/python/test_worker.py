@@ -102,6 +102,30 @@ def test_compression_threads_reach_the_worker_and_traffic_has_the_phase_times(cl
         w.stop()
 
 
+def test_set_bin_size(cluster):
+    c = cluster(1, server_args=["--optimizer=sgd"])
+    w = adaps.Worker(c.address, request_timeout=10)
+    values = np.zeros(100, np.float32)
+    w.declare("x", values, compression="adacomp", bin_size=5, fuse=False)
+    w.declare("fused", np.zeros(10, np.float32), compression="adacomp", bin_size=5)
+    w.declare("d", np.zeros(10, np.float32), compression="dense", fuse=False)
+    grad = np.full(100, 0.01, np.float32)
+    grad[3::10] = 5.0  # one dominant element in every 10
+    w.set_bin_size("x", 10)
+    w.push_pull("x", grad, values).wait()
+    np.testing.assert_array_equal(w.last_sent("x"), np.arange(3, 100, 10))
+    w.set_bin_size("x", 5)  # bins of 5 without a dominant element send their ties too
+    w.push_pull("x", grad, values).wait()
+    assert w.last_sent("x").size > 10
+    for name, bad, code in [("x", 0, adaps.INVALID_ARGUMENT), ("nope", 10, adaps.INVALID_ARGUMENT),
+                            ("d", 10, adaps.INVALID_ARGUMENT),
+                            ("fused", 10, adaps.FAILED_PRECONDITION)]:
+        with pytest.raises(adaps.Error) as e:
+            w.set_bin_size(name, bad)
+        assert e.value.code == code, (name, e.value)
+    w.stop()
+
+
 def test_last_sent_and_pull_parameters(cluster):
     c = cluster(1, server_args=["--optimizer=sgd", "--learning_rate=1"])
     w = adaps.Worker(c.address, request_timeout=10)

@@ -58,6 +58,9 @@ TEST(CApi, DeclaresPushesPullsAndReportsErrors) {
   EXPECT_EQ(adaps_worker_push_pull(w, "missing", grad.data(), out.data(), 6), 3);
   EXPECT_NE(std::string(adaps_worker_last_error(w)).find("not declared"), std::string::npos);
   EXPECT_EQ(adaps_worker_set_hyper(w, "bogus", 1.0), 3);
+  EXPECT_EQ(adaps_worker_set_bin_size(w, "w", 10), 3);  // a dense tensor has no bin size
+  EXPECT_NE(std::string(adaps_worker_last_error(w)).find("AdaComp"), std::string::npos);
+  EXPECT_EQ(adaps_worker_set_bin_size(w, nullptr, 10), 3);
   adaps_worker_destroy(w);
   EXPECT_TRUE(scheduler.WaitForShutdown(absl::Seconds(5)));
   EXPECT_TRUE(server.WaitForShutdown(absl::Seconds(5)));

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -77,7 +78,8 @@ class Cluster {
  public:
   absl::Status Start(uint64_t fusion_threshold, PullFormat pull,
                      absl::Duration timeout = absl::Seconds(10),
-                     const std::vector<Member>& members = kMembers) {
+                     const std::vector<Member>& members = kMembers,
+                     const std::vector<std::string>& unfused = {}) {
     members_ = members;
     testing::InprocServersOptions o;
     o.servers = kServers;
@@ -110,8 +112,9 @@ class Cluster {
     for (const Member& m : members_) {
       std::vector<float> init(m.length);
       for (float& x : init) x = normal(rng);
+      const bool fuse = std::find(unfused.begin(), unfused.end(), m.name) == unfused.end();
       ADAPS_RETURN_IF_ERROR(
-          worker_->Declare({m.name, {m.length}, m.bin, m.compression, 0.01, pull},
+          worker_->Declare({m.name, {m.length}, m.bin, m.compression, 0.01, pull, fuse},
                            absl::MakeSpan(init)));
       params_[m.name] = init;
     }
@@ -380,6 +383,65 @@ TEST(Fusion, LastSentIsWhatTheLastPushSent) {
     EXPECT_EQ(*sent, expect[m.name]) << m.name;
   }
   EXPECT_EQ(c.worker().LastSent("nope").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// SetBinSize: the next push bins at the new size (one dominant element in every 20 is all
+// that a bin of 20 sends; at the declared bin of 4 the bins without one send their ties
+// too), for a tensor of its own (several slices) and an unfused small one; a fused member
+// is refused, and a refused call changes nothing.
+TEST(Fusion, SetBinSizeChangesTheBinsOfTheNextPush) {
+  const std::vector<Member> members = {{"a", 40, 4, Compression::kAdaComp},
+                                       {"d", 8, 4, Compression::kDense},
+                                       {"big", 160000, 4, Compression::kAdaComp},
+                                       {"f", 40, 4, Compression::kAdaComp}};
+  Cluster c;
+  ASSERT_TRUE(c.Start(64 * 1024, PullFormat::kDense, absl::Seconds(10), members,
+                      /*unfused=*/{"a"}).ok());
+  EXPECT_EQ(c.worker().SetBinSize("f", 20).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_GE(c.worker().Slices("big")->size(), 2u);  // (bins start at each slice's offset)
+  EXPECT_EQ(c.worker().SetBinSize("d", 20).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.worker().SetBinSize("nope", 20).code(), absl::StatusCode::kInvalidArgument);
+  for (const char* name : {"a", "big"}) {
+    ASSERT_TRUE(c.worker().SetBinSize(name, 20).ok());
+    EXPECT_EQ(c.worker().SetBinSize(name, 0).code(), absl::StatusCode::kInvalidArgument);
+  }
+  std::map<std::string, std::vector<uint32_t>> expect;
+  std::map<std::string, std::vector<float>> grads, out;
+  for (const Member& m : members) {
+    std::vector<float>& g = grads[m.name];
+    g.assign(m.length, 0.01f);
+    out[m.name].resize(m.length);
+    std::vector<SliceInfo> slices = {SliceInfo{0, static_cast<uint32_t>(m.length), 0}};
+    if (m.name == "big") slices = *c.worker().Slices("big");
+    for (const SliceInfo& s : slices) {
+      for (uint32_t k = 0; k * 20 < s.length; ++k) {
+        const uint32_t i = s.offset + k * 20 + (k * 7) % std::min<uint32_t>(20, s.length - k * 20);
+        g[i] = (k % 2 ? -5.0f : 5.0f);
+        expect[m.name].push_back(i);
+      }
+    }
+  }
+  std::vector<std::future<absl::Status>> futures;
+  for (const Member& m : members) {
+    futures.push_back(c.worker().PushPull(m.name, grads[m.name], absl::MakeSpan(out[m.name])));
+  }
+  for (auto& f : futures) { absl::Status st = f.get(); ASSERT_TRUE(st.ok()) << st; }
+  for (const char* name : {"a", "big"}) {
+    auto sent = c.worker().LastSent(name);
+    ASSERT_TRUE(sent.ok());
+    EXPECT_EQ(*sent, expect[name]) << name;
+  }
+  // Back to the declared size: the ties of the bins without a dominant element go too.
+  ASSERT_TRUE(c.worker().SetBinSize("a", 4).ok());
+  grads["a"].assign(40, 0.01f);
+  futures.clear();
+  for (const Member& m : members) {  // (a bucket waits for all its members)
+    futures.push_back(c.worker().PushPull(m.name, grads[m.name], absl::MakeSpan(out[m.name])));
+  }
+  for (auto& f : futures) ASSERT_TRUE(f.get().ok());
+  auto sent = c.worker().LastSent("a");
+  ASSERT_TRUE(sent.ok());
+  EXPECT_GT(sent->size(), expect["a"].size());
 }
 
 }  // namespace

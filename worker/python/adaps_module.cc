@@ -388,6 +388,20 @@ void DefineModule(py::module_& m) {
           "push sent: AdaComp's or Top-k's selection, every element of a dense push; empty "
           "before the first push. For DGC's momentum factor masking.")
       .def(
+          "set_bin_size",
+          [](PyWorker& w, const std::string& name, int64_t bin_size) {
+            if (bin_size <= 0 || bin_size > UINT32_MAX) {
+              RaiseStatus(absl::InvalidArgumentError(
+                  absl::StrCat("bin size ", bin_size, " is out of range (1 to 2^32-1)")));
+            }
+            absl::Status s = w.get().SetBinSize(name, static_cast<uint32_t>(bin_size));
+            if (!s.ok()) RaiseStatus(s);
+          },
+          py::arg("name"), py::arg("bin_size"),
+          "Sets the AdaComp bin size of this worker's pushes of `name` from the next push on "
+          "(the residue is kept; the servers' recompressed pulls keep the declared one). "
+          "Call between steps. For a sparsity warm-up (small bins first).")
+      .def(
           "checkpoint",
           [](PyWorker& w, const std::string& dir) {
             Worker& x = w.get();

@@ -48,6 +48,9 @@ int adaps_worker_push_pull(adaps_worker* worker, const char* name, const float* 
 int adaps_worker_pull_parameters(adaps_worker* worker, const char* name, float* out,
                                  size_t count);
 int adaps_worker_barrier(adaps_worker* worker);
+/* The AdaComp bin size of this worker's pushes of `name` from the next push on (the residue
+ * is kept): adaps::Worker::SetBinSize. */
+int adaps_worker_set_bin_size(adaps_worker* worker, const char* name, uint32_t bin_size);
 int adaps_worker_set_hyper(adaps_worker* worker, const char* name, double value);
 /* Traffic of one tensor: bytes on the wire and dense-equivalent bytes, pushes and pulls. */
 int adaps_worker_traffic(const adaps_worker* worker, const char* name, uint64_t* wire_bytes,

@@ -171,6 +171,16 @@ class Worker {
   // it where the push sent it). kInvalidArgument for an undeclared tensor.
   absl::StatusOr<std::vector<uint32_t>> LastSent(absl::string_view name) const;
 
+  // Changes the AdaComp bin size T of `name`'s pushes, from the next push encoded on; the
+  // residues are kept (e.g. DGC's sparsity warm-up: small bins, so denser pushes, over the
+  // first steps). Only this worker's pushes change: the servers' recompressed pulls keep the
+  // declared bin size. Call it between steps (when no push of `name` is queued), on every
+  // worker alike if their traffic should match. kInvalidArgument for an undeclared tensor,
+  // a bin size of 0 or a tensor that is not compressed with AdaComp, kFailedPrecondition for
+  // a tensor fused with others (TensorSpec::fuse; a bucket's members keep their declared bin
+  // sizes); nothing changes then.
+  absl::Status SetBinSize(absl::string_view name, uint32_t bin_size);
+
   // Waits until every live worker reached the barrier.
   absl::Status Barrier();
   // Sets optimizer hyper-parameters on every server (learning_rate, momentum, weight_decay,

@@ -23,6 +23,12 @@ Worker(scheduler, identity="", register_timeout=60.0, request_timeout=30.0,
     .barrier(), .set_hyper([("learning_rate", 0.1), ...]), .checkpoint(dir)
     .traffic(name) -> dict of pushes, pulls, push/pull wire and dense bytes, and seconds
         spent compressing, decoding and (as the servers reported it) on the servers
+    .last_sent(name), .pull_parameters(name, out)
+        The elements the last push of `name` sent; the servers' exact parameters.
+    .set_bin_size(name, bin_size)
+        The AdaComp bin size of this worker's pushes of `name` from the next push on (the
+        residue is kept), e.g. for a sparsity warm-up; FAILED_PRECONDITION for a fused tensor
+        (declare it with fuse=False).
     .slices(name), .tensor_names(), .stop()
 
 Arrays: NumPy float32 arrays and PyTorch CPU tensors are used in place (no copy) when
