@@ -4,7 +4,8 @@
 # Prints one RAW_ZMQ line and one SUMMARY line per configuration (dense, adacomp, topk with
 # dense pulls; adacomp with recompressed pulls), with `uptime` before and after (the machine
 # may be shared: compare only ratios from one run). WORKER_FLAGS: extra adaps-worker flags
-# (e.g. WORKER_FLAGS=--compression_threads=0); the SUMMARY line's compress_ms,
+# (e.g. WORKER_FLAGS=--compression_threads=0), SERVER_FLAGS extra adaps-server flags (e.g.
+# SERVER_FLAGS=--engine_threads=1); the SUMMARY line's compress_ms,
 # wire_server_ms and decode_ms are worker 0's per-step breakdown (wire_server_ms: the step
 # less compress and decode); server_ms is the servers' engine work on the versions worker 0
 # pulled, as the servers reported it in their answers, summed over slices (so over the
@@ -36,7 +37,8 @@ for config in dense:dense adacomp:dense topk:dense adacomp:recompressed; do
   for _ in $(seq 100); do [[ -s $tmp/port ]] && break; sleep 0.05; done
   addr="tcp://127.0.0.1:$(cat "$tmp/port")"
   for _ in $(seq "$servers"); do
-    "$build/server/adaps-server" --scheduler="$addr" --log_level=warn --optimizer=sgd &
+    "$build/server/adaps-server" --scheduler="$addr" --log_level=warn --optimizer=sgd \
+        ${SERVER_FLAGS:-} &
     pids+=($!)
   done
   wpids=()
