@@ -469,6 +469,23 @@ TEST(WireCodec, DecodeAddCopyIsDecodeAddThenCopy) {
       EXPECT_THAT(copy2, Each(-1.0f));
     }
   }
+  // A copy that starts off a 16-byte boundary (1 to 3 floats in) and ends inside a vector:
+  // the streamed copy's head and tail.
+  {
+    const uint32_t n = 50001;
+    const CompressedUpdate u = Compressed(CompressorKind::kAdaComp, n, n + 7);
+    std::vector<uint8_t> bytes;
+    ASSERT_TRUE(EncodeUpdate(u, IndexCoding::kRice, &bytes).ok());
+    for (size_t shift = 0; shift < 4; ++shift) {
+      std::vector<float> want(n, 0.5f), dst(n, 0.5f), buffer(n + 4, -1.0f);
+      ASSERT_TRUE(DecodeAdd(bytes, 1.0f, absl::MakeSpan(want)).ok());
+      const absl::Span<float> copy = absl::MakeSpan(buffer).subspan(shift, n);
+      ASSERT_TRUE(DecodeAddCopy(bytes, 1.0f, absl::MakeSpan(dst), copy).ok());
+      EXPECT_EQ(std::vector<float>(copy.begin(), copy.end()), want) << shift;
+      for (size_t i = 0; i < shift; ++i) EXPECT_EQ(buffer[i], -1.0f) << shift;
+      for (size_t i = shift + n; i < buffer.size(); ++i) EXPECT_EQ(buffer[i], -1.0f) << shift;
+    }
+  }
   std::vector<float> a(10), b(9);
   std::vector<uint8_t> bytes;
   ASSERT_TRUE(EncodeDense(a, IndexCoding::kRice, &bytes).ok());
