@@ -118,10 +118,12 @@ TEST_F(WorkerInproc, RecompressedPullsFollowTheParameters) {
 }
 
 // The servers' engine work reaches the worker in the pull answers: nonzero for 1M
-// parameters a step, and no more than the wall time of the steps.
+// parameters a step, and no more than the wall time of the steps for each slice (the sum is
+// over the two slices, whose servers work at the same time: under ASan it was seen at 1.04x
+// the wall time).
 TEST_F(WorkerInproc, PullAnswersCarryTheServersWorkPerStep) {
   constexpr size_t kN = 1 << 20;
-  DeclareTwoSlices("big", kN, 1024, Compression::kDense);
+  const size_t slices = DeclareTwoSlices("big", kN, 1024, Compression::kDense).size();
   std::vector<float> g(kN, 0.5f), out(kN);
   const absl::Time start = absl::Now();
   for (int step = 0; step < 3; ++step) ASSERT_TRUE(PushPull("big", g, out).ok());
@@ -129,7 +131,7 @@ TEST_F(WorkerInproc, PullAnswersCarryTheServersWorkPerStep) {
   auto traffic = worker_->Traffic("big");
   ASSERT_TRUE(traffic.ok());
   EXPECT_GT(traffic->server_seconds, 0.0);
-  EXPECT_LE(traffic->server_seconds, wall);
+  EXPECT_LE(traffic->server_seconds, static_cast<double>(slices) * wall);
 }
 
 // AdaComp, bins of 4. In slice 0, bins of [4, 1, 1, 1]: the scale is 4, only the 4 is sent,
