@@ -147,3 +147,115 @@ def test_the_mean_gradient_does_not_drift_over_ten_thousand_steps(cluster):
         err = np.abs(got - exact) / np.maximum(np.abs(exact), 1e-3)
         # float32 rounding of one step's sum, at the end as at the start: no growth.
         assert err.max() < 2e-7, (err.max(), err[-100:].max())
+
+
+# -- exchange="update": each worker sends its own optimizer step (the default with AdaComp) --
+def test_local_mode_with_a_compressor_exchanges_updates_by_default(cluster):
+    address = mean_cluster(cluster)
+
+    def rank(w):
+        m = nn.Linear(4, 2)
+        compressed = adaps.torch.DistributedOptimizer(
+            torch.optim.Adam(m.parameters()), m, w, server_optimizer="mean",
+            compression="adacomp")
+        m2 = nn.Sequential(nn.Linear(4, 2))  # other names: "0.weight", "0.bias"
+        dense = wrap(torch.optim.Adam(m2.parameters()), m2, w)
+        return compressed.exchange, dense.exchange
+    assert run_ranks(address, 2, rank) == [("update", "gradient")] * 2
+
+
+def test_update_exchange_applies_the_mean_of_each_workers_own_adam_step(cluster):
+    address = mean_cluster(cluster)
+    grads = [torch.tensor([1.0, -2.0, 0.5]), torch.tensor([3.0, 0.0, -0.5])]
+
+    def local_step(g, steps):
+        p = nn.Parameter(torch.zeros(3))
+        opt = torch.optim.Adam([p], lr=0.1)
+        for _ in range(steps):
+            opt.zero_grad()
+            (p * g).sum().backward()
+            opt.step()
+        return p.detach()
+
+    def rank(w):
+        m = nn.Module()
+        m.p = nn.Parameter(torch.zeros(3))
+        opt = wrap(torch.optim.Adam([m.p], lr=0.1), m, w, exchange="update")
+        out = []
+        for _ in range(2):
+            opt.zero_grad()
+            (m.p * grads[w.rank]).sum().backward()
+            opt.step()
+            out.append(m.p.detach().clone())
+        return out, opt.optimizer.state[m.p]["exp_avg"].clone()
+    (r0, m0), (r1, m1) = run_ranks(address, 2, rank)
+    # Adam's step is linear in neither gradient: the mean of the two local steps is not a
+    # step on the mean gradient (what exchange="gradient" computes).
+    want = (local_step(grads[0], 1) + local_step(grads[1], 1)) / 2
+    assert torch.allclose(r0[0], want, atol=1e-6) and torch.equal(r0[0], r1[0])
+    on_mean = local_step((grads[0] + grads[1]) / 2, 1)
+    assert not torch.allclose(r0[0], on_mean, atol=1e-3)
+    assert torch.equal(r0[1], r1[1])          # replicas stay equal
+    assert not torch.equal(m0, m1)            # each worker's own moments
+
+
+def test_update_exchange_conserves_the_update_mass_with_adacomp(cluster):
+    # Plain SGD at lr 1: each worker's update is -gradient; AdaComp's error feedback on the
+    # update delays elements but loses none, so after the gradients stop the residues drain
+    # and the parameters reach -(sum of the mean gradients), up to float rounding.
+    address = mean_cluster(cluster)
+    n, steps = 600, 30
+
+    def grads(r):
+        rng = np.random.default_rng(7 + r)
+        return rng.standard_normal((steps, n)).astype(np.float32)
+
+    def rank(w):
+        m = nn.Module()
+        m.p = nn.Parameter(torch.zeros(n))
+        opt = adaps.torch.DistributedOptimizer(torch.optim.SGD([m.p], lr=1.0), m, w,
+                                               server_optimizer="mean", compression="adacomp",
+                                               bin_size=50)
+        mine = torch.from_numpy(grads(w.rank))
+        for s in range(steps):
+            opt.zero_grad()
+            (m.p * mine[s]).sum().backward()
+            opt.step()
+        after_grads = m.p.detach().clone()
+        for s in range(400):  # zero gradients: only the residues go out
+            opt.zero_grad()
+            (m.p * 0.0).sum().backward()
+            opt.step()
+        return after_grads, m.p.detach().clone()
+    (a0, p0), (a1, p1) = run_ranks(address, 2, rank, timeout=120)
+    exact = -(grads(0).astype(np.float64) + grads(1).astype(np.float64)).sum(0) / 2
+    assert torch.equal(p0, p1)
+    assert np.abs(a0.numpy() - exact).max() > 0.5              # compressed: delayed ...
+    assert np.abs(p0.numpy() - exact).max() < 0.05 * np.abs(exact).max()  # ... not lost
+
+
+def test_update_exchange_clips_each_workers_own_gradient(cluster):
+    address = mean_cluster(cluster)
+
+    def rank(w):
+        m = nn.Module()
+        m.p = nn.Parameter(torch.zeros(2))
+        opt = wrap(torch.optim.SGD([m.p], lr=1.0), m, w, exchange="update")
+        opt.zero_grad()
+        (m.p * torch.tensor([3.0, 4.0]) * (w.rank + 1)).sum().backward()
+        opt.synchronize()
+        own = m.p.grad.clone()
+        torch.nn.utils.clip_grad_norm_([m.p], 1.0)
+        opt.step()
+        return own, m.p.detach().clone()
+    for r, (own, p) in enumerate(run_ranks(address, 2, rank)):
+        assert torch.equal(own, torch.tensor([3.0, 4.0]) * (r + 1))
+        assert torch.allclose(p, -torch.tensor([0.6, 0.8]), atol=1e-6)  # both clipped to 1
+
+
+def test_update_exchange_is_refused_in_server_mode():
+    m = nn.Linear(2, 1)
+    with pytest.raises(ValueError, match="local mode"):
+        adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m,
+                                         worker=object(), server_optimizer="sgd",
+                                         exchange="update")

@@ -9,9 +9,9 @@ servers on 127.0.0.1, then N copies of `script.py` with this environment:
   ADAPS_SCHEDULER         tcp://127.0.0.1:<port>   (adaps.worker_from_env() reads it)
   ADAPS_SERVER_OPTIMIZER  the servers' --optimizer (adaps.torch picks its mode from it)
   ADAPS_COMPRESSION, ADAPS_PULL, ADAPS_BIN_SIZE, ADAPS_CONV_BIN_SIZE,
-  ADAPS_TOPK_FRACTION, ADAPS_LR
+  ADAPS_TOPK_FRACTION, ADAPS_LR, ADAPS_EXCHANGE
                           --compression, --pull, --bin-size, --conv-bin-size,
-                          --topk-fraction, --lr, each only when given: the defaults of
+                          --topk-fraction, --lr, --exchange, each only when given: the defaults of
                           adaps.torch.DistributedOptimizer (an argument the script passes
                           explicitly wins, with a warning when it differs)
   ADAPS_LOCAL_RANK, ADAPS_NUM_WORKERS, OMP_NUM_THREADS (cores / N unless set)
@@ -54,6 +54,9 @@ _TORCH_FLAGS = (
     ("--topk-fraction", "ADAPS_TOPK_FRACTION", "for --compression topk (default 0.001)",
      dict(type=float)),
     ("--lr", "ADAPS_LR", "replaces every param group's learning rate", dict(type=float)),
+    ("--exchange", "ADAPS_EXCHANGE", "what local mode sends: update (each worker's own "
+     "optimizer step, the default with a compressor) or gradient (the default when dense)",
+     dict(choices=("gradient", "update"))),
 )
 
 

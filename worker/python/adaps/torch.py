@@ -82,6 +82,7 @@ _CONV_TYPES = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvT
                torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
 _COMPRESSIONS = ("dense", "adacomp", "topk", "sign")
 _PULLS = ("dense", "recompressed")
+_EXCHANGES = ("gradient", "update")
 _USED_PREFIX = "__adaps_used__/"
 
 
@@ -139,7 +140,7 @@ def resolve_mode(mode, server_kind):
 
 class _Param:
     __slots__ = ("name", "param", "kind", "bin_size", "buf", "stage", "handle", "zeros",
-                 "used", "pushed_grad", "pushed_version")
+                 "used", "pushed_grad", "pushed_version", "snap")
 
     def __init__(self, name, param, kind, bin_size):
         self.name = name
@@ -153,6 +154,7 @@ class _Param:
         self.used = False     # backward produced its gradient this step
         self.pushed_grad = None
         self.pushed_version = None
+        self.snap = None      # update exchange: the parameter before the local step
 
 
 def _host_f32(shape, like):
@@ -179,7 +181,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizer, model, worker=None, mode=None, compression=None,
                  bin_size=None, conv_bin_size=None, bin_sizes=None, topk_fraction=None,
-                 pull=None, server_optimizer=None, lr=None):
+                 pull=None, server_optimizer=None, lr=None, exchange=None):
         if not isinstance(optimizer, torch.optim.Optimizer) or \
                 isinstance(optimizer, DistributedOptimizer):
             raise TypeError("adaps.torch: DistributedOptimizer wraps a torch.optim.Optimizer, "
@@ -195,7 +197,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         topk_fraction = _setting("topk_fraction", topk_fraction, "ADAPS_TOPK_FRACTION", 0.001,
                                  float)
         lr = _setting("lr", lr, "ADAPS_LR", None, float)
+        exchange = _setting("exchange", exchange, "ADAPS_EXCHANGE", None)
         self._check_names(compression, pull)
+        self.exchange = self._resolve_exchange(exchange, compression)
         if self.mode == "local" and pull == "recompressed":
             # The servers' recompression sends the change of what they hold against the
             # workers' replicas: right for parameters, which move a little each step, wrong for
@@ -228,20 +232,38 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 else compression
             self._declare(e, comp, topk_fraction, pull)
         self._used = None
-        if self.mode == "local" and self._params:
+        if self.exchange == "gradient" and self.mode == "local" and self._params:
             self._used_name = _USED_PREFIX + str(sum(
                 1 for n in self.worker.tensor_names() if n.startswith(_USED_PREFIX)))
             self._used = np.zeros(len(self._params), dtype=np.float32)
             self._used_out = np.zeros(len(self._params), dtype=np.float32)
             self.worker.declare(self._used_name, self._used_out, compression="dense")
-        for e in self._params:
-            self._register_hook(e)
+        if self.exchange == "gradient":
+            for e in self._params:
+                self._register_hook(e)
         if self.mode == "server":
             self._sync_hyper()
             self._hyper_checked = True  # already sent for the first step
         self._ready = True
 
     # -- set-up ---------------------------------------------------------------------------
+    def _resolve_exchange(self, exchange, compression):
+        if exchange is None:
+            # Local mode with a compressor sends each worker's update (its own optimizer's
+            # step), with error feedback on the update; dense pushes send the gradient, which
+            # is then exact DDP. Server mode: the servers run the optimizer on gradients.
+            compressed = any(c != "dense" for c in (compression.values() if isinstance(
+                compression, dict) else [compression]))
+            return "update" if self.mode == "local" and compressed else "gradient"
+        if exchange not in _EXCHANGES:
+            raise ValueError("adaps.torch: unknown exchange %r (gradient or update)"
+                             % (exchange,))
+        if exchange == "update" and self.mode != "local":
+            raise ValueError("adaps.torch: exchange='update' needs local mode (servers with "
+                             "--optimizer=mean, adaps.launch --server-optimizer mean): in "
+                             "server mode the servers run the optimizer on the gradients")
+        return exchange
+
     @staticmethod
     def _check_names(compression, pull):
         names = compression.values() if isinstance(compression, dict) else [compression]
@@ -380,7 +402,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Pushes zeros for what backward did not reach, waits for every pull and applies
         it: server mode writes the pulled parameters into the model, local mode sets each
         p.grad to the step's mean over workers (so it can be clipped before step()).
-        step() calls it unless it was called since the last step."""
+        step() calls it unless it was called since the last step.
+
+        With exchange="update" there is nothing to wait for yet: p.grad stays this worker's
+        own gradient (clip it here as you would on one machine) and step() exchanges the
+        update."""
+        if self.exchange == "update":
+            self._synchronized = True
+            return
         for e in self._params:
             if e.handle is None:
                 self._push_unused(e)
@@ -420,13 +449,69 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 else:
                     e.param.grad.copy_(mean)
 
-    def step(self, closure=None):
+    @property
+    def _step_supports_amp_scaling(self):
+        # torch.cuda.amp.GradScaler.step(opt) then calls step(grad_scaler=scaler) instead of
+        # skipping it on an inf/NaN gradient: every worker must push every step (a worker
+        # that skipped would leave the others waiting), so a skipped local step pushes a
+        # zero update.
+        return getattr(self, "exchange", None) == "update"
+
+    def _step_update(self, grad_scaler):
+        skip = False
+        if grad_scaler is not None:
+            state = grad_scaler._per_optimizer_states[id(self)]
+            if state["stage"].name != "UNSCALED":
+                grad_scaler.unscale_(self)
+            skip = bool(sum(v.item() for v in state["found_inf_per_device"].values()))
+        with torch.no_grad():
+            for e in self._params:
+                if e.snap is None:
+                    e.snap = torch.empty_like(e.param)
+                e.snap.copy_(e.param)
+        result = None if skip else self.optimizer.step()
+        error = None
+        with torch.no_grad():
+            for e in self._params:
+                if e.stage is None:
+                    e.stage = _host_f32(e.buf.shape, e.param)
+                # The local step's change, float32 on the host: what this worker sends.
+                if e.param.dtype == torch.float32 and e.param.device.type == "cpu":
+                    torch.sub(e.param.reshape(e.stage.shape), e.snap.reshape(e.stage.shape),
+                              out=e.stage)
+                else:
+                    e.stage.copy_((e.param.float() - e.snap.float()).reshape(e.stage.shape))
+                e.handle = self.worker.push_pull(e.name, e.stage, e.buf)
+            for e in self._params:
+                try:
+                    e.handle.wait()
+                except adaps.Error as err:
+                    error = error or err
+                e.handle = None
+            for e in self._params:
+                if error is None:
+                    # Every replica: the same start plus the same mean update.
+                    mean = torch.from_numpy(e.buf).view(e.param.shape)
+                    if e.param.dtype == torch.float32 and e.param.device.type == "cpu":
+                        torch.add(e.snap, mean, out=e.param)
+                    else:
+                        e.param.copy_(e.snap.float() + mean.to(e.param.device))
+                else:
+                    e.param.copy_(e.snap)
+        if error is not None:
+            raise error
+        return result
+
+    def step(self, closure=None, grad_scaler=None):
         """Server mode: the parameters after the servers' step. Local mode: the torch
         optimizer's step over the averaged gradients. Raises adaps.Error when the cluster
         fails (the parameters are then left as they were)."""
         if closure is not None:
             raise ValueError("adaps.torch.DistributedOptimizer.step: closures are not "
                              "supported")
+        if self.exchange == "update":
+            self._synchronized = False
+            return self._step_update(grad_scaler)
         try:
             if not self._synchronized:
                 self.synchronize()

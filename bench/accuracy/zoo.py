@@ -1,0 +1,225 @@
+#!/usr/bin/python3
+"""The accuracy zoo: dense against AdaComp at the defaults a user gets, on five model families.
+
+    bash deploy/build.sh
+    /usr/bin/python3 bench/accuracy/zoo.py                  # every model, seeds 1 and 2
+    /usr/bin/python3 bench/accuracy/zoo.py --models gpt,lstm --seeds 1
+    /usr/bin/python3 bench/accuracy/zoo.py --quick          # smoke test: 1 seed, few steps
+    /usr/bin/python3 bench/accuracy/zoo.py --summarize      # table and plot from the JSONs
+
+Each run is a real cluster on this machine: `python3 -m adaps.launch -n 4` (1 scheduler,
+1 server, 4 workers running bench/accuracy/zoo_worker.py), the same data, initial values
+and schedule for every system. The systems:
+
+  dense-local    local mode (--server-optimizer mean), --compression dense: DDP's arithmetic
+  adacomp-local  local mode, nothing else given: adaps.torch's defaults
+  dense-server   server mode (servers run the momentum SGD), dense      (mlp, cnn only)
+  adacomp-server server mode, defaults                                   (mlp, cnn only)
+
+It prints and writes a table (final metric, gap to dense, bytes pushed and pulled against
+dense, training time; mean over seeds) into --doc between the zoo markers, and a plot of the
+metric against steps (bench/accuracy/zoo/zoo.png). Per-run JSONs are in --out.
+"""
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import zoo_models  # noqa: E402
+
+SYSTEMS = {
+    "dense-local": ["--server-optimizer", "mean", "--compression", "dense"],
+    "adacomp-local": ["--server-optimizer", "mean"],
+    "dense-server": ["--server-optimizer", "momentum", "--compression", "dense"],
+    "adacomp-server": ["--server-optimizer", "momentum"],
+}
+SERVER_MODE_MODELS = ("mlp", "cnn")  # SGD: the servers can run their optimizer
+BEGIN, END = "<!-- zoo:begin -->", "<!-- zoo:end -->"
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(zoo_models.MODELS))
+    ap.add_argument("--seeds", default="1,2")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test: seed 1, 12 steps, small evaluation sets")
+    ap.add_argument("--build", default=os.path.join(REPO, "build"))
+    ap.add_argument("--out", default=os.path.join(HERE, "zoo"))
+    ap.add_argument("--doc", default=os.path.join(REPO, "docs", "accuracy.md"))
+    ap.add_argument("--summarize", action="store_true", help="only the table and the plot")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    a = ap.parse_args()
+    if a.quick:
+        a.seeds, a.steps, a.eval_every = "1", 12, 6
+    for m in a.models.split(","):
+        if m not in zoo_models.MODELS:
+            ap.error("unknown model %r (%s)" % (m, ", ".join(zoo_models.MODELS)))
+    for s in a.systems.split(","):
+        if s not in SYSTEMS:
+            ap.error("unknown system %r (%s)" % (s, ", ".join(SYSTEMS)))
+    return a
+
+
+def runs(a):
+    for model in a.models.split(","):
+        for system in a.systems.split(","):
+            if system.endswith("-server") and model not in SERVER_MODE_MODELS:
+                continue
+            for seed in a.seeds.split(","):
+                yield model, system, int(seed)
+
+
+def run_one(a, model, system, seed):
+    os.makedirs(a.out, exist_ok=True)
+    out = os.path.join(a.out, "%s-%s-s%d.json" % (model, system, seed))
+    log = out[:-5] + ".log"
+    env = dict(os.environ, PYTHONPATH=os.path.join(a.build, "python"),
+               ADAPS_BIN_DIR=a.build, PYTHONDONTWRITEBYTECODE="1")
+    for k in [k for k in env if k.startswith("ADAPS_") and k != "ADAPS_BIN_DIR"]:
+        del env[k]  # the defaults a user gets, not this shell's settings
+    argv = [sys.executable, "-m", "adaps.launch", "-n", str(a.workers), "--servers", "1"]
+    argv += SYSTEMS[system]
+    argv += [os.path.join(HERE, "zoo_worker.py"), "--model", model, "--seed", str(seed),
+             "--steps", str(a.steps), "--eval-every", str(a.eval_every), "--out", out]
+    if a.quick:
+        argv.append("--quick")
+    if os.path.exists(out):
+        os.remove(out)
+    start = time.time()
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                timeout=a.timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    if rc != 0 or not os.path.exists(out):
+        with open(log) as f:
+            tail = f.read()[-3000:]
+        raise SystemExit("zoo: %s %s seed %d failed (%s) after %.0f s; log %s:\n%s"
+                         % (model, system, seed, rc, time.time() - start, log, tail))
+    with open(out) as f:
+        r = json.load(f)
+    print("%-6s %-15s seed %d  %s %.4f  push %6.1fx  pull %6.1fx  %5.0f s" % (
+        model, system, seed, r["metric"], r["final"], ratio(r, "push"), ratio(r, "pull"),
+        r["seconds"]), flush=True)
+    return r
+
+
+def ratio(r, what):
+    t = r["traffic"]
+    return t[what + "_dense"] / max(1, t[what + "_wire"])
+
+
+def total_ratio(r):
+    t = r["traffic"]
+    return (t["push_dense"] + t["pull_dense"]) / max(1, t["push_wire"] + t["pull_wire"])
+
+
+def load(a):
+    results = collections.defaultdict(list)
+    if not os.path.isdir(a.out):
+        return results
+    for name in sorted(os.listdir(a.out)):
+        if name.endswith(".json"):
+            with open(os.path.join(a.out, name)) as f:
+                r = json.load(f)
+            system = name[len(r["model"]) + 1:name.rindex("-s")]
+            results[(r["model"], system)].append(r)
+    return results
+
+
+def gap(r, dense):
+    if r["higher_is_better"]:
+        return "%+.2f pp" % (100 * (r["final"] - dense))
+    return "%+.1f%%" % (100 * (r["final"] / dense - 1))
+
+
+def table(results):
+    lines = ["| model | system | metric | seeds | final (mean) | gap to dense | push | pull "
+             "| total (push+pull) | time per run |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for model in zoo_models.MODELS:
+        for system in SYSTEMS:
+            rs = results.get((model, system))
+            if not rs:
+                continue
+            mean = lambda f: statistics.mean(f(r) for r in rs)  # noqa: E731
+            final = mean(lambda r: r["final"])
+            dense = results.get((model, system.replace("adacomp", "dense")))
+            g = gap(dict(rs[0], final=final), statistics.mean(r["final"] for r in dense)) \
+                if dense and system.startswith("adacomp") else ""
+            lines.append("| %s | %s | %s | %s | %.4f | %s | %.1fx | %.1fx | %.1fx | %.0f s |" % (
+                model, system, rs[0]["metric"], ",".join(str(r["seed"]) for r in rs), final, g,
+                mean(lambda r: ratio(r, "push")), mean(lambda r: ratio(r, "pull")),
+                mean(total_ratio), mean(lambda r: r["seconds"])))
+    return "\n".join(lines)
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    models = [m for m in zoo_models.MODELS if any(k[0] == m for k in results)]
+    if not models:
+        return
+    fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.2), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for system in SYSTEMS:
+            rs = results.get((model, system))
+            if not rs:
+                continue
+            steps = [s for s, _ in rs[0]["curve"]]
+            ys = [statistics.mean(r["curve"][i][1] for r in rs if len(r["curve"]) > i)
+                  for i in range(len(steps))]
+            ax.plot(steps, ys, label=system, linestyle="-" if "adacomp" in system else "--")
+        ax.set_title(model)
+        ax.set_xlabel("step")
+        ax.set_ylabel(rs[0]["metric"])
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def write_doc(a, text):
+    if not os.path.exists(a.doc):
+        return
+    with open(a.doc) as f:
+        doc = f.read()
+    if BEGIN not in doc or END not in doc:
+        print("zoo: %s has no %s ... %s markers; table not written" % (a.doc, BEGIN, END))
+        return
+    head, rest = doc.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    with open(a.doc, "w") as f:
+        f.write(head + BEGIN + "\n" + text + "\n" + END + tail)
+
+
+def main():
+    a = parse()
+    if not a.summarize:
+        for model, system, seed in runs(a):
+            run_one(a, model, system, seed)
+    results = load(a)
+    text = table(results)
+    print(text)
+    if a.quick:
+        return
+    plot(results, os.path.join(a.out, "zoo.png"))
+    write_doc(a, "Written by `bench/accuracy/zoo.py` on %s, %d steps, %d workers.\n\n%s"
+              % (time.strftime("%Y-%m-%d"), a.steps, a.workers, text))
+
+
+if __name__ == "__main__":
+    main()

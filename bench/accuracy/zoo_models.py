@@ -1,0 +1,306 @@
+"""The accuracy zoo's models, data and recipes (bench/accuracy/zoo.py runs them).
+
+Each entry of MODELS builds a task: the model, its torch optimizer and learning-rate
+schedule (a function of the step), the batches of one worker, and the held-out metric.
+Every task is deterministic given the seed: the same initial values (rank 0's, broadcast),
+the same batches per rank and the same schedule for every system compared.
+
+  mlp    Fashion-MNIST, 784-256-10 MLP, SGD momentum 0.9, cosine         test accuracy
+  cnn    Fashion-MNIST, 2 conv + BatchNorm + fc, SGD momentum 0.9, cosine test accuracy
+  lstm   char-level LSTM LM (examples/pytorch/train_char_lstm.py), Adam   held-out bits/char
+  gpt    char-level causal transformer (2 blocks of nn.MultiheadAttention held-out bits/char
+         + MLP), AdamW (weight decay 0.01), linear warm-up then cosine,
+         gradient clipping at 1.0
+  embed  next-word model over hashed word n-grams: nn.EmbeddingBag of     held-out bits/word
+         65,536 rows (most of the gradient; rows a step does not touch
+         get zero gradient) + a linear softmax over the 1,000 most
+         common words, Adam
+
+Text: the licence texts of Debian's base-files (/usr/share/common-licenses: GPL-3,
+Apache-2.0, LGPL-3, MPL-2.0, GFDL-1.3, Artistic, GPL-2, LGPL-2.1, MPL-1.1, CC0-1.0; 303 KB),
+the last 10% held out. Images: Debian's dataset-fashion-mnist.
+"""
+import collections
+import gzip
+import math
+import os
+import re
+import struct
+import zlib
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+FMNIST = "/usr/share/datasets/fashion-mnist"
+LICENSES = ["GPL-3", "Apache-2.0", "LGPL-3", "MPL-2.0", "GFDL-1.3", "Artistic", "GPL-2",
+            "LGPL-2.1", "MPL-1.1", "CC0-1.0"]
+LICENSE_DIR = "/usr/share/common-licenses"
+
+
+def _read_idx(path):
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        data = f.read()
+    ndim = struct.unpack(">I", data[:4])[0] & 0xFF
+    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def fashion_mnist(split):
+    prefix = "train" if split == "train" else "t10k"
+
+    def find(name):
+        for cand in (name + ".gz", name):
+            if os.path.exists(os.path.join(FMNIST, cand)):
+                return os.path.join(FMNIST, cand)
+        raise SystemExit("missing %s in %s (apt-get install dataset-fashion-mnist)"
+                         % (name, FMNIST))
+    x = torch.from_numpy(_read_idx(find(prefix + "-images-idx3-ubyte")).astype(np.float32))
+    x = ((x / 255.0 - 0.2860) / 0.3530).unsqueeze(1)
+    y = torch.from_numpy(_read_idx(find(prefix + "-labels-idx1-ubyte")).astype(np.int64))
+    return x, y
+
+
+def license_text():
+    parts = []
+    for n in LICENSES:
+        with open(os.path.join(LICENSE_DIR, n), encoding="utf-8", errors="replace") as f:
+            parts.append(f.read())
+    return "\n".join(parts)
+
+
+def cosine(lr, steps, warmup=0):
+    def at(step):
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        t = (step - warmup) / max(1, steps - warmup)
+        return lr * 0.5 * (1.0 + math.cos(math.pi * t))
+    return at
+
+
+# -- models ----------------------------------------------------------------------------
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(784, 256), nn.Linear(256, 10)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+class Cnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(1, 16, 5, padding=2), nn.BatchNorm2d(16)
+        self.conv2, self.bn2 = nn.Conv2d(16, 32, 5, padding=2), nn.BatchNorm2d(32)
+        self.fc = nn.Linear(32 * 7 * 7, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        return self.fc(x.flatten(1))
+
+
+class CharLstm(nn.Module):
+    def __init__(self, vocab, embed=32, hidden=128):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, embed)
+        self.lstm = nn.LSTM(embed, hidden, batch_first=True)
+        self.out = nn.Linear(hidden, vocab)
+
+    def forward(self, x):
+        return self.out(self.lstm(self.embed(x))[0])
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x, mask):
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class CharGpt(nn.Module):
+    def __init__(self, vocab, d=64, layers=2, heads=4, ctx=32):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+
+    def forward(self, x):
+        n = x.shape[1]
+        mask = torch.triu(torch.full((n, n), float("-inf")), 1)
+        h = self.tok(x) + self.pos(torch.arange(n))
+        for b in self.blocks:
+            h = b(h, mask)
+        return self.head(self.ln(h))
+
+
+class HashedNgram(nn.Module):
+    """Next word from the hashed unigram, bigram and trigram before it (fastText-style)."""
+
+    def __init__(self, rows, dim, vocab):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(rows, dim, mode="mean")
+        self.out = nn.Linear(dim, vocab)
+
+    def forward(self, feats):
+        return self.out(self.bag(feats))
+
+
+# -- tasks -----------------------------------------------------------------------------
+class Task:
+    """model, optimizer, lr_at(step), batch(step) -> (x, y), evaluate() -> metric."""
+    higher_is_better = False
+    metric = "bits"
+
+
+def _lm_batches(task, train, seq_len, batch, rank, seed):
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+
+    def batch_at(step):
+        starts = torch.randint(0, len(train) - seq_len - 1, (batch,), generator=gen).tolist()
+        x = torch.stack([train[s:s + seq_len] for s in starts])
+        y = torch.stack([train[s + 1:s + seq_len + 1] for s in starts])
+        return x, y
+    task.batch = batch_at
+
+
+def _lm_eval(task, valid, seq_len, sequences):
+    n = min((len(valid) - 1) // seq_len, sequences)
+    x = valid[:n * seq_len].view(n, seq_len)
+    y = valid[1:n * seq_len + 1].view(n, seq_len)
+
+    def evaluate():
+        task.model.eval()
+        with torch.no_grad():
+            loss = F.cross_entropy(task.model(x).flatten(0, 1), y.flatten())
+        task.model.train()
+        return loss.item() / math.log(2)
+    task.evaluate = evaluate
+
+
+def _chars():
+    text = license_text()
+    itos = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(itos)}
+    data = torch.tensor([stoi[c] for c in text], dtype=torch.int64)
+    split = int(len(data) * 0.9)
+    return data[:split], data[split:], len(itos)
+
+
+def _fmnist_task(task, model, rank, workers, seed, steps, batch, lr, train_size, test_size):
+    x, y = fashion_mnist("train")
+    x, y = x[:train_size], y[:train_size]
+    xs, ys = x[rank::workers], y[rank::workers]
+    xt, yt = fashion_mnist("test")
+    xt, yt = xt[:test_size], yt[:test_size]
+    task.model = model
+    task.optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    task.lr_at = cosine(lr, steps)
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+    order = [torch.randperm(len(xs), generator=gen)]
+    pos = [0]
+
+    def batch_at(step):
+        if pos[0] + batch > len(xs):
+            order[0], pos[0] = torch.randperm(len(xs), generator=gen), 0
+        idx = order[0][pos[0]:pos[0] + batch]
+        pos[0] += batch
+        return xs[idx], ys[idx]
+
+    def evaluate():
+        model.eval()
+        with torch.no_grad():
+            acc = (model(xt).argmax(1) == yt).float().mean().item()
+        model.train()
+        return acc
+    task.batch, task.evaluate = batch_at, evaluate
+    task.higher_is_better, task.metric = True, "accuracy"
+    task.loss = F.cross_entropy
+
+
+def make_task(name, rank, workers, seed, steps, quick=False):
+    torch.manual_seed(seed)  # rank 0's initial values are broadcast; same on every rank
+    task = Task()
+    task.name = name
+    task.clip = 0.0
+    if name in ("mlp", "cnn"):
+        model = Mlp() if name == "mlp" else Cnn()
+        _fmnist_task(task, model, rank, workers, seed, steps, batch=32,
+                     lr=0.1 if name == "mlp" else 0.05,
+                     train_size=4000 if quick else 60000, test_size=500 if quick else 5000)
+        return task
+    if name in ("lstm", "gpt"):
+        train, valid, vocab = _chars()
+        seq_len = 32 if name == "gpt" else 48
+        if name == "lstm":
+            task.model = CharLstm(vocab)
+            task.optimizer = torch.optim.Adam(task.model.parameters(), lr=5e-3)
+            task.lr_at = cosine(5e-3, steps)
+            task.clip = 1.0
+        else:
+            task.model = CharGpt(vocab, ctx=seq_len)
+            task.optimizer = torch.optim.AdamW(task.model.parameters(), lr=3e-3,
+                                               weight_decay=0.01)
+            task.lr_at = cosine(3e-3, steps, warmup=max(1, steps // 10))
+            task.clip = 1.0
+        task.metric = "bits/char"
+        _lm_batches(task, train, seq_len, 16, rank, seed)
+        _lm_eval(task, valid, seq_len, 16 if quick else 64)
+        task.loss = lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        return task
+    if name == "embed":
+        return _embed_task(task, rank, seed, steps, quick)
+    raise ValueError("unknown model %r" % name)
+
+
+def _hash(*words):
+    return zlib.crc32(" ".join(words).encode())
+
+
+def _embed_task(task, rank, seed, steps, quick):
+    words = re.findall(r"[a-z]+|[0-9]+|[^\sa-z0-9]", license_text().lower())
+    vocab = [w for w, _ in collections.Counter(words).most_common(999)]
+    index = {w: i + 1 for i, w in enumerate(vocab)}  # 0: any other word
+    rows = 65536
+    feats, target = [], []
+    for i in range(3, len(words)):
+        a, b, c = words[i - 3], words[i - 2], words[i - 1]
+        feats.append([_hash(c) % rows, _hash(b, c) % rows, _hash(a, b, c) % rows])
+        target.append(index.get(words[i], 0))
+    feats = torch.tensor(feats, dtype=torch.int64)
+    target = torch.tensor(target, dtype=torch.int64)
+    split = int(len(target) * 0.9)
+    xt, yt = feats[split:], target[split:]
+    if quick:
+        xt, yt = xt[:2000], yt[:2000]
+    xs, ys = feats[:split], target[:split]
+    task.model = HashedNgram(rows, 32, len(vocab) + 1)
+    task.optimizer = torch.optim.Adam(task.model.parameters(), lr=1e-2)
+    task.lr_at = cosine(1e-2, steps)
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+
+    def batch_at(step):
+        idx = torch.randint(0, len(ys), (64,), generator=gen)
+        return xs[idx], ys[idx]
+
+    def evaluate():
+        task.model.eval()
+        with torch.no_grad():
+            loss = F.cross_entropy(task.model(xt), yt)
+        task.model.train()
+        return loss.item() / math.log(2)
+    task.batch, task.evaluate = batch_at, evaluate
+    task.loss = F.cross_entropy
+    task.metric = "bits/word"
+    return task
+
+
+MODELS = ("mlp", "cnn", "lstm", "gpt", "embed")
