@@ -34,7 +34,7 @@ def test_momentum_the_servers_do_not_run_and_custom_optimizers_are_refused(clust
         with pytest.raises(ValueError, match="--optimizer=momentum"):
             adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1,
                                                              momentum=0.9), m, w,
-                                             server_optimizer="sgd")
+                                             server_optimizer="sgd", compression="dense")
         with pytest.raises(ValueError, match="local mode"):
             adaps.torch.DistributedOptimizer(torch.optim.RMSprop(m.parameters()), m, w,
                                              server_optimizer="sgd")
@@ -166,3 +166,43 @@ def test_pull_parameters_loads_the_servers_exact_parameters_behind_recompressed_
     for replica_gap, exact_gap in run_ranks(address, 2, rank):
         assert replica_gap > 1e-4, "the recompressed replica should trail the servers"
         assert exact_gap < 1e-6
+
+
+def test_momentum_correction_with_dense_pushes_is_the_servers_momentum(cluster):
+    # DGC's momentum correction (the default with a compressor): the workers push their
+    # velocity and the servers run plain SGD. With dense pushes that is torch's momentum SGD
+    # with weight decay, step for step, as servers running the momentum compute it.
+    results = {}
+    for kind, correct in (("momentum", False), ("sgd", True)):
+        address = sgd_cluster(cluster, kind)
+
+        def rank(w):
+            m = nn.Module()
+            m.p = nn.Parameter(torch.tensor([1.0, -2.0, 3.0]))
+            opt = adaps.torch.DistributedOptimizer(
+                torch.optim.SGD([m.p], lr=0.1, momentum=0.9, weight_decay=0.05), m, w,
+                server_optimizer=kind, compression="dense", momentum_correction=correct)
+            out = []
+            for s in range(5):
+                opt.zero_grad()
+                (m.p * torch.tensor([1.0, 0.5, -1.0]) * (w.rank + s + 1)).sum().backward()
+                opt.step()
+                out.append(m.p.detach().clone())
+            return opt.momentum_correction, out
+        results[kind] = run_ranks(address, 2, rank)
+    assert [r[0] for r in results["sgd"]] == [True, True]
+    for a, b in zip(results["momentum"][0][1], results["sgd"][0][1]):
+        assert torch.allclose(a, b, atol=1e-6), (a, b)
+    assert not torch.allclose(results["sgd"][0][1][0], results["sgd"][0][1][4])
+
+
+def test_momentum_correction_is_the_default_with_a_compressor(cluster):
+    address = sgd_cluster(cluster)
+
+    def rank(w):
+        m = nn.Linear(3, 1)
+        opt = adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1,
+                                                               momentum=0.9), m, w,
+                                               server_optimizer="sgd", compression="adacomp")
+        return opt.momentum_correction
+    assert run_ranks(address, 2, rank) == [True, True]

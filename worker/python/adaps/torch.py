@@ -34,11 +34,14 @@ produced it, so compression and the network overlap the rest of backward. Two mo
                                                                     backward (clip_grad_norm_,
                                                                     GradScaler) raise an error
                                                                     naming local mode.
-  local    mean                    sets p.grad to the step's mean   everything torch does: any
-                                   over workers (dense or           optimizer, per-group
-                                   recompressed pulls, no running   settings, clipping between
-                                   sum), then runs the torch        synchronize() and step(),
-                                   optimizer                        AMP's GradScaler
+  local    mean                    exchange="update" (default with  everything torch does: any
+                                   a compressor): runs the torch    optimizer, per-group
+                                   optimizer on this worker's       settings, clipping between
+                                   gradient and applies the mean    synchronize() and step(),
+                                   of the workers' updates;         AMP's GradScaler
+                                   "gradient": sets p.grad to the
+                                   step's mean over workers, then
+                                   runs the torch optimizer
 
 Parameters that get no gradient in a step (find_unused_parameters semantics, as DDP): every
 worker pushes every trained tensor every step, zeros for a parameter its backward did not
@@ -56,8 +59,25 @@ local mode, sgd/momentum/nesterov/adam -> server mode, checked against the torch
 sum is refused), compression (ADAPS_COMPRESSION, "adacomp"), pull (ADAPS_PULL, "dense"),
 bin_size (ADAPS_BIN_SIZE, 500), conv_bin_size (ADAPS_CONV_BIN_SIZE, 50), topk_fraction
 (ADAPS_TOPK_FRACTION, 0.001), lr (ADAPS_LR, from --lr: when set it replaces every group's
-lr at construction; unset: the torch optimizer's). An explicit argument that overrides a
-different exported value warns once.
+lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see below). An
+explicit argument that overrides a different exported value warns once.
+
+What local mode sends (exchange): "gradient" sends each worker's gradient, and every worker's
+torch optimizer steps on the mean (DDP's arithmetic; the default with dense pushes).
+"update" (the default with a compressor) runs each worker's torch optimizer on its own
+gradient, sends the change that step made to the parameters, and every replica becomes the
+parameters before the step plus the mean of the workers' changes. AdaComp's error feedback
+then holds back part of the *update*, not of the gradient: Adam moves an element by about lr
+a step whatever the gradient's size, so a gradient that arrives in AdaComp's bursts moves it
+far less than the same gradient arriving a little every step (docs/accuracy.md, the zoo).
+With SGD and momentum this is DGC's momentum correction exactly. What differs from DDP, and
+why: each worker's optimizer state (momentum, Adam's moments) is its own, fed by its own
+gradients (rank 0's state_dict() is a valid checkpoint for any rank); clipping between
+synchronize() and step() clips this worker's own gradient, as on one machine; a parameter
+without gradient on this worker is skipped by its torch optimizer (no change sent); with
+torch.cuda.amp.GradScaler a worker whose gradient has inf/NaN sends a zero update for that
+step instead of skipping it (every worker must send every step). Memory: one more copy of the
+trained parameters (the values before the step).
 
 Dtypes and devices: float16/bfloat16/float64 parameters are trained with their gradients
 converted to float32 at the boundary (compressed as float32; server mode keeps float32
@@ -140,7 +160,7 @@ def resolve_mode(mode, server_kind):
 
 class _Param:
     __slots__ = ("name", "param", "kind", "bin_size", "buf", "stage", "handle", "zeros",
-                 "used", "pushed_grad", "pushed_version", "snap")
+                 "used", "pushed_grad", "pushed_version", "snap", "velocity")
 
     def __init__(self, name, param, kind, bin_size):
         self.name = name
@@ -155,6 +175,7 @@ class _Param:
         self.pushed_grad = None
         self.pushed_version = None
         self.snap = None      # update exchange: the parameter before the local step
+        self.velocity = None  # momentum correction: what this worker pushes
 
 
 def _host_f32(shape, like):
@@ -177,11 +198,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
       bin_size, conv_bin_size: AdaComp bin sizes; bin_sizes: {param name: bin size}.
       topk_fraction: for compression="topk". pull: "dense" or "recompressed".
       lr: replaces every group's learning rate at construction.
+      exchange: local mode only: "update" (default with a compressor) or "gradient" (default
+        with dense pushes); see the module docstring.
     """
 
     def __init__(self, optimizer, model, worker=None, mode=None, compression=None,
                  bin_size=None, conv_bin_size=None, bin_sizes=None, topk_fraction=None,
-                 pull=None, server_optimizer=None, lr=None, exchange=None):
+                 pull=None, server_optimizer=None, lr=None, exchange=None,
+                 momentum_correction=None):
         if not isinstance(optimizer, torch.optim.Optimizer) or \
                 isinstance(optimizer, DistributedOptimizer):
             raise TypeError("adaps.torch: DistributedOptimizer wraps a torch.optim.Optimizer, "
@@ -215,7 +239,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self._params = self._collect(optimizer, model, bin_size, conv_bin_size, bin_sizes)
         self._trained_ids = {id(e.param) for e in self._params}
+        self.momentum_correction = False
         if self.mode == "server":
+            self.momentum_correction = self._resolve_correction(momentum_correction,
+                                                                compression)
             self._server_settings()  # raises before anything collective happened
         # Every check is done: from here on the calls are collective.
         self.worker = worker if worker is not None else adaps.worker_from_env()
@@ -263,6 +290,26 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              "--optimizer=mean, adaps.launch --server-optimizer mean): in "
                              "server mode the servers run the optimizer on the gradients")
         return exchange
+
+    def _resolve_correction(self, wanted, compression):
+        # DGC's momentum correction: with a compressor, each worker keeps the velocity
+        # u = momentum * u + (gradient + weight_decay * p) and pushes u, and the servers run
+        # plain SGD on the mean velocity. With dense pushes that is the servers' momentum
+        # exactly; with AdaComp the residue holds back velocity, so what is sent late is not
+        # left out of the momentum (the servers' momentum over a sparse mean gradient is).
+        groups = [g for g in self.optimizer.param_groups
+                  if any(id(p) in self._trained_ids for p in g["params"])]
+        settings = _hyper.group_settings(self.optimizer, groups) if groups else {}
+        can = (type(self.optimizer) is torch.optim.SGD and settings.get("momentum", 0) > 0
+               and not settings.get("nesterov") and not settings.get("dampening", 0))
+        if wanted is None:
+            compressed = any(c != "dense" for c in (compression.values() if isinstance(
+                compression, dict) else [compression]))
+            return can and compressed
+        if wanted and not can:
+            raise ValueError("adaps.torch: momentum_correction needs server mode with "
+                             "torch.optim.SGD with momentum > 0, no Nesterov, no dampening")
+        return bool(wanted)
 
     @staticmethod
     def _check_names(compression, pull):
@@ -359,6 +406,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             g = e.stage
         elif not g.is_contiguous():
             g = g.contiguous()
+        if self.momentum_correction:
+            g = self._velocity(e, g)
         e.handle = self.worker.push_pull(e.name, g, e.buf)
         e.used = True
         e.pushed_grad, e.pushed_version = grad, grad._version
@@ -366,14 +415,32 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _push_unused(self, e):
         if e.zeros is None:
             e.zeros = np.zeros(e.buf.shape, dtype=np.float32)
-        e.handle = self.worker.push_pull(e.name, e.zeros, e.buf)
+        g = self._velocity(e, torch.from_numpy(e.zeros)) if self.momentum_correction \
+            else e.zeros
+        e.handle = self.worker.push_pull(e.name, g, e.buf)
         e.used = False
+
+    def _velocity(self, e, g):
+        momentum, weight_decay = self._velocity_settings
+        g = g.reshape(e.buf.shape)
+        if e.velocity is None:
+            e.velocity = torch.zeros(e.buf.shape, dtype=torch.float32)
+        e.velocity.mul_(momentum).add_(g)
+        if weight_decay:
+            # e.buf holds the parameters the model was given after the last step.
+            e.velocity.add_(torch.from_numpy(e.buf), alpha=weight_decay)
+        return e.velocity
 
     # -- hyper-parameters (server mode) ---------------------------------------------------
     def _server_settings(self):
         groups = [g for g in self.optimizer.param_groups
                   if any(id(p) in self._trained_ids for p in g["params"])]
         settings = _hyper.group_settings(self.optimizer, groups)
+        if settings and self.momentum_correction:
+            # The workers apply momentum and weight decay; the servers run plain SGD.
+            self._velocity_settings = (float(settings["momentum"]),
+                                       float(settings.get("weight_decay", 0.0)))
+            settings = dict(settings, momentum=0.0, weight_decay=0.0)
         if settings:
             _hyper.check_kind(self.optimizer, settings, self.server_kind)
         return settings
