@@ -1,4 +1,5 @@
 // The shared AdaComp conformance suite (compressor_conformance.h) on the CPU compressor.
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -33,6 +34,21 @@ class CpuBackend {
     std::copy(g.begin(), g.end(), buf.begin() + offset);
     return compressor_->Compress(absl::MakeConstSpan(buf.data() + offset, g.size()),
                                  *slices_[slice], out);
+  }
+  absl::Status CompressPending(size_t slice, const std::vector<float>& g, size_t offset,
+                               CompressedUpdate& out) {
+    std::vector<float> buf(offset + g.size() + 3, 0.0f);
+    std::copy(g.begin(), g.end(), buf.begin() + offset);
+    return compressor_->CompressPending(absl::MakeConstSpan(buf.data() + offset, g.size()),
+                                        *slices_[slice], out);
+  }
+  absl::Status Commit(size_t slice) {
+    slices_[slice]->Commit();
+    return absl::OkStatus();
+  }
+  absl::Status Discard(size_t slice) {
+    slices_[slice]->Discard();
+    return absl::OkStatus();
   }
   absl::StatusOr<std::vector<float>> Residue(size_t slice) {
     const absl::Span<const float> r = slices_[slice]->residue();

@@ -42,6 +42,16 @@ class CudaBackend {
     if (!dev.ok()) return dev.status();
     return compressor_->Compress(dev->floats() + offset, g.size(), *slices_[slice], out);
   }
+  absl::Status CompressPending(size_t slice, const std::vector<float>& g, size_t offset,
+                               CompressedUpdate& out) {
+    std::vector<float> buf(offset + g.size() + 3, 0.0f);
+    std::copy(g.begin(), g.end(), buf.begin() + offset);
+    auto dev = DeviceBuffer::FromHost(buf);
+    if (!dev.ok()) return dev.status();
+    return compressor_->CompressPending(dev->floats() + offset, g.size(), *slices_[slice], out);
+  }
+  absl::Status Commit(size_t slice) { return slices_[slice]->Commit(); }
+  absl::Status Discard(size_t slice) { return slices_[slice]->Discard(); }
   absl::StatusOr<std::vector<float>> Residue(size_t slice) {
     std::vector<float> r(slices_[slice]->size());
     const absl::Status s = slices_[slice]->DownloadResidue(absl::MakeSpan(r));
