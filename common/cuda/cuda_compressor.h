@@ -21,6 +21,11 @@
 // element), the pass writes the spare buffer and finds NaN/Inf in the gradient and in
 // residue + gradient as it goes, and only a successful pass makes the spare buffer current.
 //
+// Two phases: a push of a tensor of several slices commits every slice's residue or none
+// (DESIGN.md section 2). EnqueuePending stages a successful step's residue in the slice state;
+// CudaSliceState::Commit / Discard end the push, as the CPU's CompressPending and
+// SliceState::Commit / Discard.
+//
 // Ownership and thread-safety as on the CPU: the caller owns one `CudaSliceState` per tensor
 // slice; a `CudaCompressor` holds device scratch space and is thread-compatible.
 //
