@@ -109,8 +109,8 @@ std::vector<float> Gradient(size_t n, uint32_t seed) {
 bool RunSize(size_t n, int reps, double warm_s, const std::vector<uint32_t>& bins,
              std::vector<std::string>& verdicts) {
   const bool roofline = n >= kRooflineMin;
-  std::printf("\n=== n = %zu floats, median of %d samples of %d calls each%s\n", n, g_samples,
-              reps, roofline ? "" : " (L2-resident: no fraction of the copy)");
+  std::printf("\n=== n = %zu floats, median of %d samples of %d calls each%s\n", n, g_samples, reps,
+              roofline ? "" : " (L2-resident: no fraction of the copy)");
   std::printf("generating gradients on the host...\n");
   const std::vector<float> h0 = Gradient(n, 1), h1 = Gradient(n, 2);
   auto g0 = DeviceBuffer::FromHost(h0);
@@ -187,8 +187,8 @@ bool RunSize(size_t n, int reps, double warm_s, const std::vector<uint32_t>& bin
         const double th = TimePerCall(1, std::max(3, reps / 5), [&](int i) {
           CHECK_OK(comp.Compress(grads[i & 1], n, **st, u));
         });
-        std::printf("%-44s %5u %10.1f %10.2f %9s %9.4f\n", "compress to host CompressedUpdate",
-                    t, th * 1e6, n / th / 1e9, fraction(th).c_str(),
+        std::printf("%-44s %5u %10.1f %10.2f %9s %9.4f\n", "compress to host CompressedUpdate", t,
+                    th * 1e6, n / th / 1e9, fraction(th).c_str(),
                     static_cast<double>(u.indices.size()) / static_cast<double>(n));
         // Decompress-and-add of the last update, on the device.
         auto dst = DeviceBuffer::Allocate(n * sizeof(float));

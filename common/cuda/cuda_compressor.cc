@@ -173,8 +173,7 @@ class CudaAdaComp final : public CudaCompressorBase {
   absl::Status Enqueue(const float* device_grad, size_t n, CudaSliceState& state) override {
     return EnqueuePass(device_grad, n, state, /*two_phase=*/false);
   }
-  absl::Status EnqueuePending(const float* device_grad, size_t n,
-                              CudaSliceState& state) override {
+  absl::Status EnqueuePending(const float* device_grad, size_t n, CudaSliceState& state) override {
     return EnqueuePass(device_grad, n, state, /*two_phase=*/true);
   }
 
@@ -301,8 +300,7 @@ class CudaDense final : public CudaCompressorBase {
     return absl::OkStatus();
   }
   // No residue: nothing is ever staged (as the CPU's dense CompressPending).
-  absl::Status EnqueuePending(const float* device_grad, size_t n,
-                              CudaSliceState& state) override {
+  absl::Status EnqueuePending(const float* device_grad, size_t n, CudaSliceState& state) override {
     return Enqueue(device_grad, n, state);
   }
 

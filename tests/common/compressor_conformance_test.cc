@@ -60,8 +60,8 @@ class CpuBackend {
  private:
   // `g` copied `offset` floats into a buffer of offset + n + 3 floats, compressed from there in
   // one phase or two.
-  absl::Status Step(size_t slice, const std::vector<float>& g, size_t offset,
-                    CompressedUpdate& out, bool pending) {
+  absl::Status Step(size_t slice, const std::vector<float>& g, size_t offset, CompressedUpdate& out,
+                    bool pending) {
     std::vector<float> buf(offset + g.size() + 3, 0.0f);
     std::copy(g.begin(), g.end(), buf.begin() + offset);
     const absl::Span<const float> grad = absl::MakeConstSpan(buf.data() + offset, g.size());

@@ -58,8 +58,8 @@ class CudaBackend {
  private:
   // `g` copied `offset` floats into a device buffer of offset + n + 3 floats, compressed from
   // there in one phase or two.
-  absl::Status Step(size_t slice, const std::vector<float>& g, size_t offset,
-                    CompressedUpdate& out, bool pending) {
+  absl::Status Step(size_t slice, const std::vector<float>& g, size_t offset, CompressedUpdate& out,
+                    bool pending) {
     std::vector<float> buf(offset + g.size() + 3, 0.0f);
     std::copy(g.begin(), g.end(), buf.begin() + offset);
     auto dev = DeviceBuffer::FromHost(buf);
