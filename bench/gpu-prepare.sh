@@ -12,7 +12,10 @@
 #   lib/   the shared libraries they load (from ldd; without the C library family and the
 #          NVIDIA driver's libraries, which the GPU machine provides)
 #   MANIFEST  what was built from which commit, and the sizes
-# Fails when the folder is over 48 MiB (the device tool carries at most 64 MiB in all).
+#   ptxas.txt ptxas's resource usage of every kernel (registers, shared memory, spills): the
+#             CUDA objects are rebuilt each time with -Xptxas=-v (ADAPS_CUDA_PTXAS_VERBOSE)
+# Fails when a kernel spills registers, or when the folder is over 48 MiB (the device tool
+# carries at most 64 MiB in all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -30,21 +33,41 @@ NVCC=$(command -v nvcc || true)
 say "configure $BUILD (ADAPS_CUDA=ON, Release, architectures $ARCH, nvcc $NVCC)"
 if ! cmake -S . -B "$BUILD" -G Ninja -DADAPS_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
      -DCMAKE_CUDA_COMPILER="$NVCC" -DADAPS_CUDA_ARCHITECTURES="$ARCH" \
+     -DADAPS_CUDA_PTXAS_VERBOSE=ON \
      -DADAPS_BUILD_BENCH=OFF -DADAPS_BUILD_TESTS=ON >"$BUILD.configure.log" 2>&1; then
   tail -30 "$BUILD.configure.log"
   say "FAIL: configure (log: $BUILD.configure.log)"
   exit 1
 fi
 TARGETS=(cuda_compressor_test compressor_conformance_test adaps_gpu_bench)
+# The .cu objects are always recompiled (ccache replays ptxas's report), so that the build log
+# holds ptxas's resource usage of every kernel.
+rm -f "$BUILD"/common/cuda/CMakeFiles/adaps_cuda.dir/*.cu.o
 say "build ${TARGETS[*]} (-j$JOBS)"
 if ! ninja -C "$BUILD" -j"$JOBS" "${TARGETS[@]}" >"$BUILD.build.log" 2>&1; then
   tail -40 "$BUILD.build.log"
   say "FAIL: build (log: $BUILD.build.log)"
   exit 1
 fi
+# One line per kernel: "<entry> <arch>: N registers, M bytes smem, S bytes spill stores, L loads".
+PTXAS=$(perl -ne '
+  if (/Compiling entry function .(\S+). for .(sm_\d+)/) { ($name, $arch) = ($1, $2); }
+  elsif (/(\d+) bytes spill stores, (\d+) bytes spill loads/) { ($st, $ld) = ($1, $2); }
+  elsif (/ptxas info\s*: Used (\d+) registers/) {
+    $regs = $1; $smem = /(\d+) bytes smem/ ? $1 : 0;
+    print "$name $arch: $regs registers, $smem bytes smem, $st bytes spill stores, $ld loads\n";
+  }' "$BUILD.build.log" | c++filt)
+[[ -n "$PTXAS" ]] || { say "FAIL: no ptxas report in $BUILD.build.log"; exit 1; }
 
 rm -rf "$CARRY"
 mkdir -p "$CARRY/bin" "$CARRY/lib"
+echo "$PTXAS" >"$CARRY/ptxas.txt"
+say "ptxas: $(wc -l <"$CARRY/ptxas.txt") kernels, registers $(grep -oE '[0-9]+ registers' "$CARRY/ptxas.txt" | cut -d' ' -f1 | sort -n | uniq | tr '\n' ' ')"
+if grep -qE ' [1-9][0-9]* bytes spill stores| [1-9][0-9]* loads$' "$CARRY/ptxas.txt"; then
+  grep -E ' [1-9][0-9]* bytes spill stores| [1-9][0-9]* loads$' "$CARRY/ptxas.txt"
+  say "FAIL: a kernel spills registers ($CARRY/ptxas.txt)"
+  exit 1
+fi
 for t in "${TARGETS[@]}"; do
   f=$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)
   [[ -n "$f" ]] || { say "FAIL: $t not built"; exit 1; }

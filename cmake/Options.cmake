@@ -3,6 +3,9 @@
 #   ADAPS_CUDA      AUTO (default): build the CUDA target when a toolkit is found.
 #                   ON: build it, and fail at configure time when no toolkit is found.
 #                   OFF: never build it.
+#   ADAPS_CUDA_PTXAS_VERBOSE  OFF (default); ON: ptxas prints each kernel's registers, shared
+#                   memory and spills (-Xptxas=-v) when it compiles adaps_cuda
+#                   (bench/gpu-prepare.sh turns it on and fails on any spill).
 #   ADAPS_SANITIZE  "" (default), "address,undefined" or "thread".
 #   ADAPS_BUILD_TESTS   build the GoogleTest suites (ON).
 #   ADAPS_BUILD_BENCH   build the Google Benchmark programs (ON).
@@ -11,6 +14,7 @@
 
 set(ADAPS_CUDA "AUTO" CACHE STRING "Build CUDA kernels: AUTO, ON or OFF")
 set_property(CACHE ADAPS_CUDA PROPERTY STRINGS AUTO ON OFF)
+option(ADAPS_CUDA_PTXAS_VERBOSE "ptxas resource usage of the CUDA kernels (-Xptxas=-v)" OFF)
 set(ADAPS_SANITIZE "" CACHE STRING "Sanitizers: empty, address,undefined or thread")
 option(ADAPS_BUILD_TESTS "Build tests" ON)
 option(ADAPS_BUILD_BENCH "Build benchmarks" ON)

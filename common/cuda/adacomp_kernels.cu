@@ -20,7 +20,9 @@
 // Double buffering: the pass reads the residue and the bitmask of the active set and writes the
 // new residue and selection into the other set; NaN/Inf in the gradient and in residue +
 // gradient are flagged per block as the data streams by, and the last block switches the active
-// set only when no block flagged anything. There is no separate finiteness pass.
+// set only when no block flagged anything (a two-phase pass stages it instead, for the caller
+// to commit or discard once every slice of the push is done). There is no separate finiteness
+// pass.
 //
 // Floating point: only adds, comparisons and maxima touch the data, each rounded exactly as on
 // the CPU (IEEE, no fused multiply-add is possible; denormals are kept: no fast-math).
@@ -300,39 +302,33 @@ __global__ void __launch_bounds__(kBlock, MinBlocksFor(kR)) PassKernel(KernelArg
     }
   }
 
-  // The last block to finish writes the count and the scale.
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) s_last = atomicAdd(&p.header->done_counter, 1u) == p.layout.num_tiles - 1;
+  // The last block to finish writes the count and the scale. What it reads of the other blocks
+  // (tile sum, failure flags, look-back status word) each wrote from thread 0, so only thread 0
+  // fences before taking the block's ticket.
+  if (tid == 0) {
+    __threadfence();
+    s_last = atomicAdd(&p.header->done_counter, 1u) == p.layout.num_tiles - 1;
+  }
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  double acc = 0.0;
+  double acc;
   if constexpr (kFused) {
-    for (uint32_t j = tid; j < p.layout.num_tiles; j += kBlock) acc += __ldcg(p.tile_sums + j);
+    acc = StridedSum(tid, p.layout.num_tiles, [&](uint32_t j) { return __ldcg(p.tile_sums + j); });
   } else {
-    for (uint32_t j = tid; j < p.layout.num_bins; j += kBlock) {
-      acc += static_cast<double>(__uint_as_float(__ldcg(p.gmax + j)));
-    }
+    acc = StridedSum(tid, p.layout.num_bins, [&](uint32_t j) {
+      return static_cast<double>(__uint_as_float(__ldcg(p.gmax + j)));
+    });
   }
   const double gsum = BlockSumFixedOrder(acc, s_red);
   if (tid == 0) {
     // Every other block raised its flags before its done_counter ticket (fence, then atomic).
     const volatile Header* vh = p.header;
     const bool failed = vh->nonfinite != 0u || vh->overflow != 0u;
-    if (failed) {
-      // The step did not happen: set a stays active with its residue and pending fix-up.
-      p.header->count = 0u;
-      p.header->scale = 0.0f;
-      p.header->ok = 0u;
-    } else {
-      const float s = static_cast<float>(gsum / static_cast<double>(p.layout.num_bins));
-      p.header->count = static_cast<unsigned>(LoadStatus(p.status, p.layout.num_tiles - 1));
-      p.header->scale = s;
-      p.ctl->pending_scale[a ^ 1u] = isfinite(s) ? s : 0.0f;  // finite maxima: always finite
-      p.ctl->active = a ^ 1u;
-      p.header->ok = 1u;
-    }
+    // On failure the step did not happen: set a stays active with its residue and fix-up.
+    const float s = static_cast<float>(gsum / static_cast<double>(p.layout.num_bins));
+    PublishPass(p.ctl, p.header, a, failed, p.two_phase, s,
+                failed ? 0u : static_cast<unsigned>(LoadStatus(p.status, p.layout.num_tiles - 1)));
   }
 }
 
@@ -394,6 +390,9 @@ __global__ void ApplyPendingKernel(PendingArgs pa) {
   }
   bits[wi] = 0u;
 }
+
+__global__ void CommitStagedKernel(SliceCtl* ctl) { CommitStaged(ctl); }
+__global__ void DiscardStagedKernel(SliceCtl* ctl) { DiscardStaged(ctl); }
 
 unsigned Gcd(unsigned a, unsigned b) {
   while (b != 0u) {
@@ -464,6 +463,16 @@ cudaError_t LaunchAdaCompPass(const PassArgs& args, cudaStream_t stream) {
   } else {
     PassKernel<true, kRows><<<grid, kBlock, 0, stream>>>(ka);
   }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCommitStaged(SliceCtl* ctl, cudaStream_t stream) {
+  CommitStagedKernel<<<1, 1, 0, stream>>>(ctl);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDiscardStaged(SliceCtl* ctl, cudaStream_t stream) {
+  DiscardStagedKernel<<<1, 1, 0, stream>>>(ctl);
   return cudaGetLastError();
 }
 

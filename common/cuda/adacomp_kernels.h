@@ -28,10 +28,13 @@ constexpr int kMaxBinsPerTile = kTileCap;       // T = 1 with 8 rows
 // buffered ("sets" 0 and 1): a pass reads set `active` and writes the other one, and only a
 // successful pass makes the other one active (on the device, so that no host round trip is
 // needed). A failed step therefore leaves residue and pending fix-up untouched.
+// A two-phase pass (PassArgs::two_phase; DESIGN.md section 2: a push of several slices commits
+// every slice's residue or none) leaves `active` alone and marks the other set `staged`
+// instead; CommitStaged then makes it active, DiscardStaged drops it.
 struct SliceCtl {
   unsigned int active;      // 0 or 1
   float pending_scale[2];   // s of the fix-up recorded in bits[set]; 0: none (x -+ 0 == x)
-  unsigned int pad;
+  unsigned int staged;      // 1: set active ^ 1 holds a successful two-phase pass's result
 };
 
 // Per-compress device scratch header; zeroed before each compress.
@@ -45,6 +48,69 @@ struct Header {
   unsigned int ok;            // AdaComp: 1 when the step succeeded (written by the last block)
   unsigned int pad;
 };
+
+// The end of a pass, run by one thread of the last block (and by host tests of these
+// transitions): `a` the set the pass read, `failed` whether any block flagged a NaN/Inf or an
+// overflow, `s` and `count` the step's scale and selection size. A failed pass changes neither
+// set and stages nothing; a successful one records its fix-up scale for set a ^ 1 and makes
+// that set active (one phase) or staged (two phases).
+__host__ __device__ inline void PublishPass(SliceCtl* ctl, Header* h, unsigned a, bool failed,
+                                            bool two_phase, float s, unsigned count) {
+  if (failed) {
+    h->count = 0u;
+    h->scale = 0.0f;
+    ctl->staged = 0u;
+    h->ok = 0u;
+    return;
+  }
+  h->count = count;
+  h->scale = s;
+  ctl->pending_scale[a ^ 1u] = s - s == 0.0f ? s : 0.0f;  // finite maxima: always finite
+  if (two_phase) {
+    ctl->staged = 1u;
+  } else {
+    ctl->active = a ^ 1u;
+    ctl->staged = 0u;
+  }
+  h->ok = 1u;
+}
+// The second phase: the staged set becomes active; nothing when none is staged (the pass
+// failed, or was discarded or replaced).
+__host__ __device__ inline void CommitStaged(SliceCtl* ctl) {
+  if (ctl->staged != 0u) ctl->active ^= 1u;
+  ctl->staged = 0u;
+}
+__host__ __device__ inline void DiscardStaged(SliceCtl* ctl) { ctl->staged = 0u; }
+
+// Thread `first`'s share of the last block's sum (the scale's documented fixed order): the sum
+// of load(j) over j = first, first + kBlock, first + 2 kBlock, ... < n, added one after the
+// other from 0.0 in that order, with kSumUnroll loads issued before their adds (the ~12.5k tile
+// sums of a 25M-element slice would otherwise be as many L2 round trips one after the other).
+// The result is bit for bit that of the plain strided loop. Loads past the end read element
+// n - 1 (n >= 1) and are not added, so that the loads need no branch.
+constexpr int kSumUnroll = 8;
+#ifdef __CUDA_ARCH__  // the device pass only: host compilers do not know the pragma
+#define ADAPS_CUDA_UNROLL _Pragma("unroll")
+#else
+#define ADAPS_CUDA_UNROLL
+#endif
+template <typename Load>
+__host__ __device__ inline double StridedSum(uint32_t first, uint32_t n, Load load) {
+  double acc = 0.0;
+  for (uint32_t j = first; j < n; j += kSumUnroll * kBlock) {
+    double x[kSumUnroll];
+    ADAPS_CUDA_UNROLL
+    for (int u = 0; u < kSumUnroll; ++u) {
+      const uint32_t i = j + u * kBlock;
+      x[u] = load(i < n ? i : n - 1);
+    }
+    ADAPS_CUDA_UNROLL
+    for (int u = 0; u < kSumUnroll; ++u) {
+      if (j + u * kBlock < n) acc += x[u];
+    }
+  }
+  return acc;
+}
 
 // How a slice of n elements is cut into tiles for bin size T.
 struct Layout {
@@ -76,6 +142,7 @@ struct PassArgs {
   unsigned int* gmax;          // num_bins (general path), float bits, zeroed
   uint32_t* out_indices;       // capacity n
   uint8_t* out_negative;       // capacity n
+  bool two_phase;              // stage the result (SliceCtl::staged) instead of switching sets
 };
 
 int MultiProcessorCount();
@@ -86,8 +153,12 @@ cudaError_t LaunchCheckFinite(const float* grad, size_t n, Header* header, int s
 // The AdaComp pass (fused, or the two kernels of the general path for T > kTileCap): reads set
 // ctl->active, writes the other set, finds a non-finite gradient (header->nonfinite) or
 // residue + gradient (header->overflow) as it goes, and only when neither was found switches
-// ctl->active and sets header->ok, count and scale. Leaves the new selection's fix-up pending.
+// ctl->active (or, two-phase, stages the other set) and sets header->ok, count and scale
+// (PublishPass). Leaves the new selection's fix-up pending.
 cudaError_t LaunchAdaCompPass(const PassArgs& args, cudaStream_t stream);
+// CommitStaged / DiscardStaged on the device (asynchronous, one thread).
+cudaError_t LaunchCommitStaged(SliceCtl* ctl, cudaStream_t stream);
+cudaError_t LaunchDiscardStaged(SliceCtl* ctl, cudaStream_t stream);
 // Applies the pending fix-up of the active set (bitmask layout `layout`) and clears its bits.
 cudaError_t LaunchApplyPending(float* const residue[2], uint32_t* const bits[2],
                                const SliceCtl* ctl, const Layout& layout, cudaStream_t stream);

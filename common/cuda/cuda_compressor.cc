@@ -111,6 +111,12 @@ class CudaCompressorBase : public CudaCompressor {
     return Fetch(out);
   }
 
+  absl::Status CompressPending(const float* device_grad, size_t n, CudaSliceState& state,
+                               CompressedUpdate& out) override {
+    ADAPS_RETURN_IF_ERROR(EnqueuePending(device_grad, n, state));
+    return Fetch(out);
+  }
+
   absl::Status Wait() override {
     CompressedUpdate scratch;
     bool failed = false;
@@ -165,6 +171,39 @@ class CudaAdaComp final : public CudaCompressorBase {
   using CudaCompressorBase::CudaCompressorBase;
 
   absl::Status Enqueue(const float* device_grad, size_t n, CudaSliceState& state) override {
+    return EnqueuePass(device_grad, n, state, /*two_phase=*/false);
+  }
+  absl::Status EnqueuePending(const float* device_grad, size_t n, CudaSliceState& state) override {
+    return EnqueuePass(device_grad, n, state, /*two_phase=*/true);
+  }
+
+  absl::Status Fetch(CompressedUpdate& out) override {
+    bool failed = false;
+    k::Header h{};
+    ADAPS_RETURN_IF_ERROR(WaitForStep(out, &failed, &h));
+    if (failed) return absl::OkStatus();  // kSendNothing: the empty update (errors returned)
+    out.Clear();
+    out.kind = CompressorKind::kAdaComp;
+    out.length = static_cast<uint32_t>(last_n_);
+    out.bin_size = options_.base.bin_size;
+    if (last_n_ == 0) return absl::OkStatus();
+    if (h.ok == 0u || h.count > last_n_) {
+      return absl::InternalError(absl::StrCat("AdaComp kernel reported ", h.count,
+                                              " selected elements of ", last_n_, " (ok ", h.ok,
+                                              ")"));
+    }
+    out.scale = h.scale;
+    out.indices.resize(h.count);
+    out.negative.resize(h.count);
+    ADAPS_RETURN_IF_ERROR(Download(out.indices.data(), indices_, h.count * sizeof(uint32_t)));
+    ADAPS_RETURN_IF_ERROR(Download(out.negative.data(), negative_, h.count));
+    ADAPS_CUDA_CALL(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    return absl::OkStatus();
+  }
+
+  // Enqueue (two_phase false) and EnqueuePending (true).
+  absl::Status EnqueuePass(const float* device_grad, size_t n, CudaSliceState& state,
+                           bool two_phase) {
     have_last_ = false;  // a rejected call forgets the previous update
     ADAPS_RETURN_IF_ERROR(CheckLengths(n, state, device_grad));
     last_n_ = n;
@@ -205,34 +244,16 @@ class CudaAdaComp final : public CudaCompressorBase {
     a.gmax = static_cast<unsigned int*>(gmax_.data());
     a.out_indices = static_cast<uint32_t*>(indices_.data());
     a.out_negative = static_cast<uint8_t*>(negative_.data());
+    a.two_phase = two_phase;
     ADAPS_CUDA_CALL(k::LaunchAdaCompPass(a, stream_), "AdaComp pass kernel launch");
-    st.has_pending = true;  // in the new set if the step succeeded (layout st.bits_layout)
-    if (!options_.defer_residue_fixup) ADAPS_RETURN_IF_ERROR(st.Materialize(stream_));
-    have_last_ = true;
-    return absl::OkStatus();
-  }
-
-  absl::Status Fetch(CompressedUpdate& out) override {
-    bool failed = false;
-    k::Header h{};
-    ADAPS_RETURN_IF_ERROR(WaitForStep(out, &failed, &h));
-    if (failed) return absl::OkStatus();  // kSendNothing: the empty update (errors returned)
-    out.Clear();
-    out.kind = CompressorKind::kAdaComp;
-    out.length = static_cast<uint32_t>(last_n_);
-    out.bin_size = options_.base.bin_size;
-    if (last_n_ == 0) return absl::OkStatus();
-    if (h.ok == 0u || h.count > last_n_) {
-      return absl::InternalError(absl::StrCat("AdaComp kernel reported ", h.count,
-                                              " selected elements of ", last_n_, " (ok ", h.ok,
-                                              ")"));
+    st.maybe_staged = two_phase;  // the pass replaced a staged set, or staged its own
+    if (two_phase) {
+      st.materialize_on_commit = !options_.defer_residue_fixup;  // the old set stays active
+    } else {
+      st.has_pending = true;  // in the new set if the step succeeded (layout st.bits_layout)
+      if (!options_.defer_residue_fixup) ADAPS_RETURN_IF_ERROR(st.Materialize(stream_));
     }
-    out.scale = h.scale;
-    out.indices.resize(h.count);
-    out.negative.resize(h.count);
-    ADAPS_RETURN_IF_ERROR(Download(out.indices.data(), indices_, h.count * sizeof(uint32_t)));
-    ADAPS_RETURN_IF_ERROR(Download(out.negative.data(), negative_, h.count));
-    ADAPS_CUDA_CALL(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    have_last_ = true;
     return absl::OkStatus();
   }
 
@@ -277,6 +298,10 @@ class CudaDense final : public CudaCompressorBase {
         CopyDeviceToDevice(values_.data(), device_grad, n * sizeof(float), stream_));
     have_last_ = true;
     return absl::OkStatus();
+  }
+  // No residue: nothing is ever staged (as the CPU's dense CompressPending).
+  absl::Status EnqueuePending(const float* device_grad, size_t n, CudaSliceState& state) override {
+    return Enqueue(device_grad, n, state);
   }
 
   absl::Status Fetch(CompressedUpdate& out) override {

@@ -21,6 +21,11 @@
 // element), the pass writes the spare buffer and finds NaN/Inf in the gradient and in
 // residue + gradient as it goes, and only a successful pass makes the spare buffer current.
 //
+// Two phases: a push of a tensor of several slices commits every slice's residue or none
+// (DESIGN.md section 2). EnqueuePending stages a successful step's residue in the slice state;
+// CudaSliceState::Commit / Discard end the push, as the CPU's CompressPending and
+// SliceState::Commit / Discard.
+//
 // Ownership and thread-safety as on the CPU: the caller owns one `CudaSliceState` per tensor
 // slice; a `CudaCompressor` holds device scratch space and is thread-compatible.
 //
@@ -113,8 +118,17 @@ class CudaSliceState {
   absl::Status DownloadResidue(absl::Span<float> host);
   // Replaces the residue (size() floats) and drops any pending fix-up. Blocks.
   absl::Status UploadResidue(absl::Span<const float> host);
-  // Zeroes the residue and drops any pending fix-up (asynchronous).
+  // Zeroes the residue and drops any pending fix-up and staged residue (asynchronous).
   absl::Status Reset();
+
+  // The second phase of CudaCompressor::EnqueuePending (the CPU's SliceState::Commit and
+  // Discard): Commit makes the staged residue the slice's residue, Discard drops it and keeps
+  // the old one (with its pending fix-up). Both asynchronous, on the state's stream; nothing
+  // happens when nothing is staged (the pass failed, or no EnqueuePending since the last
+  // Commit/Discard/Reset/UploadResidue). Errors: a failed kernel launch (the state is then as
+  // before the call).
+  absl::Status Commit();
+  absl::Status Discard();
 
   struct Impl;
   Impl& impl() { return *impl_; }
@@ -157,6 +171,18 @@ class CudaCompressor {
   // DecompressAddLast are kFailedPrecondition until the next successful Enqueue. One
   // compressor may serve several slices; "the last update" is that of the last Enqueue.
   virtual absl::Status Enqueue(const float* device_grad, size_t n, CudaSliceState& state) = 0;
+  // The first phase of a two-phase push over several slices (DESIGN.md section 2: commit every
+  // slice's residue or none; the CPU's Compressor::CompressPending): Enqueue, except that a
+  // successful step's new residue is staged in `state` instead of becoming its residue, until
+  // state.Commit() or state.Discard(). Meanwhile the state's residue (DownloadResidue) is the old
+  // one. A later Enqueue or EnqueuePending on the state replaces a staged residue. With
+  // defer_residue_fixup off the fix-up is applied by Commit. The caller commits every slice
+  // only when Wait or Fetch gave OK for each, and discards all otherwise.
+  virtual absl::Status EnqueuePending(const float* device_grad, size_t n,
+                                      CudaSliceState& state) = 0;
+  // EnqueuePending, then Fetch(out): the CPU's CompressPending, blocking.
+  virtual absl::Status CompressPending(const float* device_grad, size_t n, CudaSliceState& state,
+                                       CompressedUpdate& out) = 0;
   // Waits for the last Enqueue and returns Compress's status for it without copying the update
   // (the status of the device-resident path). kFailedPrecondition when nothing was enqueued.
   virtual absl::Status Wait() = 0;

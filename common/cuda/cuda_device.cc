@@ -181,8 +181,25 @@ absl::Status CudaSliceState::Impl::ClearBits(cudaStream_t s) {
   return absl::OkStatus();
 }
 
+absl::Status CudaSliceState::Impl::Commit(cudaStream_t s) {
+  if (!maybe_staged) return absl::OkStatus();
+  ADAPS_CUDA_CALL(k::LaunchCommitStaged(ctl_ptr(), s), "CommitStaged kernel launch");
+  maybe_staged = false;
+  has_pending = true;  // the committed set's selection, if the pass succeeded
+  if (materialize_on_commit) ADAPS_RETURN_IF_ERROR(Materialize(s));
+  return absl::OkStatus();
+}
+
+absl::Status CudaSliceState::Impl::Discard(cudaStream_t s) {
+  if (!maybe_staged) return absl::OkStatus();
+  ADAPS_CUDA_CALL(k::LaunchDiscardStaged(ctl_ptr(), s), "DiscardStaged kernel launch");
+  maybe_staged = false;
+  return absl::OkStatus();
+}
+
 absl::Status CudaSliceState::Impl::ResetControl(cudaStream_t s) {
   has_pending = false;
+  maybe_staged = false;
   ADAPS_RETURN_IF_ERROR(ClearBits(s));
   return ctl.Zero(s);  // active = 0, pending scales 0.0f
 }
@@ -264,6 +281,9 @@ absl::Status CudaSliceState::UploadResidue(absl::Span<const float> host) {
   ADAPS_CUDA_CALL(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize");
   return absl::OkStatus();
 }
+
+absl::Status CudaSliceState::Commit() { return impl_->Commit(impl_->stream); }
+absl::Status CudaSliceState::Discard() { return impl_->Discard(impl_->stream); }
 
 absl::Status CudaSliceState::Reset() {
   if (impl_->n == 0) return absl::OkStatus();

@@ -39,6 +39,10 @@ struct CudaSliceState::Impl {
   // both candidates have this layout). Both bitmask sets are zero outside it.
   kernels::Layout bits_layout;
   bool has_pending = false;
+  // An EnqueuePending may have staged the other set (SliceCtl::staged), and with the eager
+  // fix-up, Commit applies it.
+  bool maybe_staged = false;
+  bool materialize_on_commit = false;
 
   kernels::SliceCtl* ctl_ptr() const { return static_cast<kernels::SliceCtl*>(ctl.data()); }
   void ResiduePtrs(float* out[2]) const {
@@ -56,6 +60,9 @@ struct CudaSliceState::Impl {
   absl::Status ClearBits(cudaStream_t s);
   // Makes set 0 active with no fix-up pending (asynchronous); the residue itself is untouched.
   absl::Status ResetControl(cudaStream_t s);
+  // CommitStaged / DiscardStaged on the device, when something may be staged (asynchronous).
+  absl::Status Commit(cudaStream_t s);
+  absl::Status Discard(cudaStream_t s);
   // Which set is active. Blocks on `s`.
   absl::StatusOr<unsigned> Active(cudaStream_t s) const;
   // Before a pass with `layout`: the spare residue; when the layout differs from the last

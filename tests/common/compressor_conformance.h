@@ -22,6 +22,13 @@
 //   absl::StatusOr<std::vector<float>> Residue(size_t slice);
 //   absl::Status SetResidue(size_t slice, const std::vector<float>& r);
 //   absl::Status Reset(size_t slice);
+//   // Two phases (DESIGN.md section 2: a push commits every slice's residue or none): like
+//   // Compress, but a successful step's new residue waits until Commit(slice) makes it the
+//   // residue or Discard(slice) drops it; Residue(slice) meanwhile is the old one.
+//   absl::Status CompressPending(size_t slice, const std::vector<float>& g, size_t offset,
+//                                CompressedUpdate& out);
+//   absl::Status Commit(size_t slice);
+//   absl::Status Discard(size_t slice);
 #ifndef ADAPS_TESTS_COMMON_COMPRESSOR_CONFORMANCE_H_
 #define ADAPS_TESTS_COMMON_COMPRESSOR_CONFORMANCE_H_
 
@@ -202,6 +209,61 @@ class Checked {
       }
     }
     return want;
+  }
+
+  // One push of a tensor cut into `slices` (DESIGN.md section 2): every slice is compressed
+  // in two phases and checked against the oracle, the residues are compared with the old ones
+  // while the new ones are pending, then all are committed when every slice succeeded and all
+  // discarded otherwise (the oracles alike). Returns the first failing slice's oracle code.
+  absl::StatusCode Push(const std::vector<size_t>& slices,
+                        const std::vector<std::vector<float>>& grads, const std::string& where) {
+    SCOPED_TRACE(where);
+    absl::StatusCode first = absl::StatusCode::kOk;
+    std::vector<std::vector<float>> before, after;
+    std::vector<bool> scale_off;  // the backend's scale within its ulps but not equal
+    for (size_t j = 0; j < slices.size(); ++j) {
+      SCOPED_TRACE(absl::StrCat("slice ", slices[j]));
+      Oracle& oracle = oracles_[slices[j]];
+      before.push_back(oracle.residue());
+      const absl::StatusCode want = oracle.Step(grads[j], want_);
+      after.push_back(oracle.residue());
+      oracle.residue() = before.back();  // the oracle's step is pending too
+      const absl::Status got = backend_->CompressPending(slices[j], grads[j], 0, got_);
+      EXPECT_EQ(want, got.code()) << got;
+      EXPECT_TRUE(SameVector("indices", want_.indices, got_.indices));
+      EXPECT_TRUE(SameVector("negative", want_.negative, got_.negative));
+      EXPECT_LE(Ulps(want_.scale, got_.scale), Backend::kScaleUlps)
+          << "scale: want " << want_.scale << " got " << got_.scale;
+      scale_off.push_back(Bits(want_.scale) != Bits(got_.scale));
+      if (first == absl::StatusCode::kOk) first = want;
+    }
+    for (size_t j = 0; j < slices.size(); ++j) {
+      SCOPED_TRACE(absl::StrCat("pending, slice ", slices[j]));
+      auto r = backend_->Residue(slices[j]);
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (r.ok()) {
+        EXPECT_TRUE(SameFloats(before[j], *r));
+      }
+    }
+    for (size_t j = 0; j < slices.size(); ++j) {
+      SCOPED_TRACE(absl::StrCat("after the push, slice ", slices[j]));
+      const absl::Status s = first == absl::StatusCode::kOk ? backend_->Commit(slices[j])
+                                                            : backend_->Discard(slices[j]);
+      EXPECT_TRUE(s.ok()) << s;
+      if (first == absl::StatusCode::kOk) oracles_[slices[j]].residue() = after[j];
+      auto r = backend_->Residue(slices[j]);
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (r.ok()) {
+        // Bit-equal, unless the backend's scale was one of its allowed ulps off: then the
+        // fixed-up residue may be too, and the oracle's is taken (as Step does).
+        if (first == absl::StatusCode::kOk && scale_off[j]) {
+          SetResidue(slices[j], oracles_[slices[j]].residue());
+        } else {
+          EXPECT_TRUE(SameFloats(oracles_[slices[j]].residue(), *r));
+        }
+      }
+    }
+    return first;
   }
 
   void SetResidue(size_t slice, const std::vector<float>& r) {
@@ -407,6 +469,45 @@ TYPED_TEST_P(AdaCompConformance, ResetZeroesTheResidueAndDropsThePendingFixup) {
   ASSERT_EQ(c.Step(s, NormalVector(5000, 1.0f, 13), "after reset"), absl::StatusCode::kOk);
 }
 
+// DESIGN.md section 2: "A push compresses every slice first and commits the residues only when
+// all succeeded". A tensor of three slices (different lengths, every kernel path's bin count);
+// a NaN in the last slice or an overflow in the middle one leaves every residue as it was,
+// including the slices before it that compressed fine; pushes before and after commit all.
+TYPED_TEST_P(AdaCompConformance, APushOfSeveralSlicesCommitsAllOrNone) {
+  for (bool defer : {true, false}) {
+    SCOPED_TRACE(defer ? "deferred" : "eager");
+    Checked<TypeParam> c(ConformanceOptions(50), defer);
+    ASSERT_TRUE(c.ok());
+    const std::vector<size_t> lengths = {5000, 777, 100003};
+    std::vector<size_t> slices;
+    for (size_t n : lengths) slices.push_back(c.AddSlice(n));
+    auto grads = [&](uint32_t seed) {
+      std::vector<std::vector<float>> g;
+      for (size_t j = 0; j < lengths.size(); ++j) {
+        g.push_back(NormalVector(lengths[j], 1.0f, seed + static_cast<uint32_t>(j)));
+      }
+      return g;
+    };
+    ASSERT_EQ(c.Push(slices, grads(100), "push 0"), absl::StatusCode::kOk);
+    ASSERT_EQ(c.Push(slices, grads(110), "push 1"), absl::StatusCode::kOk);
+    std::vector<std::vector<float>> g = grads(120);
+    g[2][4321] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_EQ(c.Push(slices, g, "NaN in the last slice"), absl::StatusCode::kInvalidArgument);
+    g = grads(130);
+    std::vector<float> r = NormalVector(lengths[1], 1.0f, 140);
+    r[100] = 3e38f;
+    c.SetResidue(slices[1], r);
+    g[1][100] = 3e38f;  // residue + gradient overflows in the middle slice
+    EXPECT_EQ(c.Push(slices, g, "overflow in the middle slice"), absl::StatusCode::kOutOfRange);
+    g[1][100] = -3e38f;
+    ASSERT_EQ(c.Push(slices, g, "push after the failures"), absl::StatusCode::kOk);
+    ASSERT_EQ(c.Push(slices, grads(150), "push 4"), absl::StatusCode::kOk);
+    // A single slice's plain step after the pushes still matches.
+    ASSERT_EQ(c.Step(slices[0], NormalVector(lengths[0], 1.0f, 160), "plain step"),
+              absl::StatusCode::kOk);
+  }
+}
+
 REGISTER_TYPED_TEST_SUITE_P(AdaCompConformance, MatchesTheOracleOnRandomGradientsOverSteps,
                             MatchesTheOracleOnAdversarialGradients,
                             MatchesTheOracleOnASliceOfMoreThan16MElements,
@@ -415,7 +516,8 @@ REGISTER_TYPED_TEST_SUITE_P(AdaCompConformance, MatchesTheOracleOnRandomGradient
                             NonFiniteGradientWithSendNothingGivesAnEmptyUpdate,
                             OverflowIsOutOfRangeAndLaterStepsStillMatch,
                             TwoSlicesOnOneCompressorStayIndependent, HandMadeInputsMatch,
-                            ResetZeroesTheResidueAndDropsThePendingFixup);
+                            ResetZeroesTheResidueAndDropsThePendingFixup,
+                            APushOfSeveralSlicesCommitsAllOrNone);
 
 }  // namespace adaps::testing
 

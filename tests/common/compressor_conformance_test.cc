@@ -1,4 +1,5 @@
 // The shared AdaComp conformance suite (compressor_conformance.h) on the CPU compressor.
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -29,10 +30,19 @@ class CpuBackend {
   }
   absl::Status Compress(size_t slice, const std::vector<float>& g, size_t offset,
                         CompressedUpdate& out) {
-    std::vector<float> buf(offset + g.size() + 3, 0.0f);
-    std::copy(g.begin(), g.end(), buf.begin() + offset);
-    return compressor_->Compress(absl::MakeConstSpan(buf.data() + offset, g.size()),
-                                 *slices_[slice], out);
+    return Step(slice, g, offset, out, /*pending=*/false);
+  }
+  absl::Status CompressPending(size_t slice, const std::vector<float>& g, size_t offset,
+                               CompressedUpdate& out) {
+    return Step(slice, g, offset, out, /*pending=*/true);
+  }
+  absl::Status Commit(size_t slice) {
+    slices_[slice]->Commit();
+    return absl::OkStatus();
+  }
+  absl::Status Discard(size_t slice) {
+    slices_[slice]->Discard();
+    return absl::OkStatus();
   }
   absl::StatusOr<std::vector<float>> Residue(size_t slice) {
     const absl::Span<const float> r = slices_[slice]->residue();
@@ -48,6 +58,17 @@ class CpuBackend {
   }
 
  private:
+  // `g` copied `offset` floats into a buffer of offset + n + 3 floats, compressed from there in
+  // one phase or two.
+  absl::Status Step(size_t slice, const std::vector<float>& g, size_t offset, CompressedUpdate& out,
+                    bool pending) {
+    std::vector<float> buf(offset + g.size() + 3, 0.0f);
+    std::copy(g.begin(), g.end(), buf.begin() + offset);
+    const absl::Span<const float> grad = absl::MakeConstSpan(buf.data() + offset, g.size());
+    return pending ? compressor_->CompressPending(grad, *slices_[slice], out)
+                   : compressor_->Compress(grad, *slices_[slice], out);
+  }
+
   std::unique_ptr<Compressor> compressor_;
   std::vector<std::unique_ptr<SliceState>> slices_;
 };

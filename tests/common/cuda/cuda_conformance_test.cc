@@ -36,12 +36,14 @@ class CudaBackend {
   }
   absl::Status Compress(size_t slice, const std::vector<float>& g, size_t offset,
                         CompressedUpdate& out) {
-    std::vector<float> buf(offset + g.size() + 3, 0.0f);
-    std::copy(g.begin(), g.end(), buf.begin() + offset);
-    auto dev = DeviceBuffer::FromHost(buf);
-    if (!dev.ok()) return dev.status();
-    return compressor_->Compress(dev->floats() + offset, g.size(), *slices_[slice], out);
+    return Step(slice, g, offset, out, /*pending=*/false);
   }
+  absl::Status CompressPending(size_t slice, const std::vector<float>& g, size_t offset,
+                               CompressedUpdate& out) {
+    return Step(slice, g, offset, out, /*pending=*/true);
+  }
+  absl::Status Commit(size_t slice) { return slices_[slice]->Commit(); }
+  absl::Status Discard(size_t slice) { return slices_[slice]->Discard(); }
   absl::StatusOr<std::vector<float>> Residue(size_t slice) {
     std::vector<float> r(slices_[slice]->size());
     const absl::Status s = slices_[slice]->DownloadResidue(absl::MakeSpan(r));
@@ -54,6 +56,20 @@ class CudaBackend {
   absl::Status Reset(size_t slice) { return slices_[slice]->Reset(); }
 
  private:
+  // `g` copied `offset` floats into a device buffer of offset + n + 3 floats, compressed from
+  // there in one phase or two.
+  absl::Status Step(size_t slice, const std::vector<float>& g, size_t offset, CompressedUpdate& out,
+                    bool pending) {
+    std::vector<float> buf(offset + g.size() + 3, 0.0f);
+    std::copy(g.begin(), g.end(), buf.begin() + offset);
+    auto dev = DeviceBuffer::FromHost(buf);
+    if (!dev.ok()) return dev.status();
+    const float* grad = dev->floats() + offset;
+    CudaSliceState& state = *slices_[slice];
+    return pending ? compressor_->CompressPending(grad, g.size(), state, out)
+                   : compressor_->Compress(grad, g.size(), state, out);
+  }
+
   std::unique_ptr<CudaCompressor> compressor_;
   std::vector<std::unique_ptr<CudaSliceState>> slices_;
 };
