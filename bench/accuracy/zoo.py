@@ -206,6 +206,24 @@ def write_doc(a, text):
         f.write(head + BEGIN + "\n" + text + "\n" + END + tail)
 
 
+def check_quick(results):
+    """The smoke test's verdict: every run ended with a finite metric that beats the initial
+    one, and AdaComp compressed the uplink."""
+    bad = []
+    for (model, system), rs in sorted(results.items()):
+        for r in rs:
+            first, final = r["curve"][0][1], r["final"]
+            better = final > first if r["higher_is_better"] else final < first
+            if not (final == final and abs(final) != float("inf")) or not better:
+                bad.append("%s %s: %s went from %.4f to %.4f" % (model, system, r["metric"],
+                                                                  first, final))
+            if system.startswith("adacomp") and ratio(r, "push") < 5:
+                bad.append("%s %s: push only %.1fx" % (model, system, ratio(r, "push")))
+    if bad:
+        raise SystemExit("zoo --quick failed:\n  " + "\n  ".join(bad))
+    print("zoo --quick: %d runs trained and compressed" % sum(len(v) for v in results.values()))
+
+
 def main():
     a = parse()
     if not a.summarize:
@@ -215,6 +233,7 @@ def main():
     text = table(results)
     print(text)
     if a.quick:
+        check_quick(results)
         return
     plot(results, os.path.join(a.out, "zoo.png"))
     write_doc(a, "Written by `bench/accuracy/zoo.py` on %s, %d steps, %d workers.\n\n%s"

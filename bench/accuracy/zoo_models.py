@@ -235,7 +235,7 @@ def make_task(name, rank, workers, seed, steps, quick=False):
         model = Mlp() if name == "mlp" else Cnn()
         _fmnist_task(task, model, rank, workers, seed, steps, batch=32,
                      lr=0.1 if name == "mlp" else 0.05,
-                     train_size=4000 if quick else 60000, test_size=500 if quick else 5000)
+                     train_size=4000 if quick else 60000, test_size=500 if quick else 2000)
         return task
     if name in ("lstm", "gpt"):
         train, valid, vocab = _chars()

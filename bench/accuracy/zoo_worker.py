@@ -34,7 +34,8 @@ def main():
     if "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-    worker = adaps.worker_from_env()
+    # Rank 0 evaluates while the others wait in their next step: a long pause, not a fault.
+    worker = adaps.worker_from_env(request_timeout=600)
     task = zoo_models.make_task(a.model, worker.rank, worker.num_workers, a.seed, a.steps,
                                 a.quick)
     opt = adaps.torch.DistributedOptimizer(task.optimizer, task.model, worker)

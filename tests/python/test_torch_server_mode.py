@@ -38,6 +38,9 @@ def test_momentum_the_servers_do_not_run_and_custom_optimizers_are_refused(clust
         with pytest.raises(ValueError, match="local mode"):
             adaps.torch.DistributedOptimizer(torch.optim.RMSprop(m.parameters()), m, w,
                                              server_optimizer="sgd")
+        with pytest.raises(ValueError, match="decoupled.*local mode"):
+            adaps.torch.DistributedOptimizer(torch.optim.AdamW(m.parameters()), m, w,
+                                             server_optimizer="adam")
         return True
     assert run_ranks(address, 2, rank) == [True, True]
 

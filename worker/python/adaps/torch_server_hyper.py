@@ -23,6 +23,11 @@ def _keys(optimizer):
         return _SGD_KEYS
     if type(optimizer) is torch.optim.Adam:
         return _ADAM_KEYS
+    if type(optimizer) is torch.optim.AdamW:
+        raise ValueError("adaps.torch: torch.optim.AdamW cannot run on the servers: their Adam "
+                         "applies weight decay as torch.optim.Adam does (L2, added to the "
+                         "gradient before the moments), not decoupled from them as AdamW "
+                         "does; " + LOCAL_HINT)
     raise ValueError("adaps.torch: server mode runs only torch.optim.SGD (with or without "
                      "momentum/Nesterov) and torch.optim.Adam on the servers; %s cannot run "
                      "there; %s" % (type(optimizer).__name__, LOCAL_HINT))
