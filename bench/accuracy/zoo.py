@@ -13,8 +13,9 @@ and schedule for every system. The systems:
 
   dense-local    local mode (--server-optimizer mean), --compression dense: DDP's arithmetic
   adacomp-local  local mode, nothing else given: adaps.torch's defaults
-  dense-server   server mode (servers run the momentum SGD), dense      (mlp, cnn only)
-  adacomp-server server mode, defaults                                   (mlp, cnn only)
+  dense-server   server mode, servers running the momentum, dense      (mlp, cnn only)
+  adacomp-server server mode, servers running plain SGD, defaults (the workers' momentum
+                 correction)                                            (mlp, cnn only)
 
 It prints and writes a table (final metric, gap to dense, bytes pushed and pulled against
 dense, training time; mean over seeds) into --doc between the zoo markers, and a plot of the
@@ -38,7 +39,7 @@ SYSTEMS = {
     "dense-local": ["--server-optimizer", "mean", "--compression", "dense"],
     "adacomp-local": ["--server-optimizer", "mean"],
     "dense-server": ["--server-optimizer", "momentum", "--compression", "dense"],
-    "adacomp-server": ["--server-optimizer", "momentum"],
+    "adacomp-server": ["--server-optimizer", "sgd"],
 }
 SERVER_MODE_MODELS = ("mlp", "cnn")  # SGD: the servers can run their optimizer
 BEGIN, END = "<!-- zoo:begin -->", "<!-- zoo:end -->"
@@ -176,17 +177,19 @@ def plot(results, path):
         return
     fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.2), squeeze=False)
     for ax, model in zip(axes[0], models):
+        metric = ""
         for system in SYSTEMS:
             rs = results.get((model, system))
             if not rs:
                 continue
+            metric = rs[0]["metric"]
             steps = [s for s, _ in rs[0]["curve"]]
             ys = [statistics.mean(r["curve"][i][1] for r in rs if len(r["curve"]) > i)
                   for i in range(len(steps))]
             ax.plot(steps, ys, label=system, linestyle="-" if "adacomp" in system else "--")
         ax.set_title(model)
         ax.set_xlabel("step")
-        ax.set_ylabel(rs[0]["metric"])
+        ax.set_ylabel(metric)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=80)

@@ -259,3 +259,36 @@ def test_update_exchange_is_refused_in_server_mode():
         adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m,
                                          worker=object(), server_optimizer="sgd",
                                          exchange="update")
+
+
+@pytest.mark.parametrize("exchange", ["update", "gradient"])
+def test_sparse_pulls_give_every_replica_what_dense_pulls_give_bit_for_bit(cluster, exchange):
+    # Local mode's default pull: the step's mean, sent as the elements some worker sent (the
+    # rest of the mean is exactly 0). 20 AdaComp steps of Adam: the parameters after each
+    # step are those of the same run with dense pulls, on every rank.
+    runs = {}
+    for pull in ("dense", "sparse"):
+        address = mean_cluster(cluster)
+
+        def rank(w):
+            torch.manual_seed(3)
+            m = nn.Sequential(nn.Linear(40, 30), nn.Tanh(), nn.Linear(30, 1))
+            opt = adaps.torch.DistributedOptimizer(
+                torch.optim.Adam(m.parameters(), lr=0.01), m, w, server_optimizer="mean",
+                compression="adacomp", bin_size=50, pull=pull, exchange=exchange)
+            gen = torch.Generator().manual_seed(10 + w.rank)
+            out = []
+            for _ in range(20):
+                opt.zero_grad()
+                x = torch.randn(8, 40, generator=gen)
+                m(x).pow(2).mean().backward()
+                opt.step()
+                out.append(torch.cat([p.detach().flatten().clone() for p in m.parameters()]))
+            return opt.pull, out, opt.traffic()
+        runs[pull] = run_ranks(address, 2, rank)
+    assert runs["sparse"][0][0] == "sparse"
+    for r in range(2):
+        for a, b in zip(runs["dense"][r][1], runs["sparse"][r][1]):
+            assert torch.equal(a, b)
+    wire = lambda t: sum(d["pull_wire"] for d in t.values())  # noqa: E731
+    assert wire(runs["sparse"][0][2]) < wire(runs["dense"][0][2]) / 2

@@ -45,8 +45,8 @@ import time
 _TORCH_FLAGS = (
     ("--compression", "ADAPS_COMPRESSION", "dense, adacomp, topk or sign (default adacomp)",
      dict(choices=("dense", "adacomp", "topk", "sign"))),
-    ("--pull", "ADAPS_PULL", "dense or recompressed (default dense)",
-     dict(choices=("dense", "recompressed"))),
+    ("--pull", "ADAPS_PULL", "sparse, dense or recompressed (default: sparse where the "
+     "servers' step allows it, else dense)", dict(choices=("sparse", "dense", "recompressed"))),
     ("--bin-size", "ADAPS_BIN_SIZE", "AdaComp bin size of non-conv layers (default 500)",
      dict(type=int)),
     ("--conv-bin-size", "ADAPS_CONV_BIN_SIZE", "AdaComp bin size of conv layers (default 50)",

@@ -56,8 +56,9 @@ hand is not pushed.
 Settings and their precedence (explicit arguments win, then what adaps.launch exported, then
 the defaults): server_optimizer (ADAPS_SERVER_OPTIMIZER, from --server-optimizer; mean ->
 local mode, sgd/momentum/nesterov/adam -> server mode, checked against the torch optimizer;
-sum is refused), compression (ADAPS_COMPRESSION, "adacomp"), pull (ADAPS_PULL, "dense"),
-bin_size (ADAPS_BIN_SIZE, 500), conv_bin_size (ADAPS_CONV_BIN_SIZE, 50), topk_fraction
+sum is refused), compression (ADAPS_COMPRESSION, "adacomp"), pull (ADAPS_PULL: "sparse" in
+local mode and with servers running plain SGD without weight decay, else "dense"), bin_size
+(ADAPS_BIN_SIZE, 500), conv_bin_size (ADAPS_CONV_BIN_SIZE, 50), topk_fraction
 (ADAPS_TOPK_FRACTION, 0.001), lr (ADAPS_LR, from --lr: when set it replaces every group's
 lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see below). An
 explicit argument that overrides a different exported value warns once.
@@ -101,7 +102,7 @@ __all__ = ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_
 _CONV_TYPES = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d,
                torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
 _COMPRESSIONS = ("dense", "adacomp", "topk", "sign")
-_PULLS = ("dense", "recompressed")
+_PULLS = ("dense", "recompressed", "sparse")
 _EXCHANGES = ("gradient", "update")
 _USED_PREFIX = "__adaps_used__/"
 
@@ -196,7 +197,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
       compression: "adacomp", "dense", "topk" or "sign"; or a dict from layer type ("conv",
         "linear", "recurrent", "embedding", "other") to one of those (adacomp if missing).
       bin_size, conv_bin_size: AdaComp bin sizes; bin_sizes: {param name: bin size}.
-      topk_fraction: for compression="topk". pull: "dense" or "recompressed".
+      topk_fraction: for compression="topk". pull: "sparse", "dense" or "recompressed".
       lr: replaces every group's learning rate at construction.
       exchange: local mode only: "update" (default with a compressor) or "gradient" (default
         with dense pushes); see the module docstring.
@@ -215,7 +216,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                "ADAPS_SERVER_OPTIMIZER", None)
         self.mode, self.server_kind = resolve_mode(mode, server_kind)
         compression = _setting("compression", compression, "ADAPS_COMPRESSION", "adacomp")
-        pull = _setting("pull", pull, "ADAPS_PULL", "dense")
+        pull = _setting("pull", pull, "ADAPS_PULL", None)
         bin_size = _setting("bin_size", bin_size, "ADAPS_BIN_SIZE", 500, int)
         conv_bin_size = _setting("conv_bin_size", conv_bin_size, "ADAPS_CONV_BIN_SIZE", 50, int)
         topk_fraction = _setting("topk_fraction", topk_fraction, "ADAPS_TOPK_FRACTION", 0.001,
@@ -232,7 +233,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("adaps.torch: local mode (servers running mean) takes dense pulls "
                              "only; recompressed pulls need server mode (--server-optimizer "
                              "sgd/momentum/nesterov/adam)")
-        self.compression, self.pull = compression, pull
+        self.compression = compression
         if lr is not None:
             for g in optimizer.param_groups:
                 g["lr"] = lr
@@ -244,6 +245,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.momentum_correction = self._resolve_correction(momentum_correction,
                                                                 compression)
             self._server_settings()  # raises before anything collective happened
+        self.pull = pull if pull is not None else self._default_pull()
         # Every check is done: from here on the calls are collective.
         self.worker = worker if worker is not None else adaps.worker_from_env()
         broadcast_parameters(model.state_dict(), self.worker)
@@ -257,7 +259,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for e in self._params:
             comp = compression.get(e.kind, "adacomp") if isinstance(compression, dict) \
                 else compression
-            self._declare(e, comp, topk_fraction, pull)
+            self._declare(e, comp, topk_fraction, self.pull)
         self._used = None
         if self.exchange == "gradient" and self.mode == "local" and self._params:
             self._used_name = _USED_PREFIX + str(sum(
@@ -318,8 +320,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if c not in _COMPRESSIONS:
                 raise ValueError("adaps.torch: unknown compression %r (%s)"
                                  % (c, ", ".join(_COMPRESSIONS)))
-        if pull not in _PULLS:
-            raise ValueError("adaps.torch: unknown pull %r (dense or recompressed)" % (pull,))
+        if pull is not None and pull not in _PULLS:
+            raise ValueError("adaps.torch: unknown pull %r (dense, recompressed or sparse)"
+                             % (pull,))
+
+    def _default_pull(self):
+        # Sparse pulls (the step's exact change at the elements some worker sent; dense when
+        # that is smaller) wherever the servers' step changes only those elements: local
+        # mode's mean, and servers known to run plain SGD with no weight decay (e.g. under
+        # momentum correction). Elsewhere the servers would refuse them: dense.
+        if self.mode == "local":
+            return "sparse"
+        settings = self._server_settings()
+        if self.server_kind == "sgd" and not settings.get("momentum", 0) and \
+                not settings.get("weight_decay", 0):
+            return "sparse"
+        return "dense"
 
     @staticmethod
     def _collect(optimizer, model, bin_size, conv_bin_size, bin_sizes):
