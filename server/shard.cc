@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -248,9 +249,13 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
   if (pushed_.empty()) {
     step_tracked_ = track_touched_;
     touched_.clear();
+    touched_ends_.clear();
   }
   // (Checked by DecodeAdd already: an error here only stops tracking this step.)
-  if (step_tracked_ && !CollectTouched(payload).ok()) step_tracked_ = false;
+  if (step_tracked_) {
+    step_tracked_ = CollectTouched(payload).ok();
+    touched_ends_.push_back(touched_.size());
+  }
   pushed_.insert(worker);
   if (!learned.empty()) segments_ = std::move(learned);
   return absl::OkStatus();
@@ -279,6 +284,32 @@ absl::Status Shard::CollectTouched(absl::Span<const uint8_t> payload) {
   return absl::OkStatus();
 }
 
+void Shard::MergeTouched() {
+  while (touched_ends_.size() > 1) {
+    merge_scratch_.clear();
+    merged_ends_.clear();
+    size_t begin = 0;
+    for (size_t r = 0; r < touched_ends_.size(); r += 2) {
+      const size_t mid = touched_ends_[r];
+      const size_t end = r + 1 < touched_ends_.size() ? touched_ends_[r + 1] : mid;
+      std::set_union(touched_.begin() + begin, touched_.begin() + mid, touched_.begin() + mid,
+                     touched_.begin() + end, std::back_inserter(merge_scratch_));
+      merged_ends_.push_back(merge_scratch_.size());
+      begin = end;
+    }
+    touched_.swap(merge_scratch_);
+    touched_ends_.swap(merged_ends_);
+  }
+  touched_ends_.clear();
+  // (Every run is strictly ascending: the codec refuses indices out of order. Kept cheap
+  // insurance: the optimizer and the encoder need distinct ascending elements.)
+  if (std::adjacent_find(touched_.begin(), touched_.end(),
+                         [](uint32_t a, uint32_t b) { return a >= b; }) != touched_.end()) {
+    std::sort(touched_.begin(), touched_.end());
+    touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
+  }
+}
+
 bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig& optimizer) {
   if (pushed_.empty()) return false;
   for (int w : live) {
@@ -288,8 +319,7 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
   // a tracked step with an elementwise optimizer touches only the elements pushed to.
   const float scale = 1.0f / static_cast<float>(pushed_.size());
   if (step_tracked_ && SparseStepAllowed(optimizer).ok()) {
-    std::sort(touched_.begin(), touched_.end());
-    touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
+    MergeTouched();
     if (optimizer.kind == OptimizerKind::kMean) {
       // The full pass would set every element untouched now to 0: those set before are
       // the only nonzero ones.
@@ -311,6 +341,7 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
     mean_zero_outside_ = false;
   }
   touched_.clear();
+  touched_ends_.clear();
   step_tracked_ = false;
   pushed_.clear();
   ++version_;

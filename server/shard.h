@@ -172,8 +172,10 @@ class Shard {
   absl::Status CheckLength(absl::Span<const uint8_t> payload,
                            std::vector<WireSegment>* learned) const;
   absl::Status PublishRecompressed();
-  // Appends the elements `payload` (a checked push) adds to, to touched_.
+  // Appends the elements `payload` (a checked push) adds to, to touched_: one ascending run.
   absl::Status CollectTouched(absl::Span<const uint8_t> payload);
+  // Makes touched_ ascending and distinct: merges its runs pairwise, log2(pushes) passes.
+  void MergeTouched();
   // Encodes the current version's sparse answer (or decides it is dense), once per version.
   absl::Status PublishSparse();
   // The dense answer's bytes at the current version, encoded once.
@@ -220,7 +222,8 @@ class Shard {
   // parameter outside last_touched_ is 0, so a step need only clear those.
   bool track_touched_ = false, step_tracked_ = false, last_sparse_ = false;
   bool mean_zero_outside_ = false;
-  std::vector<uint32_t> touched_, last_touched_;
+  std::vector<uint32_t> touched_, last_touched_, merge_scratch_;
+  std::vector<size_t> touched_ends_, merged_ends_;  // where each push's run ends in touched_
   CompressedUpdate touched_scratch_;
   // The current version's sparse answer: its bytes (null: the dense one is no larger) at
   // sparse_version_.

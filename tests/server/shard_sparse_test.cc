@@ -119,7 +119,9 @@ struct Scenario {
   OptimizerConfig optimizer = Sgd();
 };
 
-// Drives one shard through `run` with a sparse puller; returns the answers' formats.
+// Drives one shard through `run` with a sparse puller, and a twin fed the same pushes with
+// a dense puller (its steps are full passes); the replica must be the parameters, and the
+// parameters the twin's, bit for bit, after every step. Returns the answers' formats.
 std::vector<Shard::Format> ExpectReplicaFollowsTheParameters(const Scenario& run) {
   std::mt19937 rng(17);
   const std::vector<WireSegment> table =
@@ -129,8 +131,11 @@ std::vector<Shard::Format> ExpectReplicaFollowsTheParameters(const Scenario& run
   for (const WireSegment& seg : table) length += seg.length;
   Shard shard = run.bucket ? *Shard::CreateBucket(9, "b", table)
                            : *Shard::Create(7, "t", length, table[0].bin_size);
+  Shard twin = run.bucket ? *Shard::CreateBucket(9, "b", table)
+                          : *Shard::Create(7, "t", length, table[0].bin_size);
   const std::vector<float> init = Random(length, rng);
   shard.Initialize(Raw(init));
+  twin.Initialize(Raw(init));
   std::vector<Pusher> pushers;
   for (int w = 0; w < run.workers; ++w) pushers.emplace_back(table);
   Replica replica{init, 0};
@@ -139,12 +144,17 @@ std::vector<Shard::Format> ExpectReplicaFollowsTheParameters(const Scenario& run
   std::vector<Shard::Format> formats;
   for (int step = 0; step < run.steps; ++step) {
     for (int w : live) {
-      EXPECT_TRUE(shard.AddPush(w, step, pushers[w].Push(rng, run.bucket)).ok());
+      const std::vector<uint8_t> push = pushers[w].Push(rng, run.bucket);
+      EXPECT_TRUE(shard.AddPush(w, step, push).ok());
+      EXPECT_TRUE(twin.AddPush(w, step, push).ok());
     }
     if (step == run.die_at && run.dies >= 0) {
       live.erase(run.dies);  // the view without it: the step completes with its push in
     }
     EXPECT_TRUE(shard.CompleteStepIfReady(live, run.optimizer)) << step;
+    EXPECT_TRUE(twin.CompleteStepIfReady(live, run.optimizer)) << step;
+    EXPECT_TRUE(twin.AnswerPull(Shard::Pull{"r", 1, 0, 0, Shard::Format::kDense}).ok());
+    ExpectSameFloats(shard.params(), twin.params(), step);
     auto answer = shard.AnswerPull(SparsePull(replica.version));
     EXPECT_TRUE(answer.ok()) << answer.status();
     if (!answer.ok()) return formats;
