@@ -553,15 +553,9 @@ TEST(WireCodecSparseAnswer, ADamagedAnswerChangesNothing) {
   expect_rejected(trailing, 1000, absl::StatusCode::kDataLoss, "trailing byte");
   expect_rejected(bytes, 999, absl::StatusCode::kInvalidArgument, "another length");
   // Another kind (an AdaComp update) is not a sparse answer.
-  CompressedUpdate ada;
-  ada.kind = CompressorKind::kAdaComp;
-  ada.length = 1000;
-  ada.bin_size = 10;
-  ada.scale = 1.0f;
-  ada.indices = {1, 2};
-  ada.negative = {0, 1};
   std::vector<uint8_t> other;
-  ASSERT_TRUE(EncodeUpdate(ada, IndexCoding::kRice, &other).ok());
+  ASSERT_TRUE(
+      EncodeUpdate(Compressed(CompressorKind::kAdaComp, 1000, 5), IndexCoding::kRice, &other).ok());
   expect_rejected(other, 1000, absl::StatusCode::kInvalidArgument, "AdaComp");
   // Random flips: never a write outside, and a failure writes nothing.
   std::mt19937 rng(9);
