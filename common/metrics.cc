@@ -53,6 +53,12 @@ const std::vector<MetricInfo>& MetricCatalog() {
        "Bytes the pushes received would take uncompressed, per tensor", {l::kTensor}},
       {n::kServerPullDenseBytesTotal, T::kCounter,
        "Bytes the pull replies sent would take uncompressed, per tensor", {l::kTensor}},
+      {n::kServerPullAnswersTotal, T::kCounter,
+       "Pull answers sent by this server, by the format it chose (dense, recompressed, "
+       "replica, sparse)", {l::kFormat}},
+      {n::kServerPullAnswerBytesTotal, T::kCounter,
+       "Bytes of the pull answers sent by this server (envelope and payload), by format",
+       {l::kFormat}},
       {n::kServerStepsTotal, T::kCounter,
        "Steps this server completed (sync: every live worker pushed; async: pushes applied), "
        "per tensor", {l::kTensor}},

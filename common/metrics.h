@@ -67,6 +67,9 @@ inline constexpr char kServerPushBytesTotal[] = "adaps_server_push_bytes_total";
 inline constexpr char kServerPullBytesTotal[] = "adaps_server_pull_bytes_total";
 inline constexpr char kServerPushDenseBytesTotal[] = "adaps_server_push_dense_bytes_total";
 inline constexpr char kServerPullDenseBytesTotal[] = "adaps_server_pull_dense_bytes_total";
+// The pull answers by the format the server chose (a sparse pull: sparse or dense).
+inline constexpr char kServerPullAnswersTotal[] = "adaps_server_pull_answers_total";
+inline constexpr char kServerPullAnswerBytesTotal[] = "adaps_server_pull_answer_bytes_total";
 inline constexpr char kServerStepsTotal[] = "adaps_server_steps_total";  // sync steps completed
 inline constexpr char kServerWorkSeconds[] = "adaps_server_work_seconds";  // label op
 // Per completed step of a slice: decode-add of every push + optimizer + publish (label tensor).
@@ -93,6 +96,7 @@ inline constexpr char kTensor[] = "tensor";
 inline constexpr char kPhase[] = "phase";  // kPhase* values
 inline constexpr char kOp[] = "op";        // push, pull, step
 inline constexpr char kNodeRole[] = "node_role";  // server, worker
+inline constexpr char kFormat[] = "format";  // dense, recompressed, replica, sparse
 inline constexpr char kState[] = "state";         // live, dead, left
 inline constexpr char kReason[] = "reason";       // kReason* values
 inline constexpr char kDirection[] = "direction";  // in, out

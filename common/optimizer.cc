@@ -98,19 +98,25 @@ void ApplyAdam(const OptimizerConfig& c, G grad, absl::Span<float> p, OptimizerS
   }
 }
 
+// The elementwise kinds' step of one element: one expression for the full pass and for
+// the pass over touched elements (ApplyOptimizerAndClearAt), so both give the same floats.
+inline void SumStep(float g, float& p) { p += g; }
+inline void MeanStep(float g, float& p) { p = g; }
+inline void SgdStep(float lr, float wd, float g, float& p) { p -= lr * (g + wd * p); }
+
 template <typename G>
 void Apply(const OptimizerConfig& c, G grad, absl::Span<float> p, OptimizerState& state) {
   const size_t n = p.size();
   const float lr = c.learning_rate, wd = c.weight_decay;
   switch (c.kind) {
     case OptimizerKind::kSumOnly:
-      for (size_t i = 0; i < n; ++i) p[i] += grad(i);
+      for (size_t i = 0; i < n; ++i) SumStep(grad(i), p[i]);
       return;
     case OptimizerKind::kMean:
-      for (size_t i = 0; i < n; ++i) p[i] = grad(i);
+      for (size_t i = 0; i < n; ++i) MeanStep(grad(i), p[i]);
       return;
     case OptimizerKind::kSgd:
-      for (size_t i = 0; i < n; ++i) p[i] -= lr * (grad(i) + wd * p[i]);
+      for (size_t i = 0; i < n; ++i) SgdStep(lr, wd, grad(i), p[i]);
       return;
     case OptimizerKind::kMomentum:
     case OptimizerKind::kNesterov:
@@ -132,6 +138,50 @@ void ApplyOptimizerAndClear(const OptimizerConfig& c, float grad_scale, absl::Sp
                             absl::Span<float> p, OptimizerState& state) {
   const float scale = c.kind == OptimizerKind::kSumOnly ? 1.0f : grad_scale;
   Apply(c, Grad<true>{grad.data(), scale}, p, state);
+}
+
+absl::Status SparseStepAllowed(const OptimizerConfig& c) {
+  switch (c.kind) {
+    case OptimizerKind::kSumOnly:
+    case OptimizerKind::kMean:
+      return absl::OkStatus();
+    case OptimizerKind::kSgd:
+      if (c.weight_decay == 0.0f) return absl::OkStatus();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the servers' SGD has weight_decay ", c.weight_decay,
+          ", which changes every parameter each step"));
+    case OptimizerKind::kMomentum:
+      return absl::FailedPreconditionError(
+          "the servers run momentum, which changes every parameter with a velocity each step");
+    case OptimizerKind::kNesterov:
+      return absl::FailedPreconditionError(
+          "the servers run Nesterov momentum, which changes every parameter with a velocity "
+          "each step");
+    case OptimizerKind::kAdam:
+      return absl::FailedPreconditionError(
+          "the servers run Adam, which changes every parameter with a moment each step");
+  }
+  return absl::FailedPreconditionError("unknown optimizer");
+}
+
+void ApplyOptimizerAndClearAt(const OptimizerConfig& c, float grad_scale,
+                              absl::Span<const uint32_t> at, absl::Span<float> grad,
+                              absl::Span<float> p, OptimizerState& state) {
+  if (!SparseStepAllowed(c).ok()) return ApplyOptimizerAndClear(c, grad_scale, grad, p, state);
+  const float scale = c.kind == OptimizerKind::kSumOnly ? 1.0f : grad_scale;
+  const Grad<true> g{grad.data(), scale};
+  const float lr = c.learning_rate, wd = c.weight_decay;
+  switch (c.kind) {
+    case OptimizerKind::kSumOnly:
+      for (uint32_t i : at) SumStep(g(i), p[i]);
+      return;
+    case OptimizerKind::kMean:
+      for (uint32_t i : at) MeanStep(g(i), p[i]);
+      return;
+    default:
+      for (uint32_t i : at) SgdStep(lr, wd, g(i), p[i]);
+      return;
+  }
 }
 
 absl::StatusOr<LrSchedule> ParseLrSchedule(absl::string_view name) {

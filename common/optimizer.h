@@ -59,6 +59,20 @@ void ApplyOptimizerAndClear(const OptimizerConfig& config, float grad_scale,
                             absl::Span<float> grad, absl::Span<float> params,
                             OptimizerState& state);
 
+// Whether a step of `config` changes only the elements whose gradient is nonzero, so that
+// the step's change is as sparse as the pushes (sparse pulls, server/shard.h): sum, mean
+// (whose untouched elements become exactly 0) and SGD without weight decay. OK, or
+// kFailedPrecondition naming what makes the step dense.
+absl::Status SparseStepAllowed(const OptimizerConfig& config);
+
+// ApplyOptimizerAndClear at the elements `at` only (ascending, distinct, < params.size()):
+// the same floats at those elements as the full pass. For the kinds SparseStepAllowed
+// accepts, the full pass leaves every other element as it was (mean: sets it to 0, which
+// the caller does for the elements it set before). Other kinds: a full pass.
+void ApplyOptimizerAndClearAt(const OptimizerConfig& config, float grad_scale,
+                              absl::Span<const uint32_t> at, absl::Span<float> grad,
+                              absl::Span<float> params, OptimizerState& state);
+
 enum class LrSchedule { kConstant, kCosine };
 
 // "constant" or "cosine"; kInvalidArgument otherwise.

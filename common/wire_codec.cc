@@ -426,6 +426,33 @@ absl::Status DecodeAddCopy(absl::Span<const uint8_t> bytes, float factor, absl::
   return absl::OkStatus();
 }
 
+absl::Status DecodeAssignCopy(absl::Span<const uint8_t> bytes, bool zero_rest,
+                              absl::Span<float> dst, absl::Span<float> copy) {
+  if (copy.size() != dst.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("copy of ", copy.size(), " elements for ",
+                                                   dst.size()));
+  }
+  ADAPS_ASSIGN_OR_RETURN(WireHeader head, PeekHeader(bytes));
+  if (head.segments != 0 || head.kind != CompressorKind::kTopK) {
+    return absl::InvalidArgumentError("a sparse pull answer must be one Top-k encoding");
+  }
+  if (head.length != dst.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("sparse answer is for ", head.length,
+                                                   " elements, buffer has ", dst.size()));
+  }
+  std::vector<uint32_t>& idx = ScratchIndices();
+  std::vector<uint8_t>& neg = ScratchSigns();
+  Parsed p;
+  ADAPS_RETURN_IF_ERROR(Parse(bytes, &p, &idx, &neg));
+  float* d = dst.data();
+  if (zero_rest && !dst.empty()) std::memset(d, 0, dst.size() * sizeof(float));
+  for (uint32_t j = 0; j < p.h.count; ++j) d[idx[j]] = LoadF32(p.floats + 4 * j);
+  if (!dst.empty() && copy.data() != dst.data()) {
+    std::memcpy(copy.data(), d, dst.size() * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
 double BitsPerSentElement(const CompressedUpdate& update, size_t encoded_bytes) {
   const size_t sent = update.SentElements();
   if (sent == 0) return std::numeric_limits<double>::infinity();

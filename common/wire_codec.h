@@ -128,6 +128,14 @@ absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span
 absl::Status DecodeAddCopy(absl::Span<const uint8_t> bytes, float factor, absl::Span<float> dst,
                            absl::Span<float> copy);
 
+// A sparse pull answer (schemas/README.md "Sparse pulls"): a Top-k encoding whose values
+// replace dst's at their indices (the other elements kept, or set to 0 when `zero_rest`),
+// then copy = dst. The whole buffer is validated first: on any error neither dst nor copy
+// changes. kInvalidArgument when the sizes differ or the encoding is not a Top-k one (or is
+// segmented); kDataLoss when the buffer is damaged.
+absl::Status DecodeAssignCopy(absl::Span<const uint8_t> bytes, bool zero_rest,
+                              absl::Span<float> dst, absl::Span<float> copy);
+
 // Size of the encoding in bits divided by the number of elements sent (count). Infinity
 // when nothing is sent.
 double BitsPerSentElement(const CompressedUpdate& update, size_t encoded_bytes);

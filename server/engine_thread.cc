@@ -229,17 +229,21 @@ absl::Status EngineThread::SendAnswer(Shard& shard, const Shard::Pull& pull) {
   const absl::Time start = absl::Now();
   ADAPS_ASSIGN_OR_RETURN(Shard::Answer answer, shard.AnswerPull(pull));
   shard.CountPublishWork(absl::Now() - start);
-  const msg::PullFormat format = pull.format == Shard::Format::kDense ? msg::PullFormat::Dense
-                                 : pull.format == Shard::Format::kReplica
-                                     ? msg::PullFormat::Replica
-                                     : msg::PullFormat::Recompressed;
+  msg::PullFormat format = msg::PullFormat::Dense;
+  switch (answer.format) {
+    case Shard::Format::kDense: format = msg::PullFormat::Dense; break;
+    case Shard::Format::kRecompressed: format = msg::PullFormat::Recompressed; break;
+    case Shard::Format::kReplica: format = msg::PullFormat::Replica; break;
+    case Shard::Format::kSparse: format = msg::PullFormat::Sparse; break;
+  }
   flatbuffers::FlatBufferBuilder fbb(128);
   auto body = msg::CreatePullResponse(fbb, shard.key(), answer.version, answer.base, format,
-                                      shard.version_work_us());
+                                      shard.version_work_us(), answer.zero_base);
   OutMessage out =
       FinishEnvelope(fbb, sink_->self(), body, 0, pull.request_id, std::move(answer.payload));
   if (options_.metrics != nullptr) {
-    options_.metrics->PullAnswered(shard, out.header.size() + (out.payload ? out.payload->size() : 0));
+    options_.metrics->PullAnswered(shard, answer.format,
+                                   out.header.size() + (out.payload ? out.payload->size() : 0));
   }
   sink_->Send(pull.route, pull.peer, std::move(out));
   return absl::OkStatus();

@@ -172,6 +172,19 @@ void Server::OnDeclare(InMessage& in) {
   if (auto st = CheckWorkerSecret(d->secret(), "DeclareSlice"); !st.ok()) {
     return ReplyError(in, st);
   }
+  if (d->pull_format() == msg::PullFormat::Sparse) {
+    absl::Status sparse = config_.sync ? SparseStepAllowed(optimizer_)
+                                       : absl::FailedPreconditionError(
+                                             "the servers run asynchronously (--sync=false)");
+    if (!sparse.ok()) {
+      return ReplyError(in, absl::FailedPreconditionError(absl::StrCat(
+                                "sparse pulls of '", d->name() ? d->name()->str() : "",
+                                "' need servers whose step changes only what the workers sent "
+                                "(--optimizer=mean, sum, or sgd without weight decay, in sync "
+                                "mode), but ", sparse.message(),
+                                ": declare it with pull=dense, or pull=recompressed")));
+    }
+  }
   // A fusion bucket's initial values (its last segment's) are checked by its owner.
   const bool bucket = d->segments() != nullptr && d->segments()->size() > 0;
   // A new key is checked here in full, so that every key given an owner gets a slice.
@@ -280,13 +293,16 @@ void Server::OnPull(InMessage& in) {
     case msg::PullFormat::Replica:
       format = Shard::Format::kReplica;
       break;
+    case msg::PullFormat::Sparse:
+      format = Shard::Format::kSparse;
+      break;
     default:
       return ReplyError(in, absl::InvalidArgumentError(absl::StrCat(
                                 "unknown pull format ", static_cast<int>(p->format()))));
   }
   if (format != Shard::Format::kDense && !config_.sync) {
     return ReplyError(in, absl::FailedPreconditionError(
-                              "recompressed pulls need a server in sync mode"));
+                              "recompressed and sparse pulls need a server in sync mode"));
   }
   EngineWork work;
   work.kind = EngineWork::Kind::kPull;

@@ -63,6 +63,13 @@ void ServerMetrics::OnView(int rank, size_t live_workers) {
     live_workers_ = metrics_.GetGauge(n::kServerLiveWorkers);
     checkpoint_age_ = metrics_.GetGauge(n::kCheckpointAgeSeconds);
     checkpoints_ = metrics_.GetCounter(n::kCheckpointsTotal);
+    // (Shard::Format order.)
+    const char* formats[] = {"dense", "recompressed", "replica", "sparse"};
+    for (int f = 0; f < 4; ++f) {
+      answers_[f] = metrics_.GetCounter(n::kServerPullAnswersTotal, {{l::kFormat, formats[f]}});
+      answer_bytes_[f] =
+          metrics_.GetCounter(n::kServerPullAnswerBytesTotal, {{l::kFormat, formats[f]}});
+    }
     messages_in_ = metrics_.GetCounter(n::kTransportMessagesTotal, {{l::kDirection, "in"}});
     messages_out_ = metrics_.GetCounter(n::kTransportMessagesTotal, {{l::kDirection, "out"}});
     bytes_in_ = metrics_.GetCounter(n::kTransportBytesTotal, {{l::kDirection, "in"}});
@@ -121,8 +128,11 @@ void ServerMetrics::PullRequested(const Shard& shard, size_t wire_bytes) {
   For(shard)->pull_bytes.Increment(static_cast<double>(wire_bytes));
 }
 
-void ServerMetrics::PullAnswered(const Shard& shard, size_t wire_bytes) {
+void ServerMetrics::PullAnswered(const Shard& shard, Shard::Format format, size_t wire_bytes) {
   if (!enabled() || !bound()) return;
+  const int f = static_cast<int>(format);
+  answers_[f].Increment();
+  answer_bytes_[f].Increment(static_cast<double>(wire_bytes));
   Slice* s = For(shard);
   s->pulls.Increment();
   s->pull_bytes.Increment(static_cast<double>(wire_bytes));

@@ -78,7 +78,7 @@ class ServerMetrics {
   // A pull request of `wire_bytes` arrived for `shard` / its answer of `wire_bytes` left.
   // The two together are what the worker counts as its pull traffic.
   void PullRequested(const Shard& shard, size_t wire_bytes);
-  void PullAnswered(const Shard& shard, size_t wire_bytes);
+  void PullAnswered(const Shard& shard, Shard::Format format, size_t wire_bytes);
   // A request refused with `status` (the reason follows from its code).
   void Rejected(const absl::Status& status);
   // A checkpoint reached the disk.
@@ -102,6 +102,7 @@ class ServerMetrics {
   Histogram push_work_, pull_work_;
   Gauge live_workers_, checkpoint_age_;
   Counter checkpoints_;
+  Counter answers_[4], answer_bytes_[4];  // by Shard::Format
   Counter messages_in_, messages_out_, bytes_in_, bytes_out_;
   TransportStats last_ ABSL_GUARDED_BY(mu_);
 };

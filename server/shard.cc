@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -234,6 +235,7 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
     std::fill(agg_.begin(), agg_.end(), 0.0f);
     pushed_.clear();
     version_ = step;
+    last_sparse_ = false;
   }
   if (step != version_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -244,9 +246,68 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
         absl::StrCat("worker ", worker, " already pushed step ", step));
   }
   ADAPS_RETURN_IF_ERROR(DecodeAdd(payload, 1.0f, absl::MakeSpan(agg_)));
+  if (pushed_.empty()) {
+    step_tracked_ = track_touched_;
+    touched_.clear();
+    touched_ends_.clear();
+  }
+  // (Checked by DecodeAdd already: an error here only stops tracking this step.)
+  if (step_tracked_) {
+    step_tracked_ = CollectTouched(payload).ok();
+    touched_ends_.push_back(touched_.size());
+  }
   pushed_.insert(worker);
   if (!learned.empty()) segments_ = std::move(learned);
   return absl::OkStatus();
+}
+
+absl::Status Shard::CollectTouched(absl::Span<const uint8_t> payload) {
+  auto append = [&](absl::Span<const uint8_t> bytes, uint32_t at,
+                    uint32_t n) -> absl::Status {
+    ADAPS_ASSIGN_OR_RETURN(WireHeader h, PeekHeader(bytes));
+    if (h.kind == CompressorKind::kAdaComp || h.kind == CompressorKind::kTopK) {
+      ADAPS_RETURN_IF_ERROR(DecodeUpdate(bytes, &touched_scratch_));
+      for (uint32_t i : touched_scratch_.indices) touched_.push_back(at + i);
+    } else {  // dense or sign: every element (a fused member sent dense is a few)
+      for (uint32_t i = 0; i < n; ++i) touched_.push_back(at + i);
+    }
+    return absl::OkStatus();
+  };
+  ADAPS_ASSIGN_OR_RETURN(WireHeader header, PeekHeader(payload));
+  if (header.segments == 0) return append(payload, 0, header.length);
+  ADAPS_ASSIGN_OR_RETURN(std::vector<SegmentView> views, SplitSegmented(payload));
+  uint32_t at = 0;
+  for (const SegmentView& view : views) {
+    ADAPS_RETURN_IF_ERROR(append(view.bytes, at, view.segment.length));
+    at += view.segment.length;
+  }
+  return absl::OkStatus();
+}
+
+void Shard::MergeTouched() {
+  while (touched_ends_.size() > 1) {
+    merge_scratch_.clear();
+    merged_ends_.clear();
+    size_t begin = 0;
+    for (size_t r = 0; r < touched_ends_.size(); r += 2) {
+      const size_t mid = touched_ends_[r];
+      const size_t end = r + 1 < touched_ends_.size() ? touched_ends_[r + 1] : mid;
+      std::set_union(touched_.begin() + begin, touched_.begin() + mid, touched_.begin() + mid,
+                     touched_.begin() + end, std::back_inserter(merge_scratch_));
+      merged_ends_.push_back(merge_scratch_.size());
+      begin = end;
+    }
+    touched_.swap(merge_scratch_);
+    touched_ends_.swap(merged_ends_);
+  }
+  touched_ends_.clear();
+  // (Every run is strictly ascending: the codec refuses indices out of order. Kept cheap
+  // insurance: the optimizer and the encoder need distinct ascending elements.)
+  if (std::adjacent_find(touched_.begin(), touched_.end(),
+                         [](uint32_t a, uint32_t b) { return a >= b; }) != touched_.end()) {
+    std::sort(touched_.begin(), touched_.end());
+    touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
+  }
 }
 
 bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig& optimizer) {
@@ -254,9 +315,34 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
   for (int w : live) {
     if (!pushed_.count(w)) return false;
   }
-  // The mean of the pushes (sum-only: their sum), applied, and agg_ cleared, in one pass.
-  ApplyOptimizerAndClear(optimizer, 1.0f / static_cast<float>(pushed_.size()),
-                         absl::MakeSpan(agg_), absl::MakeSpan(params_), optimizer_);
+  // The mean of the pushes (sum-only: their sum), applied, and agg_ cleared, in one pass;
+  // a tracked step with an elementwise optimizer touches only the elements pushed to.
+  const float scale = 1.0f / static_cast<float>(pushed_.size());
+  if (step_tracked_ && SparseStepAllowed(optimizer).ok()) {
+    MergeTouched();
+    if (optimizer.kind == OptimizerKind::kMean) {
+      // The full pass would set every element untouched now to 0: those set before are
+      // the only nonzero ones.
+      if (mean_zero_outside_) {
+        for (uint32_t i : last_touched_) params_[i] = 0.0f;
+      } else {
+        std::fill(params_.begin(), params_.end(), 0.0f);
+      }
+      mean_zero_outside_ = true;
+    }
+    ApplyOptimizerAndClearAt(optimizer, scale, touched_, absl::MakeSpan(agg_),
+                             absl::MakeSpan(params_), optimizer_);
+    last_touched_.swap(touched_);
+    last_sparse_ = true;
+  } else {
+    ApplyOptimizerAndClear(optimizer, scale, absl::MakeSpan(agg_), absl::MakeSpan(params_),
+                           optimizer_);
+    last_sparse_ = false;
+    mean_zero_outside_ = false;
+  }
+  touched_.clear();
+  touched_ends_.clear();
+  step_tracked_ = false;
   pushed_.clear();
   ++version_;
   resuming_ = false;
@@ -272,6 +358,8 @@ absl::Status Shard::ApplyPush(absl::Span<const uint8_t> payload,
   if (!learned.empty()) segments_ = std::move(learned);
   ApplyOptimizer(optimizer, agg_, absl::MakeSpan(params_), optimizer_);
   ++version_;
+  last_sparse_ = false;
+  mean_zero_outside_ = false;
   return absl::OkStatus();
 }
 
@@ -394,16 +482,71 @@ absl::Status Shard::PublishRecompressedSegments() {
   return absl::OkStatus();
 }
 
+void Shard::PublishDense() {
+  if (dense_version_ == version_ && dense_bytes_) return;
+  std::shared_ptr<std::vector<uint8_t>> bytes = Reusable(dense_bytes_);
+  bytes->resize(params_.size() * sizeof(float));
+  std::memcpy(bytes->data(), params_.data(), bytes->size());
+  dense_bytes_ = std::move(bytes);
+  dense_version_ = version_;
+}
+
+// The new values at the elements the step touched, as one Top-k encoding (one merged
+// ascending index list, Rice-coded gaps, float32 values): exact, whatever the optimizer's
+// rounding, since the worker assigns the server's own floats. Kept only when smaller than
+// the dense answer.
+absl::Status Shard::PublishSparse() {
+  sparse_version_ = version_;
+  // The last version's buffer, written again once whoever sends it released it (Reusable).
+  if (sparse_bytes_) sparse_spare_ = std::move(sparse_bytes_);
+  if (!last_sparse_) return absl::OkStatus();
+  // Larger than dense for certain (at least 4 bytes a value): not worth encoding.
+  if (uint64_t{last_touched_.size()} * sizeof(float) >= uint64_t{length_} * sizeof(float)) {
+    return absl::OkStatus();
+  }
+  CompressedUpdate& u = sparse_update_;
+  u.kind = CompressorKind::kTopK;
+  u.length = length_;
+  u.bin_size = 0;
+  u.indices.assign(last_touched_.begin(), last_touched_.end());
+  u.values.resize(last_touched_.size());
+  for (size_t j = 0; j < last_touched_.size(); ++j) u.values[j] = params_[last_touched_[j]];
+  std::shared_ptr<std::vector<uint8_t>> bytes = Reusable(sparse_spare_);
+  sparse_spare_.reset();
+  // (A value the codec refuses, NaN or Inf, goes out in the dense answer as it is.)
+  if (!EncodeUpdate(u, IndexCoding::kRice, bytes.get()).ok() ||
+      bytes->size() >= uint64_t{length_} * sizeof(float)) {
+    sparse_spare_ = std::move(bytes);
+    return absl::OkStatus();
+  }
+  sparse_bytes_ = std::move(bytes);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Shard::Answer> Shard::AnswerPull(const Pull& pull) {
   Answer answer;
-  if (pull.format == Format::kDense) {
-    if (dense_version_ != version_ || !dense_bytes_) {
-      std::shared_ptr<std::vector<uint8_t>> bytes = Reusable(dense_bytes_);
-      bytes->resize(params_.size() * sizeof(float));
-      std::memcpy(bytes->data(), params_.data(), bytes->size());
-      dense_bytes_ = std::move(bytes);
-      dense_version_ = version_;
+  if (pull.format == Format::kSparse) {
+    // Steps are tracked from the first sparse pull on (earlier ones are answered dense).
+    track_touched_ = true;
+    if (sparse_version_ != version_) ADAPS_RETURN_IF_ERROR(PublishSparse());
+    answer.version = version_;
+    if (pull.have_version == version_) {
+      answer.format = Format::kSparse;  // nothing new (payload null)
+      answer.base = version_;
+      return answer;
     }
+    const bool mean = last_sparse_ && mean_zero_outside_;
+    if (sparse_bytes_ && (mean || pull.have_version + 1 == version_)) {
+      answer.format = Format::kSparse;
+      answer.zero_base = mean;
+      answer.base = version_ - 1;
+      answer.payload = sparse_bytes_;
+      return answer;
+    }
+    // The only exact answer, or no larger: the parameters.
+  }
+  if (pull.format == Format::kDense || pull.format == Format::kSparse) {
+    PublishDense();
     answer.version = version_;
     answer.payload = dense_bytes_;
     return answer;
@@ -415,11 +558,13 @@ absl::StatusOr<Shard::Answer> Shard::AnswerPull(const Pull& pull) {
     auto bytes = std::make_shared<std::vector<uint8_t>>(published_.size() * sizeof(float));
     std::memcpy(bytes->data(), published_.data(), bytes->size());
     answer.payload = std::move(bytes);
+    answer.format = Format::kReplica;
     answer.version = version_;     // the step, as a dense answer says it
     answer.base = down_version_;  // the version of the published state it holds
     return answer;
   }
   if (down_version_ != version_) ADAPS_RETURN_IF_ERROR(PublishRecompressed());
+  answer.format = Format::kRecompressed;
   answer.version = down_version_;
   if (pull.have_version == down_base_ && down_base_ != down_version_) {
     answer.payload = down_bytes_;

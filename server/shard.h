@@ -51,7 +51,11 @@ class Shard {
   // answer's base being its version down_version_ and its version the shard's, as for a
   // dense answer (nothing is published for it): the replica a worker takes when it declares
   // or resynchronizes a tensor it pulls recompressed.
-  enum class Format { kDense, kRecompressed, kReplica };
+  // kSparse: the step's exact change (schemas/README.md "Sparse pulls"): the new values at
+  // the elements some worker sent in the step, answered as kSparse, or as kDense when that
+  // is no larger or the only exact answer (the step was not tracked, or ran a dense
+  // optimizer, or the puller's replica is not at the version before).
+  enum class Format { kDense, kRecompressed, kReplica, kSparse };
   // A pull waiting for (or being answered at) a version. `route` is opaque to the shard.
   struct Pull {
     std::string route;
@@ -68,6 +72,8 @@ class Shard {
     uint64_t version = 0;
     uint64_t base = 0;
     PayloadBytes payload;
+    Format format = Format::kDense;  // what the payload is (a kSparse pull: kSparse or kDense)
+    bool zero_base = false;          // kSparse: the elements not listed are 0 (mean)
   };
 
   // A fresh slice of zeros. kInvalidArgument for a zero length or bin size.
@@ -143,6 +149,12 @@ class Shard {
     return static_cast<uint64_t>(absl::ToInt64Microseconds(version_work_));
   }
 
+  // Whether the current version's change is known element by element (the last step was
+  // tracked and ran an optimizer SparseStepAllowed accepts): sparse answers are possible.
+  bool sparse_step() const { return last_sparse_; }
+  // The elements the last step changed (ascending), when sparse_step().
+  absl::Span<const uint32_t> last_touched() const { return last_touched_; }
+
   // Keeps a pull until the version reaches its min_version.
   void Hold(Pull pull);
   // Removes and returns the held pulls the current version satisfies, in arrival order.
@@ -160,6 +172,14 @@ class Shard {
   absl::Status CheckLength(absl::Span<const uint8_t> payload,
                            std::vector<WireSegment>* learned) const;
   absl::Status PublishRecompressed();
+  // Appends the elements `payload` (a checked push) adds to, to touched_: one ascending run.
+  absl::Status CollectTouched(absl::Span<const uint8_t> payload);
+  // Makes touched_ ascending and distinct: merges its runs pairwise, log2(pushes) passes.
+  void MergeTouched();
+  // Encodes the current version's sparse answer (or decides it is dense), once per version.
+  absl::Status PublishSparse();
+  // The dense answer's bytes at the current version, encoded once.
+  void PublishDense();
   uint32_t DownlinkBin(uint32_t member_bin) const;
   absl::Status PublishRecompressedSegments();
   void Grow(absl::Span<const WireSegment> table);
@@ -194,6 +214,23 @@ class Shard {
   // from version to version: no allocation per version once sized.
   std::vector<float> down_gmax_, down_scratch_;
   CompressedUpdate down_update_;
+
+  // Sparse pulls: tracking of the elements each step touches starts with the first sparse
+  // pull (track_touched_); step_tracked_: the step in progress is tracked from its first
+  // push; touched_: its elements so far (each push's, unsorted); last_touched_: the last
+  // step's (ascending, distinct) when last_sparse_. mean_zero_outside_: (mean) every
+  // parameter outside last_touched_ is 0, so a step need only clear those.
+  bool track_touched_ = false, step_tracked_ = false, last_sparse_ = false;
+  bool mean_zero_outside_ = false;
+  std::vector<uint32_t> touched_, last_touched_, merge_scratch_;
+  std::vector<size_t> touched_ends_, merged_ends_;  // where each push's run ends in touched_
+  CompressedUpdate touched_scratch_;
+  // The current version's sparse answer: its bytes (null: the dense one is no larger) at
+  // sparse_version_.
+  std::shared_ptr<std::vector<uint8_t>> sparse_bytes_, sparse_spare_;
+  uint64_t sparse_version_ = UINT64_MAX;
+  bool sparse_zero_base_ = false;
+  CompressedUpdate sparse_update_;
 
   // A fusion bucket: its segments; their updates and encodings of the current version
   // (reused from version to version).

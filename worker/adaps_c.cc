@@ -64,7 +64,7 @@ int adaps_worker_declare(adaps_worker* worker, const adaps_tensor_spec* spec, fl
     return worker->Record(absl::InvalidArgumentError("null tensor spec"));
   }
   if (spec->compression < 0 || spec->compression > 3 || spec->pull_format < 0 ||
-      spec->pull_format > 1) {
+      spec->pull_format > 2) {
     return worker->Record(absl::InvalidArgumentError("bad compression or pull format"));
   }
   adaps::TensorSpec s;

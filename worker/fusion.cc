@@ -125,11 +125,14 @@ TrafficCounters FusedTraffic(Tensor& member) {
   };
   own.push_wire_bytes += share(bucket.push_wire_bytes - std::min(segments, bucket.push_wire_bytes));
   own.pull_wire_bytes = share(bucket.pull_wire_bytes);
+  // (The bucket's answers are each member's: one per step.)
+  own.pulls_answered_sparse = bucket.pulls_answered_sparse;
+  own.pulls_answered_dense = bucket.pulls_answered_dense;
   return own;
 }
 
 absl::StatusOr<FusionBucket*> Worker::Impl::OpenBucket(const Tensor& t) {
-  const int format = t.spec.pull == PullFormat::kRecompressed ? 1 : 0;
+  const int format = static_cast<int>(t.spec.pull);  // one open bucket per pull format
   size_t seq = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -216,7 +219,8 @@ absl::Status Worker::Impl::DeclareFused(Tensor& t, absl::Span<float> values, boo
         return msg::CreateDeclareSlice(fbb, m.key, fbb.CreateString(in.spec.name),
                                        kFusionCapacity, 1, rank_ == 0,
                                        fbb.CreateString(Secret()),
-                                       fbb.CreateVectorOfStructs(segs));
+                                       fbb.CreateVectorOfStructs(segs),
+                                       WirePullFormat(in.spec.pull));
       },
       init));
   if (!rejoined_) ADAPS_RETURN_IF_ERROR(Barrier());

@@ -25,10 +25,18 @@ static_assert(static_cast<int>(PullFormat::kRecompressed) ==
 inline CompressorKind CodecKind(Compression c) { return static_cast<CompressorKind>(c); }
 inline Compression ApiCompression(CompressorKind k) { return static_cast<Compression>(k); }
 inline msg::PullFormat WirePullFormat(PullFormat p) {
-  return p == PullFormat::kRecompressed ? msg::PullFormat::Recompressed : msg::PullFormat::Dense;
+  switch (p) {
+    case PullFormat::kRecompressed:
+      return msg::PullFormat::Recompressed;
+    case PullFormat::kSparse:
+      return msg::PullFormat::Sparse;
+    default:
+      return msg::PullFormat::Dense;
+  }
 }
 // The format of the dense pull that (re)sets a tensor's replica: the servers' parameters
-// for dense pulls; for recompressed ones what the server has published, which the next
+// for dense and sparse pulls (the sparse answers are the changes of the parameters); for
+// recompressed ones what the server has published, which the next
 // recompressed answers are the change from (its parameters run ahead of it by the
 // downlink's residue).
 inline msg::PullFormat ReplicaFormat(PullFormat p) {

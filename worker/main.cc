@@ -29,7 +29,9 @@ ABSL_FLAG(int, backward_ms, 0,
 ABSL_FLAG(std::string, compressor, "adacomp", "dense, adacomp, topk or sign");
 ABSL_FLAG(int, bin_size, 500, "AdaComp bin size");
 ABSL_FLAG(double, topk_fraction, 0.001, "Top-k: fraction of elements sent");
-ABSL_FLAG(std::string, pull, "dense", "dense or recompressed pulls");
+ABSL_FLAG(std::string, pull, "dense",
+          "dense, recompressed or sparse pulls (sparse: servers --optimizer=mean, sum, or sgd "
+          "without weight decay)");
 ABSL_FLAG(bool, compact_indices, true, "Rice-coded indices (false: plain 32-bit)");
 ABSL_FLAG(int, compression_threads, 1,
           "Threads that compress pushes and decode pulls (0: on the calling and I/O threads)");
@@ -75,8 +77,8 @@ absl::Status CheckFlags(const std::string& mode) {
     return absl::InvalidArgumentError("--mode must be synthetic or train");
   }
   const std::string pull = absl::GetFlag(FLAGS_pull);
-  if (pull != "dense" && pull != "recompressed") {
-    return absl::InvalidArgumentError("--pull must be dense or recompressed");
+  if (pull != "dense" && pull != "recompressed" && pull != "sparse") {
+    return absl::InvalidArgumentError("--pull must be dense, recompressed or sparse");
   }
   absl::Status common = adaps::FirstError({
       adaps::CheckConnectEndpoint("scheduler", absl::GetFlag(FLAGS_scheduler)),
@@ -113,8 +115,10 @@ absl::Status CheckFlags(const std::string& mode) {
 }
 
 adaps::PullFormat Pull() {
-  return absl::GetFlag(FLAGS_pull) == "dense" ? adaps::PullFormat::kDense
-                                              : adaps::PullFormat::kRecompressed;
+  const std::string pull = absl::GetFlag(FLAGS_pull);
+  return pull == "dense"    ? adaps::PullFormat::kDense
+         : pull == "sparse" ? adaps::PullFormat::kSparse
+                            : adaps::PullFormat::kRecompressed;
 }
 
 absl::StatusOr<adaps::SyntheticConfig> SyntheticFromFlags(adaps::CompressorKind kind) {

@@ -87,6 +87,8 @@ absl::StatusOr<TrafficCounters> Totals(Worker& worker, const Layers& m) {
     sum.compress_seconds += t.compress_seconds;
     sum.decode_seconds += t.decode_seconds;
     sum.server_seconds += t.server_seconds;
+    sum.pulls_answered_sparse += t.pulls_answered_sparse;
+    sum.pulls_answered_dense += t.pulls_answered_dense;
   }
   return sum;
 }
@@ -149,16 +151,22 @@ void PrintSummary(Worker& worker, const SyntheticConfig& config, const TrafficCo
       "SUMMARY compressor=%s pull=%s params=%llu layers=%d workers=%d servers=%d "
       "step_ms=%.2f push_wire_bytes=%.0f pull_wire_bytes=%.0f push_rate=%.1fx "
       "total_rate=%.2fx effective_GBps=%.3f wire_GBps=%.3f cluster_effective_GBps=%.3f "
-      "compress_ms=%.2f wire_server_ms=%.2f decode_ms=%.2f server_ms=%.2f in_calls_ms=%.2f\n",
+      "compress_ms=%.2f wire_server_ms=%.2f decode_ms=%.2f server_ms=%.2f in_calls_ms=%.2f "
+      "sparse_answers=%llu dense_answers=%llu\n",
       CompressorKindName(CodecKind(config.layer.compression)),
-      config.layer.pull == PullFormat::kDense ? "dense" : "recompressed",
+      config.layer.pull == PullFormat::kDense    ? "dense"
+      : config.layer.pull == PullFormat::kSparse ? "sparse"
+                                                 : "recompressed",
       static_cast<unsigned long long>(config.total_params), config.layers, worker.num_workers(),
       worker.num_servers(), step_s * 1e3, push_wire, pull_wire,
       push_wire > 0 ? push_dense / push_wire : 0.0,
       push_wire + pull_wire > 0 ? (push_dense + pull_dense) / (push_wire + pull_wire) : 0.0,
       (push_dense + pull_dense) / step_s / 1e9, (push_wire + pull_wire) / step_s / 1e9,
       (push_dense + pull_dense) * worker.num_workers() / step_s / 1e9, timed.compress / steps,
-      timed.rest() / steps, timed.decode / steps, timed.server / steps, timed.calls / steps);
+      timed.rest() / steps, timed.decode / steps, timed.server / steps, timed.calls / steps,
+      static_cast<unsigned long long>(after.pulls_answered_sparse -
+                                      before.pulls_answered_sparse),
+      static_cast<unsigned long long>(after.pulls_answered_dense - before.pulls_answered_dense));
   std::fflush(stdout);
 }
 

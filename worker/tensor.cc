@@ -117,11 +117,47 @@ absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
   t.traffic.server_seconds += static_cast<double>(resp.server_us()) * 1e-6;
   t.metrics.Sync(t.traffic);
   float* dst = out.data() + info.offset;
+  const bool sparse = t.spec.pull == PullFormat::kSparse;
   if (resp.format() == msg::PullFormat::Dense) {
     if (payload.size() != uint64_t{info.length} * sizeof(float)) {
       return absl::DataLossError("dense pull of the wrong size");
     }
     std::memcpy(dst, payload.data(), payload.size());
+    if (sparse) {  // the server chose dense: the replica the next sparse answers change
+      std::memcpy(rt.replica.data(), payload.data(), payload.size());
+      rt.replica_version = resp.version();
+      ++t.traffic.pulls_answered_dense;
+    }
+    return absl::OkStatus();
+  }
+  if (sparse != (resp.format() == msg::PullFormat::Sparse)) {
+    return absl::DataLossError(absl::StrCat("pull of '", t.spec.name, "' answered in format ",
+                                            msg::EnumNamePullFormat(resp.format())));
+  }
+  if (sparse) {
+    if (payload.empty()) {  // nothing new since the replica's version
+      if (resp.version() != rt.replica_version) {
+        return absl::DataLossError(absl::StrCat("empty sparse pull at version ",
+                                                resp.version(), " but replica is at ",
+                                                rt.replica_version));
+      }
+      std::memcpy(dst, rt.replica.data(), rt.replica.size() * sizeof(float));
+      return absl::OkStatus();
+    }
+    if (!resp.zero_base() && resp.base_version() != rt.replica_version) {
+      return absl::DataLossError(absl::StrCat("sparse pull from version ", resp.base_version(),
+                                              " but replica is at ", rt.replica_version));
+    }
+    // replica = the answer's values at its elements (the rest kept, or 0 for a mean),
+    // and the output = replica; nothing changes if the answer is damaged.
+    absl::Status st = DecodeAssignCopy(payload, resp.zero_base(), absl::MakeSpan(rt.replica),
+                                       absl::MakeSpan(dst, rt.replica.size()));
+    if (!st.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("sparse pull of '", t.spec.name, "': ", st.message()));
+    }
+    rt.replica_version = resp.version();
+    ++t.traffic.pulls_answered_sparse;
     return absl::OkStatus();
   }
   if (resp.base_version() != rt.replica_version) {

@@ -75,7 +75,8 @@ absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
         [&](flatbuffers::FlatBufferBuilder& fbb) {
           return msg::CreateDeclareSlice(fbb, m.key, fbb.CreateString(t.spec.name),
                                          m.info.length, t.spec.bin_size, rank_ == 0,
-                                         fbb.CreateString(Secret()));
+                                         fbb.CreateString(Secret()), 0,
+                                         WirePullFormat(t.spec.pull));
         },
         init));
   }

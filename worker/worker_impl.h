@@ -203,7 +203,7 @@ class Worker::Impl {
   std::map<std::string, std::unique_ptr<Tensor>> tensors_ ABSL_GUARDED_BY(mu_);
   // Fusion buckets (worker/fusion.h), in declaration order; the open one per pull format.
   std::vector<std::unique_ptr<FusionBucket>> buckets_ ABSL_GUARDED_BY(mu_);
-  FusionBucket* open_bucket_[2] ABSL_GUARDED_BY(mu_) = {nullptr, nullptr};
+  FusionBucket* open_bucket_[3] ABSL_GUARDED_BY(mu_) = {nullptr, nullptr, nullptr};
   bool fusion_off_ ABSL_GUARDED_BY(mu_) = false;  // a bucket was laid out as several slices
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   // This worker's secret from its latest view: proves to servers it is a worker of the job.

@@ -2,7 +2,8 @@
 # Cluster benchmark: adaps-worker synthetic mode on loopback beside raw ZeroMQ throughput.
 #   bench/cluster/run_cluster_bench.sh BUILD_DIR [SERVERS WORKERS PARAMS LAYERS STEPS]
 # Prints one RAW_ZMQ line and one SUMMARY line per configuration (dense, adacomp, topk with
-# dense pulls; adacomp with recompressed pulls), with `uptime` before and after (the machine
+# dense pulls; adacomp with recompressed pulls; adacomp with sparse pulls; CONFIGS picks
+# some, e.g. CONFIGS="dense:dense adacomp:sparse"), with `uptime` before and after (the machine
 # may be shared: compare only ratios from one run). WORKER_FLAGS: extra adaps-worker flags
 # (e.g. WORKER_FLAGS=--compression_threads=0), SERVER_FLAGS extra adaps-server flags (e.g.
 # SERVER_FLAGS=--engine_threads=1); the SUMMARY line's compress_ms,
@@ -27,7 +28,7 @@ echo "LOAD before: $(uptime)"
 per_layer=$(python3 -c "import sys;s='$params';m={'K':1e3,'M':1e6,'G':1e9};v=float(s[:-1])*m[s[-1]] if s[-1] in m else float(s);print(int(v/$layers*4))")
 "$build/worker/adaps-zmq-raw-bench" --bytes="$per_layer" --messages=50 --window="$layers"
 
-for config in dense:dense adacomp:dense topk:dense adacomp:recompressed; do
+for config in ${CONFIGS:-dense:dense adacomp:dense topk:dense adacomp:recompressed adacomp:sparse}; do
   compressor=${config%%:*}
   pull=${config##*:}
   rm -f "$tmp/port"

@@ -495,3 +495,85 @@ TEST(WireCodec, DecodeAddCopyIsDecodeAddThenCopy) {
 
 }  // namespace
 }  // namespace adaps
+
+namespace adaps {
+namespace {
+
+// A sparse pull answer (DecodeAssignCopy): the listed values replace the buffer's, the rest
+// stay (or become 0), the copy is the buffer; every damaged form changes neither.
+CompressedUpdate SparseAnswer() {
+  CompressedUpdate u;
+  u.kind = CompressorKind::kTopK;
+  u.length = 1000;
+  for (uint32_t i = 3; i < 1000; i += 37) {
+    u.indices.push_back(i);
+    u.values.push_back(-0.5f * static_cast<float>(i));
+  }
+  return u;
+}
+
+TEST(WireCodecSparseAnswer, AssignsTheListedValuesAndKeepsOrZeroesTheRest) {
+  const CompressedUpdate u = SparseAnswer();
+  std::vector<uint8_t> bytes;
+  ASSERT_TRUE(EncodeUpdate(u, IndexCoding::kRice, &bytes).ok());
+  for (bool zero_rest : {false, true}) {
+    std::vector<float> dst(1000, 2.0f), copy(1000, -1.0f);
+    ASSERT_TRUE(DecodeAssignCopy(bytes, zero_rest, absl::MakeSpan(dst), absl::MakeSpan(copy)).ok());
+    std::vector<float> want(1000, zero_rest ? 0.0f : 2.0f);
+    for (size_t j = 0; j < u.indices.size(); ++j) want[u.indices[j]] = u.values[j];
+    EXPECT_EQ(dst, want);
+    EXPECT_EQ(copy, want);
+  }
+}
+
+TEST(WireCodecSparseAnswer, ADamagedAnswerChangesNothing) {
+  std::vector<uint8_t> bytes;
+  ASSERT_TRUE(EncodeUpdate(SparseAnswer(), IndexCoding::kRice, &bytes).ok());
+  auto expect_rejected = [](const std::vector<uint8_t>& b, size_t n, absl::StatusCode code,
+                            const std::string& what) {
+    for (bool zero_rest : {false, true}) {
+      std::vector<float> dst(n, 2.0f), copy(n, -1.0f);
+      absl::Status st = DecodeAssignCopy(b, zero_rest, absl::MakeSpan(dst), absl::MakeSpan(copy));
+      EXPECT_EQ(st.code(), code) << what << ": " << st;
+      EXPECT_THAT(dst, Each(2.0f)) << what;
+      EXPECT_THAT(copy, Each(-1.0f)) << what;
+    }
+  };
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    const std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + len);
+    EXPECT_FALSE(DecodeAssignCopy(cut, true, {}, {}).ok());
+    std::vector<float> dst(1000, 2.0f), copy(1000, -1.0f);
+    EXPECT_FALSE(DecodeAssignCopy(cut, true, absl::MakeSpan(dst), absl::MakeSpan(copy)).ok())
+        << "len " << len;
+    ASSERT_THAT(dst, Each(2.0f)) << "len " << len;
+    ASSERT_THAT(copy, Each(-1.0f)) << "len " << len;
+  }
+  std::vector<uint8_t> trailing = bytes;
+  trailing.push_back(0);
+  expect_rejected(trailing, 1000, absl::StatusCode::kDataLoss, "trailing byte");
+  expect_rejected(bytes, 999, absl::StatusCode::kInvalidArgument, "another length");
+  // Another kind (an AdaComp update) is not a sparse answer.
+  std::vector<uint8_t> other;
+  ASSERT_TRUE(
+      EncodeUpdate(Compressed(CompressorKind::kAdaComp, 1000, 5), IndexCoding::kRice, &other).ok());
+  expect_rejected(other, 1000, absl::StatusCode::kInvalidArgument, "AdaComp");
+  // Random flips: never a write outside, and a failure writes nothing.
+  std::mt19937 rng(9);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::vector<uint8_t> b = bytes;
+    b[rng() % b.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+    std::vector<float> dst(1002, 2.0f), copy(1002, -1.0f);
+    absl::Status st = DecodeAssignCopy(b, false, absl::MakeSpan(dst).subspan(1, 1000),
+                                       absl::MakeSpan(copy).subspan(1, 1000));
+    EXPECT_EQ(dst.front(), 2.0f);
+    EXPECT_EQ(dst.back(), 2.0f);
+    EXPECT_EQ(copy.back(), -1.0f);
+    if (!st.ok()) {
+      ASSERT_THAT(dst, Each(2.0f)) << trial;
+      ASSERT_THAT(copy, Each(-1.0f)) << trial;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace adaps

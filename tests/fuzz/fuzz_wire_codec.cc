@@ -1,10 +1,11 @@
 // Fuzz target for the decoder of the sparse ternary (and every other) update encoding, and
 // of segmented containers (fusion buckets): the bytes a server receives in each push and a
-// worker in each recompressed pull. Decoding
+// worker in each recompressed pull, and of sparse pull answers (DecodeAssignCopy). Decoding
 // must never crash, read or write out of bounds, or write anything when it fails.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "common/wire_codec.h"
@@ -25,6 +26,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!added.ok()) {
     for (float v : dst) {
       if (v != 0.0f) std::abort();  // a failed decode wrote something
+    }
+  }
+  // A sparse pull answer: assigned iff it is one valid Top-k update of the buffer's length;
+  // a failure writes neither buffer.
+  for (bool zero_rest : {false, true}) {
+    std::vector<float> replica(n + 2, 3.0f), copy(n + 2, 5.0f);
+    const absl::Status assigned = adaps::DecodeAssignCopy(
+        bytes, zero_rest, absl::MakeSpan(replica.data() + 1, n), absl::MakeSpan(copy.data() + 1, n));
+    if (replica.front() != 3.0f || replica.back() != 3.0f || copy.front() != 5.0f ||
+        copy.back() != 5.0f) {
+      std::abort();
+    }
+    const bool valid = decoded.ok() && header->segments == 0 && header->length == n &&
+                       header->kind == adaps::CompressorKind::kTopK;
+    if (assigned.ok() != valid) std::abort();
+    for (size_t i = 1; i <= n; ++i) {
+      if (!assigned.ok() && (replica[i] != 3.0f || copy[i] != 5.0f)) std::abort();
+      if (assigned.ok() && std::memcmp(&replica[i], &copy[i], sizeof(float)) != 0) std::abort();
     }
   }
   if (header.ok() && header->segments > 0) {

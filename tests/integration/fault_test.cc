@@ -269,7 +269,11 @@ TEST(Faults, KilledServerRestartsFromItsCheckpointAndWorkersCarryOn) {
 // worker's step before the other resynchronized, the other's pull failed with
 // FAILED_PRECONDITION ("the server can only send the change from version 8"), in about
 // half the runs.
-TEST(Faults, RecompressedPullsTakeThePublishedReplicaAfterAServerRestart) {
+// Recompressed pulls take the published replica again after a server restart, and sparse
+// pulls the parameters (their answers are then sparse again from the next tracked step):
+// both workers see the same values at every step, and with sparse pulls those are the
+// servers' parameters exactly.
+void PullsFollowARestartedServer(PullFormat format) {
   LocalCluster cluster(RestartableServerCluster());
   ASSERT_FALSE(cluster.scheduler_address().empty());
   const std::vector<std::string> args = CheckpointedServerArgs(cluster);
@@ -288,8 +292,7 @@ TEST(Faults, RecompressedPullsTakeThePublishedReplicaAfterAServerRestart) {
       ASSERT_TRUE(w.ok()) << w.status();
       const int rank = (*w)->rank();
       std::vector<float> p(kLen, 0.0f), g(kLen);
-      ASSERT_TRUE((*w)->Declare({"t", {kLen}, 50, Compression::kAdaComp, 0.01,
-                                 PullFormat::kRecompressed},
+      ASSERT_TRUE((*w)->Declare({"t", {kLen}, 50, Compression::kAdaComp, 0.01, format},
                                 absl::MakeSpan(p))
                       .ok());
       int step = 0;
@@ -331,6 +334,14 @@ TEST(Faults, RecompressedPullsTakeThePublishedReplicaAfterAServerRestart) {
         ++step;
       }
       EXPECT_EQ(done, kAfter);
+      if (format == PullFormat::kSparse) {
+        std::vector<float> exact(kLen);
+        ASSERT_TRUE((*w)->PullParameters("t", absl::MakeSpan(exact)).ok());
+        EXPECT_EQ(exact, p) << "the output is not the restarted server's parameters";
+        auto traffic = (*w)->Traffic("t");
+        ASSERT_TRUE(traffic.ok());
+        EXPECT_GT(traffic->pulls_answered_sparse, 0u);
+      }
       EXPECT_TRUE((*w)->Stop().ok());
     });
   }
@@ -345,6 +356,14 @@ TEST(Faults, RecompressedPullsTakeThePublishedReplicaAfterAServerRestart) {
   }
   EXPECT_NE(seen[0][kBefore], seen[0][kBefore - 1]) << "the run should go on after the restart";
   EXPECT_EQ(restarted->WaitExit(absl::Seconds(10)), 0) << restarted->Log();
+}
+
+TEST(Faults, RecompressedPullsTakeThePublishedReplicaAfterAServerRestart) {
+  PullsFollowARestartedServer(PullFormat::kRecompressed);
+}
+
+TEST(Faults, SparsePullsStayTheServersParametersAcrossAServerRestart) {
+  PullsFollowARestartedServer(PullFormat::kSparse);
 }
 
 // The step in flight when the server dies is not failed: the worker waits for the

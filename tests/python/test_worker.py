@@ -149,3 +149,30 @@ def test_last_sent_and_pull_parameters(cluster):
         w.pull_parameters("x", np.zeros(7, np.float32))
     assert e.value.code == adaps.INVALID_ARGUMENT
     w.stop()
+
+
+def test_sparse_pulls_write_the_servers_parameters_and_are_refused_on_momentum(cluster):
+    c = cluster(1, server_args=["--optimizer=mean"])
+    w = adaps.Worker(c.address, request_timeout=10)
+    values = np.zeros(20000, np.float32)
+    w.declare("m", values, compression="adacomp", bin_size=500, pull="sparse")
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        w.push_pull("m", rng.normal(size=values.size).astype(np.float32), values).wait()
+        exact = np.empty_like(values)
+        w.pull_parameters("m", exact)
+        np.testing.assert_array_equal(values, exact)  # the step's mean, 0 where none sent
+        assert 0 < np.count_nonzero(values) < values.size // 4
+    t = w.traffic("m")
+    assert t["pulls_answered_sparse"] >= 3
+    with pytest.raises(adaps.Error) as e:
+        w.declare("bad", np.zeros(4, np.float32), pull="bogus")
+    assert e.value.code == adaps.INVALID_ARGUMENT and "sparse" in str(e.value)
+    w.stop()
+    c = cluster(1, server_args=["--optimizer=momentum"])
+    w = adaps.Worker(c.address, request_timeout=10)
+    with pytest.raises(adaps.Error) as e:
+        w.declare("x", np.zeros(100, np.float32), pull="sparse")
+    assert e.value.code == adaps.FAILED_PRECONDITION
+    assert "momentum" in str(e.value) and "pull=dense" in str(e.value)
+    w.stop()

@@ -24,6 +24,7 @@ namespace testing {
 
 struct InprocServersOptions {
   int servers = 2;
+  int workers = 1;  // each made by the test on a thread of its own (Create waits for all)
   uint64_t split_threshold = 1 << 16;  // the scheduler's default
   OptimizerConfig optimizer{OptimizerKind::kSumOnly};
   std::vector<Metrics*> metrics;  // one per server when given
@@ -39,6 +40,7 @@ class InprocServers {
     SchedulerConfig sc;
     sc.bind = kScheduler;
     sc.num_servers = o.servers;
+    sc.num_workers = o.workers;
     sc.split_threshold = o.split_threshold;
     sc.heartbeat_interval = absl::Milliseconds(100);
     sc.dead_timeout = absl::Seconds(5);

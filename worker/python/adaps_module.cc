@@ -169,7 +169,9 @@ Compression ParseCompression(const std::string& name) {
 PullFormat ParsePull(const std::string& name) {
   if (name == "dense") return PullFormat::kDense;
   if (name == "recompressed") return PullFormat::kRecompressed;
-  RaiseInvalid(absl::StrCat("unknown pull format '", name, "' (dense or recompressed)"));
+  if (name == "sparse") return PullFormat::kSparse;
+  RaiseInvalid(
+      absl::StrCat("unknown pull format '", name, "' (dense, recompressed or sparse)"));
 }
 
 absl::Duration Seconds(double s) { return absl::Milliseconds(static_cast<int64_t>(s * 1000)); }
@@ -302,6 +304,8 @@ py::dict Traffic(PyWorker& self, const std::string& name) {
   d["compress_seconds"] = t->compress_seconds;
   d["decode_seconds"] = t->decode_seconds;
   d["server_seconds"] = t->server_seconds;
+  d["pulls_answered_sparse"] = t->pulls_answered_sparse;
+  d["pulls_answered_dense"] = t->pulls_answered_dense;
   return d;
 }
 

@@ -41,7 +41,14 @@ namespace adaps {
 class TransportContext;  // common/transport.h; only for in-process (inproc://) clusters
 
 enum class Compression { kDense = 0, kAdaComp = 1, kTopK = 2, kSign = 3 };
-enum class PullFormat { kDense = 0, kRecompressed = 1 };
+// kDense: the servers' parameters. kRecompressed: AdaComp over their change, with a
+// downlink residue (the replica trails the parameters by it). kSparse: the step's exact
+// change, as the new values at the elements some worker sent (schemas/README.md "Sparse
+// pulls"), or the dense parameters when that is smaller: the output is bit for bit a dense
+// pull's. Only for servers whose step changes just those elements (--optimizer=mean, sum,
+// or sgd without weight decay, sync mode); Declare fails with kFailedPrecondition otherwise.
+// With --optimizer=mean the output is the step's mean gradient, 0 where no worker sent.
+enum class PullFormat { kDense = 0, kRecompressed = 1, kSparse = 2 };
 
 struct WorkerOptions {
   std::string scheduler;  // e.g. tcp://127.0.0.1:5000
@@ -119,6 +126,10 @@ struct TrafficCounters {
   // The servers' engine work on the versions this tensor's pulls received, as the servers
   // reported it in their answers (decode-adds, optimizer, encoding), summed over slices.
   double server_seconds = 0;
+  // Sparse pulls: the slice answers the servers sent sparse, and those they sent dense (no
+  // larger, or the only exact answer), per slice per step.
+  uint64_t pulls_answered_sparse = 0;
+  uint64_t pulls_answered_dense = 0;
 };
 
 // Where one slice of a tensor lives.

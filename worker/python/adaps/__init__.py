@@ -15,7 +15,13 @@ Worker(scheduler, identity="", register_timeout=60.0, request_timeout=30.0,
              topk_fraction=0.001, pull="dense", fuse=True)
         Collective (every worker, same order). Rank 0's `values` become the initial
         parameters; `values` is overwritten in place with them on every worker.
-        compression: dense, adacomp, topk, sign. pull: dense, recompressed.
+        compression: dense, adacomp, topk, sign. pull: dense, recompressed, sparse.
+        pull="sparse": the step's exact change, as the new values at the elements some
+        worker sent (or the dense values when smaller), so `out` is bit for bit what a
+        dense pull writes. Needs servers whose step changes only those elements:
+        --optimizer=mean (local mode: `out` is the step's mean gradient, 0 where no worker
+        sent), sum, or sgd without weight decay; otherwise declare raises adaps.Error
+        (FAILED_PRECONDITION) naming the reason: use pull="dense" or "recompressed".
         fuse=False keeps a small tensor out of fusion buckets (one not pushed every step).
     .push_pull(name, grad, out) / .push(name, grad) / .pull(name, out) -> Handle
         Asynchronous; the library reads `grad` before the call returns and writes `out`

@@ -1,0 +1,114 @@
+// Bytes and engine time of a pull answer per format, on one server shard fed by W workers'
+// AdaComp pushes of a realistic gradient stream (bench/gradient_stream.h, tuned to ~1% at
+// T=500): sparse (the merged index list with the new values, server/shard.h), the W pushes
+// forwarded as they came (the alternative encoding), recompressed and dense; and the
+// engine's time per step (decode-adds, optimizer, encoding) with sparse pulls against
+// recompressed ones. Issue 24; docs/benchmarks.md and schemas/README.md "Sparse pulls".
+//
+//   adaps-sparse-pull-bytes [length] [steps] [workers...]
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench/gradient_stream.h"
+#include "common/compressor.h"
+#include "common/wire_codec.h"
+#include "server/shard.h"
+
+namespace adaps {
+namespace {
+
+struct Figures {
+  double sparse = 0, forwarded = 0, recompressed = 0, sparse_answers = 0;
+  double sparse_ms = 0, recompressed_ms = 0;
+};
+
+// One run of `steps` steps (after 3 warm-up steps) of `workers` workers; `format` is the
+// pull the shard answers (its engine time is what is measured).
+Figures Run(uint32_t length, int steps, int workers, Shard::Format format) {
+  OptimizerConfig sgd;
+  sgd.kind = OptimizerKind::kSgd;
+  sgd.learning_rate = 0.01f;
+  sgd.weight_decay = 0.0f;
+  Shard shard = *Shard::Create(1, "t", length, 500);
+  std::vector<std::unique_ptr<bench::GradientStream>> streams;
+  std::vector<SliceState> residues;
+  CompressorOptions o;
+  o.kind = CompressorKind::kAdaComp;
+  o.bin_size = 500;
+  std::unique_ptr<Compressor> compressor = *MakeCompressor(o);
+  std::set<int> live;
+  for (int w = 0; w < workers; ++w) {
+    streams.push_back(std::make_unique<bench::GradientStream>(
+        bench::GradientStream::Tuned1Percent(length, 100 + w)));
+    residues.emplace_back(length);
+    live.insert(w);
+  }
+  Shard::Pull pull{"r", 1, 0, 0, format};
+  (void)shard.AnswerPull(pull);  // a sparse pull starts the tracking
+  std::vector<float> grad(length);
+  Figures f;
+  const int warmup = 3;
+  for (int step = 0; step < warmup + steps; ++step) {
+    std::vector<std::vector<uint8_t>> pushes(workers);
+    double forwarded = 0;
+    for (int w = 0; w < workers; ++w) {
+      streams[w]->Next(absl::MakeSpan(grad));
+      CompressedUpdate u;
+      if (!compressor->Compress(grad, residues[w], u).ok()) std::abort();
+      if (!EncodeUpdate(u, IndexCoding::kRice, &pushes[w]).ok()) std::abort();
+      forwarded += static_cast<double>(pushes[w].size());
+    }
+    const absl::Time start = absl::Now();
+    for (int w = 0; w < workers; ++w) {
+      if (!shard.AddPush(w, step, pushes[w]).ok()) std::abort();
+    }
+    if (!shard.CompleteStepIfReady(live, sgd)) std::abort();
+    pull.have_version = shard.version() - 1;
+    auto answer = shard.AnswerPull(pull);
+    if (!answer.ok()) std::abort();
+    const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+    if (step < warmup) continue;
+    const double bytes = answer->payload ? static_cast<double>(answer->payload->size()) : 0.0;
+    if (format == Shard::Format::kSparse) {
+      f.sparse += bytes / steps;
+      f.sparse_ms += ms / steps;
+      f.sparse_answers += answer->format == Shard::Format::kSparse ? 1 : 0;
+    } else {
+      f.recompressed += bytes / steps;
+      f.recompressed_ms += ms / steps;
+    }
+    f.forwarded += forwarded / steps;
+  }
+  return f;
+}
+
+}  // namespace
+}  // namespace adaps
+
+int main(int argc, char** argv) {
+  const uint32_t length = argc > 1 ? static_cast<uint32_t>(std::atol(argv[1])) : 1000000;
+  const int steps = argc > 2 ? std::atoi(argv[2]) : 10;
+  std::vector<int> workers;
+  for (int i = 3; i < argc; ++i) workers.push_back(std::atoi(argv[i]));
+  if (workers.empty()) workers = {1, 2, 4, 8, 16};
+  std::printf("%u floats, %d steps, AdaComp T=500, server SGD; bytes per pull answer (the same "
+              "for every worker) and engine ms per step (decode-adds + optimizer + answer)\n",
+              length, steps);
+  std::printf("| workers | sparse B | answered sparse | forwarded pushes B | recompressed B | "
+              "dense B | engine ms sparse | engine ms recompressed |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (int w : workers) {
+    const adaps::Figures s = adaps::Run(length, steps, w, adaps::Shard::Format::kSparse);
+    const adaps::Figures r = adaps::Run(length, steps, w, adaps::Shard::Format::kRecompressed);
+    std::printf("| %d | %.0f | %.0f/%d | %.0f | %.0f | %u | %.2f | %.2f |\n", w, s.sparse,
+                s.sparse_answers, steps, s.forwarded, r.recompressed, length * 4, s.sparse_ms,
+                r.recompressed_ms);
+    std::fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,345 @@
+// Sparse pulls on one server shard (server/shard.h, Format::kSparse): the answers keep a
+// worker's replica bit for bit equal to the parameters over many steps (SGD, mean, a fusion
+// bucket, a worker that dies mid-step, a restored shard), the answer is whichever of sparse
+// and dense is smaller at every density, and it is dense whenever sparse could not be exact.
+// The worker's side is the codec's DecodeAssignCopy, as worker/tensor.cc applies it.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "common/compressor.h"
+#include "common/wire_codec.h"
+#include "gtest/gtest.h"
+#include "server/shard.h"
+
+namespace adaps {
+namespace {
+
+std::vector<float> Random(uint32_t n, std::mt19937& rng, float sigma = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+std::vector<uint8_t> Raw(absl::Span<const float> values) {
+  std::vector<uint8_t> bytes(values.size() * sizeof(float));
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+OptimizerConfig Sgd(float lr = 0.1f) {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kSgd;
+  c.learning_rate = lr;
+  c.weight_decay = 0.0f;
+  return c;
+}
+
+OptimizerConfig Mean() {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kMean;
+  return c;
+}
+
+// One worker: AdaComp over a slice (or the members of a bucket), with its residues.
+struct Pusher {
+  std::vector<WireSegment> table;  // one segment: a plain slice
+  std::vector<std::unique_ptr<Compressor>> compressors;
+  std::vector<SliceState> residues;
+  explicit Pusher(std::vector<WireSegment> t) : table(std::move(t)) {
+    for (const WireSegment& seg : table) {
+      CompressorOptions o;
+      o.kind = CompressorKind::kAdaComp;
+      o.bin_size = seg.bin_size;
+      compressors.push_back(*MakeCompressor(o));
+      residues.emplace_back(seg.length);
+    }
+  }
+  std::vector<uint8_t> Push(std::mt19937& rng, bool segmented) {
+    std::vector<std::vector<uint8_t>> parts;
+    for (size_t i = 0; i < table.size(); ++i) {
+      CompressedUpdate u;
+      EXPECT_TRUE(
+          compressors[i]->Compress(Random(table[i].length, rng, 0.1f), residues[i], u).ok());
+      parts.emplace_back();
+      EXPECT_TRUE(EncodeUpdate(u, IndexCoding::kRice, &parts.back()).ok());
+    }
+    if (!segmented) return parts[0];
+    std::vector<absl::Span<const uint8_t>> spans(parts.begin(), parts.end());
+    std::vector<uint8_t> out;
+    EXPECT_TRUE(EncodeSegmented(table, spans, &out).ok());
+    return out;
+  }
+};
+
+// A worker's replica of a slice pulled sparse: what worker/tensor.cc ApplyPull does.
+struct Replica {
+  std::vector<float> values;
+  uint64_t version = 0;
+  // Applies `a` (kSparse or kDense); false when it does not apply to this replica.
+  bool Apply(const Shard::Answer& a) {
+    if (a.format == Shard::Format::kDense) {
+      if (a.payload->size() != values.size() * sizeof(float)) return false;
+      std::memcpy(values.data(), a.payload->data(), a.payload->size());
+      version = a.version;
+      return true;
+    }
+    if (a.format != Shard::Format::kSparse) return false;
+    if (a.payload == nullptr) return a.version == version;
+    if (!a.zero_base && a.base != version) return false;
+    std::vector<float> copy(values.size());
+    if (!DecodeAssignCopy(*a.payload, a.zero_base, absl::MakeSpan(values), absl::MakeSpan(copy))
+             .ok()) {
+      return false;
+    }
+    version = a.version;
+    return true;
+  }
+};
+
+Shard::Pull SparsePull(uint64_t have) { return Shard::Pull{"r", 1, 0, have, Shard::Format::kSparse}; }
+
+void ExpectSameFloats(absl::Span<const float> a, absl::Span<const float> b, int step) {
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "step " << step;
+}
+
+// `workers` pushing AdaComp each step; worker `dies` (if >= 0) pushes its last step at
+// `die_at` and is then gone from the live set (mid-step: its push of that step is in).
+struct Scenario {
+  int workers = 3;
+  int steps = 60;
+  int dies = -1;
+  int die_at = 0;
+  bool bucket = false;
+  OptimizerConfig optimizer = Sgd();
+};
+
+// Drives one shard through `run` with a sparse puller, and a twin fed the same pushes with
+// a dense puller (its steps are full passes); the replica must be the parameters, and the
+// parameters the twin's, bit for bit, after every step. Returns the answers' formats.
+std::vector<Shard::Format> ExpectReplicaFollowsTheParameters(const Scenario& run) {
+  std::mt19937 rng(17);
+  const std::vector<WireSegment> table =
+      run.bucket ? std::vector<WireSegment>{{120, 50}, {7, 3}, {2000, 500}}
+                 : std::vector<WireSegment>{{5000, 50}};
+  uint32_t length = 0;
+  for (const WireSegment& seg : table) length += seg.length;
+  Shard shard = run.bucket ? *Shard::CreateBucket(9, "b", table)
+                           : *Shard::Create(7, "t", length, table[0].bin_size);
+  Shard twin = run.bucket ? *Shard::CreateBucket(9, "b", table)
+                          : *Shard::Create(7, "t", length, table[0].bin_size);
+  const std::vector<float> init = Random(length, rng);
+  shard.Initialize(Raw(init));
+  twin.Initialize(Raw(init));
+  std::vector<Pusher> pushers;
+  for (int w = 0; w < run.workers; ++w) pushers.emplace_back(table);
+  Replica replica{init, 0};
+  std::set<int> live;
+  for (int w = 0; w < run.workers; ++w) live.insert(w);
+  std::vector<Shard::Format> formats;
+  for (int step = 0; step < run.steps; ++step) {
+    for (int w : live) {
+      const std::vector<uint8_t> push = pushers[w].Push(rng, run.bucket);
+      EXPECT_TRUE(shard.AddPush(w, step, push).ok());
+      EXPECT_TRUE(twin.AddPush(w, step, push).ok());
+    }
+    if (step == run.die_at && run.dies >= 0) {
+      live.erase(run.dies);  // the view without it: the step completes with its push in
+    }
+    EXPECT_TRUE(shard.CompleteStepIfReady(live, run.optimizer)) << step;
+    EXPECT_TRUE(twin.CompleteStepIfReady(live, run.optimizer)) << step;
+    EXPECT_TRUE(twin.AnswerPull(Shard::Pull{"r", 1, 0, 0, Shard::Format::kDense}).ok());
+    ExpectSameFloats(shard.params(), twin.params(), step);
+    auto answer = shard.AnswerPull(SparsePull(replica.version));
+    EXPECT_TRUE(answer.ok()) << answer.status();
+    if (!answer.ok()) return formats;
+    formats.push_back(answer->format);
+    EXPECT_TRUE(replica.Apply(*answer)) << step;
+    EXPECT_EQ(replica.version, shard.version());
+    ExpectSameFloats(replica.values, shard.params(), step);
+  }
+  return formats;
+}
+
+size_t Count(const std::vector<Shard::Format>& formats, Shard::Format f) {
+  return std::count(formats.begin(), formats.end(), f);
+}
+
+TEST(ShardSparse, SgdAnswersKeepTheReplicaBitForBitTheParameters) {
+  const auto formats = ExpectReplicaFollowsTheParameters(Scenario{});
+  // The first step was not tracked yet (no sparse pull had come): dense; then sparse.
+  EXPECT_EQ(formats.front(), Shard::Format::kDense);
+  EXPECT_EQ(Count(formats, Shard::Format::kSparse), formats.size() - 1);
+}
+
+TEST(ShardSparse, MeanAnswersAreTheStepsMeanWithZerosWhereNoWorkerSent) {
+  Scenario run;
+  run.optimizer = Mean();
+  const auto formats = ExpectReplicaFollowsTheParameters(run);
+  EXPECT_EQ(Count(formats, Shard::Format::kSparse), formats.size() - 1);
+}
+
+TEST(ShardSparse, ABucketsAnswersKeepEveryMemberBitForBit) {
+  Scenario run;
+  run.bucket = true;
+  const auto formats = ExpectReplicaFollowsTheParameters(run);
+  EXPECT_GT(Count(formats, Shard::Format::kSparse), 0u);
+  run.optimizer = Mean();
+  ExpectReplicaFollowsTheParameters(run);
+}
+
+TEST(ShardSparse, AWorkerThatDiesMidStepLeavesTheReplicaExact) {
+  Scenario run;
+  run.dies = 1;
+  run.die_at = 20;
+  ExpectReplicaFollowsTheParameters(run);
+  run.optimizer = Mean();
+  ExpectReplicaFollowsTheParameters(run);
+}
+
+TEST(ShardSparse, MeanUntouchedElementsAreExactlyZero) {
+  Shard s = *Shard::Create(7, "t", 8, 4);
+  s.Initialize(Raw(std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}));
+  ASSERT_TRUE(s.AnswerPull(SparsePull(0)).ok());  // starts the tracking
+  CompressedUpdate u;
+  u.kind = CompressorKind::kTopK;
+  u.length = 8;
+  u.indices = {1, 6};
+  u.values = {2.0f, -4.0f};
+  std::vector<uint8_t> push;
+  ASSERT_TRUE(EncodeUpdate(u, IndexCoding::kRice, &push).ok());
+  for (uint64_t step = 0; step < 2; ++step) {
+    ASSERT_TRUE(s.AddPush(0, step, push).ok());
+    ASSERT_TRUE(s.CompleteStepIfReady({0}, Mean()));
+  }
+  EXPECT_EQ(std::vector<float>(s.params().begin(), s.params().end()),
+            (std::vector<float>{0, 2, 0, 0, 0, 0, -4, 0}));
+  auto a = s.AnswerPull(SparsePull(1));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->format, Shard::Format::kSparse);
+  EXPECT_TRUE(a->zero_base);
+  Replica r{std::vector<float>(8, 9.0f), 0};  // whatever it held: a mean answer is whole
+  ASSERT_TRUE(r.Apply(*a));
+  EXPECT_EQ(r.values, (std::vector<float>{0, 2, 0, 0, 0, 0, -4, 0}));
+}
+
+// Top-k pushes of a given density: the answer is sparse exactly when its bytes are fewer
+// than the dense answer's.
+TEST(ShardSparse, EachStepAnswersWhicheverOfSparseAndDenseIsSmaller) {
+  constexpr uint32_t kLen = 4000;
+  std::mt19937 rng(5);
+  bool saw_sparse = false, saw_dense = false;
+  for (double density : {0.001, 0.01, 0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0}) {
+    Shard s = *Shard::Create(7, "t", kLen, 50);
+    ASSERT_TRUE(s.AnswerPull(SparsePull(0)).ok());
+    CompressedUpdate u;
+    u.kind = CompressorKind::kTopK;
+    u.length = kLen;
+    for (uint32_t i = 0; i < kLen; ++i) {
+      if (std::uniform_real_distribution<double>()(rng) < density) {
+        u.indices.push_back(i);
+        u.values.push_back(0.5f);
+      }
+    }
+    std::vector<uint8_t> push;
+    ASSERT_TRUE(EncodeUpdate(u, IndexCoding::kRice, &push).ok());
+    ASSERT_TRUE(s.AddPush(0, 0, push).ok());
+    ASSERT_TRUE(s.CompleteStepIfReady({0}, Sgd()));
+    // What the sparse answer would take: the same indices, the new values.
+    CompressedUpdate expect = u;
+    for (size_t j = 0; j < u.indices.size(); ++j) expect.values[j] = s.params()[u.indices[j]];
+    std::vector<uint8_t> sparse_bytes;
+    ASSERT_TRUE(EncodeUpdate(expect, IndexCoding::kRice, &sparse_bytes).ok());
+    const bool sparse_smaller = sparse_bytes.size() < kLen * sizeof(float);
+    auto a = s.AnswerPull(SparsePull(0));
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(a->format, sparse_smaller ? Shard::Format::kSparse : Shard::Format::kDense)
+        << "density " << density;
+    if (a->format == Shard::Format::kSparse) {
+      EXPECT_EQ(*a->payload, sparse_bytes) << density;
+      saw_sparse = true;
+    } else {
+      EXPECT_EQ(a->payload->size(), kLen * sizeof(float));
+      saw_dense = true;
+    }
+  }
+  EXPECT_TRUE(saw_sparse && saw_dense);
+}
+
+TEST(ShardSparse, AReplicaNotAtTheVersionBeforeGetsTheDenseParameters) {
+  std::mt19937 rng(2);
+  Shard s = *Shard::Create(7, "t", 1000, 50);
+  ASSERT_TRUE(s.AnswerPull(SparsePull(0)).ok());
+  Pusher p({{1000, 50}});
+  for (uint64_t step = 0; step < 3; ++step) {
+    ASSERT_TRUE(s.AddPush(0, step, p.Push(rng, false)).ok());
+    ASSERT_TRUE(s.CompleteStepIfReady({0}, Sgd()));
+  }
+  EXPECT_EQ(s.AnswerPull(SparsePull(2))->format, Shard::Format::kSparse);
+  auto behind = s.AnswerPull(SparsePull(1));
+  ASSERT_TRUE(behind.ok());
+  EXPECT_EQ(behind->format, Shard::Format::kDense);
+  EXPECT_EQ(behind->payload->size(), 1000 * sizeof(float));
+  auto same = s.AnswerPull(SparsePull(3));  // nothing new
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->format, Shard::Format::kSparse);
+  EXPECT_EQ(same->payload, nullptr);
+}
+
+TEST(ShardSparse, AStepWithADenseOptimizerIsAnsweredDense) {
+  std::mt19937 rng(2);
+  Shard s = *Shard::Create(7, "t", 1000, 50);
+  ASSERT_TRUE(s.AnswerPull(SparsePull(0)).ok());
+  Pusher p({{1000, 50}});
+  OptimizerConfig decayed = Sgd();
+  decayed.weight_decay = 0.01f;  // e.g. set by SetHyper after the declaration
+  Replica r{std::vector<float>(s.params().begin(), s.params().end()), 0};
+  for (uint64_t step = 0; step < 4; ++step) {
+    ASSERT_TRUE(s.AddPush(0, step, p.Push(rng, false)).ok());
+    ASSERT_TRUE(s.CompleteStepIfReady({0}, step == 2 ? decayed : Sgd()));
+    auto a = s.AnswerPull(SparsePull(r.version));
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(a->format, step == 2 ? Shard::Format::kDense : Shard::Format::kSparse) << step;
+    ASSERT_TRUE(r.Apply(*a));
+    ExpectSameFloats(r.values, s.params(), static_cast<int>(step));
+  }
+}
+
+TEST(ShardSparse, ARestoredShardAnswersDenseUntilItTrackedAStep) {
+  std::mt19937 rng(4);
+  Shard s = *Shard::Create(7, "t", 3000, 50);
+  s.Initialize(Raw(Random(3000, rng)));
+  Replica r{std::vector<float>(s.params().begin(), s.params().end()), 0};
+  std::vector<Pusher> pushers;
+  for (int w = 0; w < 2; ++w) pushers.emplace_back(std::vector<WireSegment>{{3000, 50}});
+  ASSERT_TRUE(s.AnswerPull(SparsePull(0)).ok());
+  for (uint64_t step = 0; step < 5; ++step) {
+    for (int w = 0; w < 2; ++w) ASSERT_TRUE(s.AddPush(w, step, pushers[w].Push(rng, false)).ok());
+    ASSERT_TRUE(s.CompleteStepIfReady({0, 1}, Sgd()));
+    ASSERT_TRUE(r.Apply(*s.AnswerPull(SparsePull(r.version))));
+  }
+  auto restored = Shard::FromRecord(s.ToRecord());
+  ASSERT_TRUE(restored.ok());
+  Shard& t = *restored;
+  std::vector<Shard::Format> formats;
+  for (uint64_t step = 5; step < 10; ++step) {
+    // The worker resynchronizes first: a dense pull (ReplicaFormat) of the restored state.
+    for (int w = 0; w < 2; ++w) ASSERT_TRUE(t.AddPush(w, step, pushers[w].Push(rng, false)).ok());
+    ASSERT_TRUE(t.CompleteStepIfReady({0, 1}, Sgd()));
+    auto a = t.AnswerPull(SparsePull(r.version));
+    ASSERT_TRUE(a.ok());
+    formats.push_back(a->format);
+    ASSERT_TRUE(r.Apply(*a)) << step;
+    ExpectSameFloats(r.values, t.params(), static_cast<int>(step));
+  }
+  EXPECT_EQ(formats[0], Shard::Format::kDense);  // its first step was not tracked
+  EXPECT_EQ(Count(formats, Shard::Format::kSparse), formats.size() - 1);
+}
+
+}  // namespace
+}  // namespace adaps

@@ -1,0 +1,187 @@
+// Sparse pulls (PullFormat::kSparse) against an in-process cluster of two servers and three
+// workers: every worker's output is bit for bit the servers' parameters after every step
+// (SGD and mean servers, fused and unfused tensors, a tensor split over both servers), the
+// servers answer sparse where that is smaller, and a server whose step is dense refuses the
+// format at Declare with the reason and the alternatives.
+#include <cstring>
+#include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "adaps/worker.h"
+#include "common/status_macros.h"
+#include "gtest/gtest.h"
+#include "tests/worker/inproc_cluster.h"
+
+namespace adaps {
+namespace {
+
+constexpr int kWorkers = 3;
+
+struct Member {
+  std::string name;
+  int64_t length;
+  uint32_t bin;
+  Compression compression;
+};
+
+// "big" is above the fusion threshold and split over both servers; the rest share a bucket
+// (one of them dense, one too short to compress).
+const std::vector<Member> kTensors = {{"big", 40000, 500, Compression::kAdaComp},
+                                      {"fc.w", 300, 50, Compression::kAdaComp},
+                                      {"fc.b", 2, 500, Compression::kAdaComp},
+                                      {"conv.w", 120, 50, Compression::kAdaComp},
+                                      {"bn", 6, 50, Compression::kDense}};
+
+WorkerOptions Options(const testing::InprocServers& cluster) {
+  WorkerOptions wo;
+  wo.scheduler = testing::InprocServers::kScheduler;
+  wo.context = cluster.context();
+  wo.request_timeout = absl::Seconds(20);
+  wo.log_level = "error";
+  return wo;
+}
+
+// Runs `body(worker)` on kWorkers threads against a fresh cluster with `optimizer`.
+void RunCluster(const OptimizerConfig& optimizer, const std::function<void(Worker&)>& body,
+                int workers = kWorkers) {
+  testing::InprocServers cluster;
+  testing::InprocServersOptions o;
+  o.servers = 2;
+  o.workers = workers;
+  o.split_threshold = 30000;
+  o.optimizer = optimizer;
+  ASSERT_TRUE(cluster.Start(o).ok());
+  std::vector<std::thread> threads;
+  std::vector<std::unique_ptr<Worker>> made(workers);
+  for (int i = 0; i < workers; ++i) {
+    threads.emplace_back([&, i] {
+      auto w = Worker::Create(Options(cluster));
+      ASSERT_TRUE(w.ok()) << w.status();
+      made[i] = *std::move(w);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(cluster.JoinServers().ok());
+  threads.clear();
+  for (int i = 0; i < workers; ++i) {
+    if (made[i] == nullptr) continue;
+    threads.emplace_back([&, i] {
+      body(*made[i]);
+      EXPECT_TRUE(made[i]->Stop().ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// kSteps steps of every tensor pulled sparse; after each, every output is compared with
+// the servers' exact parameters (PullParameters) bit for bit.
+void ExpectOutputsAreTheParameters(const OptimizerConfig& optimizer) {
+  constexpr int kSteps = 25;
+  std::map<std::string, std::vector<float>> first;  // worker rank 0's final outputs
+  std::mutex mu;
+  std::map<std::string, TrafficCounters> traffic;
+  RunCluster(optimizer, [&](Worker& w) {
+    std::mt19937 rng(100 + w.rank());
+    std::normal_distribution<float> normal(0.0f, 0.1f);
+    std::map<std::string, std::vector<float>> out, grad;
+    for (const Member& m : kTensors) {
+      std::vector<float>& v = out[m.name];
+      v.resize(m.length);
+      std::mt19937 init_rng(7);
+      for (float& x : v) x = normal(init_rng);
+      ASSERT_TRUE(w.Declare({m.name, {m.length}, m.bin, m.compression, 0.01, PullFormat::kSparse},
+                            absl::MakeSpan(v))
+                      .ok());
+      grad[m.name].resize(m.length);
+    }
+    uint64_t wire = 0, dense = 0;  // of the PushPulls of "big" (PullParameters is dense)
+    for (int step = 0; step < kSteps; ++step) {
+      const TrafficCounters before = *w.Traffic("big");
+      std::vector<std::future<absl::Status>> futures;
+      for (const Member& m : kTensors) {
+        for (float& x : grad[m.name]) x = normal(rng);
+        futures.push_back(w.PushPull(m.name, grad[m.name], absl::MakeSpan(out[m.name])));
+      }
+      for (auto& f : futures) ASSERT_TRUE(f.get().ok()) << step;
+      const TrafficCounters after = *w.Traffic("big");
+      wire += after.pull_wire_bytes - before.pull_wire_bytes;
+      dense += after.pull_dense_bytes - before.pull_dense_bytes;
+      for (const Member& m : kTensors) {
+        std::vector<float> exact(m.length);
+        ASSERT_TRUE(w.PullParameters(m.name, absl::MakeSpan(exact)).ok());
+        ASSERT_EQ(0, std::memcmp(exact.data(), out[m.name].data(), exact.size() * sizeof(float)))
+            << m.name << " at step " << step << " on worker " << w.rank();
+      }
+      ASSERT_TRUE(w.Barrier().ok());  // nobody steps on before every check is done
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (w.rank() == 0) {
+      first = out;
+      for (const Member& m : kTensors) traffic[m.name] = *w.Traffic(m.name);
+      traffic["big"].pull_wire_bytes = wire;
+      traffic["big"].pull_dense_bytes = dense;
+    }
+  });
+  ASSERT_EQ(first.size(), kTensors.size());
+  const TrafficCounters& big = traffic["big"];
+  // The first step of each slice is answered dense (tracking starts with a sparse pull).
+  EXPECT_GE(big.pulls_answered_sparse, 2u * (kSteps - 1)) << "the sparse path was not taken";
+  EXPECT_LT(big.pull_wire_bytes * 4, big.pull_dense_bytes) << "pulls were not sparse";
+  EXPECT_GT(traffic["fc.w"].pulls_answered_sparse, 0u) << "the bucket was not answered sparse";
+}
+
+TEST(SparsePulls, EveryOutputIsBitForBitTheSgdServersParametersAfterEveryStep) {
+  OptimizerConfig sgd;
+  sgd.kind = OptimizerKind::kSgd;
+  sgd.learning_rate = 0.1f;
+  sgd.weight_decay = 0.0f;
+  ExpectOutputsAreTheParameters(sgd);
+}
+
+TEST(SparsePulls, EveryOutputIsBitForBitTheMeanServersMeanAfterEveryStep) {
+  OptimizerConfig mean;
+  mean.kind = OptimizerKind::kMean;
+  ExpectOutputsAreTheParameters(mean);
+}
+
+void ExpectDeclareRefused(const OptimizerConfig& optimizer, const std::string& reason) {
+  RunCluster(
+      optimizer,
+      [&](Worker& w) {
+        for (const Member& m : {kTensors[0], kTensors[1]}) {  // a split tensor, a fused one
+          std::vector<float> v(m.length, 0.0f);
+          absl::Status st = w.Declare(
+              {m.name, {m.length}, m.bin, m.compression, 0.01, PullFormat::kSparse},
+              absl::MakeSpan(v));
+          EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << m.name << ": " << st;
+          EXPECT_TRUE(absl::StrContains(st.message(), reason)) << st;
+          EXPECT_TRUE(absl::StrContains(st.message(), "pull=dense")) << st;
+          EXPECT_TRUE(absl::StrContains(st.message(), "pull=recompressed")) << st;
+        }
+      },
+      1);
+}
+
+TEST(SparsePulls, DeclareIsRefusedWithTheReasonWhenTheServersStepIsDense) {
+  OptimizerConfig momentum;
+  momentum.kind = OptimizerKind::kMomentum;
+  ExpectDeclareRefused(momentum, "momentum");
+  OptimizerConfig adam;
+  adam.kind = OptimizerKind::kAdam;
+  ExpectDeclareRefused(adam, "Adam");
+  OptimizerConfig decayed;
+  decayed.kind = OptimizerKind::kSgd;
+  decayed.weight_decay = 0.01f;
+  ExpectDeclareRefused(decayed, "weight_decay");
+}
+
+}  // namespace
+}  // namespace adaps
