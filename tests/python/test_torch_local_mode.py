@@ -271,8 +271,11 @@ def test_sparse_pulls_give_every_replica_what_dense_pulls_give_bit_for_bit(clust
         address = mean_cluster(cluster)
 
         def rank(w):
-            torch.manual_seed(3)
             m = nn.Sequential(nn.Linear(40, 30), nn.Tanh(), nn.Linear(30, 1))
+            init = torch.Generator().manual_seed(3)  # the ranks are threads: no global seed
+            with torch.no_grad():
+                for p in m.parameters():
+                    p.copy_(0.2 * torch.randn(p.shape, generator=init))
             opt = adaps.torch.DistributedOptimizer(
                 torch.optim.Adam(m.parameters(), lr=0.01), m, w, server_optimizer="mean",
                 compression="adacomp", bin_size=50, pull=pull, exchange=exchange)
