@@ -60,6 +60,8 @@ def parse():
     ap.add_argument("--out", default=os.path.join(HERE, "zoo"))
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "accuracy.md"))
     ap.add_argument("--summarize", action="store_true", help="only the table and the plot")
+    ap.add_argument("--skip-existing", action="store_true",
+                    help="keep the runs whose JSON is already in --out")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     a = ap.parse_args()
     if a.quick:
@@ -231,6 +233,9 @@ def main():
     a = parse()
     if not a.summarize:
         for model, system, seed in runs(a):
+            if a.skip_existing and os.path.exists(
+                    os.path.join(a.out, "%s-%s-s%d.json" % (model, system, seed))):
+                continue
             run_one(a, model, system, seed)
     results = load(a)
     text = table(results)
