@@ -32,8 +32,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // a failure writes neither buffer.
   for (bool zero_rest : {false, true}) {
     std::vector<float> replica(n + 2, 3.0f), copy(n + 2, 5.0f);
-    const absl::Status assigned = adaps::DecodeAssignCopy(
-        bytes, zero_rest, absl::MakeSpan(replica.data() + 1, n), absl::MakeSpan(copy.data() + 1, n));
+    const absl::Status assigned =
+        adaps::DecodeAssignCopy(bytes, zero_rest, absl::MakeSpan(replica.data() + 1, n),
+                                absl::MakeSpan(copy.data() + 1, n));
     if (replica.front() != 3.0f || replica.back() != 3.0f || copy.front() != 5.0f ||
         copy.back() != 5.0f) {
       std::abort();

@@ -330,6 +330,13 @@ void PullsFollowARestartedServer(PullFormat format) {
           continue;
         }
         seen[rank].push_back(p);
+        if (format == PullFormat::kSparse) {  // (the other worker may be a step ahead)
+          ASSERT_TRUE((*w)->Barrier().ok());
+          std::vector<float> exact(kLen);
+          ASSERT_TRUE((*w)->PullParameters("t", absl::MakeSpan(exact)).ok());
+          EXPECT_EQ(exact, p) << "after the restart, step " << step;
+          ASSERT_TRUE((*w)->Barrier().ok());
+        }
         ++done;
         ++step;
       }

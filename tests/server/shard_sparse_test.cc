@@ -101,7 +101,9 @@ struct Replica {
   }
 };
 
-Shard::Pull SparsePull(uint64_t have) { return Shard::Pull{"r", 1, 0, have, Shard::Format::kSparse}; }
+Shard::Pull SparsePull(uint64_t have) {
+  return Shard::Pull{"r", 1, 0, have, Shard::Format::kSparse};
+}
 
 void ExpectSameFloats(absl::Span<const float> a, absl::Span<const float> b, int step) {
   ASSERT_EQ(a.size(), b.size());

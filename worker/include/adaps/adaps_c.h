@@ -16,7 +16,8 @@ extern "C" {
 
 typedef struct adaps_worker adaps_worker;
 
-/* compression: 0 dense, 1 adacomp, 2 topk, 3 sign. pull_format: 0 dense, 1 recompressed, 2 sparse. */
+/* compression: 0 dense, 1 adacomp, 2 topk, 3 sign.
+ * pull_format: 0 dense, 1 recompressed, 2 sparse. */
 typedef struct {
   const char* name;
   const int64_t* shape;
