@@ -63,8 +63,8 @@ absl::StatusOr<std::vector<SliceRecord>> DecodeCheckpoint(absl::Span<const uint8
                                                           HyperValues* hyper = nullptr);
 
 // Writes `slices` of job `job_id` to `path` durably: to path.tmp, fsynced, the old `path`
-// kept as path.prev, path.tmp renamed to `path`, the directory fsynced. kUnavailable when a
-// step fails (an existing `path` is then still whole).
+// kept as path.prev, path.tmp renamed to `path`, the directory fsynced. kInternal, naming the
+// file and errno, when a step fails (an existing `path` is then still whole).
 absl::Status WriteCheckpointFile(const std::string& path, const std::vector<SliceRecord>& slices,
                                  const std::string& job_id = "", const HyperValues& hyper = {});
 
