@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# Configures and builds adaps into ${ADAPS_BUILD_DIR:-build}. Extra arguments go to cmake.
+# Configures and builds adaps into ${ADAPS_BUILD_DIR:-build}.
+#   bash deploy/build.sh                      everything (every test, fuzzer replay, benchmark)
+#   bash deploy/build.sh adaps-server ...     only these ninja targets (and what they need)
+# Arguments that start with '-' go to cmake (e.g. -DADAPS_CUDA=OFF), the others to ninja.
 # Installs missing Debian packages first (see deploy/install-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
 build_dir=${ADAPS_BUILD_DIR:-build}
 jobs=${ADAPS_JOBS:-$(nproc)}
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >"$build_dir.cmake.log" 2>&1 || {
+cmake_args=()
+targets=()
+for arg in "$@"; do
+  if [[ $arg == -* ]]; then cmake_args+=("$arg"); else targets+=("$arg"); fi
+done
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${cmake_args[@]}" \
+  >"$build_dir.cmake.log" 2>&1 || {
   cat "$build_dir.cmake.log" >&2
   echo "build: cmake configure failed (log above)" >&2
   exit 1
 }
 grep -E '^-- adaps:' "$build_dir.cmake.log" || true
-ninja -C "$build_dir" -j "$jobs"
+ninja -C "$build_dir" -j "$jobs" "${targets[@]}"

@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "run-local: setting up and building (log: /tmp/adaps-build.log)"
-bash deploy/build.sh >/tmp/adaps-build.log 2>&1 || { tail -50 /tmp/adaps-build.log; exit 1; }
+bash deploy/build.sh adaps-scheduler adaps-server adaps-worker adaps_python >/tmp/adaps-build.log 2>&1 || { tail -50 /tmp/adaps-build.log; exit 1; }
 exec bash deploy/launch.sh --servers 2 --workers 4 --bin "${ADAPS_BUILD_DIR:-build}" \
   --scheduler-args "--log_level=warn" \
   --server-args "${ADAPS_SERVER_ARGS:---optimizer=sgd --pull_bin_size=100 --log_level=warn}" \

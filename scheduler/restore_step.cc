@@ -1,12 +1,12 @@
-// The scheduler's part of step checkpoints (server/checkpoint.h): which step a
+// The scheduler's part of step checkpoints (common/step_checkpoint.h): which step a
 // (re)starting server restores, from the step files every server reported.
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/step_checkpoint.h"
 #include "scheduler/scheduler.h"
-#include "server/checkpoint.h"
 
 namespace adaps {
 

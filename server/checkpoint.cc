@@ -14,6 +14,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 
 namespace adaps {
@@ -82,26 +83,35 @@ bool ReadRecord(Reader& r, SliceRecord& s) {
          r.GetFloats(&s.published, s.length) && r.GetFloats(&s.residue, s.length);
 }
 
+// A failed file operation on `path` (`err`: its errno): the server's own problem (disk full,
+// permissions, a missing directory), so kInternal, never kUnavailable, which workers retry as
+// a server restart.
+absl::Status FileError(int err, absl::string_view what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, path, ": ", std::strerror(err)));
+}
+
 absl::Status WriteFileDurably(const std::string& path, const std::vector<uint8_t>& bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
+    return FileError(errno, "cannot create ", path);
   }
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      const int err = errno;
+      const absl::Status st = FileError(errno, "short write to ", path);
       ::close(fd);
-      return absl::UnavailableError(
-          absl::StrCat("short write to ", path, ": ", std::strerror(err)));
+      return st;
     }
     done += static_cast<size_t>(n);
   }
-  const bool synced = ::fsync(fd) == 0;
-  const bool closed = ::close(fd) == 0;
-  if (!synced || !closed) return absl::UnavailableError(absl::StrCat("cannot fsync ", path));
+  if (::fsync(fd) != 0) {
+    const absl::Status st = FileError(errno, "cannot fsync ", path);
+    ::close(fd);
+    return st;
+  }
+  if (::close(fd) != 0) return FileError(errno, "cannot close ", path);
   return absl::OkStatus();
 }
 
@@ -272,10 +282,11 @@ absl::Status WriteCheckpointFile(const std::string& path, const std::vector<Slic
   // Keep the previous checkpoint: if this one is found damaged at restore, that one is used.
   if (::access(path.c_str(), F_OK) == 0 &&
       std::rename(path.c_str(), (path + ".prev").c_str()) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot keep the previous checkpoint ", path));
+    return FileError(errno, "cannot keep the previous checkpoint ", path);
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
+    const int err = errno;
+    return FileError(err, absl::StrCat("cannot rename ", tmp, " to "), path);
   }
   SyncDirectory(DirectoryOf(path));
   return absl::OkStatus();

@@ -14,7 +14,6 @@
 #ifndef ADAPS_SERVER_CHECKPOINT_H_
 #define ADAPS_SERVER_CHECKPOINT_H_
 
-#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -63,8 +62,8 @@ absl::StatusOr<std::vector<SliceRecord>> DecodeCheckpoint(absl::Span<const uint8
                                                           HyperValues* hyper = nullptr);
 
 // Writes `slices` of job `job_id` to `path` durably: to path.tmp, fsynced, the old `path`
-// kept as path.prev, path.tmp renamed to `path`, the directory fsynced. kUnavailable when a
-// step fails (an existing `path` is then still whole).
+// kept as path.prev, path.tmp renamed to `path`, the directory fsynced. kInternal, naming the
+// file and errno, when a step fails (an existing `path` is then still whole).
 absl::Status WriteCheckpointFile(const std::string& path, const std::vector<SliceRecord>& slices,
                                  const std::string& job_id = "", const HyperValues& hyper = {});
 
@@ -105,20 +104,7 @@ void PruneStepCheckpoints(const std::string& dir, const std::string& name, size_
 // goes on from there, and its later files belong to a past it no longer has. Otherwise a
 // server restarting later could be told a newer common step than the one restored here.
 void RemoveStepCheckpointsAfter(const std::string& dir, const std::string& name, uint64_t step);
-// The largest step that is in every list; 0 when there is none (or no list). Inline: the
-// scheduler uses it without the server library.
-inline uint64_t LatestCommonStep(const std::vector<std::vector<uint64_t>>& steps) {
-  uint64_t latest = 0;
-  if (steps.empty()) return latest;
-  for (uint64_t step : steps[0]) {
-    bool everywhere = step > latest;
-    for (size_t k = 1; k < steps.size() && everywhere; ++k) {
-      everywhere = std::find(steps[k].begin(), steps[k].end(), step) != steps[k].end();
-    }
-    if (everywhere) latest = step;
-  }
-  return latest;
-}
+// The step every server restores from: LatestCommonStep (common/step_checkpoint.h).
 
 }  // namespace adaps
 

@@ -144,7 +144,7 @@ void Engine::AddStepRecord(uint64_t step, SliceRecord record) {
     if (!step_path_) return;
     std::vector<SliceRecord>& records = step_records_[step];
     records.push_back(std::move(record));
-    if (records.size() < slices_.load()) return;
+    if (records.size() + unheld_.size() < slices_.load()) return;
     job->records = std::move(records);
     // Older steps some slice never reached (e.g. it moved on past them) are given up.
     step_records_.erase(step_records_.begin(), step_records_.upper_bound(step));
@@ -154,6 +154,15 @@ void Engine::AddStepRecord(uint64_t step, SliceRecord record) {
     job->done = [done = step_done_, step](absl::Status st, size_t n) { done(step, std::move(st), n); };
   }
   HandToWriter(std::move(job));
+}
+
+void Engine::SetShardHeld(uint64_t key, bool held) {
+  std::lock_guard<std::mutex> lock(step_mu_);
+  if (held) {
+    unheld_.erase(key);
+  } else {
+    unheld_.insert(key);
+  }
 }
 
 void Engine::HandToWriter(std::shared_ptr<CheckpointJob> job) {

@@ -166,6 +166,10 @@ class Engine {
   // Engine threads: slice `record` at step `step` (a multiple of checkpoint_every_steps).
   // Once every slice of the server is recorded at `step`, the file is written.
   void AddStepRecord(uint64_t step, SliceRecord record);
+  // Engine threads, after a declaration of `key`: whether a shard holds it now. A key given
+  // an owner whose declaration was refused is not waited for by the step records (a step
+  // already waiting for it is given up when a later step completes).
+  void SetShardHeld(uint64_t key, bool held);
 
  private:
   EngineThread& Thread(int index);  // starts threads up to `index`
@@ -188,6 +192,7 @@ class Engine {
   std::string step_job_id_;
   std::function<void(uint64_t, absl::Status, size_t)> step_done_;
   HyperValues hyper_;  // guarded by step_mu_
+  std::set<uint64_t> unheld_;  // keys with an owner but no shard (guarded by step_mu_)
   // The checkpoint writer.
   ClosableQueue<std::shared_ptr<CheckpointJob>> writes_;
   std::thread writer_;

@@ -34,7 +34,10 @@ void EngineThread::Run() {
 void EngineThread::Handle(EngineWork& work) {
   switch (work.kind) {
     case EngineWork::Kind::kDeclare:
-      return OnDeclare(work);
+      OnDeclare(work);
+      // A refused declaration of a new key leaves no shard: the step records must not wait
+      // for one (the key keeps its owner, which refuses its pushes as undeclared).
+      return engine_->SetShardHeld(work.key, shards_.count(work.key) > 0);
     case EngineWork::Kind::kPush:
       return OnPush(work);
     case EngineWork::Kind::kPull:

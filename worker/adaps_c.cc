@@ -54,8 +54,11 @@ int adaps_worker_rank(const adaps_worker* worker) { return worker->worker->rank(
 int adaps_worker_num_workers(const adaps_worker* worker) { return worker->worker->num_workers(); }
 
 const char* adaps_worker_last_error(const adaps_worker* worker) {
+  // A copy per calling thread: another thread's error cannot change or free it.
+  thread_local std::string copy;
   absl::MutexLock lock(&worker->mu);
-  return worker->last_error.c_str();
+  copy = worker->last_error;
+  return copy.c_str();
 }
 
 int adaps_worker_declare(adaps_worker* worker, const adaps_tensor_spec* spec, float* values,

@@ -1,6 +1,7 @@
 // Checkpoints of the server shard: atomic, checksummed, the previous one kept, and complete
 // (parameters, optimizer state, step), so a restarted server continues exactly where the
 // checkpoint was taken.
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -239,6 +240,23 @@ TEST(Checkpoint, EveryCopyDamagedMeansTheServerRefusesToStart) {
   EXPECT_NE(c.server_status.message().find("damaged"), std::string::npos) << c.server_status;
 }
 
+// A file error (here: the directory is gone) is the server's own problem, not a restart: the
+// worker must not retry it for request_timeout (30 s by default) as it retries kUnavailable.
+TEST(Checkpoint, FileErrorFailsFastWithThePathAndIsNotRetriedAsARestart) {
+  const std::string dir = FreshDir("gone");
+  MiniCluster c(dir, OptimizerKind::kMomentum);
+  ASSERT_TRUE(c.worker);
+  std::vector<float> v = {1, 2, 3, 4};
+  ASSERT_TRUE(c.worker->Declare({"t", {4}, 2, Compression::kDense}, absl::MakeSpan(v)).ok());
+  std::filesystem::remove_all(dir);
+  const absl::Time start = absl::Now();
+  const absl::Status st = c.worker->Checkpoint("");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << st;
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
+  EXPECT_NE(st.message().find(dir + "/server-0.ckpt"), std::string::npos) << st;
+  EXPECT_NE(st.message().find(std::strerror(ENOENT)), std::string::npos) << st;
+}
+
 SliceRecord Record(uint64_t key, std::string name) {
   SliceRecord r;
   r.key = key;
@@ -371,6 +389,14 @@ TEST(CheckpointFile, NoFileMeansStartFreshAndOnlyDamagedCopiesMeanDataLoss) {
   std::ofstream(path) << "garbage";
   EXPECT_EQ(ReadCheckpointWithFallback(path).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(CheckpointPath("/d", 3), "/d/server-3.ckpt");
+}
+
+TEST(CheckpointFile, WriteIntoAMissingDirectoryIsInternalWithPathAndErrno) {
+  const std::string dir = FreshDir("missing") + "/not-there";
+  const absl::Status st = WriteCheckpointFile(dir + "/server-0.ckpt", {Record(1, "a")}, "job", {});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
+  EXPECT_NE(st.message().find(dir + "/server-0.ckpt"), std::string::npos) << st;
+  EXPECT_NE(st.message().find(std::strerror(ENOENT)), std::string::npos) << st;
 }
 
 }  // namespace

@@ -87,10 +87,12 @@ std::vector<float> Floats(const SharedBytes& bytes) {
 // Feeds an Engine the way Server's I/O thread does, from the test's thread.
 class EngineHarness {
  public:
-  explicit EngineHarness(int threads, OptimizerConfig optimizer = SumOnly()) {
+  explicit EngineHarness(int threads, OptimizerConfig optimizer = SumOnly(),
+                         uint64_t checkpoint_every_steps = 0) {
     EngineOptions o;
     o.threads = threads;
     o.optimizer = optimizer;
+    o.checkpoint_every_steps = checkpoint_every_steps;
     engine = std::make_unique<Engine>(o, &sink);
     engine->Start();
   }
@@ -408,6 +410,34 @@ TEST(Engine, ABucketGrowsMemberByMemberAndRefusesBadTables) {
   std::vector<float> want = a;
   want.insert(want.end(), b.begin(), b.end());
   EXPECT_EQ(h.Answer(h.Pull(9, 0)).second, want);
+}
+
+// A new bucket whose segments exceed its length is refused by its owner and gets no shard;
+// the step checkpoints, which wait for a record of every slice, must not wait for it.
+TEST(Engine, RefusedNewBucketLeavesStepCheckpointsWaitingForNoSlice) {
+  // One engine thread: the refusal is done before the push is taken (one queue, in order).
+  EngineHarness h(1, EngineHarness::SumOnly(), /*checkpoint_every_steps=*/1);
+  const std::string path = ::testing::TempDir() + "/adaps-refused-bucket.step-1.ckpt";
+  std::promise<std::pair<absl::Status, size_t>> written;
+  h.engine->SetStepCheckpoints([path](uint64_t) { return path; }, "job",
+                               [&](uint64_t step, absl::Status st, size_t n) {
+                                 if (step == 1) written.set_value({std::move(st), n});
+                               });
+  h.ExpectAck(h.Declare(1, kLen));
+  RecordingSink::Answer refused = h.sink.Wait(DeclareBucket(h, 1001, {{60, 5}, {60, 5}}, {}));
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kInvalidArgument) << refused.status;
+  EXPECT_NE(refused.status.message().find("more than its 100"), std::string::npos);
+  h.engine->SetLiveWorkers({0});
+  h.ExpectAck(h.Push(1, 0, 0, Gradient(0, 0, 1)));
+  auto done = written.get_future();
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(5)), std::future_status::ready)
+      << "the step-1 checkpoint waits for the refused bucket";
+  const auto [status, slices] = done.get();
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(slices, 1u);
+  // Nothing of the refused declaration is left: a push to it is refused as undeclared.
+  EXPECT_EQ(h.sink.Wait(h.Push(9, 0, 0, std::vector<float>(100, 1.0f))).status.code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

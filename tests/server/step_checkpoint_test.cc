@@ -1,5 +1,6 @@
 // The pure parts of step checkpoints (server/checkpoint.h): file names, listing, pruning,
-// removing a past the server no longer has, and the latest step every server has.
+// removing a past the server no longer has; and the latest step every server has
+// (common/step_checkpoint.h).
 #include <stdlib.h>
 
 #include <filesystem>
@@ -7,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/step_checkpoint.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint.h"
 

@@ -1,6 +1,7 @@
 // The C API over an in-process scheduler and server on loopback.
 #include "adaps/adaps_c.h"
 
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -61,6 +62,16 @@ TEST(CApi, DeclaresPushesPullsAndReportsErrors) {
   EXPECT_EQ(adaps_worker_set_bin_size(w, "w", 10), 3);  // a dense tensor has no bin size
   EXPECT_NE(std::string(adaps_worker_last_error(w)).find("AdaComp"), std::string::npos);
   EXPECT_EQ(adaps_worker_set_bin_size(w, nullptr, 10), 3);
+  // The message a thread was given stays as it was while another thread records a new error
+  // (it is a copy, not a pointer into the handle's guarded state).
+  EXPECT_EQ(adaps_worker_push_pull(w, "a-long-tensor-name-that-nobody-declared-at-all",
+                                   grad.data(), out.data(), 6),
+            3);
+  const char* seen = adaps_worker_last_error(w);
+  const std::string before = seen;
+  std::thread([&] { EXPECT_EQ(adaps_worker_declare(w, nullptr, nullptr, 0), 3); }).join();
+  EXPECT_EQ(std::string(seen), before);
+  EXPECT_NE(std::string(adaps_worker_last_error(w)).find("null tensor spec"), std::string::npos);
   adaps_worker_destroy(w);
   EXPECT_TRUE(scheduler.WaitForShutdown(absl::Seconds(5)));
   EXPECT_TRUE(server.WaitForShutdown(absl::Seconds(5)));

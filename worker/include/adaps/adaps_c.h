@@ -38,6 +38,8 @@ void adaps_worker_destroy(adaps_worker* worker);
 
 int adaps_worker_rank(const adaps_worker* worker);
 int adaps_worker_num_workers(const adaps_worker* worker);
+/* The message of the handle's last error: a copy for the calling thread, valid until this
+ * thread calls adaps_worker_last_error again (another thread's error does not change it). */
 const char* adaps_worker_last_error(const adaps_worker* worker);
 
 int adaps_worker_declare(adaps_worker* worker, const adaps_tensor_spec* spec, float* values,
