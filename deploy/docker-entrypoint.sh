@@ -24,7 +24,7 @@ if [ "$recipe" != none ]; then
     case "$name" in
       ""|*[!a-z0-9_]*) echo "$me: $recipe: bad flag name '$name'" >&2; exit 2 ;;
     esac
-    var=ADAPS_$(echo "$name" | tr a-z A-Z)
+    var=ADAPS_$(echo "$name" | tr "[:lower:]" "[:upper:]")
     if eval "[ -n \"\${$var+set}\" ]"; then
       kept="$kept $var"
     else
