@@ -103,6 +103,10 @@ containers() {
 }
 # logs PROJECT SERVICE: that service's output so far (every start of the container).
 logs() { timeout 60 docker logs "$(awk -v s="$2" '$2 == s {print $1}' "$work/$1.containers")" 2>&1; }
+# logged PROJECT SERVICE REGEX: the service's output has a line matching the extended REGEX.
+# (Not `logs | grep -q`: grep's early exit kills `docker logs` with SIGPIPE, and pipefail then
+# says no match.)
+logged() { logs "$1" "$2" >"$work/logged" && grep -qE -- "$3" "$work/logged"; }
 # up PROJECT [COMPOSE OVERRIDE FILE]: starts the job (detached; `up` itself waits for the
 # scheduler's and servers' health checks before starting what depends on them).
 up() {
@@ -174,13 +178,24 @@ echo "$final"
 acc=$(sed -n 's/.* test_acc \([0-9.]*\) .*/\1/p' <<<"$final")
 python3 -c "import sys; sys.exit(not ($ACC_LO <= float('${acc:-nan}') <= $ACC_HI))" ||
   fail "run 1: test accuracy '${acc}' is not the main command's ($ACC_LO..$ACC_HI)"
-# The recipe reached the containers: the entrypoint applied it, the executable logged it.
-logs "$project-1" worker0 | grep -q "local_momentum=0.9 (ADAPS_LOCAL_MOMENTUM)" ||
-  fail "run 1: worker0 did not run the recipe's --local_momentum=0.9"
-logs "$project-1" server0 | grep -q "optimizer=sgd (ADAPS_OPTIMIZER)" ||
-  fail "run 1: server0 did not run the recipe's --optimizer=sgd"
+# The recipe reached the containers: the entrypoint applied deploy/recipe.flags and each
+# executable's logged effective config has every flag of it.
+for s in server0 server1 worker0 worker1 worker2 worker3; do
+  role=${s%[0-9]}
+  # shellcheck disable=SC2015  # either failing is the failure
+  logs "$project-1" "$s" >"$work/log" && grep -m1 "effective config: " "$work/log" >"$work/config" ||
+    fail "run 1: $s logged no effective config"
+  # shellcheck disable=SC2013  # the recipe line's words
+  for f in $(sed -n "s/^$role:[[:space:]]*//p" deploy/recipe.flags); do
+    want=${f#--}
+    [[ $want == *=* ]] || want+="=true"
+    grep -qE -- "[: ]$want( |\$)" "$work/config" ||
+      fail "run 1: $s did not run the recipe's $f: $(cat "$work/config")"
+  done
+done
+say "every server and worker ran the recipe (deploy/recipe.flags)"
 for s in server0 server1; do
-  logs "$project-1" "$s" | grep -qE "checkpoint of [1-9][0-9]* slices written" ||
+  logged "$project-1" "$s" "checkpoint of [1-9][0-9]* slices written" ||
     fail "run 1: $s logged no checkpoint"
   id=$(awk -v s="$s" '$2 == s {print $1}' "$work/$project-1.containers")
   vol=$(docker inspect -f '{{range .Mounts}}{{if eq .Type "volume"}}{{.Name}}{{end}}{{end}}' "$id")
@@ -208,7 +223,8 @@ up "$p2" "$work/override.yml"
 # Training has started (every tensor declared) once a worker reports a step; a checkpoint
 # after that holds server0's whole shard. The job takes a minute or more: no race with its end.
 deadline=$(( $(date +%s) + 300 ))
-until logs "$p2" worker0 | grep -qE "step [0-9]+/[0-9]+ "; do
+until logged "$p2" worker0 "step [0-9]+/[0-9]+ " || logged "$p2" worker1 "step [0-9]+/[0-9]+ " ||
+      logged "$p2" worker2 "step [0-9]+/[0-9]+ " || logged "$p2" worker3 "step [0-9]+/[0-9]+ "; do
   [[ $(date +%s) -lt $deadline ]] || { dump "$p2"; fail "run 2: no training step within 300 s"; }
   sleep 1
 done
@@ -229,7 +245,7 @@ t_run2=$(elapsed "$t")
 check_exits "$p2"
 say "run 2 ended in ${t_run2}s; service:exit:restarts $exits"
 [[ $exits == *"server0:0:"[1-9]* ]] || { dump "$p2"; fail "run 2: server0 was not restarted"; }
-logs "$p2" server0 | grep -qE "restored [0-9]+ slices from|restored at step" ||
+logged "$p2" server0 "restored [0-9]+ slices from|restored at step" ||
   { dump "$p2"; fail "run 2: the restarted server0 did not restore its checkpoint"; }
 final=$(final_line "$p2")
 [[ -n $final ]] || { dump "$p2"; fail "run 2: the job did not finish training"; }
