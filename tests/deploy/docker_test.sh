@@ -18,6 +18,8 @@
 #   tests/deploy/docker_test.sh
 #     ADAPS_DOCKER_RUN_TIMEOUT   seconds a run may take (default 900)
 #     ADAPS_DOCKER_BUILD_TIMEOUT seconds the image build may take (default 2700)
+#     ADAPS_DOCKER_OVERRIDE      a compose file added to both runs (-f), e.g. to see the test
+#                                fail on a job that is wrong on purpose
 # Exit status: 0 passed, 77 skipped (no engine), 1 failed.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -25,10 +27,14 @@ cd "$repo" || exit 1
 compose_file=deploy/docker-compose.yml
 run_timeout=${ADAPS_DOCKER_RUN_TIMEOUT:-900}
 build_timeout=${ADAPS_DOCKER_BUILD_TIMEOUT:-2700}
-# The main command gets 0.8797 (mean of seeds 1-3; per seed 0.8789-0.8812, docs/accuracy.md),
-# its recipe before issue 13 0.8689. The seed-to-seed spread is about 0.2-0.5 pp: 0.8797 +-
-# 0.6 pp passes any of those seeds and fails the old recipe by a margin.
-ACC_LO=0.8737 ACC_HI=0.8857
+# The main command gets 0.8797 (mean of seeds 1-3; per seed 0.8789-0.8812, docs/accuracy.md;
+# the same seed run twice differs by up to 0.2 pp, and the containers' asynchronous steps
+# add timing noise: 0.8763 in the first run here), its recipe before issue 13 0.8689 (per
+# seed 0.8668-0.8701). The band passes the main command with 0.6 pp below its worst seed and
+# fails the old recipe's best seed by 0.3 pp.
+ACC_LO=0.8730 ACC_HI=0.8870
+override=${ADAPS_DOCKER_OVERRIDE:-}
+[[ -z $override || -r $override ]] || { echo "docker_test: cannot read ADAPS_DOCKER_OVERRIDE $override"; exit 1; }
 work=$(mktemp -d /tmp/adaps-docker-test.XXXXXX)
 projects=() started_dockerd="" t_start=$(date +%s)
 say() { echo "docker_test: $*"; }
@@ -37,7 +43,7 @@ skip() { echo "docker_test: SKIPPED: $*"; exit 77; }
 cleanup() {
   local p
   for p in "${projects[@]}"; do
-    timeout 180 docker-compose -p "$p" -f "$compose_file" down -v --remove-orphans -t 5 \
+    timeout 180 docker-compose -p "$p" -f "$compose_file" ${override:+-f "$override"} down -v --remove-orphans -t 5 \
       >"$work/down-$p.log" 2>&1 || { say "down -v of $p failed:"; tail -5 "$work/down-$p.log"; }
   done
   if [[ -n $started_dockerd ]]; then
@@ -97,7 +103,7 @@ say "image adaps:latest built in ${t_build}s ($(grep -c 'Using cache' "$work/bui
 # The containers of project $1, as "ID SERVICE" lines.
 containers() {
   local id
-  for id in $(timeout 60 docker-compose -p "$1" -f "$compose_file" ps -q 2>/dev/null); do
+  for id in $(timeout 60 docker-compose -p "$1" "${compose_files[@]}" ps -q 2>/dev/null); do
     echo "$id $(docker inspect -f '{{index .Config.Labels "com.docker.compose.service"}}' "$id")"
   done
 }
@@ -109,29 +115,35 @@ logs() { timeout 60 docker logs "$(awk -v s="$2" '$2 == s {print $1}' "$work/$1.
 logged() { logs "$1" "$2" >"$work/logged" && grep -qE -- "$3" "$work/logged"; }
 # up PROJECT [COMPOSE OVERRIDE FILE]: starts the job (detached; `up` itself waits for the
 # scheduler's and servers' health checks before starting what depends on them).
+compose_files=()
 up() {
-  local p=$1 files=(-f "$compose_file")
-  [[ -n ${2:-} ]] && files+=(-f "$2")
+  local p=$1
+  compose_files=(-f "$compose_file")
+  [[ -n $override ]] && compose_files+=(-f "$override")
+  [[ -n ${2:-} ]] && compose_files+=(-f "$2")
   projects+=("$p")
-  timeout 600 docker-compose -p "$p" "${files[@]}" up -d --no-build >"$work/$p.up.log" 2>&1 ||
+  timeout 600 docker-compose -p "$p" "${compose_files[@]}" up -d --no-build >"$work/$p.up.log" 2>&1 ||
     { cat "$work/$p.up.log"; fail "$p: docker-compose up (exit or 600 s timeout)"; }
   containers "$p" >"$work/$p.containers"
   [[ $(wc -l <"$work/$p.containers") -eq 7 ]] ||
     fail "$p: $(wc -l <"$work/$p.containers") containers, want 7: $(cat "$work/$p.containers")"
 }
-# wait_end PROJECT: until every container has exited 0 (0), or one has exited non-zero with
-# its restarts spent or the run's deadline passed (1, with every container's state and log).
+# wait_end PROJECT: until every container has exited 0 (0), or one has exited non-zero and
+# its restart policy will not start it again, or the run's deadline passed (1, with every
+# container's state and log).
 wait_end() {
   local p=$1 deadline=$(( $(date +%s) + run_timeout )) id svc state all_done
+  local status code restarts policy max
   while true; do
     all_done=1
     while read -r id svc; do
-      state=$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}' "$id") || state="gone"
-      read -r status code restarts <<<"$state"
+      state=$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}} {{.HostConfig.RestartPolicy.Name}} {{.HostConfig.RestartPolicy.MaximumRetryCount}}' "$id") || state="gone"
+      read -r status code restarts policy max <<<"$state"
       [[ $status == exited && $code == 0 ]] && continue
       all_done=0
-      if [[ $status == exited && $code != 0 && ${restarts:-0} -ge 3 ]]; then
-        dump "$p"; fail "$p: $svc exited $code after $restarts restarts"
+      if [[ $status == exited && $code != 0 ]] &&
+         [[ $policy == no || $policy == "" || ($policy == on-failure && $max -gt 0 && $restarts -ge $max) ]]; then
+        dump "$p"; fail "$p: $svc exited $code and its restart policy ($policy, $restarts of ${max:-0} restarts) does not start it again"
       fi
       [[ $state == gone ]] && { dump "$p"; fail "$p: container of $svc is gone"; }
     done <"$work/$p.containers"
