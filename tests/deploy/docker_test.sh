@@ -83,6 +83,11 @@ if [[ -z $image ]]; then
   t_base=$(elapsed "$t")
 fi
 
+# The scheduler's port on the host (the compose file publishes it): a free one, so that a
+# job on this machine, or another run of this test, does not collide with ours.
+ADAPS_SCHEDULER_HOST_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+export ADAPS_SCHEDULER_HOST_PORT
+
 echo "== docker 2. compose and k8s agree"
 docker-compose -f "$compose_file" config >"$work/compose.yml" 2>"$work/compose.err" ||
   fail "docker-compose config: $(cat "$work/compose.err")"
