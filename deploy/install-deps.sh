@@ -5,7 +5,8 @@ set -euo pipefail
 
 # build: what compiling adaps (libraries, executables, Python module) needs; the Dockerfile's
 # build stage installs only these. all (default): also tests, benchmarks, fuzzing, the
-# accuracy study and the deployment checks.
+# accuracy study and the deployment checks (docker.io and debootstrap: the Docker step of
+# tests/run-all.sh, which makes its base images with deploy/docker-base.sh).
 BUILD_PACKAGES=(
   build-essential cmake pkg-config ninja-build
   libzmq3-dev cppzmq-dev
@@ -19,6 +20,7 @@ TEST_PACKAGES=(
   python3-pytest python3-matplotlib python3-torch
   clang-14 libclang-rt-14-dev
   docker-compose iproute2 python3-zmq
+  docker.io debootstrap
 )
 case "${1:-all}" in
   build) PACKAGES=("${BUILD_PACKAGES[@]}") ;;

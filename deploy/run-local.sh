@@ -6,16 +6,27 @@
 # Arguments go to every adaps-worker and override the defaults below, e.g.
 #   bash deploy/run-local.sh --compressor=dense
 #   bash deploy/run-local.sh --model=cnn --epochs=2
-# ADAPS_SERVER_ARGS overrides the servers' flags (default: plain SGD with recompressed pulls
-# at bin size 100; the momentum 0.9 runs on the workers as DGC's momentum correction,
-# --local_momentum: with servers running momentum themselves, pass --local_momentum=0).
-# These defaults close the accuracy gap to dense/dense (docs/accuracy.md, "The main command").
+# The training recipe (the servers' and the workers' flags) is deploy/recipe.flags, which the
+# image's entrypoint also applies (docker-compose.yml, deploy/k8s): plain SGD on the servers
+# with recompressed pulls at bin size 100, the momentum 0.9 on the workers as DGC's momentum
+# correction (--local_momentum), biases compressed at bin size 100. These close the accuracy
+# gap to dense/dense (docs/accuracy.md, "The main command").
+# ADAPS_SERVER_ARGS replaces the servers' flags (with servers running momentum themselves,
+# pass --local_momentum=0 to the workers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+recipe() {
+  local flags
+  flags=$(sed -n "s/^$1:[[:space:]]*//p" deploy/recipe.flags)
+  [[ -n $flags ]] || { echo "run-local: deploy/recipe.flags has no '$1:' line" >&2; exit 2; }
+  echo "$flags"
+}
+server_recipe=$(recipe server)
+worker_recipe=$(recipe worker)
 echo "run-local: setting up and building (log: /tmp/adaps-build.log)"
 bash deploy/build.sh adaps-scheduler adaps-server adaps-worker adaps_python >/tmp/adaps-build.log 2>&1 || { tail -50 /tmp/adaps-build.log; exit 1; }
+# shellcheck disable=SC2086  # the recipe is words
 exec bash deploy/launch.sh --servers 2 --workers 4 --bin "${ADAPS_BUILD_DIR:-build}" \
   --scheduler-args "--log_level=warn" \
-  --server-args "${ADAPS_SERVER_ARGS:---optimizer=sgd --pull_bin_size=100 --log_level=warn}" \
-  -- --mode=train --model=mlp --compressor=adacomp --pull=recompressed --local_momentum=0.9 \
-  --compress_bias --bin_size_bias=100 --epochs=3 --log_level=warn "$@"
+  --server-args "${ADAPS_SERVER_ARGS:-$server_recipe --log_level=warn}" \
+  -- $worker_recipe --log_level=warn "$@"

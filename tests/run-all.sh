@@ -6,6 +6,8 @@
 #   ADAPS_CTEST_ARGS  extra ctest arguments, e.g. "-L unit" or "-LE slow"
 #   ADAPS_FUZZ_SECONDS  seconds of fuzzing per libFuzzer target (default 20)
 #   ADAPS_SANITIZERS    0 skips the ASan+UBSan and TSan builds (default 1)
+#   ADAPS_DOCKER        0 skips the Docker step (default 1: it runs when a Docker engine
+#                       runs or can be started, and says SKIPPED with the reason otherwise)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -17,6 +19,18 @@ bash deploy/build.sh
 echo "== ctest"
 # shellcheck disable=SC2086
 ctest --test-dir "$build_dir" --output-on-failure -j 2 --timeout 300 ${ADAPS_CTEST_ARGS:-}
+
+if [[ ${ADAPS_DOCKER:-1} != 0 ]]; then
+  echo "== docker (the compose deployment trains, survives a killed server; tests/deploy/docker_test.sh)"
+  rc=0
+  bash tests/deploy/docker_test.sh || rc=$?
+  if [[ $rc -eq 77 ]]; then
+    echo "== docker: SKIPPED (the reason is above); the compose deployment was not tested"
+  elif [[ $rc -ne 0 ]]; then
+    echo "== docker: FAILED"
+    exit 1
+  fi
+fi
 
 echo "== fuzz (each target for ${ADAPS_FUZZ_SECONDS:-20}s)"
 bash tests/run-fuzz.sh

@@ -28,11 +28,19 @@ import sys
 import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-# The flags of deploy/run-local.sh (keep in sync).
-MAIN_WORKER = ("--mode=train --model=mlp --compressor=adacomp --pull=recompressed "
-               "--local_momentum=0.9 --compress_bias --bin_size_bias=100 --epochs=3 "
-               "--log_level=warn")
-MAIN_SERVER = "--optimizer=sgd --pull_bin_size=100"
+
+
+def recipe(role):
+    """The main command's flags for `role`: deploy/recipe.flags, as deploy/run-local.sh."""
+    with open(os.path.join(REPO, "deploy", "recipe.flags")) as f:
+        for line in f:
+            if line.startswith(role + ":"):
+                return line.split(":", 1)[1].strip()
+    sys.exit(f"deploy/recipe.flags has no '{role}:' line")
+
+
+MAIN_WORKER = recipe("worker") + " --log_level=warn"
+MAIN_SERVER = recipe("server")
 # The main command before issue 13's accuracy work: servers' momentum, dense biases,
 # recompressed pulls at the workers' bin size.
 BEFORE_WORKER = "--local_momentum=0 --compress_bias=false --bin_size_bias=0"

@@ -4,7 +4,8 @@
 #     2 servers and 4 workers, each with a health check that tests the process (its port,
 #     or a worker's ready file) and a bounded restart policy that leaves a finished job
 #     down; .dockerignore keeps build folders and .git out of the build context;
-#  2. every ADAPS_* variable it sets names a flag of that role's executable;
+#  2. every ADAPS_* variable it sets names a flag of that role's executable, and so does
+#     every flag of the training recipe (deploy/recipe.flags), which the image carries;
 #  3. the Dockerfile's build steps: the same install script and install rules
 #     (deploy/docker-build.sh) -- install-deps.sh build succeeds, the targets it builds
 #     exist, `cmake --install` of this build yields the executables and the Python module;
@@ -115,6 +116,23 @@ PY
     grep -qE -- "--$flag \(" <<<"$help" || fail "$v is set for $role but adaps-$role has no --$flag"
   done
   echo "$role: $vars"
+done
+
+echo "== 2b. the training recipe (deploy/recipe.flags) names real flags; the image carries it"
+recipe=$repo/deploy/recipe.flags
+grep -q "COPY deploy/recipe.flags /opt/adaps/share/adaps/recipe.flags" "$repo/deploy/Dockerfile" ||
+  fail "the Dockerfile does not copy deploy/recipe.flags where the entrypoint reads it"
+grep -q "/opt/adaps/share/adaps/recipe.flags" "$repo/deploy/docker-entrypoint.sh" ||
+  fail "the entrypoint does not read /opt/adaps/share/adaps/recipe.flags"
+for role in server worker; do
+  flags=$(sed -n "s/^$role:[[:space:]]*//p" "$recipe")
+  [[ -n $flags ]] || fail "deploy/recipe.flags has no '$role:' line"
+  help=$("$build/$role/adaps-$role" --helpfull 2>&1)
+  for f in $flags; do
+    name=${f#--}; name=${name%%=*}
+    grep -qE -- "--$name \(" <<<"$help" || fail "deploy/recipe.flags: adaps-$role has no --$name"
+  done
+  echo "recipe $role: $flags"
 done
 
 echo "== 3. Dockerfile build steps"

@@ -51,7 +51,7 @@ def flags(role):
 dockerfile = open(f"{repo}/deploy/Dockerfile").read()
 image = re.search(r"docker build -f deploy/Dockerfile -t (\S+)", dockerfile).group(1)
 entry = open(f"{repo}/deploy/docker-entrypoint.sh").read()
-roles = re.search(r"^\s*([a-z|]+)\) exec", entry, re.M).group(1).split("|")
+roles = re.search(r"^\s*((?:[a-z]+\|)+[a-z]+)\)", entry, re.M).group(1).split("|")
 
 def analyse(docs, label):
     by = {(d["kind"], d["metadata"]["name"]): d for d in docs if d}
