@@ -26,7 +26,7 @@ if [[ $which == ci ]]; then
                 shard_test optimizer_test compressor_two_phase_test authorization_test)
   tsan_targets=(adacomp_test compressor_test wire_codec_test fuzz_wire_codec_regression)
   # Tests whose executables the subset does not build.
-  asan_exclude='NOT_BUILT|pytest|deploy_|cpp_example|Train|trainer|Cuda'
+  asan_exclude='NOT_BUILT|pytest|python_|deploy_|cpp_example|Train|trainer|Cuda'
 fi
 
 build() {  # build_dir sanitize targets...
