@@ -86,7 +86,9 @@ def main():
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--clip", type=float, default=1.0,
-                    help="gradient-norm clip (local mode only: applied to the mean gradient)")
+                    help="gradient-norm clip (local mode only: applied to this worker's own "
+                         "gradient with the default update exchange, to the mean gradient "
+                         "with --exchange gradient)")
     ap.add_argument("--compression", default=None,
                     help="default: adaps.launch --compression, else adacomp")
     ap.add_argument("--bin-size", type=int, default=None, help="default 500")
@@ -127,7 +129,7 @@ def main():
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
         loss.backward()
         if opt.mode == "local" and a.clip > 0:
-            opt.synchronize()  # p.grad becomes the mean over workers; clip that
+            opt.synchronize()  # exchange="gradient": p.grad becomes the mean; else stays own
             torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         opt.step()
         running += loss.item()

@@ -120,6 +120,12 @@ def layer_type(module):
     return "other"
 
 
+def _compressed(compression):
+    """Whether any layer type's compression (a name or a dict of names) is not dense."""
+    names = compression.values() if isinstance(compression, dict) else [compression]
+    return any(c != "dense" for c in names)
+
+
 def _setting(name, explicit, env, default, conv=str):
     value = os.environ.get(env)
     if explicit is not None:
@@ -281,9 +287,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # Local mode with a compressor sends each worker's update (its own optimizer's
             # step), with error feedback on the update; dense pushes send the gradient, which
             # is then exact DDP. Server mode: the servers run the optimizer on gradients.
-            compressed = any(c != "dense" for c in (compression.values() if isinstance(
-                compression, dict) else [compression]))
-            return "update" if self.mode == "local" and compressed else "gradient"
+            return "update" if self.mode == "local" and _compressed(compression) \
+                else "gradient"
         if exchange not in _EXCHANGES:
             raise ValueError("adaps.torch: unknown exchange %r (gradient or update)"
                              % (exchange,))
@@ -305,9 +310,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         can = (type(self.optimizer) is torch.optim.SGD and settings.get("momentum", 0) > 0
                and not settings.get("nesterov") and not settings.get("dampening", 0))
         if wanted is None:
-            compressed = any(c != "dense" for c in (compression.values() if isinstance(
-                compression, dict) else [compression]))
-            return can and compressed
+            return can and _compressed(compression)
         if wanted and not can:
             raise ValueError("adaps.torch: momentum_correction needs server mode with "
                              "torch.optim.SGD with momentum > 0, no Nesterov, no dampening")

@@ -1,0 +1,177 @@
+#!/usr/bin/python3
+"""In-process simulation of W data-parallel workers with AdaComp (DESIGN.md section 1), for
+comparing what local mode exchanges (the table "How it was found" in docs/accuracy.md).
+
+  /usr/bin/python3 bench/accuracy/exchange_sim.py --mode dense|grad|update|ef21 --L 32 [--T 500]
+      [--dense-1d 1] [--warmup-dense 30] [--model lstm --opt adam --lr 5e-3 --L 48 --wd 0]
+
+Push ratios count 10 bits per sent element (an estimate; the real wire is Rice-coded)."""
+import argparse, math, os, sys, time, copy
+import torch, torch.nn as nn, torch.nn.functional as F
+
+torch.set_num_threads(1)
+
+def adacomp(G, g, T):
+    """DESIGN.md section 1 on flat tensors. Returns decompressed update; updates G."""
+    G += g
+    H = G + g
+    N = G.numel(); nb = (N + T - 1) // T
+    pad = nb * T - N
+    Ga = G.abs()
+    if pad:
+        Gp = torch.cat([Ga, torch.zeros(pad)])
+    else:
+        Gp = Ga
+    gmax = Gp.view(nb, T).max(1).values
+    s = gmax.sum() / nb
+    gm = gmax.repeat_interleave(T)[:N]
+    sel = (gm > 0) & (G != 0) & (H.abs() >= gm)
+    out = torch.zeros_like(G)
+    out[sel] = torch.sign(G[sel]) * s
+    G[sel] -= out[sel]
+    return out, int(sel.sum())
+
+LIC = ["GPL-3", "Apache-2.0", "LGPL-3", "MPL-2.0", "GFDL-1.3"]
+def text_data():
+    t = "\n".join(open("/usr/share/common-licenses/" + n, errors="replace").read() for n in LIC)
+    itos = sorted(set(t)); stoi = {c: i for i, c in enumerate(itos)}
+    d = torch.tensor([stoi[c] for c in t]); s = int(len(d) * .9)
+    return d[:s], d[s:], len(itos)
+
+class CharLSTM(nn.Module):
+    def __init__(s, V, E=32, H=128):
+        super().__init__(); s.embed = nn.Embedding(V, E); s.lstm = nn.LSTM(E, H, batch_first=True); s.out = nn.Linear(H, V)
+    def forward(s, x):
+        return s.out(s.lstm(s.embed(x))[0])
+
+class Block(nn.Module):
+    def __init__(s, d, h):
+        super().__init__(); s.ln1 = nn.LayerNorm(d); s.attn = nn.MultiheadAttention(d, h, batch_first=True)
+        s.ln2 = nn.LayerNorm(d); s.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+    def forward(s, x, mask):
+        h = s.ln1(x); x = x + s.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + s.mlp(s.ln2(x))
+
+class TinyGPT(nn.Module):
+    def __init__(s, V, d=128, L=2, h=4, ctx=64):
+        super().__init__(); s.tok = nn.Embedding(V, d); s.pos = nn.Embedding(ctx, d)
+        s.blocks = nn.ModuleList([Block(d, h) for _ in range(L)]); s.ln = nn.LayerNorm(d); s.head = nn.Linear(d, V)
+    def forward(s, x):
+        T = x.shape[1]; mask = torch.triu(torch.full((T, T), float("-inf")), 1)
+        h = s.tok(x) + s.pos(torch.arange(T))
+        for b in s.blocks: h = b(h, mask)
+        return s.head(s.ln(h))
+
+def bpc(model, data, L, n=32):
+    model.eval(); k = min((len(data) - 1) // L, n)
+    x = data[:k * L].view(k, L); y = data[1:k * L + 1].view(k, L)
+    with torch.no_grad(): l = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    model.train(); return l.item() / math.log(2)
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="gpt"); ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--W", type=int, default=4); ap.add_argument("--bs", type=int, default=16)
+    ap.add_argument("--L", type=int, default=64); ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--mode", default="dense")  # dense | grad | update
+    ap.add_argument("--T", type=int, default=500); ap.add_argument("--dense-small", type=int, default=0)
+    ap.add_argument("--dense-1d", type=int, default=0); ap.add_argument("--warmup-dense", type=int, default=0)
+    ap.add_argument("--opt", default="adamw"); ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--clip", type=float, default=1.0); ap.add_argument("--wd", type=float, default=0.01)
+    ap.add_argument("--sched", default="cos"); ap.add_argument("--d", type=int, default=64); ap.add_argument("--warm", type=int, default=0)
+    a = ap.parse_args()
+    torch.manual_seed(a.seed)
+    tr, va, V = text_data()
+    model = TinyGPT(V, d=a.d, ctx=a.L) if a.model == "gpt" else CharLSTM(V)
+    params = [p for p in model.parameters()]
+    names = [n for n, _ in model.named_parameters()]
+    def mkopt(ps):
+        if a.opt == "adamw": return torch.optim.AdamW(ps, lr=a.lr, weight_decay=a.wd)
+        if a.opt == "adam": return torch.optim.Adam(ps, lr=a.lr)
+        return torch.optim.SGD(ps, lr=a.lr, momentum=0.9)
+    def lr_at(t):
+        if a.warm and t < a.warm: f = (t + 1) / a.warm
+        else: f = 1.0
+        if a.sched == "cos": f *= 0.5 * (1 + math.cos(math.pi * t / a.steps))
+        return a.lr * f
+    W = a.W
+    if a.mode == "update":
+        shadows = [[p.detach().clone().requires_grad_(True) for p in params] for _ in range(W)]
+        opts = [mkopt(s) for s in shadows]
+    else:
+        opt = mkopt(params)
+    res = [[torch.zeros(p.numel()) for p in params] for _ in range(W)]
+    def dense_t(i, p):
+        return (a.dense_small and p.numel() < a.dense_small) or (a.dense_1d and p.dim() == 1)
+    gens = [torch.Generator().manual_seed(a.seed * 1000 + r) for r in range(W)]
+    sent = 0; total = 0; t0 = time.time(); hist = []
+    for t in range(a.steps):
+        lr = lr_at(t)
+        grads = []
+        for r in range(W):
+            st = torch.randint(0, len(tr) - a.L - 1, (a.bs,), generator=gens[r]).tolist()
+            x = torch.stack([tr[s:s + a.L] for s in st]); y = torch.stack([tr[s + 1:s + a.L + 1] for s in st])
+            model.zero_grad()
+            F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+            grads.append([p.grad.detach().clone() for p in params])
+        warm = t < a.warmup_dense
+        if a.mode == "ef21":
+            if t == 0:
+                prevg = [[torch.zeros(p.numel()) for p in params] for _ in range(W)]
+                Hs = [torch.zeros(p.numel()) for p in params]
+            for i, p in enumerate(params):
+                acc = torch.zeros(p.numel())
+                for r in range(W):
+                    g = grads[r][i].flatten()
+                    dlt = g - prevg[r][i]; prevg[r][i] = g
+                    d, k = adacomp(res[r][i], dlt, a.T); acc += d; sent += k * 10 + 32
+                    total += g.numel() * 32
+                Hs[i] += acc / W
+                p.grad = Hs[i].view_as(p).clone()
+            if a.clip: torch.nn.utils.clip_grad_norm_(params, a.clip)
+            for gr in opt.param_groups: gr["lr"] = lr
+            opt.step()
+        elif a.mode in ("dense", "grad"):
+            means = []
+            for i, p in enumerate(params):
+                acc = torch.zeros(p.numel())
+                for r in range(W):
+                    g = grads[r][i].flatten()
+                    if a.mode == "dense" or warm or dense_t(i, p):
+                        d = res[r][i] + g; res[r][i].zero_(); acc += d; sent += g.numel() * 32
+                    else:
+                        d, k = adacomp(res[r][i], g, a.T); acc += d; sent += k * 10 + 32
+                    total += g.numel() * 32
+                means.append((acc / W).view_as(p))
+            for p, m in zip(params, means): p.grad = m.clone()
+            if a.clip: torch.nn.utils.clip_grad_norm_(params, a.clip)
+            for gr in opt.param_groups: gr["lr"] = lr
+            opt.step()
+        else:
+            ups = []
+            for r in range(W):
+                sh = shadows[r]
+                with torch.no_grad():
+                    for s, p in zip(sh, params): s.copy_(p)
+                for s, g in zip(sh, grads[r]): s.grad = g
+                if a.clip: torch.nn.utils.clip_grad_norm_(sh, a.clip)
+                for gr in opts[r].param_groups: gr["lr"] = lr
+                opts[r].step()
+                ups.append([(s.detach() - p.detach()).flatten() for s, p in zip(sh, params)])
+            with torch.no_grad():
+                for i, p in enumerate(params):
+                    acc = torch.zeros(p.numel())
+                    for r in range(W):
+                        u = ups[r][i]
+                        if warm or dense_t(i, p):
+                            d = res[r][i] + u; res[r][i].zero_(); acc += d; sent += u.numel() * 32
+                        else:
+                            d, k = adacomp(res[r][i], u, a.T); acc += d; sent += k * 10 + 32
+                        total += u.numel() * 32
+                    p += (acc / W).view_as(p)
+        if (t + 1) % 100 == 0 or t + 1 == a.steps:
+            b = bpc(model, va, a.L); hist.append(b)
+            print("step %d bpc %.3f ratio %.0fx (%.0fs)" % (t + 1, b, total / max(sent, 1), time.time() - t0), flush=True)
+    print("FINAL", a.model, a.mode, "T", a.T, "bpc %.4f" % hist[-1], "push ratio %.1f" % (total / max(sent, 1)), " ".join("%.3f" % h for h in hist))
+
+main()
