@@ -136,6 +136,22 @@ absl::Status DecodeAddCopy(absl::Span<const uint8_t> bytes, float factor, absl::
 absl::Status DecodeAssignCopy(absl::Span<const uint8_t> bytes, bool zero_rest,
                               absl::Span<float> dst, absl::Span<float> copy);
 
+// A forwarded pull answer (schemas/README.md "Sparse pulls"): the pushes of one step of a
+// mean server, as the server received them, and the scale it applied (1 / pushes), so a
+// worker replays the server's arithmetic exactly: dst = 0, dst += each push in order
+// (DecodeAdd, factor 1), dst *= scale; then copy = dst. Layout: u32 magic "AFW1" | u32
+// count | f32 scale | count x (u32 size | that many bytes of a push payload).
+// ForwardedSize: the bytes EncodeForwarded writes for pushes of these sizes.
+size_t ForwardedSize(absl::Span<const size_t> push_sizes);
+// kInvalidArgument for no pushes, a push over 4 GiB or a scale that is not finite and > 0.
+absl::Status EncodeForwarded(float scale, absl::Span<const absl::Span<const uint8_t>> pushes,
+                             std::vector<uint8_t>* out);
+// Every push is validated (for dst.size() elements) before anything is written: on any
+// error neither dst nor copy changes. kInvalidArgument when copy.size() differs from
+// dst.size(); kDataLoss when the buffer is damaged or a push is for another length.
+absl::Status DecodeForwardedCopy(absl::Span<const uint8_t> bytes, absl::Span<float> dst,
+                                 absl::Span<float> copy);
+
 // Size of the encoding in bits divided by the number of elements sent (count). Infinity
 // when nothing is sent.
 double BitsPerSentElement(const CompressedUpdate& update, size_t encoded_bytes);

@@ -238,6 +238,7 @@ absl::Status EngineThread::SendAnswer(Shard& shard, const Shard::Pull& pull) {
     case Shard::Format::kRecompressed: format = msg::PullFormat::Recompressed; break;
     case Shard::Format::kReplica: format = msg::PullFormat::Replica; break;
     case Shard::Format::kSparse: format = msg::PullFormat::Sparse; break;
+    case Shard::Format::kForwarded: format = msg::PullFormat::Forwarded; break;
   }
   flatbuffers::FlatBufferBuilder fbb(128);
   auto body = msg::CreatePullResponse(fbb, shard.key(), answer.version, answer.base, format,

@@ -64,8 +64,8 @@ void ServerMetrics::OnView(int rank, size_t live_workers) {
     checkpoint_age_ = metrics_.GetGauge(n::kCheckpointAgeSeconds);
     checkpoints_ = metrics_.GetCounter(n::kCheckpointsTotal);
     // (Shard::Format order.)
-    const char* formats[] = {"dense", "recompressed", "replica", "sparse"};
-    for (int f = 0; f < 4; ++f) {
+    const char* formats[kFormats] = {"dense", "recompressed", "replica", "sparse", "forwarded"};
+    for (int f = 0; f < kFormats; ++f) {
       answers_[f] = metrics_.GetCounter(n::kServerPullAnswersTotal, {{l::kFormat, formats[f]}});
       answer_bytes_[f] =
           metrics_.GetCounter(n::kServerPullAnswerBytesTotal, {{l::kFormat, formats[f]}});

@@ -102,7 +102,8 @@ class ServerMetrics {
   Histogram push_work_, pull_work_;
   Gauge live_workers_, checkpoint_age_;
   Counter checkpoints_;
-  Counter answers_[4], answer_bytes_[4];  // by Shard::Format
+  static constexpr int kFormats = 5;  // Shard::Format's values
+  Counter answers_[kFormats], answer_bytes_[kFormats];  // by Shard::Format
   Counter messages_in_, messages_out_, bytes_in_, bytes_out_;
   TransportStats last_ ABSL_GUARDED_BY(mu_);
 };

@@ -236,6 +236,7 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
     pushed_.clear();
     version_ = step;
     last_sparse_ = false;
+    last_forwardable_ = false;
   }
   if (step != version_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -250,11 +251,14 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
     step_tracked_ = track_touched_;
     touched_.clear();
     touched_ends_.clear();
+    step_push_count_ = 0;
   }
   // (Checked by DecodeAdd already: an error here only stops tracking this step.)
   if (step_tracked_) {
     step_tracked_ = CollectTouched(payload).ok();
     touched_ends_.push_back(touched_.size());
+    if (step_push_count_ == step_pushes_.size()) step_pushes_.emplace_back();
+    step_pushes_[step_push_count_++].assign(payload.begin(), payload.end());
   }
   pushed_.insert(worker);
   if (!learned.empty()) segments_ = std::move(learned);
@@ -334,12 +338,20 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
                              absl::MakeSpan(params_), optimizer_);
     last_touched_.swap(touched_);
     last_sparse_ = true;
+    // agg_ started at 0 and took the pushes in this order; the mean is agg_ * scale: a
+    // worker that replays exactly this gets the same floats (DecodeForwardedCopy).
+    last_forwardable_ = optimizer.kind == OptimizerKind::kMean;
+    last_pushes_.swap(step_pushes_);
+    last_push_count_ = step_push_count_;
+    last_scale_ = scale;
   } else {
     ApplyOptimizerAndClear(optimizer, scale, absl::MakeSpan(agg_), absl::MakeSpan(params_),
                            optimizer_);
     last_sparse_ = false;
+    last_forwardable_ = false;
     mean_zero_outside_ = false;
   }
+  step_push_count_ = 0;
   touched_.clear();
   touched_ends_.clear();
   step_tracked_ = false;
@@ -359,6 +371,7 @@ absl::Status Shard::ApplyPush(absl::Span<const uint8_t> payload,
   ApplyOptimizer(optimizer, agg_, absl::MakeSpan(params_), optimizer_);
   ++version_;
   last_sparse_ = false;
+  last_forwardable_ = false;
   mean_zero_outside_ = false;
   return absl::OkStatus();
 }
@@ -491,35 +504,52 @@ void Shard::PublishDense() {
   dense_version_ = version_;
 }
 
-// The new values at the elements the step touched, as one Top-k encoding (one merged
-// ascending index list, Rice-coded gaps, float32 values): exact, whatever the optimizer's
-// rounding, since the worker assigns the server's own floats. Kept only when smaller than
-// the dense answer.
+// The smallest exact sparse answer, kept only when smaller than the dense one: the new
+// values at the elements the step touched, as one Top-k encoding (one merged ascending index
+// list, Rice-coded gaps, float32 values; exact whatever the optimizer's rounding, since the
+// worker assigns the server's own floats), or, for a mean step, the step's pushes forwarded
+// as they came (their sign bits against 32-bit values: about W times smaller at AdaComp's
+// densities; exact because the worker replays the same float additions in the same order).
 absl::Status Shard::PublishSparse() {
   sparse_version_ = version_;
+  sparse_forwarded_ = false;
   // The last version's buffer, written again once whoever sends it released it (Reusable).
   if (sparse_bytes_) sparse_spare_ = std::move(sparse_bytes_);
   if (!last_sparse_) return absl::OkStatus();
-  // Larger than dense for certain (at least 4 bytes a value): not worth encoding.
-  if (uint64_t{last_touched_.size()} * sizeof(float) >= uint64_t{length_} * sizeof(float)) {
-    return absl::OkStatus();
+  const uint64_t dense = uint64_t{length_} * sizeof(float);
+  uint64_t forwarded = UINT64_MAX;
+  if (last_forwardable_ && mean_zero_outside_ && last_push_count_ > 0) {
+    forwarded = 12;
+    for (size_t i = 0; i < last_push_count_; ++i) forwarded += 4 + last_pushes_[i].size();
   }
-  CompressedUpdate& u = sparse_update_;
-  u.kind = CompressorKind::kTopK;
-  u.length = length_;
-  u.bin_size = 0;
-  u.indices.assign(last_touched_.begin(), last_touched_.end());
-  u.values.resize(last_touched_.size());
-  for (size_t j = 0; j < last_touched_.size(); ++j) u.values[j] = params_[last_touched_[j]];
   std::shared_ptr<std::vector<uint8_t>> bytes = Reusable(sparse_spare_);
   sparse_spare_.reset();
-  // (A value the codec refuses, NaN or Inf, goes out in the dense answer as it is.)
-  if (!EncodeUpdate(u, IndexCoding::kRice, bytes.get()).ok() ||
-      bytes->size() >= uint64_t{length_} * sizeof(float)) {
-    sparse_spare_ = std::move(bytes);
-    return absl::OkStatus();
+  // The merged list holds at least 4 bytes a value: encoded only when it may be the smallest.
+  if (uint64_t{last_touched_.size()} * sizeof(float) < std::min(dense, forwarded)) {
+    CompressedUpdate& u = sparse_update_;
+    u.kind = CompressorKind::kTopK;
+    u.length = length_;
+    u.bin_size = 0;
+    u.indices.assign(last_touched_.begin(), last_touched_.end());
+    u.values.resize(last_touched_.size());
+    for (size_t j = 0; j < last_touched_.size(); ++j) u.values[j] = params_[last_touched_[j]];
+    // (A value the codec refuses, NaN or Inf, goes out in the dense answer as it is.)
+    if (EncodeUpdate(u, IndexCoding::kRice, bytes.get()).ok() &&
+        bytes->size() < std::min(dense, forwarded)) {
+      sparse_bytes_ = std::move(bytes);
+      return absl::OkStatus();
+    }
   }
-  sparse_bytes_ = std::move(bytes);
+  if (forwarded < dense) {
+    std::vector<absl::Span<const uint8_t>> pushes(last_pushes_.begin(),
+                                                  last_pushes_.begin() + last_push_count_);
+    if (EncodeForwarded(last_scale_, pushes, bytes.get()).ok()) {
+      sparse_bytes_ = std::move(bytes);
+      sparse_forwarded_ = true;
+      return absl::OkStatus();
+    }
+  }
+  sparse_spare_ = std::move(bytes);
   return absl::OkStatus();
 }
 
@@ -537,7 +567,7 @@ absl::StatusOr<Shard::Answer> Shard::AnswerPull(const Pull& pull) {
     }
     const bool mean = last_sparse_ && mean_zero_outside_;
     if (sparse_bytes_ && (mean || pull.have_version + 1 == version_)) {
-      answer.format = Format::kSparse;
+      answer.format = sparse_forwarded_ ? Format::kForwarded : Format::kSparse;
       answer.zero_base = mean;
       answer.base = version_ - 1;
       answer.payload = sparse_bytes_;

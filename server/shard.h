@@ -55,7 +55,9 @@ class Shard {
   // the elements some worker sent in the step, answered as kSparse, or as kDense when that
   // is no larger or the only exact answer (the step was not tracked, or ran a dense
   // optimizer, or the puller's replica is not at the version before).
-  enum class Format { kDense, kRecompressed, kReplica, kSparse };
+  // kForwarded: an answer format only (to a kSparse pull, when it is the smallest exact
+  // answer of a mean step): the step's pushes as they came, which the worker replays.
+  enum class Format { kDense, kRecompressed, kReplica, kSparse, kForwarded };
   // A pull waiting for (or being answered at) a version. `route` is opaque to the shard.
   struct Pull {
     std::string route;
@@ -72,7 +74,8 @@ class Shard {
     uint64_t version = 0;
     uint64_t base = 0;
     PayloadBytes payload;
-    Format format = Format::kDense;  // what the payload is (a kSparse pull: kSparse or kDense)
+    Format format = Format::kDense;  // what the payload is (a kSparse pull: kSparse,
+                                     // kForwarded or kDense)
     bool zero_base = false;          // kSparse: the elements not listed are 0 (mean)
   };
 
@@ -224,10 +227,18 @@ class Shard {
   bool mean_zero_outside_ = false;
   std::vector<uint32_t> touched_, last_touched_, merge_scratch_;
   std::vector<size_t> touched_ends_, merged_ends_;  // where each push's run ends in touched_
+  // The tracked step's pushes as they came (step_pushes_[0, step_push_count_), buffers kept
+  // from step to step), and the last step's with the scale of its mean, when
+  // last_forwardable_ (a tracked mean step): what a forwarded answer carries.
+  std::vector<std::vector<uint8_t>> step_pushes_, last_pushes_;
+  size_t step_push_count_ = 0, last_push_count_ = 0;
+  float last_scale_ = 1.0f;
+  bool last_forwardable_ = false;
   CompressedUpdate touched_scratch_;
   // The current version's sparse answer: its bytes (null: the dense one is no larger) at
-  // sparse_version_.
+  // sparse_version_, forwarded pushes (sparse_forwarded_) or the merged list.
   std::shared_ptr<std::vector<uint8_t>> sparse_bytes_, sparse_spare_;
+  bool sparse_forwarded_ = false;
   uint64_t sparse_version_ = UINT64_MAX;
   bool sparse_zero_base_ = false;
   CompressedUpdate sparse_update_;

@@ -127,6 +127,7 @@ TrafficCounters FusedTraffic(Tensor& member) {
   own.pull_wire_bytes = share(bucket.pull_wire_bytes);
   // (The bucket's answers are each member's: one per step.)
   own.pulls_answered_sparse = bucket.pulls_answered_sparse;
+  own.pulls_answered_forwarded = bucket.pulls_answered_forwarded;
   own.pulls_answered_dense = bucket.pulls_answered_dense;
   return own;
 }

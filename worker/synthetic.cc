@@ -88,6 +88,7 @@ absl::StatusOr<TrafficCounters> Totals(Worker& worker, const Layers& m) {
     sum.decode_seconds += t.decode_seconds;
     sum.server_seconds += t.server_seconds;
     sum.pulls_answered_sparse += t.pulls_answered_sparse;
+    sum.pulls_answered_forwarded += t.pulls_answered_forwarded;
     sum.pulls_answered_dense += t.pulls_answered_dense;
   }
   return sum;
@@ -152,7 +153,7 @@ void PrintSummary(Worker& worker, const SyntheticConfig& config, const TrafficCo
       "step_ms=%.2f push_wire_bytes=%.0f pull_wire_bytes=%.0f push_rate=%.1fx "
       "total_rate=%.2fx effective_GBps=%.3f wire_GBps=%.3f cluster_effective_GBps=%.3f "
       "compress_ms=%.2f wire_server_ms=%.2f decode_ms=%.2f server_ms=%.2f in_calls_ms=%.2f "
-      "sparse_answers=%llu dense_answers=%llu\n",
+      "sparse_answers=%llu forwarded_answers=%llu dense_answers=%llu\n",
       CompressorKindName(CodecKind(config.layer.compression)),
       config.layer.pull == PullFormat::kDense    ? "dense"
       : config.layer.pull == PullFormat::kSparse ? "sparse"
@@ -166,6 +167,8 @@ void PrintSummary(Worker& worker, const SyntheticConfig& config, const TrafficCo
       timed.rest() / steps, timed.decode / steps, timed.server / steps, timed.calls / steps,
       static_cast<unsigned long long>(after.pulls_answered_sparse -
                                       before.pulls_answered_sparse),
+      static_cast<unsigned long long>(after.pulls_answered_forwarded -
+                                      before.pulls_answered_forwarded),
       static_cast<unsigned long long>(after.pulls_answered_dense - before.pulls_answered_dense));
   std::fflush(stdout);
 }

@@ -130,7 +130,8 @@ absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
     }
     return absl::OkStatus();
   }
-  if (sparse != (resp.format() == msg::PullFormat::Sparse)) {
+  const bool forwarded = resp.format() == msg::PullFormat::Forwarded;
+  if (sparse != (resp.format() == msg::PullFormat::Sparse || forwarded)) {
     return absl::DataLossError(absl::StrCat("pull of '", t.spec.name, "' answered in format ",
                                             msg::EnumNamePullFormat(resp.format())));
   }
@@ -148,16 +149,22 @@ absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
       return absl::DataLossError(absl::StrCat("sparse pull from version ", resp.base_version(),
                                               " but replica is at ", rt.replica_version));
     }
-    // replica = the answer's values at its elements (the rest kept, or 0 for a mean),
-    // and the output = replica; nothing changes if the answer is damaged.
-    absl::Status st = DecodeAssignCopy(payload, resp.zero_base(), absl::MakeSpan(rt.replica),
-                                       absl::MakeSpan(dst, rt.replica.size()));
+    // replica = the answer's values at its elements (the rest kept, or 0 for a mean), or
+    // the mean replayed from the forwarded pushes; and the output = replica; nothing changes
+    // if the answer is damaged.
+    absl::Status st =
+        forwarded ? (resp.zero_base()
+                         ? DecodeForwardedCopy(payload, absl::MakeSpan(rt.replica),
+                                               absl::MakeSpan(dst, rt.replica.size()))
+                         : absl::DataLossError("a forwarded answer is a whole mean"))
+                  : DecodeAssignCopy(payload, resp.zero_base(), absl::MakeSpan(rt.replica),
+                                     absl::MakeSpan(dst, rt.replica.size()));
     if (!st.ok()) {
       return absl::DataLossError(
           absl::StrCat("sparse pull of '", t.spec.name, "': ", st.message()));
     }
     rt.replica_version = resp.version();
-    ++t.traffic.pulls_answered_sparse;
+    ++(forwarded ? t.traffic.pulls_answered_forwarded : t.traffic.pulls_answered_sparse);
     return absl::OkStatus();
   }
   if (resp.base_version() != rt.replica_version) {

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -571,6 +572,119 @@ TEST(WireCodecSparseAnswer, ADamagedAnswerChangesNothing) {
     if (!st.ok()) {
       ASSERT_THAT(dst, Each(2.0f)) << trial;
       ASSERT_THAT(copy, Each(-1.0f)) << trial;
+    }
+  }
+}
+
+// A forwarded answer (DecodeForwardedCopy) is the mean server's own arithmetic replayed:
+// agg = 0, agg += each push in order, mean = agg * scale; bit for bit, for plain and
+// segmented pushes; every damaged form changes neither buffer.
+std::vector<std::vector<uint8_t>> ForwardedPushes() {
+  std::vector<std::vector<uint8_t>> pushes(3);
+  EXPECT_TRUE(EncodeUpdate(Compressed(CompressorKind::kAdaComp, 1000, 1), IndexCoding::kRice,
+                           &pushes[0]).ok());
+  EXPECT_TRUE(EncodeUpdate(Compressed(CompressorKind::kTopK, 1000, 2), IndexCoding::kRice,
+                           &pushes[1]).ok());
+  EXPECT_TRUE(EncodeUpdate(Compressed(CompressorKind::kAdaComp, 1000, 3), IndexCoding::kRice,
+                           &pushes[2]).ok());
+  return pushes;
+}
+
+TEST(WireCodecForwarded, ReplaysTheServersMeanBitForBit) {
+  const std::vector<std::vector<uint8_t>> pushes = ForwardedPushes();
+  const float scale = 1.0f / 3.0f;
+  std::vector<float> agg(1000, 0.0f);  // what server/shard.cc does
+  for (const auto& p : pushes) ASSERT_TRUE(DecodeAdd(p, 1.0f, absl::MakeSpan(agg)).ok());
+  std::vector<float> want(1000);
+  for (size_t j = 0; j < agg.size(); ++j) want[j] = agg[j] * scale;
+  std::vector<absl::Span<const uint8_t>> spans(pushes.begin(), pushes.end());
+  std::vector<uint8_t> bytes;
+  ASSERT_TRUE(EncodeForwarded(scale, spans, &bytes).ok());
+  EXPECT_EQ(bytes.size(), ForwardedSize({pushes[0].size(), pushes[1].size(), pushes[2].size()}));
+  std::vector<float> dst(1000, 7.0f), copy(1000, -1.0f);  // whatever it held: replaced
+  ASSERT_TRUE(DecodeForwardedCopy(bytes, absl::MakeSpan(dst), absl::MakeSpan(copy)).ok());
+  EXPECT_EQ(0, std::memcmp(dst.data(), want.data(), want.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(copy.data(), want.data(), want.size() * sizeof(float)));
+  // The order is the server's: another order is another answer (float addition).
+  std::vector<absl::Span<const uint8_t>> reversed(spans.rbegin(), spans.rend());
+  std::vector<uint8_t> other;
+  ASSERT_TRUE(EncodeForwarded(scale, reversed, &other).ok());
+  EXPECT_NE(other, bytes);
+  // Segmented pushes (a fusion bucket) replay segment by segment.
+  const std::vector<WireSegment> table = {{400, 50}, {600, 50}};
+  std::vector<std::vector<uint8_t>> parts(2);
+  ASSERT_TRUE(EncodeUpdate(Compressed(CompressorKind::kAdaComp, 400, 4), IndexCoding::kRice,
+                           &parts[0]).ok());
+  ASSERT_TRUE(EncodeUpdate(Compressed(CompressorKind::kAdaComp, 600, 5), IndexCoding::kRice,
+                           &parts[1]).ok());
+  std::vector<uint8_t> seg;
+  ASSERT_TRUE(EncodeSegmented(table, {parts[0], parts[1]}, &seg).ok());
+  std::vector<float> agg2(1000, 0.0f);
+  ASSERT_TRUE(DecodeAdd(seg, 1.0f, absl::MakeSpan(agg2)).ok());
+  ASSERT_TRUE(DecodeAdd(pushes[0], 1.0f, absl::MakeSpan(agg2)).ok());
+  for (float& x : agg2) x *= 0.5f;
+  ASSERT_TRUE(EncodeForwarded(0.5f, {seg, pushes[0]}, &bytes).ok());
+  ASSERT_TRUE(DecodeForwardedCopy(bytes, absl::MakeSpan(dst), absl::MakeSpan(copy)).ok());
+  EXPECT_EQ(0, std::memcmp(dst.data(), agg2.data(), agg2.size() * sizeof(float)));
+}
+
+TEST(WireCodecForwarded, EncodingRefusesWhatNoServerSends) {
+  std::vector<uint8_t> out{1, 2};
+  EXPECT_EQ(EncodeForwarded(0.5f, {}, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(out.empty());
+  const std::vector<uint8_t> p = ForwardedPushes()[0];
+  for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN()}) {
+    EXPECT_EQ(EncodeForwarded(bad, {p}, &out).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(WireCodecForwarded, ADamagedAnswerChangesNothing) {
+  const std::vector<std::vector<uint8_t>> pushes = ForwardedPushes();
+  std::vector<uint8_t> bytes;
+  ASSERT_TRUE(EncodeForwarded(0.25f, {pushes[0], pushes[1], pushes[2]}, &bytes).ok());
+  auto expect_rejected = [](const std::vector<uint8_t>& b, size_t n, const std::string& what) {
+    std::vector<float> dst(n, 2.0f), copy(n, -1.0f);
+    absl::Status st = DecodeForwardedCopy(b, absl::MakeSpan(dst), absl::MakeSpan(copy));
+    EXPECT_FALSE(st.ok()) << what;
+    EXPECT_THAT(dst, Each(2.0f)) << what;
+    EXPECT_THAT(copy, Each(-1.0f)) << what;
+  };
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    expect_rejected(std::vector<uint8_t>(bytes.begin(), bytes.begin() + len), 1000,
+                    absl::StrCat("cut at ", len));
+  }
+  std::vector<uint8_t> trailing = bytes;
+  trailing.push_back(0);
+  expect_rejected(trailing, 1000, "trailing byte");
+  expect_rejected(bytes, 999, "another length");
+  std::vector<float> dst(1000), short_copy(999);
+  EXPECT_EQ(DecodeForwardedCopy(bytes, absl::MakeSpan(dst), absl::MakeSpan(short_copy)).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A count of zero, a count larger than what follows, a scale of 0, of NaN.
+  auto with = [&](size_t at, uint32_t word) {
+    std::vector<uint8_t> b = bytes;
+    for (int i = 0; i < 4; ++i) b[at + i] = static_cast<uint8_t>(word >> (8 * i));
+    return b;
+  };
+  expect_rejected(with(4, 0), 1000, "no pushes");
+  expect_rejected(with(4, 4), 1000, "4 pushes, 3 there");
+  expect_rejected(with(8, 0), 1000, "scale 0");
+  expect_rejected(with(8, 0x7fc00000u), 1000, "scale NaN");
+  expect_rejected(with(0, 0x12345678u), 1000, "another magic");
+  // Another payload (a sparse answer) is not a forwarded one.
+  std::vector<uint8_t> other;
+  ASSERT_TRUE(EncodeUpdate(SparseAnswer(), IndexCoding::kRice, &other).ok());
+  expect_rejected(other, 1000, "a Top-k encoding");
+  // Random flips: a failure writes nothing.
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::vector<uint8_t> b = bytes;
+    b[rng() % b.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+    std::vector<float> d(1000, 2.0f), c(1000, -1.0f);
+    if (!DecodeForwardedCopy(b, absl::MakeSpan(d), absl::MakeSpan(c)).ok()) {
+      ASSERT_THAT(d, Each(2.0f)) << trial;
+      ASSERT_THAT(c, Each(-1.0f)) << trial;
     }
   }
 }

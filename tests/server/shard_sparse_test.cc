@@ -88,6 +88,15 @@ struct Replica {
       version = a.version;
       return true;
     }
+    if (a.format == Shard::Format::kForwarded) {
+      std::vector<float> copy(values.size());
+      if (a.payload == nullptr || !a.zero_base ||
+          !DecodeForwardedCopy(*a.payload, absl::MakeSpan(values), absl::MakeSpan(copy)).ok()) {
+        return false;
+      }
+      version = a.version;
+      return values == copy;
+    }
     if (a.format != Shard::Format::kSparse) return false;
     if (a.payload == nullptr) return a.version == version;
     if (!a.zero_base && a.base != version) return false;
@@ -183,7 +192,8 @@ TEST(ShardSparse, MeanAnswersAreTheStepsMeanWithZerosWhereNoWorkerSent) {
   Scenario run;
   run.optimizer = Mean();
   const auto formats = ExpectReplicaFollowsTheParameters(run);
-  EXPECT_EQ(Count(formats, Shard::Format::kSparse), formats.size() - 1);
+  // AdaComp pushes: forwarding them (sign bits) is smaller than the merged list (floats).
+  EXPECT_EQ(Count(formats, Shard::Format::kForwarded), formats.size() - 1);
 }
 
 TEST(ShardSparse, ABucketsAnswersKeepEveryMemberBitForBit) {
@@ -271,6 +281,77 @@ TEST(ShardSparse, EachStepAnswersWhicheverOfSparseAndDenseIsSmaller) {
     }
   }
   EXPECT_TRUE(saw_sparse && saw_dense);
+}
+
+// A mean step answers whichever of the merged list, the forwarded pushes and dense is
+// smallest: forwarded for AdaComp pushes (in the order they arrived), the merged list when
+// the workers sent the same elements as floats, dense when both are larger.
+TEST(ShardSparse, AMeanStepAnswersTheSmallestOfMergedForwardedAndDense) {
+  constexpr uint32_t kLen = 4000;
+  std::mt19937 rng(3);
+  // AdaComp pushes from 3 workers, arriving 2, 0, 1.
+  {
+    Shard s = *Shard::Create(7, "t", kLen, 50);
+    ASSERT_TRUE(s.AnswerPull(SparsePull(0)).ok());
+    std::vector<Pusher> pushers;
+    for (int w = 0; w < 3; ++w) pushers.emplace_back(std::vector<WireSegment>{{kLen, 50}});
+    std::vector<std::vector<uint8_t>> sent;
+    for (int w : {2, 0, 1}) {
+      sent.push_back(pushers[w].Push(rng, false));
+      ASSERT_TRUE(s.AddPush(w, 0, sent.back()).ok());
+    }
+    ASSERT_TRUE(s.CompleteStepIfReady({0, 1, 2}, Mean()));
+    auto a = s.AnswerPull(SparsePull(0));
+    ASSERT_TRUE(a.ok());
+    ASSERT_EQ(a->format, Shard::Format::kForwarded);
+    EXPECT_TRUE(a->zero_base);
+    std::vector<uint8_t> want;
+    ASSERT_TRUE(EncodeForwarded(1.0f / 3.0f, {sent[0], sent[1], sent[2]}, &want).ok());
+    EXPECT_EQ(*a->payload, want);
+  }
+  // The same Top-k elements from every worker: one merged list beats three forwarded ones;
+  // at nearly every element, both are larger than dense.
+  for (double density : {0.02, 0.99}) {
+    Shard s = *Shard::Create(7, "t", kLen, 50);
+    ASSERT_TRUE(s.AnswerPull(SparsePull(0)).ok());
+    CompressedUpdate u;
+    u.kind = CompressorKind::kTopK;
+    u.length = kLen;
+    for (uint32_t i = 0; i < kLen; ++i) {
+      if (std::uniform_real_distribution<double>()(rng) < density) {
+        u.indices.push_back(i);
+        u.values.push_back(0.25f);
+      }
+    }
+    std::vector<uint8_t> push;
+    ASSERT_TRUE(EncodeUpdate(u, IndexCoding::kRice, &push).ok());
+    for (int w = 0; w < 3; ++w) ASSERT_TRUE(s.AddPush(w, 0, push).ok());
+    ASSERT_TRUE(s.CompleteStepIfReady({0, 1, 2}, Mean()));
+    auto a = s.AnswerPull(SparsePull(0));
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(a->format, density < 0.1 ? Shard::Format::kSparse : Shard::Format::kDense)
+        << density;
+    Replica r{std::vector<float>(kLen, 1.0f), 0};
+    ASSERT_TRUE(r.Apply(*a));
+    ExpectSameFloats(r.values, s.params(), 0);
+  }
+}
+
+// An SGD step is never forwarded: its replay would need the learning rate, the replica and
+// the server's rounding of lr * g; the merged list of new values is exact by construction.
+TEST(ShardSparse, AnSgdStepIsNeverForwarded) {
+  std::mt19937 rng(8);
+  Shard s = *Shard::Create(7, "t", 4000, 50);
+  ASSERT_TRUE(s.AnswerPull(SparsePull(0)).ok());
+  std::vector<Pusher> pushers;
+  for (int w = 0; w < 4; ++w) pushers.emplace_back(std::vector<WireSegment>{{4000, 50}});
+  for (uint64_t step = 0; step < 3; ++step) {
+    for (int w = 0; w < 4; ++w) ASSERT_TRUE(s.AddPush(w, step, pushers[w].Push(rng, false)).ok());
+    ASSERT_TRUE(s.CompleteStepIfReady({0, 1, 2, 3}, Sgd()));
+    auto a = s.AnswerPull(SparsePull(step));
+    ASSERT_TRUE(a.ok());
+    EXPECT_EQ(a->format, Shard::Format::kSparse) << step;
+  }
 }
 
 TEST(ShardSparse, AReplicaNotAtTheVersionBeforeGetsTheDenseParameters) {

@@ -305,6 +305,7 @@ py::dict Traffic(PyWorker& self, const std::string& name) {
   d["decode_seconds"] = t->decode_seconds;
   d["server_seconds"] = t->server_seconds;
   d["pulls_answered_sparse"] = t->pulls_answered_sparse;
+  d["pulls_answered_forwarded"] = t->pulls_answered_forwarded;
   d["pulls_answered_dense"] = t->pulls_answered_dense;
   return d;
 }

@@ -126,9 +126,11 @@ struct TrafficCounters {
   // The servers' engine work on the versions this tensor's pulls received, as the servers
   // reported it in their answers (decode-adds, optimizer, encoding), summed over slices.
   double server_seconds = 0;
-  // Sparse pulls: the slice answers the servers sent sparse, and those they sent dense (no
-  // larger, or the only exact answer), per slice per step.
+  // Sparse pulls: the slice answers the servers sent sparse (the merged list of new values),
+  // forwarded (a mean step's pushes, replayed) and dense (no larger, or the only exact
+  // answer), per slice per step.
   uint64_t pulls_answered_sparse = 0;
+  uint64_t pulls_answered_forwarded = 0;
   uint64_t pulls_answered_dense = 0;
 };
 
