@@ -140,17 +140,22 @@ absl::Status DecodeAssignCopy(absl::Span<const uint8_t> bytes, bool zero_rest,
 // mean server, as the server received them, and the scale it applied (1 / pushes), so a
 // worker replays the server's arithmetic exactly: dst = 0, dst += each push in order
 // (DecodeAdd, factor 1), dst *= scale; then copy = dst. Layout: u32 magic "AFW1" | u32
-// count | f32 scale | count x (u32 size | that many bytes of a push payload).
-// ForwardedSize: the bytes EncodeForwarded writes for pushes of these sizes.
+// count | f32 scale | count x (u32 size | that many bytes of a push payload), where one
+// push may be the puller's own, left out: size 0xFFFFFFFF and no bytes (the puller holds it).
+// ForwardedSize: the bytes EncodeForwarded writes for pushes of these sizes (none left out).
 size_t ForwardedSize(absl::Span<const size_t> push_sizes);
-// kInvalidArgument for no pushes, a push over 4 GiB or a scale that is not finite and > 0.
+// `own`: the index of the push to leave out (-1: none). kInvalidArgument for no pushes, a
+// push over 4 GiB - 2 bytes or a scale that is not finite and > 0.
 absl::Status EncodeForwarded(float scale, absl::Span<const absl::Span<const uint8_t>> pushes,
-                             std::vector<uint8_t>* out);
+                             std::vector<uint8_t>* out, int own = -1);
+// `own`: the puller's own push (null: it holds none), replayed where the answer left it out.
 // Every push is validated (for dst.size() elements) before anything is written: on any
 // error neither dst nor copy changes. kInvalidArgument when copy.size() differs from
-// dst.size(); kDataLoss when the buffer is damaged or a push is for another length.
+// dst.size(); kDataLoss when the buffer is damaged, a push is for another length, or the
+// answer leaves out a push the puller does not hold (or leaves out two).
 absl::Status DecodeForwardedCopy(absl::Span<const uint8_t> bytes, absl::Span<float> dst,
-                                 absl::Span<float> copy);
+                                 absl::Span<float> copy,
+                                 const absl::Span<const uint8_t>* own = nullptr);
 
 // Size of the encoding in bits divided by the number of elements sent (count). Infinity
 // when nothing is sent.

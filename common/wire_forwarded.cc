@@ -16,6 +16,7 @@ namespace {
 constexpr uint32_t kForwardedMagic = 0x31574641;  // "AFW1", little-endian
 // More pushes than any cluster has workers: a count beyond it is damage, not a step.
 constexpr uint32_t kMaxForwardedPushes = 1u << 20;
+constexpr uint32_t kOwnPush = 0xFFFFFFFF;  // the size that says: the puller's own push
 
 // Whether `bytes` is a whole, valid push of `length` elements (what DecodeAdd accepts),
 // without writing anything.
@@ -46,7 +47,7 @@ size_t ForwardedSize(absl::Span<const size_t> push_sizes) {
 }
 
 absl::Status EncodeForwarded(float scale, absl::Span<const absl::Span<const uint8_t>> pushes,
-                             std::vector<uint8_t>* out) {
+                             std::vector<uint8_t>* out, int own) {
   out->clear();
   if (pushes.empty() || pushes.size() > kMaxForwardedPushes) {
     return absl::InvalidArgumentError(
@@ -57,24 +58,26 @@ absl::Status EncodeForwarded(float scale, absl::Span<const absl::Span<const uint
   }
   size_t total = 12;
   for (absl::Span<const uint8_t> p : pushes) {
-    if (p.size() > std::numeric_limits<uint32_t>::max()) {
-      return absl::InvalidArgumentError("a forwarded push over 4 GiB");
-    }
+    if (p.size() >= kOwnPush) return absl::InvalidArgumentError("a forwarded push over 4 GiB");
     total += 4 + p.size();
   }
   out->reserve(total);
   wire_internal::PutU32(out, kForwardedMagic);
   wire_internal::PutU32(out, static_cast<uint32_t>(pushes.size()));
   wire_internal::PutF32(out, scale);
-  for (absl::Span<const uint8_t> p : pushes) {
-    wire_internal::PutU32(out, static_cast<uint32_t>(p.size()));
-    out->insert(out->end(), p.begin(), p.end());
+  for (size_t i = 0; i < pushes.size(); ++i) {
+    if (static_cast<int>(i) == own) {
+      wire_internal::PutU32(out, kOwnPush);
+      continue;
+    }
+    wire_internal::PutU32(out, static_cast<uint32_t>(pushes[i].size()));
+    out->insert(out->end(), pushes[i].begin(), pushes[i].end());
   }
   return absl::OkStatus();
 }
 
 absl::Status DecodeForwardedCopy(absl::Span<const uint8_t> bytes, absl::Span<float> dst,
-                                 absl::Span<float> copy) {
+                                 absl::Span<float> copy, const absl::Span<const uint8_t>* own) {
   if (copy.size() != dst.size()) {
     return absl::InvalidArgumentError(absl::StrCat("copy of ", copy.size(), " elements for ",
                                                    dst.size()));
@@ -93,9 +96,21 @@ absl::Status DecodeForwardedCopy(absl::Span<const uint8_t> bytes, absl::Span<flo
   // Two passes: check every push first (so a damaged answer changes nothing), then replay.
   std::vector<absl::Span<const uint8_t>> pushes;
   pushes.reserve(count);
+  bool own_used = false;
   for (uint32_t i = 0; i < count; ++i) {
     uint32_t size = 0;
     ADAPS_RETURN_IF_ERROR(r.U32(&size));
+    if (size == kOwnPush) {
+      if (own == nullptr || own_used) {
+        return absl::DataLossError(
+            own_used ? "a forwarded answer leaves out two pushes"
+                     : "a forwarded answer leaves out the puller's push, which it does not hold");
+      }
+      own_used = true;
+      pushes.push_back(*own);
+      ADAPS_RETURN_IF_ERROR(ValidatePush(pushes.back(), dst.size()));
+      continue;
+    }
     if (size > r.remaining()) {
       return absl::DataLossError(absl::StrCat("forwarded push ", i, " of ", size,
                                               " bytes, ", r.remaining(), " left"));

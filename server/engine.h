@@ -64,7 +64,7 @@ struct EngineWork {
   std::string route;
   int peer = -1;
   uint64_t request_id = 0;
-  // kPush
+  // kPush (kPull: the puller's rank, and the step + 1 of the push it holds, or 0)
   int worker = -1;
   uint64_t step = 0;
   // kPull

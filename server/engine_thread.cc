@@ -177,6 +177,8 @@ void EngineThread::OnPull(EngineWork& work) {
   Shard::Pull pull{std::move(work.route), work.request_id,
                    options_.sync ? work.min_version : 0, work.have_version, work.format};
   pull.peer = work.peer;
+  pull.worker = work.worker;
+  pull.held_push = work.step;
   if (pull.min_version > shard.version()) {
     shard.Hold(std::move(pull));
     return;

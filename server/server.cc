@@ -310,6 +310,12 @@ void Server::OnPull(InMessage& in) {
   work.min_version = p->min_version();
   work.have_version = p->have_version();
   work.format = format;
+  // (A forwarded answer leaves out the puller's own push only for a worker's pull.)
+  if (env->sender_role() == msg::Role::Worker && env->sender_rank() >= 0 &&
+      env->sender_rank() < num_workers_) {
+    work.worker = env->sender_rank();
+    work.step = p->held_push();
+  }
   Route(std::move(in), owner, std::move(work));
 }
 

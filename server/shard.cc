@@ -252,6 +252,7 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
     touched_.clear();
     touched_ends_.clear();
     step_push_count_ = 0;
+    step_push_workers_.clear();
   }
   // (Checked by DecodeAdd already: an error here only stops tracking this step.)
   if (step_tracked_) {
@@ -259,6 +260,7 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
     touched_ends_.push_back(touched_.size());
     if (step_push_count_ == step_pushes_.size()) step_pushes_.emplace_back();
     step_pushes_[step_push_count_++].assign(payload.begin(), payload.end());
+    step_push_workers_.push_back(worker);
   }
   pushed_.insert(worker);
   if (!learned.empty()) segments_ = std::move(learned);
@@ -342,6 +344,7 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
     // worker that replays exactly this gets the same floats (DecodeForwardedCopy).
     last_forwardable_ = optimizer.kind == OptimizerKind::kMean;
     last_pushes_.swap(step_pushes_);
+    last_push_workers_.swap(step_push_workers_);
     last_push_count_ = step_push_count_;
     last_scale_ = scale;
   } else {
@@ -513,6 +516,7 @@ void Shard::PublishDense() {
 absl::Status Shard::PublishSparse() {
   sparse_version_ = version_;
   sparse_forwarded_ = false;
+  forwarded_without_.clear();
   // The last version's buffer, written again once whoever sends it released it (Reusable).
   if (sparse_bytes_) sparse_spare_ = std::move(sparse_bytes_);
   if (!last_sparse_) return absl::OkStatus();
@@ -553,6 +557,25 @@ absl::Status Shard::PublishSparse() {
   return absl::OkStatus();
 }
 
+Shard::PayloadBytes Shard::ForwardedFor(const Pull& pull) {
+  if (pull.worker < 0 || pull.held_push != version_) return sparse_bytes_;
+  const auto own = std::find(last_push_workers_.begin(), last_push_workers_.end(), pull.worker);
+  if (own == last_push_workers_.end()) return sparse_bytes_;
+  for (const auto& [worker, bytes] : forwarded_without_) {
+    if (worker == pull.worker) return bytes;
+  }
+  std::vector<absl::Span<const uint8_t>> pushes(last_pushes_.begin(),
+                                                last_pushes_.begin() + last_push_count_);
+  auto bytes = std::make_shared<std::vector<uint8_t>>();
+  if (!EncodeForwarded(last_scale_, pushes, bytes.get(),
+                       static_cast<int>(own - last_push_workers_.begin()))
+           .ok()) {
+    return sparse_bytes_;  // (encoded once already: cannot fail)
+  }
+  forwarded_without_.emplace_back(pull.worker, bytes);
+  return bytes;
+}
+
 absl::StatusOr<Shard::Answer> Shard::AnswerPull(const Pull& pull) {
   Answer answer;
   if (pull.format == Format::kSparse) {
@@ -570,7 +593,7 @@ absl::StatusOr<Shard::Answer> Shard::AnswerPull(const Pull& pull) {
       answer.format = sparse_forwarded_ ? Format::kForwarded : Format::kSparse;
       answer.zero_base = mean;
       answer.base = version_ - 1;
-      answer.payload = sparse_bytes_;
+      answer.payload = sparse_forwarded_ ? ForwardedFor(pull) : sparse_bytes_;
       return answer;
     }
     // The only exact answer, or no larger: the parameters.

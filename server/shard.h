@@ -66,6 +66,10 @@ class Shard {
     uint64_t have_version = 0;
     Format format = Format::kDense;
     int peer = -1;  // opaque too: the route's alternative (a DEALER peer) when >= 0
+    // The puller's rank (-1: unknown) and the step + 1 of its push to this slice that it
+    // holds (0: none): a forwarded answer at the version that step made leaves it out.
+    int worker = -1;
+    uint64_t held_push = 0;
   };
   // What a pull is answered with: the version it brings the puller to, the version the
   // payload is a change from (recompressed; 0 for dense), and the payload (null: nothing
@@ -181,6 +185,9 @@ class Shard {
   void MergeTouched();
   // Encodes the current version's sparse answer (or decides it is dense), once per version.
   absl::Status PublishSparse();
+  // The forwarded answer for `pull`: without its own push when it holds that, else the
+  // one for everybody.
+  PayloadBytes ForwardedFor(const Pull& pull);
   // The dense answer's bytes at the current version, encoded once.
   void PublishDense();
   uint32_t DownlinkBin(uint32_t member_bin) const;
@@ -231,7 +238,10 @@ class Shard {
   // from step to step), and the last step's with the scale of its mean, when
   // last_forwardable_ (a tracked mean step): what a forwarded answer carries.
   std::vector<std::vector<uint8_t>> step_pushes_, last_pushes_;
+  std::vector<int> step_push_workers_, last_push_workers_;  // who sent each
   size_t step_push_count_ = 0, last_push_count_ = 0;
+  // This version's forwarded answers without one worker's own push, made on first ask.
+  std::vector<std::pair<int, std::shared_ptr<std::vector<uint8_t>>>> forwarded_without_;
   float last_scale_ = 1.0f;
   bool last_forwardable_ = false;
   CompressedUpdate touched_scratch_;

@@ -231,13 +231,15 @@ void Worker::Impl::SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer
   const SliceMeta& m = t.meta[i];
   const SliceRt& rt = t.slices[i];
   uint64_t min_version = std::min(rt.step, rt.pull_floor);
+  uint64_t held_push = 0;  // the step + 1 of the push this operation holds (op->encoded[i])
   if (op->push) {  // the version its push makes
     absl::MutexLock op_lock(&op->mu);
     min_version = op->parts[i].push_step + 1;
+    held_push = min_version;
   }
   flatbuffers::FlatBufferBuilder fbb(128);
   auto body = msg::CreatePullRequest(fbb, m.key, min_version, rt.replica_version,
-                                     WirePullFormat(t.spec.pull));
+                                     WirePullFormat(t.spec.pull), held_push);
   const uint64_t id = transport_->NewRequestId();
   OutMessage msg = FinishEnvelope(fbb, transport_->self(), body, id, 0);
   const size_t request_bytes = msg.header.size();
@@ -282,9 +284,14 @@ void Worker::Impl::DecodePull(const std::shared_ptr<RunOp>& op, size_t i, const 
     }
   }
   const msg::PullResponse* resp = reply.envelope()->body_as_PullResponse();
+  // The push a forwarded answer may leave out: this operation's, for the version it made.
+  const Bytes* own = op->push && resp->version() == step && i < op->encoded.size() &&
+                             op->encoded[i] != nullptr
+                         ? op->encoded[i].get()
+                         : nullptr;
   absl::Status status = worker_metrics_->Decode(step, [&] {
     return ApplyPull(*op->t, i, *resp, reply.payload(), reply.wire_bytes() + request_bytes,
-                     op->out);
+                     op->out, own);
   });
   {
     absl::MutexLock lock(&op->mu);

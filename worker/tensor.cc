@@ -107,7 +107,7 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
 
 absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
                        absl::Span<const uint8_t> payload, uint64_t wire_bytes,
-                       absl::Span<float> out) {
+                       absl::Span<float> out, const Bytes* own_push) {
   absl::MutexLock lock(&t.mu);
   AddsElapsed timer(t.traffic.decode_seconds);  // ends before `lock` (t.mu held)
   const SliceInfo& info = t.meta[i].info;
@@ -152,10 +152,13 @@ absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
     // replica = the answer's values at its elements (the rest kept, or 0 for a mean), or
     // the mean replayed from the forwarded pushes; and the output = replica; nothing changes
     // if the answer is damaged.
+    const absl::Span<const uint8_t> own =
+        own_push != nullptr ? absl::MakeConstSpan(*own_push) : absl::Span<const uint8_t>();
     absl::Status st =
         forwarded ? (resp.zero_base()
                          ? DecodeForwardedCopy(payload, absl::MakeSpan(rt.replica),
-                                               absl::MakeSpan(dst, rt.replica.size()))
+                                               absl::MakeSpan(dst, rt.replica.size()),
+                                               own_push != nullptr ? &own : nullptr)
                          : absl::DataLossError("a forwarded answer is a whole mean"))
                   : DecodeAssignCopy(payload, resp.zero_base(), absl::MakeSpan(rt.replica),
                                      absl::MakeSpan(dst, rt.replica.size()));

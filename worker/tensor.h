@@ -175,10 +175,12 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
 // On a compression-pool thread (the I/O thread with compression_threads = 0): writes slice
 // `i` of a pull answer into `out` (dense copy, or the recompressed update applied to the
 // replica), counts `wire_bytes` of traffic and the time it took (decode_seconds).
-// kDataLoss for an answer that does not fit the slice. Takes t.mu.
+// `own_push`: this slice's push of the step before resp.version() when the operation sent
+// one (a forwarded answer may leave it out), else null. kDataLoss for an answer that does
+// not fit the slice. Takes t.mu.
 absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
                        absl::Span<const uint8_t> payload, uint64_t wire_bytes,
-                       absl::Span<float> out);
+                       absl::Span<float> out, const Bytes* own_push = nullptr);
 
 }  // namespace adaps
 

@@ -628,6 +628,49 @@ TEST(WireCodecForwarded, ReplaysTheServersMeanBitForBit) {
   EXPECT_EQ(0, std::memcmp(dst.data(), agg2.data(), agg2.size() * sizeof(float)));
 }
 
+// The answer to a worker whose own push is in the step leaves that push out (it holds it):
+// the replay with its own bytes is the whole answer's, without them it is refused.
+TEST(WireCodecForwarded, TheOwnPushLeftOutIsReplayedFromThePullersCopy) {
+  const std::vector<std::vector<uint8_t>> pushes = ForwardedPushes();
+  const std::vector<absl::Span<const uint8_t>> spans(pushes.begin(), pushes.end());
+  std::vector<uint8_t> whole;
+  ASSERT_TRUE(EncodeForwarded(0.25f, spans, &whole).ok());
+  std::vector<float> want(1000), want_copy(1000);
+  ASSERT_TRUE(DecodeForwardedCopy(whole, absl::MakeSpan(want), absl::MakeSpan(want_copy)).ok());
+  for (int own = 0; own < 3; ++own) {
+    std::vector<uint8_t> bytes;
+    ASSERT_TRUE(EncodeForwarded(0.25f, spans, &bytes, own).ok());
+    EXPECT_EQ(bytes.size(), whole.size() - pushes[own].size()) << own;
+    const absl::Span<const uint8_t> mine = pushes[own];
+    std::vector<float> dst(1000, 3.0f), copy(1000, 3.0f);
+    EXPECT_EQ(DecodeForwardedCopy(bytes, absl::MakeSpan(dst), absl::MakeSpan(copy)).code(),
+              absl::StatusCode::kDataLoss);
+    EXPECT_THAT(dst, Each(3.0f));
+    EXPECT_THAT(copy, Each(3.0f));
+    // Someone else's push in its place is another length here, so refused too.
+    const std::vector<uint8_t> wrong(pushes[own].begin(), pushes[own].end() - 1);
+    const absl::Span<const uint8_t> wrong_span = wrong;
+    EXPECT_FALSE(
+        DecodeForwardedCopy(bytes, absl::MakeSpan(dst), absl::MakeSpan(copy), &wrong_span).ok());
+    EXPECT_THAT(dst, Each(3.0f));
+    ASSERT_TRUE(
+        DecodeForwardedCopy(bytes, absl::MakeSpan(dst), absl::MakeSpan(copy), &mine).ok());
+    EXPECT_EQ(0, std::memcmp(dst.data(), want.data(), want.size() * sizeof(float))) << own;
+    EXPECT_EQ(dst, copy);
+  }
+  // A whole answer ignores the puller's copy; two pushes left out is damage.
+  const absl::Span<const uint8_t> mine = pushes[0];
+  std::vector<float> dst(1000), copy(1000);
+  ASSERT_TRUE(DecodeForwardedCopy(whole, absl::MakeSpan(dst), absl::MakeSpan(copy), &mine).ok());
+  EXPECT_EQ(dst, want);
+  std::vector<uint8_t> two;
+  ASSERT_TRUE(EncodeForwarded(0.25f, {spans[0], spans[0]}, &two, 0).ok());
+  std::fill(two.begin() + 12 + 4, two.begin() + 12 + 8, 0xff);  // the second's size too
+  two.resize(12 + 8);
+  EXPECT_EQ(DecodeForwardedCopy(two, absl::MakeSpan(dst), absl::MakeSpan(copy), &mine).code(),
+            absl::StatusCode::kDataLoss);
+}
+
 TEST(WireCodecForwarded, EncodingRefusesWhatNoServerSends) {
   std::vector<uint8_t> out{1, 2};
   EXPECT_EQ(EncodeForwarded(0.5f, {}, &out).code(), absl::StatusCode::kInvalidArgument);

@@ -308,6 +308,29 @@ TEST(ShardSparse, AMeanStepAnswersTheSmallestOfMergedForwardedAndDense) {
     std::vector<uint8_t> want;
     ASSERT_TRUE(EncodeForwarded(1.0f / 3.0f, {sent[0], sent[1], sent[2]}, &want).ok());
     EXPECT_EQ(*a->payload, want);
+    // Worker 0 (second to arrive) holding its push of step 0: the answer leaves it out; a
+    // pull that holds another step's push, or none, gets the whole answer.
+    Shard::Pull mine = SparsePull(0);
+    mine.worker = 0;
+    mine.held_push = 1;
+    auto own = s.AnswerPull(mine);
+    ASSERT_TRUE(own.ok());
+    ASSERT_EQ(own->format, Shard::Format::kForwarded);
+    ASSERT_TRUE(EncodeForwarded(1.0f / 3.0f, {sent[0], sent[1], sent[2]}, &want, 1).ok());
+    EXPECT_EQ(*own->payload, want);
+    EXPECT_EQ(own->payload->size() + sent[1].size(), a->payload->size());
+    std::vector<float> values(kLen), copy(kLen);
+    const absl::Span<const uint8_t> held = sent[1];
+    ASSERT_TRUE(DecodeForwardedCopy(*own->payload, absl::MakeSpan(values), absl::MakeSpan(copy),
+                                    &held).ok());
+    ExpectSameFloats(values, s.params(), 0);
+    mine.held_push = 0;
+    EXPECT_EQ(*s.AnswerPull(mine)->payload, *a->payload);
+    mine.held_push = 2;
+    EXPECT_EQ(*s.AnswerPull(mine)->payload, *a->payload);
+    mine.held_push = 1;
+    mine.worker = 5;  // not among the step's pushers
+    EXPECT_EQ(*s.AnswerPull(mine)->payload, *a->payload);
   }
   // The same Top-k elements from every worker: one merged list beats three forwarded ones;
   // at nearly every element, both are larger than dense.
