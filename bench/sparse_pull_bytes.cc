@@ -1,9 +1,9 @@
 // Bytes and engine time of a pull answer per format, on one server shard fed by W workers'
 // AdaComp pushes of a realistic gradient stream (bench/gradient_stream.h, tuned to ~1% at
-// T=500): sparse (the merged index list with the new values, server/shard.h), the W pushes
-// forwarded as they came (the alternative encoding), recompressed and dense; and the
-// engine's time per step (decode-adds, optimizer, encoding) with sparse pulls against
-// recompressed ones. Issue 24; docs/benchmarks.md and schemas/README.md "Sparse pulls".
+// T=500): sparse (the merged index list with the new values, server/shard.h) of an SGD server;
+// a mean server's answer (forwarded pushes, the puller's own left out: what local mode gets),
+// recompressed and dense; and the engine's time per step (decode-adds, optimizer, encoding)
+// with each. Issue 24; docs/benchmarks.md and schemas/README.md "Sparse pulls".
 //
 //   adaps-sparse-pull-bytes [length] [steps] [workers...]
 #include <cstdio>
@@ -23,15 +23,16 @@ namespace adaps {
 namespace {
 
 struct Figures {
-  double sparse = 0, forwarded = 0, recompressed = 0, sparse_answers = 0;
-  double sparse_ms = 0, recompressed_ms = 0;
+  double bytes = 0, ms = 0;
+  double answers_as_asked = 0;  // sparse (SGD), forwarded (mean), recompressed: not dense
 };
 
 // One run of `steps` steps (after 3 warm-up steps) of `workers` workers; `format` is the
-// pull the shard answers (its engine time is what is measured).
-Figures Run(uint32_t length, int steps, int workers, Shard::Format format) {
+// pull the shard answers (its engine time is what is measured), to worker 0 holding its
+// push; `mean`: a mean server (local mode), else SGD.
+Figures Run(uint32_t length, int steps, int workers, Shard::Format format, bool mean) {
   OptimizerConfig sgd;
-  sgd.kind = OptimizerKind::kSgd;
+  sgd.kind = mean ? OptimizerKind::kMean : OptimizerKind::kSgd;
   sgd.learning_rate = 0.01f;
   sgd.weight_decay = 0.0f;
   Shard shard = *Shard::Create(1, "t", length, 500);
@@ -49,19 +50,18 @@ Figures Run(uint32_t length, int steps, int workers, Shard::Format format) {
     live.insert(w);
   }
   Shard::Pull pull{"r", 1, 0, 0, format};
+  pull.worker = 0;
   (void)shard.AnswerPull(pull);  // a sparse pull starts the tracking
   std::vector<float> grad(length);
   Figures f;
   const int warmup = 3;
   for (int step = 0; step < warmup + steps; ++step) {
     std::vector<std::vector<uint8_t>> pushes(workers);
-    double forwarded = 0;
     for (int w = 0; w < workers; ++w) {
       streams[w]->Next(absl::MakeSpan(grad));
       CompressedUpdate u;
       if (!compressor->Compress(grad, residues[w], u).ok()) std::abort();
       if (!EncodeUpdate(u, IndexCoding::kRice, &pushes[w]).ok()) std::abort();
-      forwarded += static_cast<double>(pushes[w].size());
     }
     const absl::Time start = absl::Now();
     for (int w = 0; w < workers; ++w) {
@@ -69,20 +69,18 @@ Figures Run(uint32_t length, int steps, int workers, Shard::Format format) {
     }
     if (!shard.CompleteStepIfReady(live, sgd)) std::abort();
     pull.have_version = shard.version() - 1;
+    pull.held_push = shard.version();
     auto answer = shard.AnswerPull(pull);
     if (!answer.ok()) std::abort();
     const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
     if (step < warmup) continue;
-    const double bytes = answer->payload ? static_cast<double>(answer->payload->size()) : 0.0;
-    if (format == Shard::Format::kSparse) {
-      f.sparse += bytes / steps;
-      f.sparse_ms += ms / steps;
-      f.sparse_answers += answer->format == Shard::Format::kSparse ? 1 : 0;
-    } else {
-      f.recompressed += bytes / steps;
-      f.recompressed_ms += ms / steps;
-    }
-    f.forwarded += forwarded / steps;
+    f.bytes += (answer->payload ? static_cast<double>(answer->payload->size()) : 0.0) / steps;
+    f.ms += ms / steps;
+    const Shard::Format expect =
+        format != Shard::Format::kSparse ? format
+        : mean                           ? Shard::Format::kForwarded
+                                         : Shard::Format::kSparse;
+    f.answers_as_asked += answer->format == expect ? 1 : 0;
   }
   return f;
 }
@@ -96,18 +94,23 @@ int main(int argc, char** argv) {
   std::vector<int> workers;
   for (int i = 3; i < argc; ++i) workers.push_back(std::atoi(argv[i]));
   if (workers.empty()) workers = {1, 2, 4, 8, 16};
-  std::printf("%u floats, %d steps, AdaComp T=500, server SGD; bytes per pull answer (the same "
-              "for every worker) and engine ms per step (decode-adds + optimizer + answer)\n",
+  std::printf("%u floats, %d steps, AdaComp T=500; bytes per pull answer to one worker and "
+              "engine ms per step (decode-adds + optimizer + answer)\n",
               length, steps);
-  std::printf("| workers | sparse B | answered sparse | forwarded pushes B | recompressed B | "
-              "dense B | engine ms sparse | engine ms recompressed |\n");
+  std::printf("| workers | SGD server: sparse (merged) B | mean server: forwarded, own left out "
+              "B | recompressed (SGD, lossy) B | dense B | engine ms SGD sparse | engine ms mean "
+              "forwarded | engine ms recompressed |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  using adaps::Shard;
   for (int w : workers) {
-    const adaps::Figures s = adaps::Run(length, steps, w, adaps::Shard::Format::kSparse);
-    const adaps::Figures r = adaps::Run(length, steps, w, adaps::Shard::Format::kRecompressed);
-    std::printf("| %d | %.0f | %.0f/%d | %.0f | %.0f | %u | %.2f | %.2f |\n", w, s.sparse,
-                s.sparse_answers, steps, s.forwarded, r.recompressed, length * 4, s.sparse_ms,
-                r.recompressed_ms);
+    const adaps::Figures s = adaps::Run(length, steps, w, Shard::Format::kSparse, false);
+    const adaps::Figures m = adaps::Run(length, steps, w, Shard::Format::kSparse, true);
+    const adaps::Figures r = adaps::Run(length, steps, w, Shard::Format::kRecompressed, false);
+    // (An answer that was not of the expected format, e.g. dense: the counts say.)
+    std::printf("| %d | %.0f (%.0f/%d sparse) | %.0f (%.0f/%d forwarded) | %.0f | %u | %.2f | "
+                "%.2f | %.2f |\n",
+                w, s.bytes, s.answers_as_asked, steps, m.bytes, m.answers_as_asked, steps,
+                r.bytes, length * 4, s.ms, m.ms, r.ms);
     std::fflush(stdout);
   }
   return 0;
