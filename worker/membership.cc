@@ -158,7 +158,10 @@ absl::Status Worker::Impl::Stop() {
   }
   FailStagedFusion(absl::FailedPreconditionError("the worker stopped"));
   absl::Status status;
-  if (leave) status = cluster_->Leave(absl::Seconds(2));
+  // As long as any request may take: a scheduler busy with many workers leaving at once on
+  // a loaded machine answered 64 of them past a fixed 2 s (issue 26), failing the job after
+  // its training had finished.
+  if (leave) status = cluster_->Leave(options_.request_timeout);
   {
     absl::MutexLock lock(&retry_mu_);
     retry_closed_ = true;  // a retry posted from now on fails its operation at once

@@ -1,4 +1,6 @@
 """The adaps Python module over a real local cluster: buffers, results, errors."""
+import signal
+import threading
 import time
 
 import numpy as np
@@ -177,3 +179,22 @@ def test_sparse_pulls_write_the_servers_parameters_and_are_refused_on_momentum(c
     assert e.value.code == adaps.FAILED_PRECONDITION
     assert "momentum" in str(e.value) and "pull=dense" in str(e.value)
     w.stop()
+
+
+def test_stop_waits_for_a_slow_scheduler_within_the_request_timeout(cluster):
+    # 64 workers leaving at once on 2 cores kept the scheduler's answer to Leave past the
+    # fixed 2 s it had (issue 26: two workers ended with DEADLINE_EXCEEDED after training
+    # finished). Leave waits for request_timeout like every other request.
+    c = cluster(1, dead_timeout_ms=20000)
+    w = adaps.Worker(c.address, request_timeout=15)
+    w.declare("x", np.zeros(10, np.float32))
+    c.scheduler.send_signal(signal.SIGSTOP)
+    try:
+        resume = threading.Timer(3.5, lambda: c.scheduler.send_signal(signal.SIGCONT))
+        resume.start()
+        start = time.time()
+        w.stop()  # raised DEADLINE_EXCEEDED after 2 s before
+        assert time.time() - start >= 3.0
+    finally:
+        c.scheduler.send_signal(signal.SIGCONT)
+        resume.cancel()

@@ -207,9 +207,9 @@ class Worker {
   absl::StatusOr<std::vector<SliceInfo>> Slices(absl::string_view name) const;
   std::vector<std::string> TensorNames() const;
 
-  // Tells the scheduler this worker is done and closes the connections. Operations still
-  // queued for compression fail with kFailedPrecondition; every future is ready when it
-  // returns. Idempotent.
+  // Tells the scheduler this worker is done (waiting up to request_timeout for its answer)
+  // and closes the connections. Operations still queued for compression fail with
+  // kFailedPrecondition; every future is ready when it returns. Idempotent.
   absl::Status Stop();
 
   class Impl;
