@@ -185,9 +185,11 @@ void Server::OnDeclare(InMessage& in) {
                                 ": declare it with pull=dense, or pull=recompressed")));
     }
   }
-  // A fusion bucket's initial values (its last segment's) are checked by its owner.
   const bool bucket = d->segments() != nullptr && d->segments()->size() > 0;
-  // A new key is checked here in full, so that every key given an owner gets a slice.
+  // A new key's size is checked here (the memory budget is this thread's); its initial values
+  // only by the engine thread that will own the slice (a 25M-float slice is a 100 MB scan,
+  // which must not hold up every socket): a refused declaration there leaves no shard, and
+  // the engine is told so (EngineThread::Handle, Engine::SetShardHeld).
   if (engine_->OwnerOf(d->key()) < 0) {
     if (d->length() > config_.max_slice_elements) {
       return ReplyError(in, absl::ResourceExhaustedError(absl::StrCat(
@@ -200,11 +202,6 @@ void Server::OnDeclare(InMessage& in) {
                                 "slice of ", d->length(), " elements (", cost,
                                 " bytes budgeted) exceeds --max_memory ", memory_budget_, " (",
                                 memory_used_, " bytes in use)")));
-    }
-    if (d->has_init() && !bucket) {
-      if (auto st = Shard::CheckInitialValues(d->length(), in.payload()); !st.ok()) {
-        return ReplyError(in, st);
-      }
     }
     memory_used_ += cost;
   }
