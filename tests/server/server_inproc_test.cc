@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <limits>
 #include <thread>
 
 #include "adaps/worker.h"
@@ -115,6 +116,21 @@ class ServerInproc : public ::testing::Test {
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<Transport> client_;
 };
+
+// Initial values are checked by the engine thread that owns the slice (not the I/O thread):
+// a NaN is refused with the element's index, and the key still takes a good declaration.
+TEST_F(ServerInproc, NonFiniteInitialValuesAreRefusedAndTheKeyStaysUsable) {
+  std::vector<float> init(kLen, 1.0f);
+  init[37] = std::numeric_limits<float>::quiet_NaN();
+  absl::Status st = worker_->Declare({"u", {kLen}, 10, Compression::kAdaComp}, absl::MakeSpan(init));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("37"));
+  init[37] = 2.0f;
+  ASSERT_TRUE(worker_->Declare({"u", {kLen}, 10, Compression::kAdaComp}, absl::MakeSpan(init)).ok());
+  std::vector<float> out(kLen, 0.0f);
+  ASSERT_TRUE(worker_->Pull("u", absl::MakeSpan(out)).get().ok());
+  EXPECT_EQ(out, init);
+}
 
 TEST_F(ServerInproc, WrongLengthPushIsRejectedAndChangesNothing) {
   absl::Status s = Push(kKey, DenseUpdate(kLen - 1, 1.0f));
