@@ -170,6 +170,7 @@ absl::StatusOr<InMessage> ClusterClient::Register(std::function<absl::Status()> 
 }
 
 bool ClusterClient::Handle(const InMessage& in) {
+  ADAPS_DCHECK_ON_IO_THREAD(&transport_);
   const msg::Envelope* env = in.envelope();
   const msg::Body type = env->body_type();
   if (type != msg::Body::ClusterView && type != msg::Body::Shutdown) return false;
@@ -201,6 +202,7 @@ bool ClusterClient::Handle(const InMessage& in) {
 }
 
 void ClusterClient::OnView(const msg::ClusterView& view) {
+  ADAPS_DCHECK_ON_IO_THREAD(&transport_);
   if (view.epoch() < epoch_.load()) return;
   epoch_.store(view.epoch());
   if (view.your_rank() >= 0 && transport_.rank() != view.your_rank()) {
@@ -217,6 +219,7 @@ void ClusterClient::Finish(const absl::Status& status) {
 }
 
 void ClusterClient::Heartbeat() {
+  ADAPS_DCHECK_ON_IO_THREAD(&transport_);
   if (!registered_.load() || finished_.load() || left_.load()) return;
   const absl::Time now = absl::Now();
   if (now - last_heartbeat_sent_ < heartbeat_interval_) return;
@@ -255,6 +258,7 @@ void ClusterClient::Heartbeat() {
 }
 
 void ClusterClient::Reregister() {
+  ADAPS_DCHECK_ON_IO_THREAD(&transport_);
   if (reregistering_ || finished_.load()) return;
   reregistering_ = true;
   log_.get()->warn("the scheduler does not know this node: registering again as rank {}",

@@ -48,7 +48,13 @@
 // pointer expression. Active when NDEBUG is not defined or ADAPS_DCHECKS is (the build
 // defines it whenever the tests are built, cmake/Options.cmake); a violation is a programmer
 // error: it prints where and aborts.
+// ADAPS_DCHECK(condition, what): the same for any other rule of this kind (an engine
+// thread's shards, server/engine_thread.h); `condition` is not evaluated when inactive.
 #if !defined(NDEBUG) || defined(ADAPS_DCHECKS)
+#define ADAPS_DCHECK(condition, what)                                   \
+  do {                                                                  \
+    if (!(condition)) ::adaps::internal::DcheckFailed(__FILE__, __LINE__, what); \
+  } while (false)
 #define ADAPS_DCHECK_ON_IO_THREAD(transport)                                        \
   do {                                                                              \
     if (!(transport)->OnIoThread()) {                                               \
@@ -56,6 +62,9 @@
     }                                                                               \
   } while (false)
 #else
+#define ADAPS_DCHECK(condition, what) \
+  do {                                \
+  } while (false)
 #define ADAPS_DCHECK_ON_IO_THREAD(transport) \
   do {                                       \
   } while (false)

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "common/transport.h"
 #include "server/server_metrics.h"
 
 namespace adaps {
@@ -24,6 +25,7 @@ void EngineThread::Join() {
 }
 
 void EngineThread::Run() {
+  thread_id_.store(std::this_thread::get_id());
   std::deque<EngineWork> batch;
   while (queue_.PopAll(batch)) {
     for (EngineWork& work : batch) Handle(work);
@@ -32,6 +34,7 @@ void EngineThread::Run() {
 }
 
 void EngineThread::Handle(EngineWork& work) {
+  ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   switch (work.kind) {
     case EngineWork::Kind::kDeclare:
       OnDeclare(work);
@@ -72,6 +75,7 @@ void EngineThread::ReplyError(const EngineWork& work, const absl::Status& status
 
 // A fusion bucket's declaration (shard.h: DeclareSegments); `length` is its capacity.
 void EngineThread::OnDeclareBucket(EngineWork& work) {
+  ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   auto it = shards_.find(work.key);
   uint64_t total = 0;
   for (const WireSegment& seg : work.segments) total += seg.length;
@@ -101,6 +105,7 @@ void EngineThread::OnDeclareBucket(EngineWork& work) {
 }
 
 void EngineThread::OnDeclare(EngineWork& work) {
+  ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   if (!work.segments.empty()) return OnDeclareBucket(work);
   auto it = shards_.find(work.key);
   if (work.length > options_.max_slice_elements && it == shards_.end()) {
@@ -127,6 +132,7 @@ void EngineThread::OnDeclare(EngineWork& work) {
 }
 
 void EngineThread::OnPush(EngineWork& work) {
+  ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   auto it = shards_.find(work.key);
   if (it == shards_.end()) {
     return ReplyError(work, absl::InvalidArgumentError(
@@ -159,6 +165,7 @@ void EngineThread::OnPush(EngineWork& work) {
 }
 
 void EngineThread::OnPull(EngineWork& work) {
+  ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   auto it = shards_.find(work.key);
   if (it == shards_.end()) {
     return ReplyError(work, absl::InvalidArgumentError(
@@ -189,6 +196,7 @@ void EngineThread::OnPull(EngineWork& work) {
 }
 
 void EngineThread::OnLiveWorkers(EngineWork& work) {
+  ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   live_ = std::move(work.live);
   if (!options_.sync) return;
   // Sync: every step the lost workers were holding up completes now.
@@ -212,6 +220,7 @@ void EngineThread::MaybeStepRecord(const Shard& shard) {
 }
 
 void EngineThread::OnSnapshot(EngineWork& work) {
+  ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   std::shared_ptr<CheckpointJob> job = std::move(work.job);
   bool last = false;
   {
@@ -223,6 +232,7 @@ void EngineThread::OnSnapshot(EngineWork& work) {
 }
 
 void EngineThread::AnswerHeld(Shard& shard) {
+  ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   for (const Shard::Pull& pull : shard.TakeReadyPulls()) {
     if (auto st = SendAnswer(shard, pull); !st.ok()) {
       sink_->Send(pull.route, pull.peer, MakeError(sink_->self(), pull.request_id, st));
@@ -231,6 +241,7 @@ void EngineThread::AnswerHeld(Shard& shard) {
 }
 
 absl::Status EngineThread::SendAnswer(Shard& shard, const Shard::Pull& pull) {
+  ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   const absl::Time start = absl::Now();
   ADAPS_ASSIGN_OR_RETURN(Shard::Answer answer, shard.AnswerPull(pull));
   shard.CountPublishWork(absl::Now() - start);

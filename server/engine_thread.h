@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 #include <set>
+#include <atomic>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -49,12 +50,17 @@ class EngineThread {
   void ReplyError(const EngineWork& work, const absl::Status& status);
   // Times a request on `shard` (inert without metrics).
   ServerMetrics::Work Time(const Shard& shard, bool push);
+  // Whether the caller is this engine thread (for ADAPS_DCHECK: its shards are its alone).
+  // (Its id is taken by the thread itself in Run: thread_ may not be assigned yet when the
+  // thread starts working.)
+  bool OnThread() const { return std::this_thread::get_id() == thread_id_.load(); }
 
   const EngineOptions& options_;
   EngineSink* const sink_;
   Engine* const engine_;
   ClosableQueue<EngineWork> queue_;
   std::thread thread_;
+  std::atomic<std::thread::id> thread_id_{};
 
   // The thread's own state (touched only by the thread after Start).
   std::map<uint64_t, Shard> shards_;

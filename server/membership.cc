@@ -98,6 +98,7 @@ void Server::Finish(absl::Status status) {
 }
 
 void Server::OnView(const msg::ClusterView& view) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   num_workers_ = view.num_workers();
   if (view.job_id() != nullptr) job_id_ = view.job_id()->str();
   restore_step_ = view.restore_step();

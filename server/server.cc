@@ -128,6 +128,7 @@ absl::Status Server::CheckWorkerSecret(const flatbuffers::String* secret,
 }
 
 void Server::Handle(InMessage in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   if (cluster_->Handle(in)) return;  // views and shutdowns (forged ones refused there)
   const msg::Envelope* env = in.envelope();
   // Until registered (and restored), a pull or push would find no slice or an older one:
@@ -160,6 +161,7 @@ void Server::Handle(InMessage in) {
 }
 
 void Server::OnDeclare(InMessage& in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const msg::DeclareSlice* d = in.envelope()->body_as_DeclareSlice();
   if (d->length() == 0 || d->bin_size() == 0) {
     return ReplyError(in, absl::InvalidArgumentError("slice length and bin size must be > 0"));
@@ -223,6 +225,7 @@ void Server::OnDeclare(InMessage& in) {
 }
 
 void Server::Route(InMessage in, int owner, EngineWork work) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   work.route = in.route();
   work.peer = in.peer();
   work.request_id = in.envelope()->request_id();
@@ -233,6 +236,7 @@ void Server::Route(InMessage in, int owner, EngineWork work) {
 }
 
 void Server::OnPush(InMessage& in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const msg::Envelope* env = in.envelope();
   const msg::Push* p = env->body_as_Push();
   const int owner = engine_->OwnerOf(p->key());
@@ -272,6 +276,7 @@ void Server::CompleteStepsWithoutLostWorkers() {
 }
 
 void Server::OnPull(InMessage& in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const msg::Envelope* env = in.envelope();
   const msg::PullRequest* p = env->body_as_PullRequest();
   const int owner = engine_->OwnerOf(p->key());
@@ -317,6 +322,7 @@ void Server::OnPull(InMessage& in) {
 }
 
 void Server::OnSetHyper(InMessage& in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const msg::SetHyper* h = in.envelope()->body_as_SetHyper();
   if (auto st = CheckWorkerSecret(h->secret(), "SetHyper"); !st.ok()) return ReplyError(in, st);
   OptimizerConfig next = optimizer_;
@@ -501,6 +507,7 @@ absl::Status Server::RestoreFrom(const std::string& path) {
 }
 
 void Server::OnCheckpoint(InMessage& in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const msg::Checkpoint* c = in.envelope()->body_as_Checkpoint();
   if (auto st = CheckWorkerSecret(c->secret(), "Checkpoint"); !st.ok()) return ReplyError(in, st);
   std::string dir = c->directory() ? c->directory()->str() : "";

@@ -161,7 +161,15 @@ absl::Status Worker::Impl::Stop() {
   // As long as any request may take: a scheduler busy with many workers leaving at once on
   // a loaded machine answered 64 of them past a fixed 2 s (issue 26), failing the job after
   // its training had finished.
-  if (leave) status = cluster_->Leave(options_.request_timeout);
+  if (leave) {
+    status = cluster_->Leave(options_.request_timeout);
+    if (!status.ok()) {
+      status = absl::Status(status.code(),
+                            absl::StrCat("leaving the cluster (the scheduler finds a worker that "
+                                         "did not say goodbye by its silence): ",
+                                         status.message()));
+    }
+  }
   {
     absl::MutexLock lock(&retry_mu_);
     retry_closed_ = true;  // a retry posted from now on fails its operation at once
