@@ -91,7 +91,7 @@ absl::StatusOr<Config> LoadConfig() {
 
 std::string Megabytes(uint64_t bytes) { return absl::StrFormat("%.2f MB", bytes / 1e6); }
 
-std::string RateText(const TrafficCounters& c, bool dense) {
+std::string RateText(const KindTraffic& c, bool dense) {
   if (c.messages == 0) return "-";
   return absl::StrFormat("%.1fx%s", c.rate(), dense ? " (dense)" : "");
 }
@@ -159,10 +159,10 @@ void PrintEpoch(const Config& cfg, const EpochReport& r, std::FILE* csv) {
   const CompressionConfig& comp = cfg.sim.compression;
   const bool bias_dense = !comp.compress_bias || comp.kind == CompressorKind::kDense;
   const TrafficStats& t = r.traffic;
-  const TrafficCounters& conv = t.by_kind[static_cast<int>(LayerKind::kConv)];
-  const TrafficCounters& fc = t.by_kind[static_cast<int>(LayerKind::kFullyConnected)];
-  const TrafficCounters& bias = t.by_kind[static_cast<int>(LayerKind::kBias)];
-  const TrafficCounters all = t.Total();
+  const KindTraffic& conv = t.by_kind[static_cast<int>(LayerKind::kConv)];
+  const KindTraffic& fc = t.by_kind[static_cast<int>(LayerKind::kFullyConnected)];
+  const KindTraffic& bias = t.by_kind[static_cast<int>(LayerKind::kBias)];
+  const KindTraffic all = t.Total();
   std::printf(
       "epoch %d/%d  loss %.4f  test_acc %.4f  step %.1f ms  pushed %s (dense %s)  "
       "pulled %s  rate: conv %s  fc %s  bias %s  total %.1fx\n",
@@ -172,10 +172,10 @@ void PrintEpoch(const Config& cfg, const EpochReport& r, std::FILE* csv) {
       RateText(fc, false).c_str(), RateText(bias, bias_dense).c_str(), all.rate());
   std::fflush(stdout);
   if (csv == nullptr) return;
-  auto payload_rate = [](const TrafficCounters& c) {
+  auto payload_rate = [](const KindTraffic& c) {
     return c.payload_bytes ? static_cast<double>(c.elements) * 4.0 / c.payload_bytes : 0.0;
   };
-  auto density = [](const TrafficCounters& c) {
+  auto density = [](const KindTraffic& c) {
     return c.elements ? static_cast<double>(c.sent_elements) / c.elements : 0.0;
   };
   std::fprintf(csv,
@@ -271,7 +271,7 @@ absl::Status Run() {
     PrintEpoch(cfg, report, csv);
   }
   if (csv != nullptr) std::fclose(csv);
-  const TrafficCounters all = cluster->traffic().Total();
+  const KindTraffic all = cluster->traffic().Total();
   std::printf(
       "final: model %s compressor %s workers %d epochs %d  test_acc %.4f  "
       "pushed %s instead of %s dense (%.1fx less, %s saved)  train time %.1f s\n",

@@ -8,9 +8,9 @@
 
 namespace adaps::trainer {
 
-TrafficCounters TrafficStats::Total() const {
-  TrafficCounters t;
-  for (const TrafficCounters& c : by_kind) {
+KindTraffic TrafficStats::Total() const {
+  KindTraffic t;
+  for (const KindTraffic& c : by_kind) {
     t.messages += c.messages;
     t.elements += c.elements;
     t.sent_elements += c.sent_elements;
@@ -41,7 +41,7 @@ class SimulatedCluster::Endpoint final : public GradientExchange {
       return absl::InvalidArgumentError(absl::StrCat(
           "exchange of ", params.size(), " tensors; the cluster holds ", server.size()));
     }
-    for (TrafficCounters& c : counted_) c = TrafficCounters{};
+    for (KindTraffic& c : counted_) c = KindTraffic{};
     std::vector<std::vector<uint8_t>>& out = cluster_->pushes_[worker_];
     for (size_t i = 0; i < params.size(); ++i) {
       const ParamTensor& p = params[i];
@@ -52,7 +52,7 @@ class SimulatedCluster::Endpoint final : public GradientExchange {
       }
       ADAPS_RETURN_IF_ERROR(compressors_[i]->Compress(p.grad, residues_[i], update_));
       ADAPS_RETURN_IF_ERROR(EncodeUpdate(update_, cluster_->options_.coding, &out[i]));
-      TrafficCounters& c = counted_[static_cast<int>(p.kind)];
+      KindTraffic& c = counted_[static_cast<int>(p.kind)];
       const size_t header = cluster_->options_.message_header_bytes;
       c.messages += 1;
       c.elements += p.grad.size();
@@ -70,7 +70,7 @@ class SimulatedCluster::Endpoint final : public GradientExchange {
   std::vector<std::unique_ptr<Compressor>> compressors_;
   std::vector<SliceState> residues_;
   CompressedUpdate update_;
-  std::vector<TrafficCounters> counted_;
+  std::vector<KindTraffic> counted_;
 };
 
 absl::StatusOr<std::unique_ptr<SimulatedCluster>> SimulatedCluster::Create(
@@ -140,7 +140,7 @@ absl::Status SimulatedCluster::AggregateLocked() {
 }
 
 absl::Status SimulatedCluster::Arrive(int w, int64_t step,
-                                      const std::vector<TrafficCounters>& counted,
+                                      const std::vector<KindTraffic>& counted,
                                       std::vector<ParamTensor>& params) {
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -155,7 +155,7 @@ absl::Status SimulatedCluster::Arrive(int w, int64_t step,
       return failure_;
     }
     for (int k = 0; k < 3; ++k) {
-      TrafficCounters& t = traffic_.by_kind[k];
+      KindTraffic& t = traffic_.by_kind[k];
       t.messages += counted[k].messages;
       t.elements += counted[k].elements;
       t.sent_elements += counted[k].sent_elements;

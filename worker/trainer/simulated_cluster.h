@@ -57,7 +57,8 @@ struct SimulationOptions {
   absl::Duration barrier_timeout = absl::Minutes(10);
 };
 
-struct TrafficCounters {
+// The simulated traffic of one layer kind (not adaps::TrafficCounters, a real worker's per tensor).
+struct KindTraffic {
   uint64_t messages = 0;
   uint64_t elements = 0;       // tensor elements pushed (dense count)
   uint64_t sent_elements = 0;  // elements that carried information
@@ -68,9 +69,9 @@ struct TrafficCounters {
 };
 
 struct TrafficStats {
-  std::array<TrafficCounters, 3> by_kind;  // indexed by LayerKind
+  std::array<KindTraffic, 3> by_kind;  // indexed by LayerKind
   uint64_t pulled_bytes = 0;               // dense pulls, headers included
-  TrafficCounters Total() const;
+  KindTraffic Total() const;
 };
 
 class SimulatedCluster {
@@ -94,7 +95,7 @@ class SimulatedCluster {
   class Endpoint;
   explicit SimulatedCluster(const SimulationOptions& options);
   // Called by endpoint `w` after it stored its encoded pushes for `step`.
-  absl::Status Arrive(int w, int64_t step, const std::vector<TrafficCounters>& counted,
+  absl::Status Arrive(int w, int64_t step, const std::vector<KindTraffic>& counted,
                       std::vector<ParamTensor>& params);
   absl::Status AggregateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

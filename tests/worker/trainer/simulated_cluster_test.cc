@@ -73,7 +73,7 @@ TEST(SimulatedCluster, AdaCompSendsFewerBytesAndKeepsBiasesDense) {
     for (const absl::Status& s : ExchangeAll(**cluster, replicas, step)) ASSERT_TRUE(s.ok()) << s;
   }
   const TrafficStats t = (*cluster)->traffic();
-  const TrafficCounters& fc = t.by_kind[static_cast<int>(LayerKind::kFullyConnected)];
+  const KindTraffic& fc = t.by_kind[static_cast<int>(LayerKind::kFullyConnected)];
   EXPECT_LT(fc.sent_bytes, fc.dense_bytes);
   EXPECT_EQ(fc.sent_bytes, fc.payload_bytes + fc.messages * kMessageHeaderBytes);
   EXPECT_DOUBLE_EQ(t.by_kind[static_cast<int>(LayerKind::kBias)].rate(), 1.0);
