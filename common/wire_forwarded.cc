@@ -1,6 +1,7 @@
 // Forwarded pull answers (common/wire_codec.h, schemas/README.md "Sparse pulls"): a mean
 // server's step as the pushes it added, replayed by the worker with the server's own float
 // operations. Everything read from the network is checked before anything is written.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -18,20 +19,37 @@ constexpr uint32_t kForwardedMagic = 0x31574641;  // "AFW1", little-endian
 constexpr uint32_t kMaxForwardedPushes = 1u << 20;
 constexpr uint32_t kOwnPush = 0xFFFFFFFF;  // the size that says: the puller's own push
 
-// Whether `bytes` is a whole, valid push of `length` elements (what DecodeAdd accepts),
-// without writing anything.
-absl::Status ValidatePush(absl::Span<const uint8_t> bytes, size_t length) {
+// One decoded push, or one segment of a segmented push, at its offset in the slice.
+struct Part {
+  uint32_t offset = 0;
+  CompressedUpdate update;
+};
+
+// Decodes `bytes`, a push of `length` elements (what DecodeAdd accepts), into parts[*used...]
+// (grown as needed, reused from call to call). `sparse` becomes false for a dense or sign
+// part (every element). Writes nothing else.
+absl::Status DecodePush(absl::Span<const uint8_t> bytes, size_t length, std::vector<Part>& parts,
+                        size_t* used, bool* sparse) {
   ADAPS_ASSIGN_OR_RETURN(WireHeader head, PeekHeader(bytes));
   if (head.length != length) {
     return absl::DataLossError(
         absl::StrCat("forwarded push of ", head.length, " elements for ", length));
   }
-  thread_local CompressedUpdate update;
-  if (head.segments == 0) return DecodeUpdate(bytes, &update);
+  auto add = [&](absl::Span<const uint8_t> part, uint32_t offset) -> absl::Status {
+    if (*used == parts.size()) parts.emplace_back();
+    Part& p = parts[(*used)++];
+    p.offset = offset;
+    ADAPS_RETURN_IF_ERROR(DecodeUpdate(part, &p.update));
+    if (p.update.kind != CompressorKind::kAdaComp && p.update.kind != CompressorKind::kTopK) {
+      *sparse = false;
+    }
+    return absl::OkStatus();
+  };
+  if (head.segments == 0) return add(bytes, 0);
   ADAPS_ASSIGN_OR_RETURN(std::vector<SegmentView> views, SplitSegmented(bytes));
-  size_t at = 0;
+  uint64_t at = 0;
   for (const SegmentView& v : views) {
-    ADAPS_RETURN_IF_ERROR(DecodeUpdate(v.bytes, &update));
+    ADAPS_RETURN_IF_ERROR(add(v.bytes, static_cast<uint32_t>(at)));
     at += v.segment.length;
   }
   if (at != length) return absl::DataLossError("segments do not cover the forwarded push");
@@ -93,9 +111,12 @@ absl::Status DecodeForwardedCopy(absl::Span<const uint8_t> bytes, absl::Span<flo
     return absl::DataLossError(
         absl::StrCat("forwarded answer of ", count, " pushes with scale ", scale));
   }
-  // Two passes: check every push first (so a damaged answer changes nothing), then replay.
+  // Every push is decoded (and so checked) before anything is written, then replayed.
   std::vector<absl::Span<const uint8_t>> pushes;
   pushes.reserve(count);
+  thread_local std::vector<Part> parts;
+  size_t used = 0;
+  bool sparse = true;
   bool own_used = false;
   for (uint32_t i = 0; i < count; ++i) {
     uint32_t size = 0;
@@ -108,7 +129,7 @@ absl::Status DecodeForwardedCopy(absl::Span<const uint8_t> bytes, absl::Span<flo
       }
       own_used = true;
       pushes.push_back(*own);
-      ADAPS_RETURN_IF_ERROR(ValidatePush(pushes.back(), dst.size()));
+      ADAPS_RETURN_IF_ERROR(DecodePush(pushes.back(), dst.size(), parts, &used, &sparse));
       continue;
     }
     if (size > r.remaining()) {
@@ -116,22 +137,49 @@ absl::Status DecodeForwardedCopy(absl::Span<const uint8_t> bytes, absl::Span<flo
                                               " bytes, ", r.remaining(), " left"));
     }
     pushes.push_back(bytes.subspan(r.pos(), size));
-    ADAPS_RETURN_IF_ERROR(ValidatePush(pushes.back(), dst.size()));
+    ADAPS_RETURN_IF_ERROR(DecodePush(pushes.back(), dst.size(), parts, &used, &sparse));
     ADAPS_RETURN_IF_ERROR(r.Skip(size));
   }
   if (r.remaining() != 0) {
     return absl::DataLossError(absl::StrCat(r.remaining(), " bytes after the forwarded pushes"));
   }
   // The server's step: agg = 0; agg += push (in its arrival order); params = agg * scale
-  // (common/optimizer.cc, MeanStep on Grad<true>): the same float operations, so the same bits.
+  // (common/optimizer.cc, MeanStep on Grad<true>): the same float operations on each
+  // element in the same order, so the same bits.
   float* d = dst.data();
-  if (!dst.empty()) std::memset(d, 0, dst.size() * sizeof(float));
-  for (absl::Span<const uint8_t> p : pushes) ADAPS_RETURN_IF_ERROR(DecodeAdd(p, 1.0f, dst));
   float* c = copy.data();
-  for (size_t j = 0; j < dst.size(); ++j) {
-    const float v = d[j] * scale;
-    d[j] = v;
-    c[j] = v;
+  const size_t n = dst.size();
+  if (!sparse) {  // a dense or sign part: every element, as DecodeAdd adds it
+    if (n != 0) std::memset(d, 0, n * sizeof(float));
+    for (absl::Span<const uint8_t> p : pushes) ADAPS_RETURN_IF_ERROR(DecodeAdd(p, 1.0f, dst));
+    for (size_t j = 0; j < n; ++j) c[j] = d[j] = d[j] * scale;
+    return absl::OkStatus();
+  }
+  // Blocked: each block of dst is zeroed, gets every part's additions (in push order) and is
+  // scaled and copied while it is in cache, instead of four passes over the whole slice.
+  thread_local std::vector<size_t> cursor;
+  cursor.assign(used, 0);
+  constexpr size_t kBlock = 16384;  // 64 KiB of floats
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t e = std::min(n, b + kBlock);
+    std::memset(d + b, 0, (e - b) * sizeof(float));
+    for (size_t k = 0; k < used; ++k) {
+      const CompressedUpdate& u = parts[k].update;
+      float* base = d + parts[k].offset;
+      const size_t end = e - std::min<size_t>(e, parts[k].offset);  // this block, part-relative
+      size_t j = cursor[k];
+      const size_t sent = u.indices.size();
+      if (u.kind == CompressorKind::kAdaComp) {
+        const float pos = 1.0f * u.scale;  // DecodeAdd's factor * scale
+        for (; j < sent && u.indices[j] < end; ++j) {
+          base[u.indices[j]] += u.negative[j] ? -pos : pos;
+        }
+      } else {
+        for (; j < sent && u.indices[j] < end; ++j) base[u.indices[j]] += 1.0f * u.values[j];
+      }
+      cursor[k] = j;
+    }
+    for (size_t j = b; j < e; ++j) c[j] = d[j] = d[j] * scale;
   }
   return absl::OkStatus();
 }

@@ -671,6 +671,51 @@ TEST(WireCodecForwarded, TheOwnPushLeftOutIsReplayedFromThePullersCopy) {
             absl::StatusCode::kDataLoss);
 }
 
+// Slices longer than the decoder's block (16,384 floats), segmented pushes across block
+// borders, and a dense member among them: still the server's arithmetic, bit for bit.
+TEST(WireCodecForwarded, LongSlicesAndMixedKindsReplayBitForBit) {
+  constexpr uint32_t kN = 100000;
+  const std::vector<WireSegment> table = {{30000, 50}, {3, 1}, {69997, 500}};
+  std::vector<std::vector<uint8_t>> pushes;
+  for (uint32_t seed : {11u, 12u, 13u, 14u}) {
+    std::vector<uint8_t> bytes;
+    if (seed == 14) {  // a segmented push: AdaComp, a dense member, Top-k
+      std::vector<std::vector<uint8_t>> parts(3);
+      ASSERT_TRUE(EncodeUpdate(Compressed(CompressorKind::kAdaComp, 30000, seed),
+                               IndexCoding::kRice, &parts[0]).ok());
+      ASSERT_TRUE(EncodeUpdate(Compressed(CompressorKind::kDense, 3, seed), IndexCoding::kRice,
+                               &parts[1]).ok());
+      ASSERT_TRUE(EncodeUpdate(Compressed(CompressorKind::kTopK, 69997, seed),
+                               IndexCoding::kRice, &parts[2]).ok());
+      ASSERT_TRUE(EncodeSegmented(table, {parts[0], parts[1], parts[2]}, &bytes).ok());
+    } else {
+      ASSERT_TRUE(EncodeUpdate(Compressed(seed == 12 ? CompressorKind::kTopK
+                                                     : CompressorKind::kAdaComp,
+                                          kN, seed),
+                               IndexCoding::kRice, &bytes).ok());
+    }
+    pushes.push_back(bytes);
+  }
+  for (size_t take : {size_t{3}, size_t{4}}) {  // without and with the dense member
+    const float scale = 1.0f / static_cast<float>(take);
+    std::vector<float> agg(kN, 0.0f);
+    std::vector<absl::Span<const uint8_t>> spans;
+    for (size_t k = 0; k < take; ++k) {
+      ASSERT_TRUE(DecodeAdd(pushes[k], 1.0f, absl::MakeSpan(agg)).ok());
+      spans.push_back(pushes[k]);
+    }
+    for (float& x : agg) x *= scale;
+    std::vector<uint8_t> bytes;
+    ASSERT_TRUE(EncodeForwarded(scale, spans, &bytes, 1).ok());
+    const absl::Span<const uint8_t> own = pushes[1];
+    std::vector<float> dst(kN, 5.0f), copy(kN);
+    ASSERT_TRUE(
+        DecodeForwardedCopy(bytes, absl::MakeSpan(dst), absl::MakeSpan(copy), &own).ok());
+    EXPECT_EQ(0, std::memcmp(dst.data(), agg.data(), kN * sizeof(float))) << take;
+    EXPECT_EQ(0, std::memcmp(copy.data(), agg.data(), kN * sizeof(float))) << take;
+  }
+}
+
 TEST(WireCodecForwarded, EncodingRefusesWhatNoServerSends) {
   std::vector<uint8_t> out{1, 2};
   EXPECT_EQ(EncodeForwarded(0.5f, {}, &out).code(), absl::StatusCode::kInvalidArgument);
