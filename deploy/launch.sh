@@ -25,18 +25,23 @@
 #                          started again with the same flags and --identity (it restores its
 #                          shard; the workers resume it); without it a dead server ends the job
 #     --restarts N         at most N server restarts in all (default 3)
+#     --colocate           one server beside the workers on every host, BytePS-style, so no
+#                          single host's link carries every worker's traffic: worker i on
+#                          host i mod H, one server on each host that has a worker (the
+#                          number of servers follows; --servers is then refused). Without
+#                          --hosts: one server per worker on this machine
 #   Everything after -- goes to every adaps-worker, e.g. -- --mode=train --model=mlp.
 #
 # Exit status: 0 when every worker finished with 0; 1 otherwise (the failing process is named).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 servers=2 workers=4 hosts="" bin="$repo/build" port="" sched_args="" server_args="" timeout=3600
-ckpt_dir="" restarts=3
+ckpt_dir="" restarts=3 colocate=0 servers_given=0
 # -tt gives the remote command a terminal, so it dies when the connection drops.
 via="ssh -tt -o BatchMode=yes -o ConnectTimeout=10 {host}"
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --servers) servers=$2; shift 2 ;;
+    --servers) servers=$2; servers_given=1; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
     --hosts) hosts=$2; shift 2 ;;
     --via) via=$2; shift 2 ;;
@@ -47,7 +52,8 @@ while [[ $# -gt 0 ]]; do
     --timeout) timeout=$2; shift 2 ;;
     --checkpoint-dir) ckpt_dir=$2; shift 2 ;;
     --restarts) restarts=$2; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --colocate) colocate=1; shift ;;
+    -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) echo "launch: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -61,6 +67,15 @@ done
 
 IFS=, read -r -a host_list <<<"${hosts:-}"
 remote=$([[ ${#host_list[@]} -gt 0 ]] && echo 1 || echo 0)
+if [[ $colocate == 1 ]]; then
+  [[ $servers_given == 0 ]] ||
+    { echo "launch: --colocate places one server on every worker host; drop --servers" >&2; exit 2; }
+  if [[ $remote == 1 ]]; then
+    servers=$(( workers < ${#host_list[@]} ? workers : ${#host_list[@]} ))
+  else
+    servers=$workers
+  fi
+fi
 run_dir=$(mktemp -d /tmp/adaps-launch.XXXXXX)
 pids=() names=()
 
@@ -139,6 +154,7 @@ fi
 for ((i = 0; i < servers; i++)); do
   if [[ $remote == 1 ]]; then
     hi=$(( (i + 1) % nhosts ))
+    [[ $colocate == 1 ]] && hi=$i  # the hosts of workers 0..servers-1 (worker i: host i mod H)
     h=${host_list[$hi]}
     sport=$((port + 1 + i))
     # shellcheck disable=SC2206
@@ -152,12 +168,17 @@ for ((i = 0; i < servers; i++)); do
   fi
   cmds[${#pids[@]}]=$(printf '%q ' "${cmd[@]}")
   cmd_hosts[${#pids[@]}]=$hi
+  [[ $remote == 1 ]] && echo "launch: server $i on ${host_list[$hi]}" >&2
   start "server $i" "$hi" "${cmd[@]}"
 done
 first_worker=${#pids[@]}
 for ((i = 0; i < workers; i++)); do
   hi=0
-  [[ $remote == 1 ]] && hi=$(( (servers + 1 + i) % nhosts ))
+  if [[ $remote == 1 ]]; then
+    hi=$(( (servers + 1 + i) % nhosts ))
+    [[ $colocate == 1 ]] && hi=$(( i % nhosts ))
+    echo "launch: worker $i on ${host_list[$hi]}" >&2
+  fi
   start "worker $i" "$hi" "$bin/worker/adaps-worker" --scheduler="$scheduler" "${worker_args[@]}"
 done
 

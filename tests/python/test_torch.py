@@ -55,14 +55,22 @@ def test_launch_flags_reach_the_optimizer_of_a_script_that_reads_no_environment(
                             os.path.join(HERE, "launch_flags_worker.py")], timeout=60)
     assert code == 0, out
     assert out.count("FLAGS mode=server compression=dense pull=recompressed lr=0.5 "
-                     "dense_push=1") == 2, out
+                     "dense_push=1 servers=1") == 2, out
     code, out = run_launch(["-n", "2", "--server-optimizer", "mean", "--compression", "dense",
                             "--lr", "0.5", os.path.join(HERE, "launch_flags_worker.py")],
                            timeout=60)
     assert code == 0, out
     # Local mode's default pull is sparse (the servers answer dense when that is smaller).
     assert out.count("FLAGS mode=local compression=dense pull=sparse lr=0.5 "
-                     "dense_push=1") == 2, out
+                     "dense_push=1 servers=1") == 2, out
+    # --colocate: one server per worker (BytePS-style); refused beside --servers.
+    code, out = run_launch(["-n", "3", "--colocate", "--server-optimizer", "mean",
+                            os.path.join(HERE, "launch_flags_worker.py")], timeout=90)
+    assert code == 0, out
+    assert out.count("FLAGS mode=local compression=adacomp pull=sparse") == 3, out
+    assert out.count("servers=3") == 3, out
+    code, out = run_launch(["-n", "2", "--colocate", "--servers", "2", "x.py"], timeout=30)
+    assert code == 2 and "drop --servers" in out, out
 
 
 def test_local_mode_refuses_recompressed_pulls_before_anything_collective():

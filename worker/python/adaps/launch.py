@@ -1,6 +1,6 @@
 """Runs N copies of a training script against a local adaps cluster.
 
-    /usr/bin/python3 -m adaps.launch -n 2 [--servers 1] [--server-optimizer mean]
+    /usr/bin/python3 -m adaps.launch -n 2 [--servers 1 | --colocate] [--server-optimizer mean]
         [--compression adacomp] [--pull recompressed] [--lr 0.1] script.py [script args...]
 
 Starts adaps-scheduler (OS-assigned port, read back from its --port_file) and the
@@ -161,7 +161,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m adaps.launch", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", "--workers", type=int, required=True, help="training processes")
-    ap.add_argument("--servers", type=int, default=1, help="server shards (default 1)")
+    ap.add_argument("--servers", type=int, default=None, help="server shards (default 1)")
+    ap.add_argument("--colocate", action="store_true",
+                    help="one server per worker, BytePS-style (deploy/launch.sh --colocate "
+                         "places them on the workers' hosts; here every process is local)")
     ap.add_argument("--server-optimizer", default="sgd",
                     help="servers' --optimizer: sgd, momentum, nesterov, adam (server mode), "
                          "mean (local mode: the torch optimizer steps on each step's mean "
@@ -184,6 +187,10 @@ def main(argv=None):
     ap.add_argument("script")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args(argv)
+    if a.colocate and a.servers is not None:
+        ap.error("--colocate runs one server per worker: drop --servers")
+    if a.servers is None:
+        a.servers = a.workers if a.colocate else 1
     if a.workers < 1 or a.servers < 1:
         ap.error("-n and --servers must be at least 1")
 
