@@ -105,6 +105,8 @@ struct EngineOptions {
   bool sync = true;
   OptimizerConfig optimizer;
   uint64_t max_slice_elements = uint64_t{1} << 28;
+  // Sync: a step completes once all but this many live workers pushed (ServerConfig).
+  int backup_workers = 0;
   // Per-slice series (server/server_metrics.h; thread-safe); null: none. Must outlive the
   // engine.
   ServerMetrics* metrics = nullptr;

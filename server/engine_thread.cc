@@ -143,13 +143,14 @@ void EngineThread::OnPush(EngineWork& work) {
   const absl::Time start = absl::Now();
   if (options_.sync) {
     const uint64_t version = shard.version();
-    if (auto st = shard.AddPush(work.worker, work.step, work.payload()); !st.ok()) {
+    if (auto st = shard.AddPush(work.worker, work.step, work.payload(), options_.backup_workers);
+        !st.ok()) {
       return ReplyError(work, st);
     }
     if (options_.metrics != nullptr) options_.metrics->Pushed(shard, work.frame.wire_bytes());
     Ack(work);
     // (A restored shard may have moved to the workers' step: pulls held for it are ready.)
-    const bool completed = shard.CompleteStepIfReady(live_, optimizer_);
+    const bool completed = shard.CompleteStepIfReady(live_, optimizer_, options_.backup_workers);
     shard.CountStepWork(absl::Now() - start, completed);
     if (completed || shard.version() != version) AnswerHeld(shard);
     if (completed) MaybeStepRecord(shard);
@@ -203,7 +204,7 @@ void EngineThread::OnLiveWorkers(EngineWork& work) {
   for (auto& [key, shard] : shards_) {
     ServerMetrics::Work timing = Time(shard, /*push=*/true);
     const absl::Time start = absl::Now();
-    const bool completed = shard.CompleteStepIfReady(live_, optimizer_);
+    const bool completed = shard.CompleteStepIfReady(live_, optimizer_, options_.backup_workers);
     shard.CountStepWork(absl::Now() - start, completed);
     if (completed) {
       AnswerHeld(shard);

@@ -37,6 +37,10 @@ ABSL_FLAG(int, scheduler_grace_s, 60,
 ABSL_FLAG(uint32_t, pull_bin_size, 0,
           "AdaComp bin size of recompressed pulls: min(this, the slice's declared bin size); "
           "0: the declared one");
+ABSL_FLAG(int, backup_workers, 0,
+          "sync: a step completes once all but this many live workers pushed; a straggler's "
+          "push is added to the next step, not dropped (not with --optimizer=mean or "
+          "recompressed pulls)");
 ABSL_FLAG(uint64_t, max_slice_elements, uint64_t{1} << 28,
           "Largest slice a worker may declare (elements): bounds what a client can allocate");
 ABSL_FLAG(int, engine_threads, 0,
@@ -114,6 +118,7 @@ int main(int argc, char** argv) {
   config.max_memory = absl::GetFlag(FLAGS_max_memory);
   config.scheduler_grace = absl::Seconds(absl::GetFlag(FLAGS_scheduler_grace_s));
   config.engine_threads = absl::GetFlag(FLAGS_engine_threads);
+  config.backup_workers = absl::GetFlag(FLAGS_backup_workers);
   config.log_level = absl::GetFlag(FLAGS_log_level);
   auto curve = adaps::ServingCurveKeysFromFlags();
   if (!curve.ok()) return program.UsageError(curve.status());

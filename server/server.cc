@@ -24,6 +24,16 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
                   "scheduler grace must be positive");
   ADAPS_RET_CHECK(c.engine_threads >= 0 && c.engine_threads <= 1024,
                   absl::StatusCode::kInvalidArgument, "engine threads must be in [0, 1024]");
+  ADAPS_RET_CHECK(c.backup_workers >= 0, absl::StatusCode::kInvalidArgument,
+                  "--backup_workers must be >= 0");
+  if (c.backup_workers > 0) {
+    ADAPS_RET_CHECK(c.sync, absl::StatusCode::kInvalidArgument,
+                    "--backup_workers is for sync mode (async servers wait for nobody)");
+    ADAPS_RET_CHECK(c.optimizer.kind != OptimizerKind::kMean,
+                    absl::StatusCode::kInvalidArgument,
+                    "--backup_workers does not work with --optimizer=mean (local mode): every "
+                    "worker must apply every step's mean, so no step may complete without one");
+  }
   OptimizerConfig probe = c.optimizer;
   ADAPS_RETURN_IF_ERROR(SetHyperParam(probe, "learning_rate", c.optimizer.learning_rate));
   ADAPS_RETURN_IF_ERROR(SetHyperParam(probe, "momentum", c.optimizer.momentum));
@@ -101,6 +111,7 @@ Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context, M
   eopts.sync = config_.sync;
   eopts.optimizer = config_.optimizer;
   eopts.max_slice_elements = config_.max_slice_elements;
+  eopts.backup_workers = config_.backup_workers;
   eopts.metrics = metrics_.get();
   if (!config_.checkpoint_dir.empty()) eopts.checkpoint_every_steps = config_.checkpoint_every_steps;
   engine_ = std::make_unique<Engine>(eopts, sink_.get());
@@ -173,6 +184,14 @@ void Server::OnDeclare(InMessage& in) {
   }
   if (auto st = CheckWorkerSecret(d->secret(), "DeclareSlice"); !st.ok()) {
     return ReplyError(in, st);
+  }
+  if (d->pull_format() == msg::PullFormat::Recompressed && config_.backup_workers > 0) {
+    return ReplyError(in, absl::FailedPreconditionError(absl::StrCat(
+                              "recompressed pulls of '", d->name() ? d->name()->str() : "",
+                              "' cannot follow a straggler's replica, which skips the versions "
+                              "that completed without it (the servers run --backup_workers=",
+                              config_.backup_workers, "): declare it with pull=dense or "
+                              "pull=sparse")));
   }
   if (d->pull_format() == msg::PullFormat::Sparse) {
     absl::Status sparse = config_.sync ? SparseStepAllowed(optimizer_)

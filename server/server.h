@@ -87,6 +87,12 @@ struct ServerConfig {
   // element: parameters, optimizer state, aggregation, published replica, residue, answer).
   // A DeclareSlice beyond it is kResourceExhausted. 0: half of the physical memory.
   uint64_t max_memory = 0;
+  // Stragglers (sync mode, "Revisiting Distributed Synchronous SGD"): a step completes once
+  // all but this many live workers pushed; a late push is not dropped but added to the step
+  // in progress (server/shard.h, AddPush). Not for a mean server (local mode: every
+  // worker must apply every step's mean) nor for recompressed pulls (a late worker's
+  // replica skips versions), refused at start and at DeclareSlice with the reason. 0: off.
+  int backup_workers = 0;
   std::string log_level = "info";
   CurveKeys curve;  // enabled: encrypted; only allowed_clients may connect (common/config.h)
 };

@@ -222,7 +222,8 @@ absl::Status Shard::CheckLength(absl::Span<const uint8_t> payload,
   return absl::OkStatus();
 }
 
-absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t> payload) {
+absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t> payload,
+                            int backup_workers) {
   std::vector<WireSegment> learned;
   ADAPS_RETURN_IF_ERROR(CheckLength(payload, &learned));
   if (step != version_ && resuming_) {
@@ -234,20 +235,30 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
     if (step < version_) return absl::OkStatus();
     std::fill(agg_.begin(), agg_.end(), 0.0f);
     pushed_.clear();
+    late_in_step_ = 0;
     version_ = step;
     last_sparse_ = false;
     last_forwardable_ = false;
   }
-  if (step != version_) {
+  // A straggler's push of a step that completed without it (--backup_workers): added to
+  // the step in progress, once per step and worker.
+  const bool late = backup_workers > 0 && step < version_ && !resuming_;
+  if (step != version_ && !late) {
     return absl::FailedPreconditionError(absl::StrCat(
         "push for step ", step, " but slice '", name_, "' is at step ", version_));
   }
-  if (pushed_.count(worker)) {
+  if (late) {
+    auto it = last_late_.find(worker);
+    if (it != last_late_.end() && it->second >= step) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", worker, " already pushed step ", step, " (late)"));
+    }
+  } else if (pushed_.count(worker)) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", worker, " already pushed step ", step));
   }
   ADAPS_RETURN_IF_ERROR(DecodeAdd(payload, 1.0f, absl::MakeSpan(agg_)));
-  if (pushed_.empty()) {
+  if (pushed_.empty() && late_in_step_ == 0) {
     step_tracked_ = track_touched_;
     touched_.clear();
     touched_ends_.clear();
@@ -262,7 +273,12 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
     step_pushes_[step_push_count_++].assign(payload.begin(), payload.end());
     step_push_workers_.push_back(worker);
   }
-  pushed_.insert(worker);
+  if (late) {
+    last_late_[worker] = step;
+    ++late_in_step_;
+  } else {
+    pushed_.insert(worker);
+  }
   if (!learned.empty()) segments_ = std::move(learned);
   return absl::OkStatus();
 }
@@ -316,14 +332,16 @@ void Shard::MergeTouched() {
   }
 }
 
-bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig& optimizer) {
+bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig& optimizer,
+                                int backup_workers) {
   if (pushed_.empty()) return false;
+  int missing = 0;
   for (int w : live) {
-    if (!pushed_.count(w)) return false;
+    if (!pushed_.count(w) && ++missing > backup_workers) return false;
   }
   // The mean of the pushes (sum-only: their sum), applied, and agg_ cleared, in one pass;
   // a tracked step with an elementwise optimizer touches only the elements pushed to.
-  const float scale = 1.0f / static_cast<float>(pushed_.size());
+  const float scale = 1.0f / static_cast<float>(pushed_.size() + late_in_step_);
   if (step_tracked_ && SparseStepAllowed(optimizer).ok()) {
     MergeTouched();
     if (optimizer.kind == OptimizerKind::kMean) {
@@ -359,6 +377,7 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
   touched_ends_.clear();
   step_tracked_ = false;
   pushed_.clear();
+  late_in_step_ = 0;
   ++version_;
   resuming_ = false;
   return true;

@@ -27,6 +27,7 @@
 #define ADAPS_SERVER_SHARD_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -138,10 +139,16 @@ class Shard {
   // the workers' steps (their steps went on after the checkpoint): a later step moves the
   // version there (dropping the sum of the earlier one: that step completed before the
   // restart), an earlier one is acknowledged and not applied (it was applied already).
-  absl::Status AddPush(int worker, uint64_t step, absl::Span<const uint8_t> payload);
-  // Sync: when some worker pushed and every worker in `live` did, averages the sum (not for
-  // sum-only), applies `optimizer` and advances the version. true when the step completed.
-  bool CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig& optimizer);
+  // With `backup_workers` > 0 (--backup_workers), a push for a step that completed without
+  // it (a straggler's) is not refused: it is added to the step in progress, so nothing it
+  // carried is lost (kFailedPrecondition for a second push of a step the worker had pushed).
+  absl::Status AddPush(int worker, uint64_t step, absl::Span<const uint8_t> payload,
+                       int backup_workers = 0);
+  // Sync: when some worker pushed this step and at most `backup_workers` of `live` did not,
+  // averages the sum over the pushes it holds (late ones included; not for sum-only),
+  // applies `optimizer` and advances the version. true when the step completed.
+  bool CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig& optimizer,
+                           int backup_workers = 0);
   // Async: applies one push at once and advances the version. Errors as AddPush (length,
   // codec); on error the parameters are unchanged.
   absl::Status ApplyPush(absl::Span<const uint8_t> payload, const OptimizerConfig& optimizer);
@@ -209,6 +216,8 @@ class Shard {
   OptimizerState optimizer_;
   std::vector<float> agg_;  // sync: the step's sum; async: the push being applied
   std::set<int> pushed_;    // worker ranks that pushed the current step (sync)
+  size_t late_in_step_ = 0;  // stragglers' pushes of earlier steps added to this one
+  std::map<int, uint64_t> last_late_;  // each straggler's last late step added
   std::vector<Pull> held_;
 
   std::shared_ptr<std::vector<uint8_t>> dense_bytes_;

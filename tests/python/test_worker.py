@@ -198,3 +198,46 @@ def test_stop_waits_for_a_slow_scheduler_within_the_request_timeout(cluster):
     finally:
         c.scheduler.send_signal(signal.SIGCONT)
         resume.cancel()
+
+
+def test_backup_workers_complete_a_step_without_the_straggler_and_keep_its_push(cluster):
+    # --backup_workers=1 with 2 workers: each step completes with the first push; the
+    # straggler's push of an earlier step goes into the step in progress (issue 26).
+    c = cluster(2, server_args=["--optimizer=sum", "--backup_workers=1"])
+    made = [None, None]
+    vals = [np.zeros(8, np.float32), np.zeros(8, np.float32)]
+
+    def make(i):  # registration and Declare wait for both workers
+        made[i] = adaps.Worker(c.address, request_timeout=10)
+        made[i].declare("x", vals[i], compression="dense", fuse=False)
+    threads = [threading.Thread(target=make, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (a, b), (va, vb) = made, vals
+    start = time.time()
+    a.push_pull("x", np.full(8, 1, np.float32), va).wait()  # B has not pushed: no wait
+    assert time.time() - start < 5
+    np.testing.assert_array_equal(va, 1)
+    b.push_pull("x", np.full(8, 2, np.float32), vb).wait()  # late: into step 1
+    np.testing.assert_array_equal(vb, 1)                      # step 0's parameters
+    a.push_pull("x", np.full(8, 4, np.float32), va).wait()
+    np.testing.assert_array_equal(va, 1 + 2 + 4)              # nothing lost
+    a.stop()
+    b.stop()
+
+
+def test_backup_workers_are_refused_where_a_step_needs_every_worker(cluster, tmp_path):
+    from conftest import SERVER_BIN
+    import subprocess
+    r = subprocess.run([SERVER_BIN, "--scheduler=tcp://127.0.0.1:1", "--optimizer=mean",
+                        "--backup_workers=1"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "every step's mean" in r.stderr, r.stderr
+    c = cluster(1, server_args=["--optimizer=sgd", "--backup_workers=1"])
+    w = adaps.Worker(c.address, request_timeout=10)
+    with pytest.raises(adaps.Error) as e:
+        w.declare("r", np.zeros(100, np.float32), pull="recompressed")
+    assert e.value.code == adaps.FAILED_PRECONDITION and "straggler" in str(e.value)
+    w.declare("d", np.zeros(100, np.float32), pull="sparse")
+    w.stop()

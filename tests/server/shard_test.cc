@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "common/compressor.h"
@@ -98,6 +99,60 @@ TEST(Shard, DuplicateOrWrongStepOrWrongLengthPushIsRefusedAndChangesNothing) {
   ASSERT_TRUE(s.AddPush(1, 0, Dense({3, 3, 3, 3})).ok());
   ASSERT_TRUE(s.CompleteStepIfReady({0, 1}, Kind(OptimizerKind::kMean)));
   EXPECT_EQ(s.params()[0], 2.0f);  // (1 + 3) / 2: none of the refused pushes counted
+}
+
+// --backup_workers=1: a step completes once all but one live worker pushed; the straggler's
+// push, arriving after its step completed, goes into the step in progress: nothing is lost
+// (sum-only: the parameters are exactly the sum of every push applied), nothing counted twice.
+TEST(Shard, AStragglersPushGoesIntoTheNextStepWithBackupWorkers) {
+  Shard s = Make();
+  const OptimizerConfig sum = Kind(OptimizerKind::kSumOnly);
+  const std::set<int> live = {0, 1, 2};
+  float pushed = 0;  // every push is (k, k, k, k) with k its value; exact in float
+  auto push = [&](int w, uint64_t step, float k) {
+    const absl::Status st = s.AddPush(w, step, Dense({k, k, k, k}), /*backup_workers=*/1);
+    if (st.ok()) pushed += k;
+    return st;
+  };
+  // Without backup workers the step waits for every live worker.
+  ASSERT_TRUE(push(0, 0, 1).ok());
+  ASSERT_TRUE(push(1, 0, 2).ok());
+  EXPECT_FALSE(s.CompleteStepIfReady(live, sum, /*backup_workers=*/0));
+  // With one, it completes without worker 2 (the straggler).
+  ASSERT_TRUE(s.CompleteStepIfReady(live, sum, 1));
+  EXPECT_EQ(s.version(), 1u);
+  EXPECT_EQ(s.params()[0], 3.0f);
+  // Worker 2's push of step 0 comes late: taken into step 1, once.
+  ASSERT_TRUE(push(2, 0, 4).ok());
+  EXPECT_EQ(push(2, 0, 4).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(s.CompleteStepIfReady(live, sum, 1));  // no push of step 1 yet: not a step
+  ASSERT_TRUE(push(0, 1, 8).ok());
+  EXPECT_FALSE(s.CompleteStepIfReady(live, sum, 1));  // two of three still missing
+  ASSERT_TRUE(push(2, 1, 16).ok());                   // the straggler caught up
+  ASSERT_TRUE(s.CompleteStepIfReady(live, sum, 1));
+  EXPECT_EQ(s.params()[0], 1 + 2 + 4 + 8 + 16.0f);
+  // Worker 1's push of step 1, late now, and a push far ahead, refused.
+  ASSERT_TRUE(push(1, 1, 32).ok());
+  EXPECT_EQ(push(1, 5, 64).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(push(0, 2, 128).ok());
+  ASSERT_TRUE(push(1, 2, 256).ok());
+  ASSERT_TRUE(s.CompleteStepIfReady(live, sum, 1));
+  EXPECT_EQ(s.params()[0], pushed);
+  EXPECT_EQ(pushed, 1 + 2 + 4 + 8 + 16 + 32 + 128 + 256.0f);
+  // Without backup workers a late push is refused, as before.
+  EXPECT_EQ(s.AddPush(2, 2, Dense({1, 1, 1, 1})).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The mean over every push the step holds, late ones included.
+TEST(Shard, AStepWithALatePushAveragesOverEveryPushItHolds) {
+  Shard s = Make();
+  const OptimizerConfig mean = Kind(OptimizerKind::kMean);
+  ASSERT_TRUE(s.AddPush(0, 0, Dense({3, 3, 3, 3}), 1).ok());
+  ASSERT_TRUE(s.CompleteStepIfReady({0, 1}, mean, 1));
+  ASSERT_TRUE(s.AddPush(1, 0, Dense({6, 6, 6, 6}), 1).ok());
+  ASSERT_TRUE(s.AddPush(0, 1, Dense({0, 0, 0, 0}), 1).ok());
+  ASSERT_TRUE(s.CompleteStepIfReady({0, 1}, mean, 1));
+  EXPECT_EQ(s.params()[0], 3.0f);  // (6 + 0) / 2
 }
 
 TEST(Shard, AsyncPushIsAppliedAtOnce) {
