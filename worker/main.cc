@@ -49,6 +49,9 @@ ABSL_FLAG(std::string, lr_schedule, "cosine", "train: constant, or cosine from -
 ABSL_FLAG(int, train_limit, 0, "train: use a seeded subset of this many images (0: all)");
 ABSL_FLAG(int, test_limit, 0, "train: evaluate on the first N test images (0: all 10,000)");
 ABSL_FLAG(int, max_steps, 0, "train: stop after this many steps (0: whole epochs)");
+ABSL_FLAG(int, step_delay_ms, 0,
+          "train: sleep this long before each step's exchange (a straggler, to try "
+          "adaps-server --backup_workers)");
 ABSL_FLAG(std::string, curve_server_key, "",
           "CURVE: key file with the cluster's server public key (adaps-keygen); enables encryption");
 ABSL_FLAG(std::string, curve_client_key, "",
@@ -162,6 +165,10 @@ absl::StatusOr<adaps::TrainConfig> TrainFromFlags(adaps::CompressorKind kind) {
   train.train_limit = absl::GetFlag(FLAGS_train_limit);
   train.test_limit = absl::GetFlag(FLAGS_test_limit);
   train.steps_limit = absl::GetFlag(FLAGS_max_steps);
+  if (absl::GetFlag(FLAGS_step_delay_ms) < 0) {
+    return absl::InvalidArgumentError("--step_delay_ms must be >= 0");
+  }
+  train.step_delay_ms = absl::GetFlag(FLAGS_step_delay_ms);
   train.log_every = absl::GetFlag(FLAGS_eval_every);
   train.local_momentum = absl::GetFlag(FLAGS_local_momentum);
   train.data_dir = absl::GetFlag(FLAGS_data_dir);

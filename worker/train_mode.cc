@@ -57,7 +57,10 @@ class ClusterExchange final : public trainer::GradientExchange {
     return absl::OkStatus();
   }
 
+  void set_step_delay(absl::Duration delay) { delay_ = delay; }
+
   absl::Status Exchange(int64_t step, std::vector<ParamTensor>& params) override {
+    if (delay_ > absl::ZeroDuration()) absl::SleepFor(delay_);
     if (worker_->rank() == 0 && cosine_ && decay_steps_ > 0) {
       // Rank 0 sets the rate before its own push of this step, so the servers apply
       // step `step` with it whatever order the pushes arrive in.
@@ -97,6 +100,7 @@ class ClusterExchange final : public trainer::GradientExchange {
   bool cosine_;
   // --local_momentum: what each tensor pushes (its gradient, or its velocity).
   trainer::MomentumCorrection momentum_;
+  absl::Duration delay_;
   std::vector<CompressorKind> kinds_;
   std::function<absl::Status(int64_t)> after_step_;
 };
@@ -210,6 +214,7 @@ class TrainingRun {
     exchange_ = std::make_unique<ClusterExchange>(
         &worker_, static_cast<int64_t>(steps_) * epochs_, cfg_.learning_rate, cfg_.cosine,
         cfg_.local_momentum);
+    exchange_->set_step_delay(absl::Milliseconds(cfg_.step_delay_ms));
     if (lead_) ADAPS_RETURN_IF_ERROR(worker_.SetHyper({{"learning_rate", cfg_.learning_rate}}));
     ADAPS_RETURN_IF_ERROR(worker_.Barrier());
     ADAPS_RETURN_IF_ERROR(exchange_->Declare(model_->params(), cfg_));

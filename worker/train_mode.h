@@ -25,6 +25,8 @@ struct TrainConfig {
   int test_limit = 0;      // 0: all 10,000 test images
   int steps_limit = 0;     // 0: whole epochs; else stop after this many steps in all
   int log_every = 0;       // rank 0 also evaluates and prints every N steps (0: per epoch)
+  int step_delay_ms = 0;   // sleep this long before each step's exchange (a straggler, for
+                           // --backup_workers experiments)
   // > 0: momentum correction (DGC): each worker pushes its velocity u = m u + grad instead
   // of the gradient; the servers should then run plain SGD. 0: push the gradient.
   double local_momentum = 0.0;
