@@ -110,6 +110,20 @@ struct Replica {
   }
 };
 
+// A Top-k update of `value` at each element with probability `density`.
+CompressedUpdate TopKAt(uint32_t length, double density, float value, std::mt19937& rng) {
+  CompressedUpdate u;
+  u.kind = CompressorKind::kTopK;
+  u.length = length;
+  for (uint32_t i = 0; i < length; ++i) {
+    if (std::uniform_real_distribution<double>()(rng) < density) {
+      u.indices.push_back(i);
+      u.values.push_back(value);
+    }
+  }
+  return u;
+}
+
 Shard::Pull SparsePull(uint64_t have) {
   return Shard::Pull{"r", 1, 0, have, Shard::Format::kSparse};
 }
@@ -249,15 +263,7 @@ TEST(ShardSparse, EachStepAnswersWhicheverOfSparseAndDenseIsSmaller) {
   for (double density : {0.001, 0.01, 0.1, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0}) {
     Shard s = *Shard::Create(7, "t", kLen, 50);
     ASSERT_TRUE(s.AnswerPull(SparsePull(0)).ok());
-    CompressedUpdate u;
-    u.kind = CompressorKind::kTopK;
-    u.length = kLen;
-    for (uint32_t i = 0; i < kLen; ++i) {
-      if (std::uniform_real_distribution<double>()(rng) < density) {
-        u.indices.push_back(i);
-        u.values.push_back(0.5f);
-      }
-    }
+    const CompressedUpdate u = TopKAt(kLen, density, 0.5f, rng);
     std::vector<uint8_t> push;
     ASSERT_TRUE(EncodeUpdate(u, IndexCoding::kRice, &push).ok());
     ASSERT_TRUE(s.AddPush(0, 0, push).ok());
@@ -337,17 +343,8 @@ TEST(ShardSparse, AMeanStepAnswersTheSmallestOfMergedForwardedAndDense) {
   for (double density : {0.02, 0.99}) {
     Shard s = *Shard::Create(7, "t", kLen, 50);
     ASSERT_TRUE(s.AnswerPull(SparsePull(0)).ok());
-    CompressedUpdate u;
-    u.kind = CompressorKind::kTopK;
-    u.length = kLen;
-    for (uint32_t i = 0; i < kLen; ++i) {
-      if (std::uniform_real_distribution<double>()(rng) < density) {
-        u.indices.push_back(i);
-        u.values.push_back(0.25f);
-      }
-    }
     std::vector<uint8_t> push;
-    ASSERT_TRUE(EncodeUpdate(u, IndexCoding::kRice, &push).ok());
+    ASSERT_TRUE(EncodeUpdate(TopKAt(kLen, density, 0.25f, rng), IndexCoding::kRice, &push).ok());
     for (int w = 0; w < 3; ++w) ASSERT_TRUE(s.AddPush(w, 0, push).ok());
     ASSERT_TRUE(s.CompleteStepIfReady({0, 1, 2}, Mean()));
     auto a = s.AnswerPull(SparsePull(0));
