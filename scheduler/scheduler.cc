@@ -315,6 +315,21 @@ void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
   metrics_->ViewSent(epoch_);
 }
 
+void Scheduler::BroadcastViewSoon() {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
+  if (view_broadcast_posted_) return;
+  view_broadcast_posted_ = true;
+  const bool posted = transport_->Post([this] {
+    view_broadcast_posted_ = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (done_) return;  // the cluster was shut down meanwhile
+    }
+    if (AliveWorkers() > 0) BroadcastView();
+  });
+  if (!posted) view_broadcast_posted_ = false;  // stopping: nobody to tell
+}
+
 void Scheduler::BroadcastView() {
   ++epoch_;
   for (const auto& n : nodes_) {
@@ -411,7 +426,7 @@ void Scheduler::OnLeave(InMessage& in) {
   log_.get()->info("{} {} left", msg::EnumNameRole(node->role), node->rank);
   if (env->request_id()) transport_->Reply(in, MakeAck(transport_->self(), env->request_id()));
   // Servers stop waiting for a worker that left (sync mode).
-  if (AliveWorkers() > 0) BroadcastView();
+  BroadcastViewSoon();
   ReleaseBarriers();
   MaybeShutdown();
 }

@@ -143,6 +143,11 @@ class Scheduler {
   uint64_t RestoreStepFor(const Node& node, bool answering);
   static std::vector<uint64_t> StepList(const flatbuffers::Vector<uint64_t>* steps);
   void BroadcastView();
+  // One BroadcastView after the messages being handled now (posted to the I/O thread):
+  // 64 workers leaving together make one or a few broadcasts, not 64 x 64 views queued
+  // ahead of the answers to their Leave.
+  void BroadcastViewSoon();
+  bool view_broadcast_posted_ = false;  // I/O thread only
   void ReleaseBarriers();
   void MaybeShutdown();
   void ShutdownCluster(const std::string& reason,

@@ -233,7 +233,16 @@ absl::Status Worker::Impl::Barrier() {
   ADAPS_RETURN_IF_ERROR(CheckRunning());
   flatbuffers::FlatBufferBuilder fbb(64);
   auto body = msg::CreateBarrier(fbb, barrier_seq_.fetch_add(1));
-  return Call(cluster_->scheduler_peer(), fbb, body, nullptr, options_.request_timeout).status();
+  // A barrier waits for the slowest worker, not for one answer: as long as joining may take
+  // (64 processes starting on 2 cores kept some workers' barrier past 30 s).
+  const absl::Duration deadline = std::max(options_.request_timeout, options_.register_timeout);
+  absl::Status st = Call(cluster_->scheduler_peer(), fbb, body, nullptr, deadline).status();
+  if (!st.ok()) {
+    st = absl::Status(st.code(), absl::StrCat("barrier (every worker must reach it within ",
+                                              absl::FormatDuration(deadline), "): ",
+                                              st.message()));
+  }
+  return st;
 }
 
 absl::Status Worker::Impl::SetHyper(const std::vector<std::pair<std::string, double>>& params) {

@@ -1,7 +1,8 @@
 // Fuzz target for the decoder of the sparse ternary (and every other) update encoding, and
 // of segmented containers (fusion buckets): the bytes a server receives in each push and a
-// worker in each recompressed pull, and of sparse pull answers (DecodeAssignCopy). Decoding
-// must never crash, read or write out of bounds, or write anything when it fails.
+// worker in each recompressed pull, and of sparse and forwarded pull answers
+// (DecodeAssignCopy, DecodeForwardedCopy). Decoding must never crash, read or write out of
+// bounds, or write anything when it fails.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -45,6 +46,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (size_t i = 1; i <= n; ++i) {
       if (!assigned.ok() && (replica[i] != 3.0f || copy[i] != 5.0f)) std::abort();
       if (assigned.ok() && std::memcmp(&replica[i], &copy[i], sizeof(float)) != 0) std::abort();
+    }
+  }
+  // A forwarded pull answer: the input itself, and the input forwarded twice (the second
+  // time left out as the puller's own push). A failure writes neither buffer; the wrapped
+  // form replays iff the input is a push DecodeAdd takes for this length.
+  for (int form = 0; form < 2; ++form) {
+    std::vector<uint8_t> wrapped;
+    absl::Span<const uint8_t> answer = bytes;
+    if (form == 1) {
+      if (!adaps::EncodeForwarded(0.5f, {bytes, bytes}, &wrapped, 1).ok()) std::abort();
+      answer = wrapped;
+    }
+    std::vector<float> replica(n + 2, 3.0f), copy(n + 2, 5.0f);
+    const absl::Status replayed = adaps::DecodeForwardedCopy(
+        answer, absl::MakeSpan(replica.data() + 1, n), absl::MakeSpan(copy.data() + 1, n),
+        &bytes);
+    if (replica.front() != 3.0f || replica.back() != 3.0f || copy.front() != 5.0f ||
+        copy.back() != 5.0f) {
+      std::abort();
+    }
+    if (form == 1 && replayed.ok() != added.ok()) std::abort();
+    for (size_t i = 1; i <= n; ++i) {
+      if (!replayed.ok() && (replica[i] != 3.0f || copy[i] != 5.0f)) std::abort();
+      if (replayed.ok() && std::memcmp(&replica[i], &copy[i], sizeof(float)) != 0) std::abort();
     }
   }
   if (header.ok() && header->segments > 0) {

@@ -194,7 +194,8 @@ class Worker {
   // sizes); nothing changes then.
   absl::Status SetBinSize(absl::string_view name, uint32_t bin_size);
 
-  // Waits until every live worker reached the barrier.
+  // Waits until every live worker reached the barrier (kDeadlineExceeded after the longer
+  // of request_timeout and register_timeout).
   absl::Status Barrier();
   // Sets optimizer hyper-parameters on every server (learning_rate, momentum, weight_decay,
   // beta1, beta2, epsilon).
