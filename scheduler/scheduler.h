@@ -147,7 +147,6 @@ class Scheduler {
   // 64 workers leaving together make one or a few broadcasts, not 64 x 64 views queued
   // ahead of the answers to their Leave.
   void BroadcastViewSoon();
-  bool view_broadcast_posted_ = false;  // I/O thread only
   void ReleaseBarriers();
   void MaybeShutdown();
   void ShutdownCluster(const std::string& reason,
@@ -178,6 +177,7 @@ class Scheduler {
   std::vector<uint64_t> server_load_;
   std::map<uint64_t, std::vector<BarrierWaiter>> barriers_;
   uint64_t next_barrier_ = 0;  // one past the highest barrier released
+  bool view_broadcast_posted_ = false;  // BroadcastViewSoon's, not yet run
 
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;

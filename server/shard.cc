@@ -4,7 +4,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -283,55 +282,6 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
   return absl::OkStatus();
 }
 
-absl::Status Shard::CollectTouched(absl::Span<const uint8_t> payload) {
-  auto append = [&](absl::Span<const uint8_t> bytes, uint32_t at,
-                    uint32_t n) -> absl::Status {
-    ADAPS_ASSIGN_OR_RETURN(WireHeader h, PeekHeader(bytes));
-    if (h.kind == CompressorKind::kAdaComp || h.kind == CompressorKind::kTopK) {
-      ADAPS_RETURN_IF_ERROR(DecodeUpdate(bytes, &touched_scratch_));
-      for (uint32_t i : touched_scratch_.indices) touched_.push_back(at + i);
-    } else {  // dense or sign: every element (a fused member sent dense is a few)
-      for (uint32_t i = 0; i < n; ++i) touched_.push_back(at + i);
-    }
-    return absl::OkStatus();
-  };
-  ADAPS_ASSIGN_OR_RETURN(WireHeader header, PeekHeader(payload));
-  if (header.segments == 0) return append(payload, 0, header.length);
-  ADAPS_ASSIGN_OR_RETURN(std::vector<SegmentView> views, SplitSegmented(payload));
-  uint32_t at = 0;
-  for (const SegmentView& view : views) {
-    ADAPS_RETURN_IF_ERROR(append(view.bytes, at, view.segment.length));
-    at += view.segment.length;
-  }
-  return absl::OkStatus();
-}
-
-void Shard::MergeTouched() {
-  while (touched_ends_.size() > 1) {
-    merge_scratch_.clear();
-    merged_ends_.clear();
-    size_t begin = 0;
-    for (size_t r = 0; r < touched_ends_.size(); r += 2) {
-      const size_t mid = touched_ends_[r];
-      const size_t end = r + 1 < touched_ends_.size() ? touched_ends_[r + 1] : mid;
-      std::set_union(touched_.begin() + begin, touched_.begin() + mid, touched_.begin() + mid,
-                     touched_.begin() + end, std::back_inserter(merge_scratch_));
-      merged_ends_.push_back(merge_scratch_.size());
-      begin = end;
-    }
-    touched_.swap(merge_scratch_);
-    touched_ends_.swap(merged_ends_);
-  }
-  touched_ends_.clear();
-  // (Every run is strictly ascending: the codec refuses indices out of order. Kept cheap
-  // insurance: the optimizer and the encoder need distinct ascending elements.)
-  if (std::adjacent_find(touched_.begin(), touched_.end(),
-                         [](uint32_t a, uint32_t b) { return a >= b; }) != touched_.end()) {
-    std::sort(touched_.begin(), touched_.end());
-    touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
-  }
-}
-
 bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig& optimizer,
                                 int backup_workers) {
   if (pushed_.empty()) return false;
@@ -524,75 +474,6 @@ void Shard::PublishDense() {
   std::memcpy(bytes->data(), params_.data(), bytes->size());
   dense_bytes_ = std::move(bytes);
   dense_version_ = version_;
-}
-
-// The smallest exact sparse answer, kept only when smaller than the dense one: the new
-// values at the elements the step touched, as one Top-k encoding (one merged ascending index
-// list, Rice-coded gaps, float32 values; exact whatever the optimizer's rounding, since the
-// worker assigns the server's own floats), or, for a mean step, the step's pushes forwarded
-// as they came (their sign bits against 32-bit values: about W times smaller at AdaComp's
-// densities; exact because the worker replays the same float additions in the same order).
-absl::Status Shard::PublishSparse() {
-  sparse_version_ = version_;
-  sparse_forwarded_ = false;
-  forwarded_without_.clear();
-  // The last version's buffer, written again once whoever sends it released it (Reusable).
-  if (sparse_bytes_) sparse_spare_ = std::move(sparse_bytes_);
-  if (!last_sparse_) return absl::OkStatus();
-  const uint64_t dense = uint64_t{length_} * sizeof(float);
-  uint64_t forwarded = UINT64_MAX;
-  if (last_forwardable_ && mean_zero_outside_ && last_push_count_ > 0) {
-    forwarded = 12;
-    for (size_t i = 0; i < last_push_count_; ++i) forwarded += 4 + last_pushes_[i].size();
-  }
-  std::shared_ptr<std::vector<uint8_t>> bytes = Reusable(sparse_spare_);
-  sparse_spare_.reset();
-  // The merged list holds at least 4 bytes a value: encoded only when it may be the smallest.
-  if (uint64_t{last_touched_.size()} * sizeof(float) < std::min(dense, forwarded)) {
-    CompressedUpdate& u = sparse_update_;
-    u.kind = CompressorKind::kTopK;
-    u.length = length_;
-    u.bin_size = 0;
-    u.indices.assign(last_touched_.begin(), last_touched_.end());
-    u.values.resize(last_touched_.size());
-    for (size_t j = 0; j < last_touched_.size(); ++j) u.values[j] = params_[last_touched_[j]];
-    // (A value the codec refuses, NaN or Inf, goes out in the dense answer as it is.)
-    if (EncodeUpdate(u, IndexCoding::kRice, bytes.get()).ok() &&
-        bytes->size() < std::min(dense, forwarded)) {
-      sparse_bytes_ = std::move(bytes);
-      return absl::OkStatus();
-    }
-  }
-  if (forwarded < dense) {
-    std::vector<absl::Span<const uint8_t>> pushes(last_pushes_.begin(),
-                                                  last_pushes_.begin() + last_push_count_);
-    if (EncodeForwarded(last_scale_, pushes, bytes.get()).ok()) {
-      sparse_bytes_ = std::move(bytes);
-      sparse_forwarded_ = true;
-      return absl::OkStatus();
-    }
-  }
-  sparse_spare_ = std::move(bytes);
-  return absl::OkStatus();
-}
-
-Shard::PayloadBytes Shard::ForwardedFor(const Pull& pull) {
-  if (pull.worker < 0 || pull.held_push != version_) return sparse_bytes_;
-  const auto own = std::find(last_push_workers_.begin(), last_push_workers_.end(), pull.worker);
-  if (own == last_push_workers_.end()) return sparse_bytes_;
-  for (const auto& [worker, bytes] : forwarded_without_) {
-    if (worker == pull.worker) return bytes;
-  }
-  std::vector<absl::Span<const uint8_t>> pushes(last_pushes_.begin(),
-                                                last_pushes_.begin() + last_push_count_);
-  auto bytes = std::make_shared<std::vector<uint8_t>>();
-  if (!EncodeForwarded(last_scale_, pushes, bytes.get(),
-                       static_cast<int>(own - last_push_workers_.begin()))
-           .ok()) {
-    return sparse_bytes_;  // (encoded once already: cannot fail)
-  }
-  forwarded_without_.emplace_back(pull.worker, bytes);
-  return bytes;
 }
 
 absl::StatusOr<Shard::Answer> Shard::AnswerPull(const Pull& pull) {
