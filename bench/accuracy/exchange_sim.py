@@ -62,6 +62,31 @@ class TinyGPT(nn.Module):
         for b in s.blocks: h = b(h, mask)
         return s.head(s.ln(h))
 
+def second_moment_swap(opt, W):
+    """Before opt.step(): make Adam's denominator the estimate of the global batch's second
+    moment, (1 - 1/W) m^2 + v / W (bias-corrected), from this worker's m and v. Returns the
+    function that puts the true v back after the step."""
+    saved = []
+    with torch.no_grad():
+        for g in opt.param_groups:
+            b1, b2 = g["betas"]; wd = g["weight_decay"]
+            adamw = isinstance(opt, torch.optim.AdamW)
+            for p in g["params"]:
+                if p.grad is None: continue
+                st = opt.state[p]
+                if not st: continue  # first step: m^2 = v, nothing to correct
+                s = float(st["step"]) + 1
+                gr = p.grad if (adamw or not wd) else p.grad + wd * p
+                m = st["exp_avg"] * b1 + (1 - b1) * gr
+                v = st["exp_avg_sq"] * b2 + (1 - b2) * gr * gr
+                bc1 = 1 - b1 ** s; bc2 = 1 - b2 ** s
+                vt = torch.minimum((1 - 1 / W) * (m / bc1) ** 2 + v / bc2 / W, v / bc2) * bc2
+                saved.append((st, st["exp_avg_sq"].clone(), v))
+                st["exp_avg_sq"].copy_((vt - (1 - b2) * gr * gr) / b2)
+    def restore():
+        for st, old, v in saved: st["exp_avg_sq"].copy_(v)
+    return restore
+
 def bpc(model, data, L, n=32):
     model.eval(); k = min((len(data) - 1) // L, n)
     x = data[:k * L].view(k, L); y = data[1:k * L + 1].view(k, L)
@@ -78,6 +103,10 @@ def main():
     ap.add_argument("--dense-1d", type=int, default=0); ap.add_argument("--warmup-dense", type=int, default=0)
     ap.add_argument("--opt", default="adamw"); ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--clip", type=float, default=1.0); ap.add_argument("--wd", type=float, default=0.01)
+    ap.add_argument("--vfix", type=int, default=0)  # update exchange: global-batch second moment
+    ap.add_argument("--eval-residue", type=int, default=0)
+    ap.add_argument("--virtual", type=int, default=0)
+    ap.add_argument("--lrmul", type=float, default=1.0)  # update exchange: lr factor (diagnosis)
     ap.add_argument("--sched", default="cos"); ap.add_argument("--d", type=int, default=64); ap.add_argument("--warm", type=int, default=0)
     a = ap.parse_args()
     torch.manual_seed(a.seed)
@@ -112,7 +141,13 @@ def main():
             st = torch.randint(0, len(tr) - a.L - 1, (a.bs,), generator=gens[r]).tolist()
             x = torch.stack([tr[s:s + a.L] for s in st]); y = torch.stack([tr[s + 1:s + a.L + 1] for s in st])
             model.zero_grad()
+            if a.virtual and a.mode == "update":  # the gradient at this worker's own view
+                with torch.no_grad():
+                    for i, p in enumerate(params): p += res[r][i].view_as(p)
             F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+            if a.virtual and a.mode == "update":
+                with torch.no_grad():
+                    for i, p in enumerate(params): p -= res[r][i].view_as(p)
             grads.append([p.grad.detach().clone() for p in params])
         warm = t < a.warmup_dense
         if a.mode == "ef21":
@@ -155,8 +190,10 @@ def main():
                     for s, p in zip(sh, params): s.copy_(p)
                 for s, g in zip(sh, grads[r]): s.grad = g
                 if a.clip: torch.nn.utils.clip_grad_norm_(sh, a.clip)
-                for gr in opts[r].param_groups: gr["lr"] = lr
+                for gr in opts[r].param_groups: gr["lr"] = lr * a.lrmul
+                restore = second_moment_swap(opts[r], W) if a.vfix else None
                 opts[r].step()
+                if restore: restore()
                 ups.append([(s.detach() - p.detach()).flatten() for s, p in zip(sh, params)])
             with torch.no_grad():
                 for i, p in enumerate(params):
@@ -171,6 +208,13 @@ def main():
                     p += (acc / W).view_as(p)
         if (t + 1) % 100 == 0 or t + 1 == a.steps:
             b = bpc(model, va, a.L); hist.append(b)
+            if a.mode == "update" and a.eval_residue:  # diagnosis: the mass still held back
+                with torch.no_grad():
+                    keep = [p.detach().clone() for p in params]
+                    for i, p in enumerate(params):
+                        p += (sum(res[r][i] for r in range(W)) / W).view_as(p)
+                    print("  with the residues delivered: bpc %.3f" % bpc(model, va, a.L))
+                    for p, k in zip(params, keep): p.copy_(k)
             print("step %d bpc %.3f ratio %.0fx (%.0fs)" % (t + 1, b, total / max(sent, 1), time.time() - t0), flush=True)
     print("FINAL", a.model, a.mode, "T", a.T, "bpc %.4f" % hist[-1], "push ratio %.1f" % (total / max(sent, 1)), " ".join("%.3f" % h for h in hist))
 

@@ -60,8 +60,9 @@ sum is refused), compression (ADAPS_COMPRESSION, "adacomp"), pull (ADAPS_PULL: "
 local mode and with servers running plain SGD without weight decay, else "dense"), bin_size
 (ADAPS_BIN_SIZE, 500), conv_bin_size (ADAPS_CONV_BIN_SIZE, 50), topk_fraction
 (ADAPS_TOPK_FRACTION, 0.001), lr (ADAPS_LR, from --lr: when set it replaces every group's
-lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see below). An
-explicit argument that overrides a different exported value warns once.
+lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see below),
+second_moment (ADAPS_SECOND_MOMENT, "global" or "local", see below). An explicit argument
+that overrides a different exported value warns once.
 
 What local mode sends (exchange): "gradient" sends each worker's gradient, and every worker's
 torch optimizer steps on the mean (DDP's arithmetic; the default with dense pushes).
@@ -73,7 +74,11 @@ a step whatever the gradient's size, so a gradient that arrives in AdaComp's bur
 far less than the same gradient arriving a little every step (docs/accuracy.md, the zoo).
 With SGD and momentum this is DGC's momentum correction exactly. What differs from DDP, and
 why: each worker's optimizer state (momentum, Adam's moments) is its own, fed by its own
-gradients (rank 0's state_dict() is a valid checkpoint for any rank); clipping between
+gradients (rank 0's state_dict() is a valid checkpoint for any rank); with
+torch.optim.Adam/AdamW and second_moment="global" (the default) each step's denominator is
+the estimate of the global batch's second moment from this worker's moments, not its own
+batch's, which is up to W times larger where the gradient noise dominates (adaps.torch_moments;
+"local" keeps torch's step as it is); clipping between
 synchronize() and step() clips this worker's own gradient, as on one machine; a parameter
 without gradient on this worker is skipped by its torch optimizer (no change sent); with
 torch.cuda.amp.GradScaler a worker whose gradient has inf/NaN sends a zero update for that
@@ -92,6 +97,7 @@ import numpy as np
 import torch
 
 import adaps
+from adaps import torch_moments as _moments
 from adaps import torch_server_hyper as _hyper
 from adaps.torch_broadcast import (broadcast_object, broadcast_optimizer_state,
                                    broadcast_parameters)
@@ -104,6 +110,7 @@ _CONV_TYPES = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvT
 _COMPRESSIONS = ("dense", "adacomp", "topk", "sign")
 _PULLS = ("dense", "recompressed", "sparse")
 _EXCHANGES = ("gradient", "update")
+_SECOND_MOMENTS = ("global", "local")
 _USED_PREFIX = "__adaps_used__/"
 
 
@@ -212,7 +219,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer, model, worker=None, mode=None, compression=None,
                  bin_size=None, conv_bin_size=None, bin_sizes=None, topk_fraction=None,
                  pull=None, server_optimizer=None, lr=None, exchange=None,
-                 momentum_correction=None):
+                 momentum_correction=None, second_moment=None):
         if not isinstance(optimizer, torch.optim.Optimizer) or \
                 isinstance(optimizer, DistributedOptimizer):
             raise TypeError("adaps.torch: DistributedOptimizer wraps a torch.optim.Optimizer, "
@@ -229,8 +236,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  float)
         lr = _setting("lr", lr, "ADAPS_LR", None, float)
         exchange = _setting("exchange", exchange, "ADAPS_EXCHANGE", None)
+        second_moment = _setting("second_moment", second_moment, "ADAPS_SECOND_MOMENT",
+                                 "global")
         self._check_names(compression, pull)
         self.exchange = self._resolve_exchange(exchange, compression)
+        if second_moment not in _SECOND_MOMENTS:
+            raise ValueError("adaps.torch: unknown second_moment %r (global or local)"
+                             % (second_moment,))
+        self.second_moment = second_moment
         if self.mode == "local" and pull == "recompressed":
             # The servers' recompression sends the change of what they hold against the
             # workers' replicas: right for parameters, which move a little each step, wrong for
@@ -555,7 +568,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if e.snap is None:
                     e.snap = torch.empty_like(e.param)
                 e.snap.copy_(e.param)
-        result = None if skip else self.optimizer.step()
+        result = None
+        if not skip:
+            # Adam/AdamW: the step's denominator estimates the global batch's second moment
+            # (adaps.torch_moments); torch's own v stays in the state.
+            restore = _moments.global_second_moment(self.optimizer, self.worker.num_workers) \
+                if self.second_moment == "global" else None
+            try:
+                result = self.optimizer.step()
+            finally:
+                if restore is not None:
+                    restore()
         error = None
         with torch.no_grad():
             for e in self._params:

@@ -1,0 +1,144 @@
+"""adaps.torch_moments: the global batch's second moment in each worker's Adam/AdamW step
+(exchange="update"), on its own and through adaps.torch on a real 2-worker cluster."""
+import pytest
+import torch
+import torch.nn as nn
+
+import adaps.torch
+from adaps import torch_moments
+from torch_ranks import run_ranks
+
+
+def grads(seed, steps, n=5):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, generator=g) for _ in range(steps)]
+
+
+def reference(gs, w, lr=0.1, b1=0.9, b2=0.999, eps=1e-8, wd=0.0, adamw=False, maximize=False):
+    """Adam by hand with the denominator sqrt((1 - 1/w) m_hat^2 + v_hat / w) (capped at
+    sqrt(v_hat)) from the second step on; returns the parameter and m, v."""
+    p = torch.zeros_like(gs[0], dtype=torch.float64) + 0.5
+    m = torch.zeros_like(p)
+    v = torch.zeros_like(p)
+    for t, g in enumerate(gs, 1):
+        g = g.double()
+        if maximize:
+            g = -g
+        if adamw:
+            p = p * (1 - lr * wd)
+        elif wd:
+            g = g + wd * p
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        mh, vh = m / (1 - b1 ** t), v / (1 - b2 ** t)
+        vg = torch.minimum((1 - 1 / w) * mh * mh + vh / w, vh) if t > 1 else vh
+        p = p - lr * mh / (vg.sqrt() + eps)
+    return p, m, v
+
+
+def run_torch(opt_cls, gs, w, **kw):
+    p = nn.Parameter(torch.full((gs[0].numel(),), 0.5))
+    opt = opt_cls([p], lr=0.1, **kw)
+    for g in gs:
+        p.grad = g.clone()
+        restore = torch_moments.global_second_moment(opt, w)
+        opt.step()
+        restore()
+    return p.detach(), opt.state[p]
+
+
+@pytest.mark.parametrize("opt_cls,kw", [
+    (torch.optim.Adam, {}),
+    (torch.optim.Adam, {"weight_decay": 0.1}),
+    (torch.optim.Adam, {"maximize": True}),
+    (torch.optim.AdamW, {"weight_decay": 0.1}),
+])
+def test_the_step_uses_the_global_estimate_and_the_state_keeps_torchs_moments(opt_cls, kw):
+    gs = grads(1, 6)
+    p, state = run_torch(opt_cls, gs, 4, **kw)
+    want, m, v = reference(gs, 4, wd=kw.get("weight_decay", 0.0),
+                           adamw=opt_cls is torch.optim.AdamW,
+                           maximize=kw.get("maximize", False))
+    assert torch.allclose(p.double(), want, rtol=1e-5, atol=1e-6)
+    # Not torch's own step (which the estimate would otherwise equal by accident) ...
+    plain, plain_state = run_torch(opt_cls, gs, 1, **kw)
+    assert (p - plain).abs().max() > 1e-3
+    # ... but torch's own moments: a checkpoint means what it means without adaps.
+    assert torch.allclose(state["exp_avg_sq"].double(), v, rtol=1e-5)
+    assert torch.allclose(state["exp_avg"].double(), m, rtol=1e-5, atol=1e-7)
+    if opt_cls is torch.optim.AdamW or not kw.get("weight_decay"):  # else g depends on p
+        assert torch.allclose(state["exp_avg_sq"], plain_state["exp_avg_sq"], rtol=1e-6)
+        assert torch.equal(state["exp_avg"], plain_state["exp_avg"])
+
+
+def test_one_worker_or_another_optimizer_is_torchs_own_step():
+    gs = grads(2, 4)
+    p, _ = run_torch(torch.optim.Adam, gs, 1)
+    want, _, _ = reference(gs, 1)
+    assert torch.allclose(p.double(), want, rtol=1e-5, atol=1e-6)
+    sgd = torch.optim.SGD([nn.Parameter(torch.zeros(3))], lr=0.1)
+    assert not torch_moments.supports(sgd)
+    amsgrad = torch.optim.Adam([nn.Parameter(torch.zeros(3))], amsgrad=True)
+    assert not torch_moments.supports(amsgrad)
+
+    class MyAdam(torch.optim.Adam):
+        pass
+    assert not torch_moments.supports(MyAdam([nn.Parameter(torch.zeros(3))]))
+
+
+def test_update_exchange_uses_the_global_second_moment_by_default(cluster):
+    per_rank = [grads(10, 3), grads(11, 3)]
+
+    def rank(w, second_moment):
+        m = nn.Module()
+        m.p = nn.Parameter(torch.full((5,), 0.5))
+        kw = {} if second_moment is None else {"second_moment": second_moment}
+        opt = adaps.torch.DistributedOptimizer(torch.optim.Adam([m.p], lr=0.1), m, w,
+                                               server_optimizer="mean", compression="dense",
+                                               exchange="update", **kw)
+        out = []
+        for g in per_rank[w.rank]:
+            opt.zero_grad()
+            (m.p * g).sum().backward()
+            opt.step()
+            out.append(m.p.detach().clone())
+        return out
+
+    def mean_of_local_steps(w_est):
+        # Each worker's own Adam on its own gradients, every replica the start plus the mean
+        # of the two workers' changes each step.
+        start = torch.full((5,), 0.5, dtype=torch.float64)
+        states = [{"m": torch.zeros(5, dtype=torch.float64),
+                   "v": torch.zeros(5, dtype=torch.float64)} for _ in range(2)]
+        p, out = start, []
+        for t in range(1, 4):
+            moves = []
+            for r in range(2):
+                g = per_rank[r][t - 1].double()
+                s = states[r]
+                s["m"] = 0.9 * s["m"] + 0.1 * g
+                s["v"] = 0.999 * s["v"] + 0.001 * g * g
+                mh, vh = s["m"] / (1 - 0.9 ** t), s["v"] / (1 - 0.999 ** t)
+                vg = torch.minimum((1 - 1 / w_est) * mh * mh + vh / w_est, vh) if t > 1 else vh
+                moves.append(-0.1 * mh / (vg.sqrt() + 1e-8))
+            p = p + (moves[0] + moves[1]) / 2
+            out.append(p)
+        return out
+
+    default = run_ranks(cluster(2, server_args=["--optimizer=mean"]).address, 2,
+                        lambda w: rank(w, None))
+    local = run_ranks(cluster(2, server_args=["--optimizer=mean"]).address, 2,
+                      lambda w: rank(w, "local"))
+    for got, want in zip(default[0], mean_of_local_steps(2)):
+        assert torch.allclose(got.double(), want, atol=1e-5)
+    for got, want in zip(local[0], mean_of_local_steps(1)):
+        assert torch.allclose(got.double(), want, atol=1e-5)
+    assert torch.equal(default[0][-1], default[1][-1])
+    assert (default[0][-1] - local[0][-1]).abs().max() > 1e-3
+
+
+def test_an_unknown_second_moment_is_refused():
+    m = nn.Linear(2, 1)
+    with pytest.raises(ValueError, match="second_moment"):
+        adaps.torch.DistributedOptimizer(torch.optim.Adam(m.parameters()), m, None,
+                                         server_optimizer="mean", second_moment="shared")

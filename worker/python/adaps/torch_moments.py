@@ -1,0 +1,82 @@
+"""adaps.torch_moments: Adam's second moment of the global batch, estimated on each worker.
+
+With exchange="update" every worker runs its own torch.optim.Adam/AdamW on its own gradient,
+from a batch W times smaller than the step's global batch (W workers). Adam's second moment
+v estimates E[g^2] = mu^2 + s^2 per element (mu the true gradient, s^2 the variance of a
+worker's batch gradient); the global batch's gradient has mu^2 + s^2 / W. Where the noise
+dominates, a worker's v is up to W times too large and its steps up to sqrt(W) times too
+short: a small transformer with AdamW trained to 3.19 bits/char this way against 2.91 for
+DDP's arithmetic, with nothing compressed (docs/accuracy.md).
+
+Adam's first moment m averages the gradient over about (1 + beta1) / (1 - beta1) steps, so
+m^2 estimates mu^2 with little of the noise, and
+
+    v_global = (1 - 1/W) * m_hat^2 + v_hat / W     (capped at v_hat)
+
+estimates mu^2 + s^2 / W (plus (1 - 1/W)(1 - beta1)/(1 + beta1) s^2 of m's own noise: the
+estimate errs towards the shorter step). It uses only what this worker has: no extra bytes.
+global_second_moment() makes the torch optimizer's step use it and keeps torch's own v in its
+state (state_dict() is torch's, unchanged in format and meaning): before the step it writes
+into exp_avg_sq the value that torch's update v = beta2 * v + (1 - beta2) g^2 turns into
+v_global, after the step it puts back the true v.
+
+Applies to torch.optim.Adam and torch.optim.AdamW exactly (not subclasses, whose step may
+differ), per param group, except groups with amsgrad (torch's own step is kept there).
+The first step needs nothing (m_hat^2 = v_hat). Memory: one copy of v during the step.
+"""
+import torch
+
+_ADAMS = (torch.optim.Adam, torch.optim.AdamW)
+
+
+def supports(optimizer):
+    """True when global_second_moment() changes something for this optimizer."""
+    return type(optimizer) in _ADAMS and \
+        any(not g.get("amsgrad", False) for g in optimizer.param_groups)
+
+
+def _effective_grad(optimizer, group, p):
+    # The gradient torch's Adam feeds its moments (torch 1.13: maximize negates it; Adam's
+    # weight decay adds wd * p, AdamW's decays the parameter instead).
+    g = -p.grad if group.get("maximize", False) else p.grad
+    if type(optimizer) is torch.optim.Adam and group["weight_decay"]:
+        g = g.add(p, alpha=group["weight_decay"])
+    return g
+
+
+def global_second_moment(optimizer, num_workers):
+    """Call just before optimizer.step(); returns the function to call just after it (it puts
+    torch's own second moment back). Does nothing (returns a no-op) for one worker, another
+    optimizer, or groups with amsgrad."""
+    saved = []
+    if num_workers > 1 and supports(optimizer):
+        w = float(num_workers)
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                if group.get("amsgrad", False):
+                    continue
+                b1, b2 = group["betas"]
+                for p in group["params"]:
+                    if p.grad is None or p.grad.is_sparse:
+                        continue
+                    state = optimizer.state.get(p)
+                    if not state or "exp_avg_sq" not in state:
+                        continue  # its first step: m_hat^2 = v_hat, nothing to change
+                    step = float(state["step"]) + 1.0
+                    g = _effective_grad(optimizer, group, p).to(state["exp_avg"].dtype)
+                    m = state["exp_avg"].mul(b1).add_(g, alpha=1.0 - b1)
+                    v = state["exp_avg_sq"].mul(b2).addcmul_(g, g, value=1.0 - b2)
+                    bc1 = 1.0 - b1 ** step
+                    bc2 = 1.0 - b2 ** step
+                    # bc2 * v_global: the raw value torch's step should compute.
+                    want = m.div_(bc1).square_().mul_((1.0 - 1.0 / w) * bc2).add_(v, alpha=1.0 / w)
+                    torch.minimum(want, v, out=want)
+                    # exp_avg_sq such that beta2 * it + (1 - beta2) g^2 == want.
+                    state["exp_avg_sq"].copy_(want.addcmul_(g, g, value=-(1.0 - b2)).div_(b2))
+                    saved.append((state["exp_avg_sq"], v))
+
+    def restore():
+        with torch.no_grad():
+            for sq, v in saved:
+                sq.copy_(v)
+    return restore
