@@ -44,6 +44,10 @@ absl::StatusOr<std::vector<uint32_t>> Worker::LastSent(absl::string_view name) c
   return impl_->LastSent(name);
 }
 
+absl::Status Worker::Residue(absl::string_view name, absl::Span<float> out) const {
+  return impl_->Residue(name, out);
+}
+
 absl::Status Worker::SetBinSize(absl::string_view name, uint32_t bin_size) {
   return impl_->SetBinSize(name, bin_size);
 }

@@ -209,6 +209,28 @@ absl::StatusOr<std::vector<uint32_t>> Worker::Impl::LastSent(absl::string_view n
   return every;
 }
 
+absl::Status Worker::Impl::Residue(absl::string_view name, absl::Span<float> out) const {
+  ADAPS_ASSIGN_OR_RETURN(Tensor * t, Find(name));
+  ADAPS_RET_CHECK(out.size() == t->length, absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("tensor '", t->spec.name, "' has ", t->length,
+                               " elements, the buffer ", out.size()));
+  absl::MutexLock lock(&t->mu);
+  // A fused member has one slice and no layout of its own: it covers the whole tensor.
+  for (size_t k = 0; k < t->slices.size(); ++k) {
+    const uint64_t offset = t->meta.empty() ? 0 : t->meta[k].info.offset;
+    const uint64_t length = t->meta.empty() ? t->length : t->meta[k].info.length;
+    float* to = out.data() + offset;
+    const SliceState* residue = t->slices[k].residue.get();
+    if (residue == nullptr) {
+      std::fill(to, to + length, 0.0f);
+    } else {
+      absl::Span<const float> r = residue->residue();
+      std::copy(r.begin(), r.begin() + length, to);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Worker::Impl::SetBinSize(absl::string_view name, uint32_t bin_size) {
   ADAPS_ASSIGN_OR_RETURN(Tensor * t, Find(name));
   ADAPS_RET_CHECK(t->spec.compression == Compression::kAdaComp,

@@ -62,7 +62,7 @@ class TinyGPT(nn.Module):
         for b in s.blocks: h = b(h, mask)
         return s.head(s.ln(h))
 
-def second_moment_swap(opt, W):
+def second_moment_swap(opt, W, unbiased=False):
     """Before opt.step(): make Adam's denominator the estimate of the global batch's second
     moment, (1 - 1/W) m^2 + v / W (bias-corrected), from this worker's m and v. Returns the
     function that puts the true v back after the step."""
@@ -80,7 +80,11 @@ def second_moment_swap(opt, W):
                 m = st["exp_avg"] * b1 + (1 - b1) * gr
                 v = st["exp_avg_sq"] * b2 + (1 - b2) * gr * gr
                 bc1 = 1 - b1 ** s; bc2 = 1 - b2 ** s
-                vt = torch.minimum((1 - 1 / W) * (m / bc1) ** 2 + v / bc2 / W, v / bc2) * bc2
+                mu2 = (m / bc1) ** 2
+                if unbiased:  # take m_hat's own noise out of m_hat^2
+                    k = (1 - b1) / (1 + b1) * (1 + b1 ** s) / (1 - b1 ** s)
+                    mu2 = ((mu2 - k * v / bc2) / (1 - k)).clamp_(min=0) if k < 0.99 else mu2
+                vt = torch.minimum((1 - 1 / W) * mu2 + v / bc2 / W, v / bc2) * bc2
                 saved.append((st, st["exp_avg_sq"].clone(), v))
                 st["exp_avg_sq"].copy_((vt - (1 - b2) * gr * gr) / b2)
     def restore():
@@ -143,11 +147,11 @@ def main():
             model.zero_grad()
             if a.virtual and a.mode == "update":  # the gradient at this worker's own view
                 with torch.no_grad():
-                    for i, p in enumerate(params): p += res[r][i].view_as(p)
+                    for i, p in enumerate(params): p += res[r][i].view_as(p) / (W if a.virtual == 2 else 1)
             F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
             if a.virtual and a.mode == "update":
                 with torch.no_grad():
-                    for i, p in enumerate(params): p -= res[r][i].view_as(p)
+                    for i, p in enumerate(params): p -= res[r][i].view_as(p) / (W if a.virtual == 2 else 1)
             grads.append([p.grad.detach().clone() for p in params])
         warm = t < a.warmup_dense
         if a.mode == "ef21":
@@ -191,7 +195,7 @@ def main():
                 for s, g in zip(sh, grads[r]): s.grad = g
                 if a.clip: torch.nn.utils.clip_grad_norm_(sh, a.clip)
                 for gr in opts[r].param_groups: gr["lr"] = lr * a.lrmul
-                restore = second_moment_swap(opts[r], W) if a.vfix else None
+                restore = second_moment_swap(opts[r], W, a.vfix == 2) if a.vfix else None
                 opts[r].step()
                 if restore: restore()
                 ups.append([(s.detach() - p.detach()).flatten() for s, p in zip(sh, params)])
@@ -214,6 +218,8 @@ def main():
                     for i, p in enumerate(params):
                         p += (sum(res[r][i] for r in range(W)) / W).view_as(p)
                     print("  with the residues delivered: bpc %.3f" % bpc(model, va, a.L))
+                    for i, (p, k) in enumerate(zip(params, keep)): p.copy_(k + res[0][i].view_as(p))
+                    print("  worker 0's view (replica + its residue): bpc %.3f" % bpc(model, va, a.L))
                     for p, k in zip(params, keep): p.copy_(k)
             print("step %d bpc %.3f ratio %.0fx (%.0fs)" % (t + 1, b, total / max(sent, 1), time.time() - t0), flush=True)
     print("FINAL", a.model, a.mode, "T", a.T, "bpc %.4f" % hist[-1], "push ratio %.1f" % (total / max(sent, 1)), " ".join("%.3f" % h for h in hist))

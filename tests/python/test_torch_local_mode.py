@@ -160,8 +160,15 @@ def test_local_mode_with_a_compressor_exchanges_updates_by_default(cluster):
             compression="adacomp")
         m2 = nn.Sequential(nn.Linear(4, 2))  # other names: "0.weight", "0.bias"
         dense = wrap(torch.optim.Adam(m2.parameters()), m2, w)
-        return compressed.exchange, dense.exchange
-    assert run_ranks(address, 2, rank) == [("update", "gradient")] * 2
+        m3 = nn.Sequential(nn.Sequential(nn.Linear(4, 2)))
+        sgd = adaps.torch.DistributedOptimizer(
+            torch.optim.SGD(m3.parameters(), lr=0.1, momentum=0.9), m3, w,
+            server_optimizer="mean", compression="adacomp")
+        # own_updates: on for Adam/AdamW with a compressor, off for SGD and dense pushes.
+        return (compressed.exchange, dense.exchange, sgd.exchange, compressed.own_updates,
+                dense.own_updates, sgd.own_updates)
+    assert run_ranks(address, 2, rank) == [("update", "gradient", "update", True, False,
+                                            False)] * 2
 
 
 def test_update_exchange_applies_the_mean_of_each_workers_own_adam_step(cluster):
@@ -199,10 +206,12 @@ def test_update_exchange_applies_the_mean_of_each_workers_own_adam_step(cluster)
     assert not torch.equal(m0, m1)            # each worker's own moments
 
 
-def test_update_exchange_conserves_the_update_mass_with_adacomp(cluster):
+@pytest.mark.parametrize("own_updates", [True, False])
+def test_update_exchange_conserves_the_update_mass_with_adacomp(cluster, own_updates):
     # Plain SGD at lr 1: each worker's update is -gradient; AdaComp's error feedback on the
     # update delays elements but loses none, so after the gradients stop the residues drain
-    # and the parameters reach -(sum of the mean gradients), up to float rounding.
+    # and the parameters reach -(sum of the mean gradients), up to float rounding. With
+    # own_updates (the default) each worker's model is the replica plus its own residue.
     address = mean_cluster(cluster)
     n, steps = 600, 30
 
@@ -215,23 +224,36 @@ def test_update_exchange_conserves_the_update_mass_with_adacomp(cluster):
         m.p = nn.Parameter(torch.zeros(n))
         opt = adaps.torch.DistributedOptimizer(torch.optim.SGD([m.p], lr=1.0), m, w,
                                                server_optimizer="mean", compression="adacomp",
-                                               bin_size=50)
+                                               bin_size=50, own_updates=own_updates)
         mine = torch.from_numpy(grads(w.rank))
         for s in range(steps):
             opt.zero_grad()
             (m.p * mine[s]).sum().backward()
             opt.step()
         after_grads = m.p.detach().clone()
+        held = np.zeros(n, dtype=np.float32)
+        w.residue("p", held)
+        replica = after_grads - (torch.from_numpy(held) if own_updates else 0)
         for s in range(400):  # zero gradients: only the residues go out
             opt.zero_grad()
             (m.p * 0.0).sum().backward()
             opt.step()
-        return after_grads, m.p.detach().clone()
-    (a0, p0), (a1, p1) = run_ranks(address, 2, rank, timeout=120)
+        return after_grads, replica, held, m.p.detach().clone()
+    (a0, x0, h0, p0), (a1, x1, h1, p1) = run_ranks(address, 2, rank, timeout=120)
     exact = -(grads(0).astype(np.float64) + grads(1).astype(np.float64)).sum(0) / 2
-    assert torch.equal(p0, p1)
-    assert np.abs(a0.numpy() - exact).max() > 0.5              # compressed: delayed ...
-    assert np.abs(p0.numpy() - exact).max() < 0.05 * np.abs(exact).max()  # ... not lost
+    assert np.abs(h0).max() > 0.5                                 # compressed: held back
+    if own_updates:
+        assert torch.allclose(x0, x1, atol=1e-4)                  # the same replica ...
+        assert not torch.allclose(a0, a1, atol=0.1)               # ... and each its own view
+        # The replica lacks half of each residue (2 workers); rank 0's model adds all of its
+        # own: exact + (h0 - h1) / 2.
+        assert np.allclose(a0.numpy(), exact + (h0 - h1) / 2, atol=1e-3)
+        assert np.abs(p0.numpy() - exact).max() < 0.05 * np.abs(exact).max()
+        assert np.abs(p1.numpy() - exact).max() < 0.05 * np.abs(exact).max()
+    else:
+        assert torch.equal(p0, p1) and torch.equal(a0, a1)
+        assert np.abs(a0.numpy() - exact).max() > 0.5              # delayed ...
+        assert np.abs(p0.numpy() - exact).max() < 0.05 * np.abs(exact).max()  # ... not lost
 
 
 def test_update_exchange_clips_each_workers_own_gradient(cluster):

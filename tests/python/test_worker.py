@@ -153,6 +153,39 @@ def test_last_sent_and_pull_parameters(cluster):
     w.stop()
 
 
+def test_residue_is_what_the_pushes_held_back(cluster):
+    c = cluster(1, server_args=["--optimizer=mean"])
+    w = adaps.Worker(c.address, request_timeout=10)
+    values = np.zeros(100, np.float32)
+    w.declare("x", values, compression="adacomp", bin_size=10, fuse=False)
+    w.declare("small", np.zeros(6, np.float32), compression="adacomp", bin_size=6)  # fused
+    w.declare("d", np.zeros(10, np.float32), compression="dense", fuse=False)
+    held = np.full(100, 7.0, np.float32)
+    w.residue("x", held)
+    assert not held.any()  # nothing pushed yet
+    grad = np.full(100, 0.01, np.float32)
+    grad[3::10] = 5.0  # AdaComp sends exactly these, each with the one scale
+    w.push_pull("x", grad, values).wait()
+    w.residue("x", held)
+    sent = np.zeros(100, np.float32)
+    sent[3::10] = values[3::10]  # the mean of one worker: what it sent
+    np.testing.assert_allclose(held + sent, grad, rtol=1e-6)  # error feedback: nothing lost
+    g6 = np.array([0.1, 0.2, 9.0, 0.1, 0.3, 0.2], np.float32)
+    out6 = np.zeros(6, np.float32)
+    w.push_pull("small", g6, out6).wait()
+    h6 = np.zeros(6, np.float32)
+    w.residue("small", h6)
+    np.testing.assert_allclose(h6 + out6, g6, rtol=1e-6)
+    h10 = np.full(10, 1.0, np.float32)
+    w.residue("d", h10)
+    assert not h10.any()  # dense: nothing held back
+    for name, out in [("nope", np.zeros(100, np.float32)), ("x", np.zeros(7, np.float32))]:
+        with pytest.raises(adaps.Error) as e:
+            w.residue(name, out)
+        assert e.value.code == adaps.INVALID_ARGUMENT
+    w.stop()
+
+
 def test_sparse_pulls_write_the_servers_parameters_and_are_refused_on_momentum(cluster):
     c = cluster(1, server_args=["--optimizer=mean"])
     w = adaps.Worker(c.address, request_timeout=10)

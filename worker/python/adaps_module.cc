@@ -379,6 +379,17 @@ void DefineModule(py::module_& m) {
           "alone). With recompressed pulls the parameters push_pull writes trail the servers' "
           "by what the downlink has not sent yet; this gives the trained model itself.")
       .def(
+          "residue",
+          [](PyWorker& w, const std::string& name, py::object out) {
+            Borrowed o = Borrow(out, /*writable=*/true, "residue: out");
+            absl::Status st = w.get().Residue(name, absl::MakeSpan(o.data, o.size));
+            if (!st.ok()) RaiseStatus(st);
+          },
+          py::arg("name"), py::arg("out"),
+          "Copies into `out` (float32, the tensor's length) what this worker's pushes of "
+          "`name` hold back: its error-feedback residue, zeros for a tensor pushed dense. "
+          "Not while a push of the tensor is in flight.")
+      .def(
           "last_sent",
           [](PyWorker& w, const std::string& name) {
             absl::StatusOr<std::vector<uint32_t>> sent = w.get().LastSent(name);

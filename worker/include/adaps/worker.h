@@ -184,6 +184,13 @@ class Worker {
   // it where the push sent it). kInvalidArgument for an undeclared tensor.
   absl::StatusOr<std::vector<uint32_t>> LastSent(absl::string_view name) const;
 
+  // Copies into `out` what this worker's pushes of `name` hold back: the residue of its
+  // error feedback (the gradient or update mass not sent yet), zeros for a tensor pushed
+  // dense. With residues, the replica plus the residue is where this worker's own updates
+  // alone would have taken the parameters. Must not overlap a push of the tensor.
+  // kInvalidArgument for an undeclared tensor or a wrong length (`out` unchanged).
+  absl::Status Residue(absl::string_view name, absl::Span<float> out) const;
+
   // Changes the AdaComp bin size T of `name`'s pushes, from the next push encoded on; the
   // residues are kept (e.g. DGC's sparsity warm-up: small bins, so denser pushes, over the
   // first steps). Only this worker's pushes change: the servers' recompressed pulls keep the

@@ -61,8 +61,9 @@ local mode and with servers running plain SGD without weight decay, else "dense"
 (ADAPS_BIN_SIZE, 500), conv_bin_size (ADAPS_CONV_BIN_SIZE, 50), topk_fraction
 (ADAPS_TOPK_FRACTION, 0.001), lr (ADAPS_LR, from --lr: when set it replaces every group's
 lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see below),
-second_moment (ADAPS_SECOND_MOMENT, "global" or "local", see below). An explicit argument
-that overrides a different exported value warns once.
+second_moment (ADAPS_SECOND_MOMENT, "global" or "local", see below), own_updates
+(ADAPS_OWN_UPDATES, true or false; unset: true for Adam/AdamW, see below). An explicit argument that overrides a
+different exported value warns once.
 
 What local mode sends (exchange): "gradient" sends each worker's gradient, and every worker's
 torch optimizer steps on the mean (DDP's arithmetic; the default with dense pushes).
@@ -78,12 +79,19 @@ gradients (rank 0's state_dict() is a valid checkpoint for any rank); with
 torch.optim.Adam/AdamW and second_moment="global" (the default) each step's denominator is
 the estimate of the global batch's second moment from this worker's moments, not its own
 batch's, which is up to W times larger where the gradient noise dominates (adaps.torch_moments;
-"local" keeps torch's step as it is); clipping between
+"local" keeps torch's step as it is); with own_updates=True (the default for Adam/AdamW,
+False for other optimizers) each worker's model
+is the replica plus this worker's own residue (Worker.residue: the part of its updates
+AdaComp has not sent yet), so its next gradient is taken where all of its own updates have
+taken the parameters, the others' residues estimated by its own; the replicas then differ by
+the residues (rank 0's model is what rank 0 evaluates and saves; with own_updates=False every
+replica is the same, and trains worse: docs/accuracy.md); clipping between
 synchronize() and step() clips this worker's own gradient, as on one machine; a parameter
 without gradient on this worker is skipped by its torch optimizer (no change sent); with
 torch.cuda.amp.GradScaler a worker whose gradient has inf/NaN sends a zero update for that
 step instead of skipping it (every worker must send every step). Memory: one more copy of the
-trained parameters (the values before the step).
+trained parameters (the values before the step), and with own_updates a float32 copy of the
+residue on the host.
 
 Dtypes and devices: float16/bfloat16/float64 parameters are trained with their gradients
 converted to float32 at the boundary (compressed as float32; server mode keeps float32
@@ -174,7 +182,7 @@ def resolve_mode(mode, server_kind):
 
 class _Param:
     __slots__ = ("name", "param", "kind", "bin_size", "buf", "stage", "handle", "zeros",
-                 "used", "pushed_grad", "pushed_version", "snap", "velocity")
+                 "used", "pushed_grad", "pushed_version", "snap", "velocity", "held")
 
     def __init__(self, name, param, kind, bin_size):
         self.name = name
@@ -190,6 +198,17 @@ class _Param:
         self.pushed_version = None
         self.snap = None      # update exchange: the parameter before the local step
         self.velocity = None  # momentum correction: what this worker pushes
+        self.held = None      # own_updates: this worker's residue, in the parameter
+
+
+def _boolean(text):
+    if isinstance(text, bool):
+        return text
+    if str(text).lower() in ("1", "true", "yes", "on"):
+        return True
+    if str(text).lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("adaps.torch: %r is not a boolean (1/0, true/false)" % (text,))
 
 
 def _host_f32(shape, like):
@@ -219,7 +238,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer, model, worker=None, mode=None, compression=None,
                  bin_size=None, conv_bin_size=None, bin_sizes=None, topk_fraction=None,
                  pull=None, server_optimizer=None, lr=None, exchange=None,
-                 momentum_correction=None, second_moment=None):
+                 momentum_correction=None, second_moment=None, own_updates=None):
         if not isinstance(optimizer, torch.optim.Optimizer) or \
                 isinstance(optimizer, DistributedOptimizer):
             raise TypeError("adaps.torch: DistributedOptimizer wraps a torch.optim.Optimizer, "
@@ -244,6 +263,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("adaps.torch: unknown second_moment %r (global or local)"
                              % (second_moment,))
         self.second_moment = second_moment
+        own_updates = _setting("own_updates", own_updates, "ADAPS_OWN_UPDATES", None, _boolean)
+        if own_updates is None:
+            # Default: on for Adam/AdamW, whose update moves each element about lr a step, so
+            # the workers' residues hold much the same; off for the rest (SGD with momentum:
+            # the residue holds velocity, much of it one worker's noise, and the Fashion-MNIST
+            # MLP/CNN lost 1.0/2.3 pp with it; docs/accuracy.md).
+            own_updates = _moments.supports(optimizer)
+        # The model holds this worker's residue only where there is one: the update
+        # exchange of a compressor with error feedback.
+        self.own_updates = _boolean(own_updates) and self.exchange == "update" and \
+            _compressed(compression)
         if self.mode == "local" and pull == "recompressed":
             # The servers' recompression sends the change of what they hold against the
             # workers' replicas: right for parameters, which move a little each step, wrong for
@@ -601,10 +631,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if error is None:
                     # Every replica: the same start plus the same mean update.
                     mean = torch.from_numpy(e.buf).view(e.param.shape)
-                    if e.param.dtype == torch.float32 and e.param.device.type == "cpu":
-                        torch.add(e.snap, mean, out=e.param)
+                    if self.own_updates:
+                        # This worker's model: the replica plus its own residue. e.snap is
+                        # the replica plus the residue held before this push; the push's
+                        # input buffer (e.stage) is free again and takes the new residue.
+                        if e.held is None:
+                            e.held = torch.zeros(e.stage.shape, dtype=torch.float32)
+                        self.worker.residue(e.name, e.stage.numpy())
+                        change = (mean + (e.stage - e.held).view(e.param.shape))
+                        e.held.copy_(e.stage)
                     else:
-                        e.param.copy_(e.snap.float() + mean.to(e.param.device))
+                        change = mean
+                    if e.param.dtype == torch.float32 and e.param.device.type == "cpu":
+                        torch.add(e.snap, change, out=e.param)
+                    else:
+                        e.param.copy_(e.snap.float() + change.to(e.param.device))
                 else:
                     e.param.copy_(e.snap)
         if error is not None:
