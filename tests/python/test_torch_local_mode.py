@@ -164,11 +164,11 @@ def test_local_mode_with_a_compressor_exchanges_updates_by_default(cluster):
         sgd = adaps.torch.DistributedOptimizer(
             torch.optim.SGD(m3.parameters(), lr=0.1, momentum=0.9), m3, w,
             server_optimizer="mean", compression="adacomp")
-        # own_updates: on for Adam/AdamW with a compressor, off for SGD and dense pushes.
+        # own_updates: a share for Adam/AdamW with a compressor, off for SGD and dense pushes.
         return (compressed.exchange, dense.exchange, sgd.exchange, compressed.own_updates,
                 dense.own_updates, sgd.own_updates)
-    assert run_ranks(address, 2, rank) == [("update", "gradient", "update", True, False,
-                                            False)] * 2
+    assert run_ranks(address, 2, rank) == [("update", "gradient", "update", "share", "off",
+                                            "off")] * 2
 
 
 def test_update_exchange_applies_the_mean_of_each_workers_own_adam_step(cluster):
@@ -206,12 +206,12 @@ def test_update_exchange_applies_the_mean_of_each_workers_own_adam_step(cluster)
     assert not torch.equal(m0, m1)            # each worker's own moments
 
 
-@pytest.mark.parametrize("own_updates", [True, False])
+@pytest.mark.parametrize("own_updates", ["all", "share", "off"])
 def test_update_exchange_conserves_the_update_mass_with_adacomp(cluster, own_updates):
     # Plain SGD at lr 1: each worker's update is -gradient; AdaComp's error feedback on the
     # update delays elements but loses none, so after the gradients stop the residues drain
     # and the parameters reach -(sum of the mean gradients), up to float rounding. With
-    # own_updates (the default) each worker's model is the replica plus its own residue.
+    # own_updates each worker's model is the replica plus its own residue (all or 1/W).
     address = mean_cluster(cluster)
     n, steps = 600, 30
 
@@ -233,7 +233,8 @@ def test_update_exchange_conserves_the_update_mass_with_adacomp(cluster, own_upd
         after_grads = m.p.detach().clone()
         held = np.zeros(n, dtype=np.float32)
         w.residue("p", held)
-        replica = after_grads - (torch.from_numpy(held) if own_updates else 0)
+        share = {"all": 1.0, "share": 0.5, "off": 0.0}[own_updates]
+        replica = after_grads - share * torch.from_numpy(held)
         for s in range(400):  # zero gradients: only the residues go out
             opt.zero_grad()
             (m.p * 0.0).sum().backward()
@@ -242,12 +243,13 @@ def test_update_exchange_conserves_the_update_mass_with_adacomp(cluster, own_upd
     (a0, x0, h0, p0), (a1, x1, h1, p1) = run_ranks(address, 2, rank, timeout=120)
     exact = -(grads(0).astype(np.float64) + grads(1).astype(np.float64)).sum(0) / 2
     assert np.abs(h0).max() > 0.5                                 # compressed: held back
-    if own_updates:
+    if own_updates != "off":
         assert torch.allclose(x0, x1, atol=1e-4)                  # the same replica ...
         assert not torch.allclose(a0, a1, atol=0.1)               # ... and each its own view
         # The replica lacks half of each residue (2 workers); rank 0's model adds all of its
-        # own: exact + (h0 - h1) / 2.
-        assert np.allclose(a0.numpy(), exact + (h0 - h1) / 2, atol=1e-3)
+        # own (exact + (h0 - h1) / 2) or its half (exact - h1 / 2).
+        want = exact + (h0 - h1) / 2 if own_updates == "all" else exact - h1 / 2
+        assert np.allclose(a0.numpy(), want, atol=1e-3)
         assert np.abs(p0.numpy() - exact).max() < 0.05 * np.abs(exact).max()
         assert np.abs(p1.numpy() - exact).max() < 0.05 * np.abs(exact).max()
     else:

@@ -62,7 +62,7 @@ local mode and with servers running plain SGD without weight decay, else "dense"
 (ADAPS_TOPK_FRACTION, 0.001), lr (ADAPS_LR, from --lr: when set it replaces every group's
 lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see below),
 second_moment (ADAPS_SECOND_MOMENT, "global" or "local", see below), own_updates
-(ADAPS_OWN_UPDATES, true or false; unset: true for Adam/AdamW, see below). An explicit argument that overrides a
+(ADAPS_OWN_UPDATES, "share", "all" or "off"; unset: "share" for Adam/AdamW, see below). An explicit argument that overrides a
 different exported value warns once.
 
 What local mode sends (exchange): "gradient" sends each worker's gradient, and every worker's
@@ -79,19 +79,20 @@ gradients (rank 0's state_dict() is a valid checkpoint for any rank); with
 torch.optim.Adam/AdamW and second_moment="global" (the default) each step's denominator is
 the estimate of the global batch's second moment from this worker's moments, not its own
 batch's, which is up to W times larger where the gradient noise dominates (adaps.torch_moments;
-"local" keeps torch's step as it is); with own_updates=True (the default for Adam/AdamW,
-False for other optimizers) each worker's model
-is the replica plus this worker's own residue (Worker.residue: the part of its updates
-AdaComp has not sent yet), so its next gradient is taken where all of its own updates have
-taken the parameters, the others' residues estimated by its own; the replicas then differ by
-the residues (rank 0's model is what rank 0 evaluates and saves; with own_updates=False every
-replica is the same, and trains worse: docs/accuracy.md); clipping between
+"local" keeps torch's step as it is); with own_updates="share" (the default for Adam/AdamW,
+"off" for other optimizers) each worker's model is the replica plus 1/W of this worker's own
+residue (Worker.residue: the part of its updates AdaComp has not sent yet), which is where
+the parameters would be had its own updates all been delivered, so its next gradient is
+taken there; "all" adds the whole residue (the others' residues estimated by its own: better
+on the language models of docs/accuracy.md, worse on a Fashion-MNIST MLP); the replicas
+then differ by the residues (rank 0's model is what rank 0 evaluates and saves; with "off"
+every replica is the same); clipping between
 synchronize() and step() clips this worker's own gradient, as on one machine; a parameter
 without gradient on this worker is skipped by its torch optimizer (no change sent); with
 torch.cuda.amp.GradScaler a worker whose gradient has inf/NaN sends a zero update for that
 step instead of skipping it (every worker must send every step). Memory: one more copy of the
 trained parameters (the values before the step), and with own_updates a float32 copy of the
-residue on the host.
+residue on the host (own_updates other than "off").
 
 Dtypes and devices: float16/bfloat16/float64 parameters are trained with their gradients
 converted to float32 at the boundary (compressed as float32; server mode keeps float32
@@ -119,6 +120,7 @@ _COMPRESSIONS = ("dense", "adacomp", "topk", "sign")
 _PULLS = ("dense", "recompressed", "sparse")
 _EXCHANGES = ("gradient", "update")
 _SECOND_MOMENTS = ("global", "local")
+_OWN_UPDATES = ("share", "all", "off")
 _USED_PREFIX = "__adaps_used__/"
 
 
@@ -201,16 +203,6 @@ class _Param:
         self.held = None      # own_updates: this worker's residue, in the parameter
 
 
-def _boolean(text):
-    if isinstance(text, bool):
-        return text
-    if str(text).lower() in ("1", "true", "yes", "on"):
-        return True
-    if str(text).lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("adaps.torch: %r is not a boolean (1/0, true/false)" % (text,))
-
-
 def _host_f32(shape, like):
     pin = like.device.type == "cuda" and torch.cuda.is_available()
     return torch.empty(shape, dtype=torch.float32, pin_memory=pin)
@@ -263,17 +255,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("adaps.torch: unknown second_moment %r (global or local)"
                              % (second_moment,))
         self.second_moment = second_moment
-        own_updates = _setting("own_updates", own_updates, "ADAPS_OWN_UPDATES", None, _boolean)
+        own_updates = _setting("own_updates", own_updates, "ADAPS_OWN_UPDATES", None)
         if own_updates is None:
-            # Default: on for Adam/AdamW, whose update moves each element about lr a step, so
-            # the workers' residues hold much the same; off for the rest (SGD with momentum:
-            # the residue holds velocity, much of it one worker's noise, and the Fashion-MNIST
-            # MLP/CNN lost 1.0/2.3 pp with it; docs/accuracy.md).
-            own_updates = _moments.supports(optimizer)
+            # Default: this worker's share for Adam/AdamW; off for the rest (SGD with
+            # momentum: the residue holds velocity, and the Fashion-MNIST MLP/CNN lost 1.0/2.3
+            # pp with all of it; docs/accuracy.md).
+            own_updates = "share" if _moments.supports(optimizer) else "off"
+        if own_updates not in _OWN_UPDATES:
+            raise ValueError("adaps.torch: unknown own_updates %r (share, all or off)"
+                             % (own_updates,))
         # The model holds this worker's residue only where there is one: the update
         # exchange of a compressor with error feedback.
-        self.own_updates = _boolean(own_updates) and self.exchange == "update" and \
-            _compressed(compression)
+        if self.exchange != "update" or not _compressed(compression):
+            own_updates = "off"
+        self.own_updates = own_updates
         if self.mode == "local" and pull == "recompressed":
             # The servers' recompression sends the change of what they hold against the
             # workers' replicas: right for parameters, which move a little each step, wrong for
@@ -322,6 +317,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self.mode == "server":
             self._sync_hyper()
             self._hyper_checked = True  # already sent for the first step
+        # own_updates: the part of this worker's residue its model holds.
+        self._own_share = 1.0 if self.own_updates == "all" else 1.0 / self.worker.num_workers
         self._ready = True
 
     # -- set-up ---------------------------------------------------------------------------
@@ -631,14 +628,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if error is None:
                     # Every replica: the same start plus the same mean update.
                     mean = torch.from_numpy(e.buf).view(e.param.shape)
-                    if self.own_updates:
+                    if self.own_updates != "off":
                         # This worker's model: the replica plus its own residue. e.snap is
                         # the replica plus the residue held before this push; the push's
                         # input buffer (e.stage) is free again and takes the new residue.
                         if e.held is None:
                             e.held = torch.zeros(e.stage.shape, dtype=torch.float32)
                         self.worker.residue(e.name, e.stage.numpy())
-                        change = (mean + (e.stage - e.held).view(e.param.shape))
+                        change = mean + self._own_share * (e.stage - e.held).view(e.param.shape)
                         e.held.copy_(e.stage)
                     else:
                         change = mean
