@@ -11,7 +11,8 @@ opt.zero_grad()
 model(torch.randn(8, 200)).sum().backward()
 opt.step()
 t = opt.traffic()["linear"]
-print("FLAGS mode=%s compression=%s pull=%s lr=%g dense_push=%d servers=%d" % (
+print("FLAGS mode=%s compression=%s pull=%s lr=%g dense_push=%d servers=%d moment=%s own=%s" % (
     opt.mode, opt.compression, opt.pull, opt.param_groups[0]["lr"],
-    int(t["push_wire"] >= t["push_dense"]), opt.worker.num_servers))
+    int(t["push_wire"] >= t["push_dense"]), opt.worker.num_servers, opt.second_moment,
+    opt.own_updates))
 opt.worker.stop()

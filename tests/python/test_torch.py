@@ -65,10 +65,11 @@ def test_launch_flags_reach_the_optimizer_of_a_script_that_reads_no_environment(
                      "dense_push=1 servers=1") == 2, out
     # --colocate: one server per worker (BytePS-style); refused beside --servers.
     code, out = run_launch(["-n", "3", "--colocate", "--server-optimizer", "mean",
+                            "--second-moment", "local", "--own-updates", "all",
                             os.path.join(HERE, "launch_flags_worker.py")], timeout=90)
     assert code == 0, out
     assert out.count("FLAGS mode=local compression=adacomp pull=sparse") == 3, out
-    assert out.count("servers=3") == 3, out
+    assert out.count("servers=3 moment=local own=all") == 3, out
     code, out = run_launch(["-n", "2", "--colocate", "--servers", "2", "x.py"], timeout=30)
     assert code == 2 and "drop --servers" in out, out
 

@@ -9,9 +9,10 @@ servers on 127.0.0.1, then N copies of `script.py` with this environment:
   ADAPS_SCHEDULER         tcp://127.0.0.1:<port>   (adaps.worker_from_env() reads it)
   ADAPS_SERVER_OPTIMIZER  the servers' --optimizer (adaps.torch picks its mode from it)
   ADAPS_COMPRESSION, ADAPS_PULL, ADAPS_BIN_SIZE, ADAPS_CONV_BIN_SIZE,
-  ADAPS_TOPK_FRACTION, ADAPS_LR, ADAPS_EXCHANGE
+  ADAPS_TOPK_FRACTION, ADAPS_LR, ADAPS_EXCHANGE, ADAPS_SECOND_MOMENT, ADAPS_OWN_UPDATES
                           --compression, --pull, --bin-size, --conv-bin-size,
-                          --topk-fraction, --lr, --exchange, each only when given: the defaults of
+                          --topk-fraction, --lr, --exchange, --second-moment, --own-updates,
+                          each only when given: the defaults of
                           adaps.torch.DistributedOptimizer (an argument the script passes
                           explicitly wins, with a warning when it differs)
   ADAPS_LOCAL_RANK, ADAPS_NUM_WORKERS, OMP_NUM_THREADS (cores / N unless set)
@@ -57,6 +58,12 @@ _TORCH_FLAGS = (
     ("--exchange", "ADAPS_EXCHANGE", "what local mode sends: update (each worker's own "
      "optimizer step, the default with a compressor) or gradient (the default when dense)",
      dict(choices=("gradient", "update"))),
+    ("--second-moment", "ADAPS_SECOND_MOMENT", "Adam/AdamW in the update exchange: global (the "
+     "default: the step divides by the global batch's estimated second moment) or local "
+     "(torch's own)", dict(choices=("global", "local"))),
+    ("--own-updates", "ADAPS_OWN_UPDATES", "update exchange: how much of its own residue each "
+     "worker's model holds: share (1/W, the default for Adam/AdamW), all, or off (the default "
+     "for other optimizers; every replica identical)", dict(choices=("share", "all", "off"))),
 )
 
 
