@@ -14,9 +14,17 @@ def grads(seed, steps, n=5):
     return [torch.randn(n, generator=g) for _ in range(steps)]
 
 
+def mu_squared(mh, vh, b1, t):
+    """The estimate of the true gradient's square: m_hat^2 less m_hat's own noise."""
+    k = (1 - b1) / (1 + b1) * (1 + b1 ** t) / (1 - b1 ** t)
+    if k >= 0.99:
+        return mh * mh
+    return ((mh * mh - k * vh) / (1 - k)).clamp(min=0)
+
+
 def reference(gs, w, lr=0.1, b1=0.9, b2=0.999, eps=1e-8, wd=0.0, adamw=False, maximize=False):
-    """Adam by hand with the denominator sqrt((1 - 1/w) m_hat^2 + v_hat / w) (capped at
-    sqrt(v_hat)) from the second step on; returns the parameter and m, v."""
+    """Adam by hand with the denominator sqrt((1 - 1/w) mu^2 + v_hat / w) (capped at
+    sqrt(v_hat)); returns the parameter and m, v."""
     p = torch.zeros_like(gs[0], dtype=torch.float64) + 0.5
     m = torch.zeros_like(p)
     v = torch.zeros_like(p)
@@ -31,7 +39,7 @@ def reference(gs, w, lr=0.1, b1=0.9, b2=0.999, eps=1e-8, wd=0.0, adamw=False, ma
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g * g
         mh, vh = m / (1 - b1 ** t), v / (1 - b2 ** t)
-        vg = torch.minimum((1 - 1 / w) * mh * mh + vh / w, vh) if t > 1 else vh
+        vg = torch.minimum((1 - 1 / w) * mu_squared(mh, vh, b1, t) + vh / w, vh)
         p = p - lr * mh / (vg.sqrt() + eps)
     return p, m, v
 
@@ -119,7 +127,8 @@ def test_update_exchange_uses_the_global_second_moment_by_default(cluster):
                 s["m"] = 0.9 * s["m"] + 0.1 * g
                 s["v"] = 0.999 * s["v"] + 0.001 * g * g
                 mh, vh = s["m"] / (1 - 0.9 ** t), s["v"] / (1 - 0.999 ** t)
-                vg = torch.minimum((1 - 1 / w_est) * mh * mh + vh / w_est, vh) if t > 1 else vh
+                vg = torch.minimum((1 - 1 / w_est) * mu_squared(mh, vh, 0.9, t) + vh / w_est,
+                                   vh)
                 moves.append(-0.1 * mh / (vg.sqrt() + 1e-8))
             p = p + (moves[0] + moves[1]) / 2
             out.append(p)
