@@ -62,8 +62,8 @@ local mode and with servers running plain SGD without weight decay, else "dense"
 (ADAPS_TOPK_FRACTION, 0.001), lr (ADAPS_LR, from --lr: when set it replaces every group's
 lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see below),
 second_moment (ADAPS_SECOND_MOMENT, "global" or "local", see below), own_updates
-(ADAPS_OWN_UPDATES, "share", "all" or "off"; unset: "share" for Adam/AdamW, see below). An explicit argument that overrides a
-different exported value warns once.
+(ADAPS_OWN_UPDATES, "share", "all" or "off"; unset: "share" for Adam/AdamW, see below). An
+explicit argument that overrides a different exported value warns once.
 
 What local mode sends (exchange): "gradient" sends each worker's gradient, and every worker's
 torch optimizer steps on the mean (DDP's arithmetic; the default with dense pushes).
@@ -200,7 +200,7 @@ class _Param:
         self.pushed_version = None
         self.snap = None      # update exchange: the parameter before the local step
         self.velocity = None  # momentum correction: what this worker pushes
-        self.held = None      # own_updates: this worker's residue, in the parameter
+        self.held = None      # own_updates: the part of this worker's residue in the model
 
 
 def _host_f32(shape, like):
@@ -258,7 +258,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         own_updates = _setting("own_updates", own_updates, "ADAPS_OWN_UPDATES", None)
         if own_updates is None:
             # Default: this worker's share for Adam/AdamW; off for the rest (SGD with
-            # momentum: the residue holds velocity, and the Fashion-MNIST MLP/CNN lost 1.0/2.3
+            # momentum: the residue holds velocity, and the Fashion-MNIST MLP/CNN lost 1.4/2.3
             # pp with all of it; docs/accuracy.md).
             own_updates = "share" if _moments.supports(optimizer) else "off"
         if own_updates not in _OWN_UPDATES:
@@ -629,9 +629,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     # Every replica: the same start plus the same mean update.
                     mean = torch.from_numpy(e.buf).view(e.param.shape)
                     if self.own_updates != "off":
-                        # This worker's model: the replica plus its own residue. e.snap is
-                        # the replica plus the residue held before this push; the push's
-                        # input buffer (e.stage) is free again and takes the new residue.
+                        # This worker's model: the replica plus its share of its own residue.
+                        # e.snap is the replica plus e.held (the share before this push); the
+                        # push's input buffer (e.stage) is free again and takes the new one.
                         if e.held is None:
                             e.held = torch.zeros(e.stage.shape, dtype=torch.float32)
                         self.worker.residue(e.name, e.stage.numpy())
