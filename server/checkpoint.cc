@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/file_io.h"
 #include "common/status_macros.h"
 
 namespace adaps {
@@ -24,109 +25,12 @@ constexpr char kCheckpointMagic[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '4'};
 constexpr char kCheckpointMagicV3[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '3'};
 constexpr char kCheckpointMagicV2[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '2'};
 
-class Writer {
- public:
-  template <typename T>
-  void Put(const T& v) {
-    const auto* p = reinterpret_cast<const uint8_t*>(&v);
-    bytes.insert(bytes.end(), p, p + sizeof(T));
-  }
-  void PutFloats(absl::Span<const float> v) {
-    Put<uint64_t>(v.size());
-    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
-    bytes.insert(bytes.end(), p, p + v.size() * sizeof(float));
-  }
-  void PutString(const std::string& s) {
-    Put<uint64_t>(s.size());
-    bytes.insert(bytes.end(), s.begin(), s.end());
-  }
-  std::vector<uint8_t> bytes;
-};
-
-class Reader {
- public:
-  explicit Reader(absl::Span<const uint8_t> b) : b_(b) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (b_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(v, b_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool GetFloats(std::vector<float>* v, uint64_t max) {
-    uint64_t n;
-    if (!Get(&n) || n > max || (b_.size() - pos_) / sizeof(float) < n) return false;
-    v->resize(n);
-    if (n) std::memcpy(v->data(), b_.data() + pos_, n * sizeof(float));
-    pos_ += n * sizeof(float);
-    return true;
-  }
-  bool GetString(std::string* s) {
-    uint64_t n;
-    if (!Get(&n) || n > b_.size() - pos_) return false;
-    s->assign(reinterpret_cast<const char*>(b_.data() + pos_), n);
-    pos_ += n;
-    return true;
-  }
-  bool AtEnd() const { return pos_ == b_.size(); }
-
- private:
-  absl::Span<const uint8_t> b_;
-  size_t pos_ = 0;
-};
-
-bool ReadRecord(Reader& r, SliceRecord& s) {
+bool ReadRecord(RecordReader& r, SliceRecord& s) {
   return r.Get(&s.key) && r.Get(&s.length) && r.Get(&s.bin_size) && r.Get(&s.version) &&
          r.Get(&s.adam_t) && r.Get(&s.down_base) && r.Get(&s.down_version) &&
          r.GetString(&s.name) && r.GetFloats(&s.params, s.length) &&
          r.GetFloats(&s.m, s.length) && r.GetFloats(&s.v, s.length) &&
          r.GetFloats(&s.published, s.length) && r.GetFloats(&s.residue, s.length);
-}
-
-// A failed file operation on `path` (`err`: its errno): the server's own problem (disk full,
-// permissions, a missing directory), so kInternal, never kUnavailable, which workers retry as
-// a server restart.
-absl::Status FileError(int err, absl::string_view what, const std::string& path) {
-  return absl::InternalError(absl::StrCat(what, path, ": ", std::strerror(err)));
-}
-
-absl::Status WriteFileDurably(const std::string& path, const std::vector<uint8_t>& bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return FileError(errno, "cannot create ", path);
-  }
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const absl::Status st = FileError(errno, "short write to ", path);
-      ::close(fd);
-      return st;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const absl::Status st = FileError(errno, "cannot fsync ", path);
-    ::close(fd);
-    return st;
-  }
-  if (::close(fd) != 0) return FileError(errno, "cannot close ", path);
-  return absl::OkStatus();
-}
-
-void SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    (void)::fsync(fd);
-    ::close(fd);
-  }
-}
-
-std::string DirectoryOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
 }
 
 }  // namespace
@@ -182,25 +86,10 @@ void PruneStepCheckpoints(const std::string& dir, const std::string& name, size_
   }
 }
 
-uint32_t Crc32(absl::Span<const uint8_t> data, uint32_t crc) {
-  static const auto table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  crc = ~crc;
-  for (uint8_t b : data) crc = table[(crc ^ b) & 0xff] ^ (crc >> 8);
-  return ~crc;
-}
-
 std::vector<uint8_t> EncodeCheckpoint(const std::vector<SliceRecord>& slices,
                                       const std::string& job_id, const HyperValues& hyper) {
-  Writer w;
-  w.bytes.insert(w.bytes.end(), kCheckpointMagic, kCheckpointMagic + sizeof(kCheckpointMagic));
+  RecordWriter w;
+  w.Put(kCheckpointMagic);
   w.PutString(job_id);
   w.Put<uint64_t>(hyper.size());
   for (const auto& [name, value] : hyper) {
@@ -246,7 +135,7 @@ absl::StatusOr<std::vector<SliceRecord>> DecodeCheckpoint(absl::Span<const uint8
   uint32_t stored;
   std::memcpy(&stored, bytes.data() + bytes.size() - 4, 4);
   if (Crc32(bytes.subspan(0, bytes.size() - 4)) != stored) return damaged("checksum mismatch");
-  Reader r(bytes.subspan(sizeof(kCheckpointMagic), bytes.size() - 12));
+  RecordReader r(bytes.subspan(sizeof(kCheckpointMagic), bytes.size() - 12));
   std::string job;
   if (v3 && !r.GetString(&job)) return damaged("truncated job id");
   HyperValues values;
@@ -295,11 +184,9 @@ absl::Status WriteCheckpointFile(const std::string& path, const std::vector<Slic
 absl::StatusOr<std::vector<SliceRecord>> ReadCheckpointFile(const std::string& path,
                                                             std::string* job_id,
                                                             HyperValues* hyper) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
-  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                                   std::istreambuf_iterator<char>());
-  return DecodeCheckpoint(bytes, path, job_id, hyper);
+  absl::StatusOr<std::vector<uint8_t>> bytes = ReadFileBytes(path);
+  if (!bytes.ok()) return absl::NotFoundError(absl::StrCat("no checkpoint at ", path));
+  return DecodeCheckpoint(*bytes, path, job_id, hyper);
 }
 
 absl::StatusOr<RestoredCheckpoint> ReadCheckpointWithFallback(const std::string& path) {

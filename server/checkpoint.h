@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/file_io.h"  // Crc32: the checksum the file format ends with
 
 namespace adaps {
 
@@ -44,8 +45,6 @@ using HyperValues = std::vector<std::pair<std::string, double>>;
 // dir/server-<rank>.ckpt.
 std::string CheckpointPath(const std::string& dir, int rank);
 
-// CRC-32 (IEEE, reflected, as zlib) of `data`, continuing from `crc`.
-uint32_t Crc32(absl::Span<const uint8_t> data, uint32_t crc = 0);
 
 // The file's bytes (format 3) for `slices`, in the order given, of job `job_id`.
 std::vector<uint8_t> EncodeCheckpoint(const std::vector<SliceRecord>& slices,

@@ -48,6 +48,12 @@ absl::Status Worker::Residue(absl::string_view name, absl::Span<float> out) cons
   return impl_->Residue(name, out);
 }
 
+absl::Status Worker::SaveResidues(const std::string& path) const {
+  return impl_->SaveResidues(path);
+}
+
+absl::Status Worker::LoadResidues(const std::string& path) { return impl_->LoadResidues(path); }
+
 absl::Status Worker::SetBinSize(absl::string_view name, uint32_t bin_size) {
   return impl_->SetBinSize(name, bin_size);
 }

@@ -2,13 +2,18 @@
 // server restart, barriers, hyper-parameters and checkpoints.
 #include "worker/worker_impl.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/file_io.h"
 #include "common/status_macros.h"
 #include "worker/kinds.h"
+#include "worker/residue_file.h"
 
 namespace adaps {
 namespace {
@@ -226,6 +231,64 @@ absl::Status Worker::Impl::Residue(absl::string_view name, absl::Span<float> out
     } else {
       absl::Span<const float> r = residue->residue();
       std::copy(r.begin(), r.begin() + length, to);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::Impl::SaveResidues(const std::string& path) const {
+  std::vector<TensorResidue> all;
+  for (const std::string& name : TensorNames()) {
+    ADAPS_ASSIGN_OR_RETURN(Tensor * t, Find(name));
+    if (t->spec.compression == Compression::kDense) continue;
+    TensorResidue r{name, std::vector<float>(t->length)};
+    ADAPS_RETURN_IF_ERROR(Residue(name, absl::MakeSpan(r.residue)));
+    all.push_back(std::move(r));
+  }
+  const std::string tmp = path + ".tmp";
+  ADAPS_RETURN_IF_ERROR(WriteFileDurably(tmp, EncodeResidues(all)));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    return FileError(err, absl::StrCat("cannot rename ", tmp, " to "), path);
+  }
+  SyncDirectory(DirectoryOf(path));
+  return absl::OkStatus();
+}
+
+absl::Status Worker::Impl::LoadResidues(const std::string& path) {
+  absl::StatusOr<std::vector<uint8_t>> bytes = ReadFileBytes(path);
+  if (!bytes.ok()) return absl::NotFoundError(absl::StrCat("no residue file at ", path));
+  ADAPS_ASSIGN_OR_RETURN(std::vector<TensorResidue> all, DecodeResidues(*bytes, path));
+  // Every check first: on any error no residue changes.
+  std::vector<Tensor*> targets;
+  for (const TensorResidue& r : all) {
+    absl::StatusOr<Tensor*> t = Find(r.name);
+    if (!t.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor '", r.name, "' is not declared here"));
+    }
+    if ((*t)->spec.compression == Compression::kDense) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor '", r.name, "' is sent dense here: it has no residue"));
+    }
+    if ((*t)->length != r.residue.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", r.name, "' has ",
+                                                     r.residue.size(), " elements there and ",
+                                                     (*t)->length, " here"));
+    }
+    targets.push_back(*t);
+  }
+  for (size_t i = 0; i < all.size(); ++i) {
+    Tensor* t = targets[i];
+    absl::MutexLock lock(&t->mu);
+    for (size_t k = 0; k < t->slices.size(); ++k) {
+      SliceState* residue = t->slices[k].residue.get();
+      if (residue == nullptr) continue;
+      const uint64_t offset = t->meta.empty() ? 0 : t->meta[k].info.offset;
+      residue->Discard();
+      absl::Span<float> to = residue->residue();
+      std::copy(all[i].residue.begin() + offset, all[i].residue.begin() + offset + to.size(),
+                to.begin());
     }
   }
   return absl::OkStatus();

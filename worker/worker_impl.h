@@ -64,6 +64,8 @@ class Worker::Impl {
   absl::Status PullParameters(absl::string_view name, absl::Span<float> out);
   absl::StatusOr<std::vector<uint32_t>> LastSent(absl::string_view name) const;
   absl::Status Residue(absl::string_view name, absl::Span<float> out) const;
+  absl::Status SaveResidues(const std::string& path) const;
+  absl::Status LoadResidues(const std::string& path);
   absl::Status SetBinSize(absl::string_view name, uint32_t bin_size);
   absl::Status SetHyper(const std::vector<std::pair<std::string, double>>& params);
   absl::Status Checkpoint(const std::string& directory);

@@ -186,6 +186,63 @@ def test_residue_is_what_the_pushes_held_back(cluster):
     w.stop()
 
 
+def test_residues_saved_and_loaded_into_a_restarted_worker(cluster, tmp_path):
+    c = cluster(1, server_args=["--optimizer=mean"])
+    w = adaps.Worker(c.address, request_timeout=10)
+    values = np.zeros(100, np.float32)
+    w.declare("x", values, compression="adacomp", bin_size=10, fuse=False)
+    w.declare("small", np.zeros(6, np.float32), compression="adacomp", bin_size=6)
+    w.declare("d", np.zeros(4, np.float32), compression="dense", fuse=False)
+    rng = np.random.default_rng(5)
+    w.push_pull("x", rng.normal(size=100).astype(np.float32), values).wait()
+    w.push_pull("small", rng.normal(size=6).astype(np.float32), np.zeros(6, np.float32)).wait()
+    path = str(tmp_path / "w0.residues")
+    w.save_residues(path)
+    held = {n: np.zeros(k, np.float32) for n, k in (("x", 100), ("small", 6))}
+    for n, h in held.items():
+        w.residue(n, h)
+        assert h.any()
+    w.stop()
+
+    c2 = cluster(1, server_args=["--optimizer=mean"])
+    w2 = adaps.Worker(c2.address, request_timeout=10)
+    w2.declare("x", np.zeros(100, np.float32), compression="adacomp", bin_size=10, fuse=False)
+    w2.declare("small", np.zeros(6, np.float32), compression="adacomp", bin_size=6)
+    w2.declare("d", np.zeros(4, np.float32), compression="dense", fuse=False)
+    w2.load_residues(path)
+    for n, h in held.items():
+        got = np.zeros_like(h)
+        w2.residue(n, got)
+        np.testing.assert_array_equal(got, h)
+    # Bad files change nothing.
+    damaged = tmp_path / "damaged"
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x10
+    damaged.write_bytes(bytes(data))
+    w2.declare("y", np.zeros(3, np.float32), compression="adacomp", fuse=False)
+    w2.save_residues(str(tmp_path / "other"))  # has "y" (and "x", "small")
+    for bad, code in [(str(tmp_path / "missing"), adaps.NOT_FOUND),
+                      (str(damaged), adaps.DATA_LOSS)]:
+        with pytest.raises(adaps.Error) as e:
+            w2.load_residues(bad)
+        assert e.value.code == code, e.value
+    w2.stop()
+    c3 = cluster(1, server_args=["--optimizer=mean"])
+    w3 = adaps.Worker(c3.address, request_timeout=10)  # lacks "y" (the last): nothing is set
+    w3.declare("x", np.zeros(100, np.float32), compression="adacomp", bin_size=10, fuse=False)
+    w3.declare("small", np.zeros(6, np.float32), compression="adacomp", bin_size=6)
+    with pytest.raises(adaps.Error) as e:
+        w3.load_residues(str(tmp_path / "other"))
+    assert e.value.code == adaps.INVALID_ARGUMENT and "'y' is not declared" in str(e.value)
+    got = np.ones(100, np.float32)
+    w3.residue("x", got)
+    assert not got.any()
+    with pytest.raises(adaps.Error) as e:
+        w3.save_residues(str(tmp_path / "no" / "such" / "dir"))
+    assert e.value.code == adaps.INTERNAL
+    w3.stop()
+
+
 def test_sparse_pulls_write_the_servers_parameters_and_are_refused_on_momentum(cluster):
     c = cluster(1, server_args=["--optimizer=mean"])
     w = adaps.Worker(c.address, request_timeout=10)

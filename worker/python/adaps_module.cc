@@ -390,6 +390,25 @@ void DefineModule(py::module_& m) {
           "`name` hold back: its error-feedback residue, zeros for a tensor pushed dense. "
           "Not while a push of the tensor is in flight.")
       .def(
+          "save_residues",
+          [](PyWorker& w, const std::string& path) {
+            absl::Status st = w.get().SaveResidues(path);
+            if (!st.ok()) RaiseStatus(st);
+          },
+          py::arg("path"),
+          "Writes every declared tensor's residue to `path` on this host (atomically), for "
+          "load_residues in a restarted worker. Between steps.")
+      .def(
+          "load_residues",
+          [](PyWorker& w, const std::string& path) {
+            absl::Status st = w.get().LoadResidues(path);
+            if (!st.ok()) RaiseStatus(st);
+          },
+          py::arg("path"),
+          "Sets the residues from a file save_residues wrote (every tensor in it declared "
+          "here, same length, with error feedback); NOT_FOUND, DATA_LOSS or INVALID_ARGUMENT "
+          "and nothing changed otherwise. Between steps, before the first push.")
+      .def(
           "last_sent",
           [](PyWorker& w, const std::string& name) {
             absl::StatusOr<std::vector<uint32_t>> sent = w.get().LastSent(name);

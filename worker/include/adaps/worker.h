@@ -191,6 +191,19 @@ class Worker {
   // kInvalidArgument for an undeclared tensor or a wrong length (`out` unchanged).
   absl::Status Residue(absl::string_view name, absl::Span<float> out) const;
 
+  // Writes every declared tensor's residue (the tensors with error feedback) to the file
+  // `path` on this worker's host, replacing it atomically, so that a worker restarted with
+  // the same tensors can LoadResidues and send the mass the old one held back (the
+  // replica, the optimizer's state and the servers' checkpoint are the caller's). Call it
+  // between steps. kInternal with the path and the reason when the file cannot be written.
+  absl::Status SaveResidues(const std::string& path) const;
+  // Sets the residues from a file SaveResidues wrote: every tensor in it must be declared
+  // here with the same length and with error feedback (declared tensors not in the file
+  // keep theirs). Call it between steps, before the first push to resume exactly.
+  // kNotFound (no file), kDataLoss (damaged), kInvalidArgument (a tensor unknown here, of
+  // another length or dense); on any error no residue changes.
+  absl::Status LoadResidues(const std::string& path);
+
   // Changes the AdaComp bin size T of `name`'s pushes, from the next push encoded on; the
   // residues are kept (e.g. DGC's sparsity warm-up: small bins, so denser pushes, over the
   // first steps). Only this worker's pushes change: the servers' recompressed pulls keep the

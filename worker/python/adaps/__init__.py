@@ -48,11 +48,14 @@ import os
 from adaps._core import Error, Handle, Worker
 
 __all__ = ["Error", "Handle", "Worker", "worker_from_env", "INVALID_ARGUMENT",
-           "DEADLINE_EXCEEDED", "FAILED_PRECONDITION", "UNAVAILABLE", "DATA_LOSS"]
+           "DEADLINE_EXCEEDED", "NOT_FOUND", "FAILED_PRECONDITION", "INTERNAL", "UNAVAILABLE",
+           "DATA_LOSS"]
 
 INVALID_ARGUMENT = 3
 DEADLINE_EXCEEDED = 4
+NOT_FOUND = 5
 FAILED_PRECONDITION = 9
+INTERNAL = 13
 UNAVAILABLE = 14
 DATA_LOSS = 15
 
