@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 
@@ -26,6 +27,8 @@ uint32_t Crc32(absl::Span<const uint8_t> data, uint32_t crc) {
   for (uint8_t b : data) crc = table[(crc ^ b) & 0xff] ^ (crc >> 8);
   return ~crc;
 }
+
+namespace {
 
 absl::Status FileError(int err, absl::string_view what, const std::string& path) {
   return absl::InternalError(absl::StrCat(what, path, ": ", std::strerror(err)));
@@ -68,6 +71,27 @@ std::string DirectoryOf(const std::string& path) {
   const size_t slash = path.rfind('/');
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+absl::Status ReplaceFileDurably(const std::string& path, const std::vector<uint8_t>& bytes,
+                                const std::string& keep_previous_as) {
+  const std::string tmp = path + ".tmp";
+  absl::Status written = WriteFileDurably(tmp, bytes);
+  if (!written.ok()) return written;
+  if (!keep_previous_as.empty() && ::access(path.c_str(), F_OK) == 0 &&
+      std::rename(path.c_str(), keep_previous_as.c_str()) != 0) {
+    return FileError(errno,
+                     absl::StrCat("cannot keep the previous file as ", keep_previous_as, ": "),
+                     path);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    return FileError(err, absl::StrCat("cannot rename ", tmp, " to "), path);
+  }
+  SyncDirectory(DirectoryOf(path));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {

@@ -18,17 +18,13 @@ namespace adaps {
 // CRC-32 (IEEE, reflected, as zlib) of `data`, continuing from `crc`.
 uint32_t Crc32(absl::Span<const uint8_t> data, uint32_t crc = 0);
 
-// A failed file operation on `path` (`err`: its errno): the process's own problem (disk full,
-// permissions, a missing directory), so kInternal, never kUnavailable, which workers retry as
-// a server restart.
-absl::Status FileError(int err, absl::string_view what, const std::string& path);
-
-// Writes `bytes` to `path` (created or truncated) and fsyncs it.
-absl::Status WriteFileDurably(const std::string& path, const std::vector<uint8_t>& bytes);
-// fsync of a directory (a rename in it made durable); errors are ignored.
-void SyncDirectory(const std::string& dir);
-// "a/b/c" -> "a/b"; "c" -> "."; "/c" -> "/".
-std::string DirectoryOf(const std::string& path);
+// Replaces `path` with `bytes` durably: written to path + ".tmp" and fsynced, renamed over
+// `path`, the directory fsynced. With `keep_previous_as`, an existing `path` is first renamed
+// to it (a fallback when the new file is found damaged). A failure is the process's own
+// problem (disk full, permissions, a missing directory): kInternal with the path and errno,
+// never kUnavailable, which workers retry as a server restart.
+absl::Status ReplaceFileDurably(const std::string& path, const std::vector<uint8_t>& bytes,
+                                const std::string& keep_previous_as = "");
 // The whole file; kNotFound when it cannot be opened.
 absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path);
 

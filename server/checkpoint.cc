@@ -166,19 +166,8 @@ absl::StatusOr<std::vector<SliceRecord>> DecodeCheckpoint(absl::Span<const uint8
 
 absl::Status WriteCheckpointFile(const std::string& path, const std::vector<SliceRecord>& slices,
                                  const std::string& job_id, const HyperValues& hyper) {
-  const std::string tmp = path + ".tmp";
-  ADAPS_RETURN_IF_ERROR(WriteFileDurably(tmp, EncodeCheckpoint(slices, job_id, hyper)));
   // Keep the previous checkpoint: if this one is found damaged at restore, that one is used.
-  if (::access(path.c_str(), F_OK) == 0 &&
-      std::rename(path.c_str(), (path + ".prev").c_str()) != 0) {
-    return FileError(errno, "cannot keep the previous checkpoint ", path);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    return FileError(err, absl::StrCat("cannot rename ", tmp, " to "), path);
-  }
-  SyncDirectory(DirectoryOf(path));
-  return absl::OkStatus();
+  return ReplaceFileDurably(path, EncodeCheckpoint(slices, job_id, hyper), path + ".prev");
 }
 
 absl::StatusOr<std::vector<SliceRecord>> ReadCheckpointFile(const std::string& path,

@@ -45,7 +45,6 @@ using HyperValues = std::vector<std::pair<std::string, double>>;
 // dir/server-<rank>.ckpt.
 std::string CheckpointPath(const std::string& dir, int rank);
 
-
 // The file's bytes (format 3) for `slices`, in the order given, of job `job_id`.
 std::vector<uint8_t> EncodeCheckpoint(const std::vector<SliceRecord>& slices,
                                       const std::string& job_id = "",

@@ -3,8 +3,6 @@
 #include "worker/worker_impl.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <numeric>
 
@@ -214,16 +212,25 @@ absl::StatusOr<std::vector<uint32_t>> Worker::Impl::LastSent(absl::string_view n
   return every;
 }
 
+namespace {
+
+// Where slice k of `t` lies in the tensor: a fused member has one slice and no layout of its
+// own, covering the whole tensor.
+std::pair<uint64_t, uint64_t> SliceRange(const Tensor& t, size_t k) {
+  if (t.meta.empty()) return {0, t.length};
+  return {t.meta[k].info.offset, t.meta[k].info.length};
+}
+
+}  // namespace
+
 absl::Status Worker::Impl::Residue(absl::string_view name, absl::Span<float> out) const {
   ADAPS_ASSIGN_OR_RETURN(Tensor * t, Find(name));
   ADAPS_RET_CHECK(out.size() == t->length, absl::StatusCode::kInvalidArgument,
                   absl::StrCat("tensor '", t->spec.name, "' has ", t->length,
                                " elements, the buffer ", out.size()));
   absl::MutexLock lock(&t->mu);
-  // A fused member has one slice and no layout of its own: it covers the whole tensor.
   for (size_t k = 0; k < t->slices.size(); ++k) {
-    const uint64_t offset = t->meta.empty() ? 0 : t->meta[k].info.offset;
-    const uint64_t length = t->meta.empty() ? t->length : t->meta[k].info.length;
+    const auto [offset, length] = SliceRange(*t, k);
     float* to = out.data() + offset;
     const SliceState* residue = t->slices[k].residue.get();
     if (residue == nullptr) {
@@ -245,14 +252,7 @@ absl::Status Worker::Impl::SaveResidues(const std::string& path) const {
     ADAPS_RETURN_IF_ERROR(Residue(name, absl::MakeSpan(r.residue)));
     all.push_back(std::move(r));
   }
-  const std::string tmp = path + ".tmp";
-  ADAPS_RETURN_IF_ERROR(WriteFileDurably(tmp, EncodeResidues(all)));
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    return FileError(err, absl::StrCat("cannot rename ", tmp, " to "), path);
-  }
-  SyncDirectory(DirectoryOf(path));
-  return absl::OkStatus();
+  return ReplaceFileDurably(path, EncodeResidues(all));
 }
 
 absl::Status Worker::Impl::LoadResidues(const std::string& path) {
@@ -284,7 +284,7 @@ absl::Status Worker::Impl::LoadResidues(const std::string& path) {
     for (size_t k = 0; k < t->slices.size(); ++k) {
       SliceState* residue = t->slices[k].residue.get();
       if (residue == nullptr) continue;
-      const uint64_t offset = t->meta.empty() ? 0 : t->meta[k].info.offset;
+      const uint64_t offset = SliceRange(*t, k).first;
       residue->Discard();
       absl::Span<float> to = residue->residue();
       std::copy(all[i].residue.begin() + offset, all[i].residue.begin() + offset + to.size(),

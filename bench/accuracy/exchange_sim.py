@@ -85,10 +85,10 @@ def second_moment_swap(opt, W, unbiased=False):
                     k = (1 - b1) / (1 + b1) * (1 + b1 ** s) / (1 - b1 ** s)
                     mu2 = ((mu2 - k * v / bc2) / (1 - k)).clamp_(min=0) if k < 0.99 else mu2
                 vt = torch.minimum((1 - 1 / W) * mu2 + v / bc2 / W, v / bc2) * bc2
-                saved.append((st, st["exp_avg_sq"].clone(), v))
+                saved.append((st, v))
                 st["exp_avg_sq"].copy_((vt - (1 - b2) * gr * gr) / b2)
     def restore():
-        for st, old, v in saved: st["exp_avg_sq"].copy_(v)
+        for st, v in saved: st["exp_avg_sq"].copy_(v)
     return restore
 
 def bpc(model, data, L, n=32):
