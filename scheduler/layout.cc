@@ -62,9 +62,11 @@ void Scheduler::OnBarrier(InMessage& in) {
 void Scheduler::ReleaseBarriers() {
   if (!formed_) return;  // a restarted scheduler waits until every node is back
   for (auto it = barriers_.begin(); it != barriers_.end();) {
-    int arrived = 0;
+    int arrived = 0, expected = 0;
     for (const auto& n : nodes_) {
       if (n.role != msg::Role::Worker || !n.alive || n.left) continue;
+      if (n.first_barrier > it->first) continue;  // joined while the others waited here
+      ++expected;
       for (const auto& w : it->second) {
         if (w.rank == n.rank) {
           ++arrived;
@@ -72,7 +74,7 @@ void Scheduler::ReleaseBarriers() {
         }
       }
     }
-    if (arrived >= AliveWorkers()) {
+    if (arrived >= expected) {
       for (const auto& w : it->second) {
         transport_->SendRoute(w.route, MakeAck(transport_->self(), w.request_id));
       }

@@ -15,7 +15,11 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on");
 ABSL_FLAG(int, port, 0, "TCP port; 0 lets the OS choose (see --port_file)");
 ABSL_FLAG(std::string, port_file, "", "Write the bound port here (atomically) once listening");
 ABSL_FLAG(int, num_servers, 1, "Servers to wait for");
-ABSL_FLAG(int, num_workers, 1, "Workers to wait for");
+ABSL_FLAG(int, num_workers, 1, "Workers to wait for (the job starts when they are in)");
+ABSL_FLAG(int, max_workers, 0,
+          "Elastic jobs: workers that register after the job started are admitted while "
+          "fewer than this many are live, and take part from the next step; 0: "
+          "--num_workers (nobody joins)");
 ABSL_FLAG(int, heartbeat_ms, 1000, "Heartbeat interval told to every node");
 ABSL_FLAG(int, dead_timeout_ms, 30000,
           "A node silent this long is declared dead (long enough for a loaded host or a GC "
@@ -58,6 +62,7 @@ int main(int argc, char** argv) {
   config.bind = adaps::BindEndpoint(*host, absl::GetFlag(FLAGS_port));
   config.num_servers = absl::GetFlag(FLAGS_num_servers);
   config.num_workers = absl::GetFlag(FLAGS_num_workers);
+  config.max_workers = absl::GetFlag(FLAGS_max_workers);
   config.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   config.dead_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_dead_timeout_ms));
   const std::string on_death = absl::GetFlag(FLAGS_on_worker_death);

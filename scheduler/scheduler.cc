@@ -35,6 +35,10 @@ absl::Status ValidateSchedulerConfig(const SchedulerConfig& c) {
                   "num_servers must be at least 1");
   ADAPS_RET_CHECK(c.num_workers >= 1, absl::StatusCode::kInvalidArgument,
                   "num_workers must be at least 1");
+  ADAPS_RET_CHECK(c.max_workers == 0 || c.max_workers >= c.num_workers,
+                  absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("max_workers (", c.max_workers, ") must be 0 or at least "
+                               "num_workers (", c.num_workers, ")"));
   ADAPS_RET_CHECK(c.heartbeat_interval > absl::ZeroDuration(),
                   absl::StatusCode::kInvalidArgument, "heartbeat interval must be positive");
   ADAPS_RET_CHECK(c.dead_timeout > c.heartbeat_interval, absl::StatusCode::kInvalidArgument,
@@ -79,8 +83,11 @@ Scheduler::~Scheduler() { Stop(); }
 absl::Status Scheduler::Start() {
   ADAPS_RETURN_IF_ERROR(ValidateSchedulerConfig(config_));
   ADAPS_RETURN_IF_ERROR(transport_->Start());
-  log_.get()->info("listening on {} for {} servers and {} workers, job {}",
+  log_.get()->info("listening on {} for {} servers and {} workers{}, job {}",
                    transport_->bound_endpoint(), config_.num_servers, config_.num_workers,
+                   config_.max_workers > config_.num_workers
+                       ? absl::StrCat(" (up to ", config_.max_workers, " may join)")
+                       : std::string(),
                    job_id_);
   return absl::OkStatus();
 }
@@ -190,8 +197,20 @@ void Scheduler::OnRegister(InMessage& in) {
   max_seen_epoch_ = std::max(max_seen_epoch_, reg->epoch());
   if (!identity.empty() && Rejoin(in, identity, address)) return;
   if (formed_) {
-    return Reject(in, absl::FailedPreconditionError("cluster already complete"),
-                  metric_labels::kReasonClusterFull);
+    if (reg->role() == msg::Role::Worker && Join(in, identity)) return;
+    const bool elastic = config_.max_workers > config_.num_workers;
+    return Reject(
+        in,
+        absl::FailedPreconditionError(
+            reg->role() == msg::Role::Server
+                ? std::string("cluster already complete (every server rank is taken)")
+            : elastic ? absl::StrCat("cluster already complete: ", AliveWorkers(),
+                                     " live workers, --max_workers=", config_.max_workers)
+                      : absl::StrCat("cluster already complete: the job runs ",
+                                     config_.num_workers,
+                                     " workers (start the scheduler with --max_workers to let "
+                                     "workers join a running job)")),
+        metric_labels::kReasonClusterFull);
   }
   const int want =
       reg->role() == msg::Role::Server ? config_.num_servers : config_.num_workers;
@@ -258,6 +277,41 @@ bool Scheduler::Rejoin(const InMessage& in, const std::string& identity,
   return false;
 }
 
+bool Scheduler::Join(const InMessage& in, const std::string& identity) {
+  const int bound = std::max(config_.max_workers, config_.num_workers);
+  if (AliveWorkers() >= bound) return false;
+  const msg::Register* reg = in.envelope()->body_as_Register();
+  Node node;
+  node.role = msg::Role::Worker;
+  node.rank = PickRank(msg::Role::Worker, reg->rank(), bound);
+  node.identity = identity;
+  node.secret = RandomHex(16);
+  node.route = in.route();
+  node.register_request = in.envelope()->request_id();
+  node.last_seen = absl::Now();
+  // The barriers the others wait at now complete without it; it meets them at the next.
+  node.first_barrier = next_barrier_;
+  if (!barriers_.empty()) node.first_barrier = std::max(node.first_barrier, barriers_.rbegin()->first + 1);
+  nodes_.push_back(node);
+  metrics_->Registered(node.role);
+  UpdateNodeMetrics();
+  log_.get()->info("worker {} joined the running job ({} live workers, at most {})", node.rank,
+                   AliveWorkers(), bound);
+  // The servers learn its rank and secret from this view before it can reach them (and a
+  // worker refused for a secret not seen yet asks again: worker/membership.cc).
+  BroadcastView();
+  SendView(nodes_.back(), node.register_request, /*rejoined=*/true);
+  return true;
+}
+
+int Scheduler::WorkerRanks() const {
+  int ranks = config_.num_workers;
+  for (const auto& n : nodes_) {
+    if (n.role == msg::Role::Worker) ranks = std::max(ranks, n.rank + 1);
+  }
+  return ranks;
+}
+
 int Scheduler::PickRank(msg::Role role, int claimed, int want) const {
   // A node re-registering with a restarted scheduler keeps the rank it had.
   if (claimed >= 0 && claimed < want &&
@@ -306,10 +360,9 @@ void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
   const uint64_t restore_step =
       node.role == msg::Role::Server ? RestoreStepFor(node, /*answering=*/reply_to != 0) : 0;
   auto body = msg::CreateClusterView(
-      fbb, node.rank, config_.num_servers, config_.num_workers, epoch_,
-      fbb.CreateVector(infos),
+      fbb, node.rank, config_.num_servers, WorkerRanks(), epoch_, fbb.CreateVector(infos),
       static_cast<uint32_t>(absl::ToInt64Milliseconds(config_.heartbeat_interval)), rejoined,
-      next_barrier_, fbb.CreateString(job_id_), secret, worker_secrets, restore_step);
+      std::max(next_barrier_, node.first_barrier), fbb.CreateString(job_id_), secret, worker_secrets, restore_step);
   transport_->SendRoute(node.route,
                         FinishEnvelope(fbb, transport_->self(), body, 0, reply_to));
   metrics_->ViewSent(epoch_);

@@ -34,7 +34,11 @@ namespace adaps {
 struct SchedulerConfig {
   std::string bind = "tcp://127.0.0.1:0";  // port 0: the OS picks; see endpoint()
   int num_servers = 1;
-  int num_workers = 1;
+  int num_workers = 1;  // the workers the job starts with (it forms when they are in)
+  // The most live workers at once: workers that register after the job started (a new
+  // identity, not a restart) are admitted while fewer are live (elastic membership,
+  // docs/reliability.md "Workers that join"). 0: num_workers (nobody joins).
+  int max_workers = 0;
   absl::Duration heartbeat_interval = absl::Seconds(1);  // told to every node
   absl::Duration dead_timeout = absl::Seconds(30);       // silent this long: dead
   // Tensors with at least this many elements are split over all servers; smaller ones go
@@ -109,6 +113,9 @@ class Scheduler {
     std::string secret;  // workers: random, sent only in this node's views (kept on rejoin)
     // Servers: the steps of their step checkpoints (latest Register or Heartbeat).
     std::vector<uint64_t> checkpoint_steps;
+    // Workers: the first barrier this one takes part in (one that joined a running job does
+    // not hold up the barriers the others were already waiting at).
+    uint64_t first_barrier = 0;
   };
   struct Layout {
     uint32_t tensor_id = 0;
@@ -126,6 +133,12 @@ class Scheduler {
   void OnRegister(InMessage& in);
   // A node re-registering with a known identity: takes its rank back. false: no such node.
   bool Rejoin(const InMessage& in, const std::string& identity, const std::string& address);
+  // A worker registering into the formed job (--max_workers): admitted with a new rank,
+  // announced to every node, answered as a rejoined worker (it takes the current parameters
+  // and skips the start-up barrier). false: the job is full (the caller refuses it).
+  bool Join(const InMessage& in, const std::string& identity);
+  // The workers' ranks the views announce: one past the highest (joined ones included).
+  int WorkerRanks() const;
   // The rank for a new node of `role`: the one it claims when free, else the lowest free.
   int PickRank(msg::Role role, int claimed, int want) const;
   // Every expected node is in: views to all, barriers released.

@@ -111,17 +111,43 @@ void Server::OnView(const msg::ClusterView& view) {
   std::set<int> live;
   if (view.nodes()) {
     for (const auto* n : *view.nodes()) {
-      if (n->role() == msg::Role::Worker && n->alive()) live.insert(n->rank());
+      if (n->role() != msg::Role::Worker || n->rank() < 0) continue;
+      if (n->alive()) live.insert(n->rank());
+      // Every worker of the first view takes part in the steps (the job forming, or the
+      // running job this restarted server comes back to); one shown later joined the job.
+      if (seen_workers_.insert(n->rank()).second && first_view_) {
+        counted_workers_.insert(n->rank());
+      }
     }
   }
-  const bool lost = live.size() < live_workers_.size();
-  live_workers_ = std::move(live);
-  metrics_->OnView(transport_->rank(), live_workers_.size());
-  if (lost) {
+  first_view_ = false;
+  view_live_ = std::move(live);
+  metrics_->OnView(transport_->rank(), view_live_.size());
+  if (UpdateLiveWorkers()) {
     // Info, not warn: workers also leave on a normal finish; the scheduler warns of deaths.
     log_.get()->info("{} live workers now", live_workers_.size());
     CompleteStepsWithoutLostWorkers();
   }
+}
+
+bool Server::UpdateLiveWorkers() {
+  std::set<int> counted;
+  for (int w : view_live_) {
+    if (counted_workers_.count(w)) counted.insert(w);
+  }
+  bool lost = false;
+  for (int w : live_workers_) lost |= counted.count(w) == 0;
+  live_workers_ = std::move(counted);
+  return lost;
+}
+
+void Server::CountWorker(int rank) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
+  if (!counted_workers_.insert(rank).second) return;
+  UpdateLiveWorkers();
+  log_.get()->info("worker {} joined: {} live workers take part in the steps", rank,
+                   live_workers_.size());
+  // (The engine learns the new set with the next push: Server::SyncLiveWorkers.)
 }
 
 }  // namespace adaps

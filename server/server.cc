@@ -185,6 +185,7 @@ void Server::OnDeclare(InMessage& in) {
   if (auto st = CheckWorkerSecret(d->secret(), "DeclareSlice"); !st.ok()) {
     return ReplyError(in, st);
   }
+  if (env->sender_rank() < num_workers_) CountWorker(env->sender_rank());
   if (d->pull_format() == msg::PullFormat::Recompressed && config_.backup_workers > 0) {
     return ReplyError(in, absl::FailedPreconditionError(absl::StrCat(
                               "recompressed pulls of '", d->name() ? d->name()->str() : "",
@@ -278,6 +279,7 @@ void Server::OnPush(InMessage& in) {
                               header->segments ? "a segmented container"
                                                : CompressorKindName(header->kind))));
   }
+  CountWorker(worker);
   SyncLiveWorkers();  // the step completes against the live workers as of this push
   EngineWork work;
   work.kind = EngineWork::Kind::kPush;

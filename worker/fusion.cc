@@ -24,7 +24,7 @@ std::future<absl::Status> ReadyStatus(absl::Status status) {
 // encoding would be larger than the dense one. Needs t.mu.
 // `sent` gets the elements it sends.
 absl::Status EncodeMember(Tensor& t, absl::Span<const float> grad, IndexCoding coding,
-                          std::vector<uint8_t>* bytes, SentElements* sent)
+                          bool flush, std::vector<uint8_t>* bytes, SentElements* sent)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
   SliceState* residue = t.slices[0].residue.get();
   const SliceInfo whole{0, static_cast<uint32_t>(grad.size()), 0};
@@ -32,6 +32,10 @@ absl::Status EncodeMember(Tensor& t, absl::Span<const float> grad, IndexCoding c
   if (residue == nullptr) {
     sent->Add(nullptr, whole);
     return EncodeDense(grad, coding, bytes);
+  }
+  if (flush) {
+    sent->Add(nullptr, whole);
+    return EncodeAllPending(*residue, grad, coding, bytes);
   }
   ADAPS_RETURN_IF_ERROR(t.compressor->CompressPending(grad, *residue, t.update));
   ADAPS_RETURN_IF_ERROR(EncodeUpdate(t.update, coding, bytes));
@@ -44,14 +48,7 @@ absl::Status EncodeMember(Tensor& t, absl::Span<const float> grad, IndexCoding c
   }
   sent->Add(nullptr, whole);
   // Send everything the residue holds and the gradient, dense; nothing is left behind.
-  std::vector<float> all(grad.size());
-  const absl::Span<const float> r = residue->residue();
-  for (size_t i = 0; i < grad.size(); ++i) all[i] = r[i] + grad[i];
-  ADAPS_RETURN_IF_ERROR(EncodeDense(all, coding, bytes));
-  absl::Span<float> next = residue->spare_residue();
-  std::fill(next.begin(), next.end(), 0.0f);
-  residue->set_pending();
-  return absl::OkStatus();
+  return EncodeAllPending(*residue, grad, coding, bytes);
 }
 
 }  // namespace
@@ -66,14 +63,15 @@ std::vector<WireSegment> SegmentTable(const FusionBucket& b) {
 
 absl::StatusOr<std::vector<SharedBytes>> EncodeFusedPush(FusionBucket& b,
                                                          absl::Span<const float> grad,
-                                                         IndexCoding coding) {
+                                                         IndexCoding coding, bool flush) {
   std::vector<std::vector<uint8_t>> parts(b.members.size());
   std::vector<SentElements> sent(b.members.size());
   absl::Status status;
   for (size_t i = 0; i < b.members.size() && status.ok(); ++i) {
     const FusionBucket::Member& m = b.members[i];
     absl::MutexLock lock(&m.t->mu);
-    status = EncodeMember(*m.t, grad.subspan(m.offset, m.length), coding, &parts[i], &sent[i]);
+    status = EncodeMember(*m.t, grad.subspan(m.offset, m.length), coding, flush, &parts[i],
+                          &sent[i]);
     if (!status.ok()) {
       status = absl::Status(status.code(), absl::StrCat("gradient of '", m.t->spec.name,
                                                         "': ", status.message()));

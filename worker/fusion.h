@@ -84,10 +84,11 @@ std::vector<WireSegment> SegmentTable(const FusionBucket& b);
 // committed only when every member succeeded (as EncodePush). A member whose encoding would
 // be larger than its dense encoding is sent dense (residue + gradient) and its residue
 // becomes zero: exact error feedback, and no member's bytes exceed its dense bytes. Counts
-// each member's push traffic. Needs internal.mu; takes each member's mu.
+// each member's push traffic. `flush`: every member is sent dense (Worker::Leave). Needs
+// internal.mu; takes each member's mu.
 absl::StatusOr<std::vector<SharedBytes>> EncodeFusedPush(FusionBucket& b,
                                                          absl::Span<const float> grad,
-                                                         IndexCoding coding)
+                                                         IndexCoding coding, bool flush = false)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(b.internal.mu);
 
 // A member's traffic: its own pushes and exact segment bytes, plus its share (by length) of

@@ -7,6 +7,18 @@
 #include "worker/worker_impl.h"
 
 namespace adaps {
+namespace {
+
+int LiveWorkersOf(const msg::ClusterView& view) {
+  int live = 0;
+  if (view.nodes() != nullptr) {
+    for (const auto* n : *view.nodes()) live += n->role() == msg::Role::Worker && n->alive();
+  }
+  return live;
+}
+
+}  // namespace
+
 Worker::Impl::Impl(const WorkerOptions& options)
     : options_(options),
       log_("worker", options.log_level),
@@ -84,11 +96,14 @@ absl::Status Worker::Impl::ApplyRegistration(const msg::ClusterView& view) {
   num_servers_ = view.num_servers();
   ADAPS_RETURN_IF_ERROR(ConnectServers(view));
   rejoined_ = view.rejoined();
+  registered_at_ = absl::Now();
+  live_workers_ = LiveWorkersOf(view);
   barrier_seq_ = view.next_barrier();
   if (rejoined_) {
     log_.get()->info("rejoined a running cluster at barrier {}", view.next_barrier());
   }
-  log_.get()->info("registered: worker {} of {}, {} servers", rank_, num_workers_, num_servers_);
+  log_.get()->info("registered: worker {} of {} live, {} servers", rank_, live_workers_.load(),
+                   num_servers_);
   return absl::OkStatus();
 }
 
@@ -221,6 +236,7 @@ void Worker::Impl::OnView(const msg::ClusterView& view) {
     secret_ = view.secret()->str();  // a restarted scheduler hands out new ones
   }
   if (view.nodes() == nullptr) return;
+  live_workers_ = LiveWorkersOf(view);
   for (const auto* n : *view.nodes()) {
     if (n->role() != msg::Role::Server || n->rank() < 0 || n->rank() >= num_servers_) continue;
     const int r = n->rank();

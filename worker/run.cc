@@ -113,8 +113,8 @@ std::future<absl::Status> Worker::Impl::Run(absl::string_view name, absl::Span<c
 
 std::future<absl::Status> Worker::Impl::RunTensor(
     Tensor& t, absl::Span<const float> grad, absl::Span<float> out, bool push, bool pull,
-    std::function<void(const absl::Status&)> on_done) {
-  auto op = std::make_shared<RunOp>(&t, push, pull, out);
+    std::function<void(const absl::Status&)> on_done, bool flush) {
+  auto op = std::make_shared<RunOp>(&t, push, pull, out, flush);
   op->on_done = std::move(on_done);
   auto future = op->promise.get_future();
   if (pool_ == nullptr) {
@@ -144,8 +144,8 @@ JobPool::Job Worker::Impl::PrepareRun(const std::shared_ptr<RunOp>& op,
     if (op->push) {
       const IndexCoding coding =
           options_.compact_indices ? IndexCoding::kRice : IndexCoding::kPlain32;
-      auto encoded = t.bucket != nullptr ? EncodeFusedPush(*t.bucket, grad, coding)
-                                         : EncodePush(t, grad, coding);
+      auto encoded = t.bucket != nullptr ? EncodeFusedPush(*t.bucket, grad, coding, op->flush)
+                                         : EncodePush(t, grad, coding, op->flush);
       if (!encoded.ok()) return fail(encoded.status());
       op->encoded = *std::move(encoded);
       ++t.traffic.pushes;
@@ -207,9 +207,11 @@ void Worker::Impl::SendPush(const std::shared_ptr<RunOp>& op, size_t i, int peer
   rt.step = std::max(rt.step, step + 1);
   rt.pull_floor = UINT64_MAX;
   flatbuffers::FlatBufferBuilder fbb(128);
-  auto body = msg::CreatePush(fbb, m.key, step,
-                              t.bucket != nullptr ? msg::PayloadKind::Segmented
-                                                  : PayloadKindFor(CodecKind(t.spec.compression)));
+  auto body = msg::CreatePush(
+      fbb, m.key, step,
+      t.bucket != nullptr ? msg::PayloadKind::Segmented
+      : op->flush         ? msg::PayloadKind::Dense
+                          : PayloadKindFor(CodecKind(t.spec.compression)));
   const uint64_t id = transport_->NewRequestId();
   OutMessage msg = FinishEnvelope(fbb, transport_->self(), body, id, 0, op->encoded[i]);
   t.traffic.push_wire_bytes += msg.header.size() + op->encoded[i]->size();

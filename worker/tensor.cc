@@ -1,5 +1,6 @@
 #include "worker/tensor.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <utility>
@@ -25,9 +26,10 @@ namespace {
 
 // Phase one for slice `i`: its wire bytes, its new residue (if any) left pending.
 absl::Status EncodeSlice(Tensor& t, size_t i, absl::Span<const float> grad, IndexCoding coding,
-                         Bytes* bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
+                         bool flush, Bytes* bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
   SliceRt& rt = t.slices[i];
   if (rt.residue == nullptr) return EncodeDense(grad, coding, bytes);
+  if (flush) return EncodeAllPending(*rt.residue, grad, coding, bytes);
   ADAPS_RETURN_IF_ERROR(t.compressor->CompressPending(grad, *rt.residue, t.update));
   return EncodeUpdate(t.update, coding, bytes);
 }
@@ -60,6 +62,18 @@ std::shared_ptr<Bytes> ReusablePushBytes(SliceRt& rt) {
 
 }  // namespace
 
+absl::Status EncodeAllPending(SliceState& residue, absl::Span<const float> grad,
+                              IndexCoding coding, Bytes* bytes) {
+  std::vector<float> all(grad.size());
+  const absl::Span<const float> r = residue.residue();
+  for (size_t i = 0; i < grad.size(); ++i) all[i] = r[i] + grad[i];
+  ADAPS_RETURN_IF_ERROR(EncodeDense(all, coding, bytes));
+  absl::Span<float> next = residue.spare_residue();
+  std::fill(next.begin(), next.end(), 0.0f);
+  residue.set_pending();
+  return absl::OkStatus();
+}
+
 void SentElements::Add(const CompressedUpdate* update, const SliceInfo& info) {
   if (update == nullptr || update->kind == CompressorKind::kDense ||
       update->kind == CompressorKind::kSign) {
@@ -72,7 +86,7 @@ void SentElements::Add(const CompressedUpdate* update, const SliceInfo& info) {
 }
 
 absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const float> grad,
-                                                    IndexCoding coding) {
+                                                    IndexCoding coding, bool flush) {
   AddsElapsed timer(t.traffic.compress_seconds);
   std::vector<SharedBytes> encoded;
   encoded.reserve(t.slices.size());
@@ -82,9 +96,11 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
   for (size_t i = 0; i < t.slices.size() && status.ok(); ++i) {
     const SliceInfo& info = t.meta[i].info;
     std::shared_ptr<Bytes> bytes = ReusablePushBytes(t.slices[i]);
-    status = EncodeSlice(t, i, grad.subspan(info.offset, info.length), coding, bytes.get());
-    if (status.ok()) sent.Add(t.slices[i].residue ? &t.update : nullptr, info);
-    t.metrics.AddSent(t.slices[i].residue ? t.update.SentElements() : info.length);
+    status =
+        EncodeSlice(t, i, grad.subspan(info.offset, info.length), coding, flush, bytes.get());
+    const bool compressed = t.slices[i].residue != nullptr && !flush;
+    if (status.ok()) sent.Add(compressed ? &t.update : nullptr, info);
+    t.metrics.AddSent(compressed ? t.update.SentElements() : info.length);
     if (!status.ok()) {
       status = absl::Status(status.code(),
                             absl::StrCat("gradient of '", t.spec.name, "' (slice at ",

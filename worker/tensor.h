@@ -108,11 +108,17 @@ struct RunOp {
     absl::Status error;           // the first error of this slice's parts in this attempt
     uint64_t push_step = UINT64_MAX;  // the step of its push, the same in every attempt
   };
-  RunOp(Tensor* tensor, bool do_push, bool do_pull, absl::Span<float> dst)
-      : t(tensor), push(do_push), pull(do_pull), out(dst), parts(tensor->meta.size()) {}
+  RunOp(Tensor* tensor, bool do_push, bool do_pull, absl::Span<float> dst, bool do_flush = false)
+      : t(tensor),
+        push(do_push),
+        pull(do_pull),
+        flush(do_flush),
+        out(dst),
+        parts(tensor->meta.size()) {}
 
   Tensor* const t;
   const bool push, pull;
+  const bool flush;  // the push sends the residues, dense (Worker::Leave)
   const absl::Span<float> out;
   std::vector<SharedBytes> encoded;  // per slice (push): set before the first send
   std::promise<absl::Status> promise;
@@ -167,10 +173,16 @@ absl::StatusOr<std::unique_ptr<Compressor>> MakeTensorCompressor(const TensorSpe
 // its new residue left pending, and the residues are committed only when every slice
 // succeeded. On any error (kInvalidArgument for NaN/Inf, kOutOfRange for a residue overflow)
 // no residue of any slice changed. Dense slices are encoded straight from the gradient with
-// the finiteness check fused into that one copy.
+// the finiteness check fused into that one copy. `flush` (Worker::Leave): every slice sends
+// its residue plus `grad` dense, and its residue becomes zero.
 absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const float> grad,
-                                                    IndexCoding coding)
+                                                    IndexCoding coding, bool flush = false)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+
+// Everything `residue` holds plus `grad`, dense, into `bytes`; the residue's pending next
+// value is zero (Commit or Discard it as after CompressPending).
+absl::Status EncodeAllPending(SliceState& residue, absl::Span<const float> grad,
+                              IndexCoding coding, Bytes* bytes);
 
 // On a compression-pool thread (the I/O thread with compression_threads = 0): writes slice
 // `i` of a pull answer into `out` (dense copy, or the recompressed update applied to the

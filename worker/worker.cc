@@ -17,6 +17,7 @@ Worker::~Worker() = default;
 
 int Worker::rank() const { return impl_->rank(); }
 int Worker::num_workers() const { return impl_->num_workers(); }
+int Worker::live_workers() const { return impl_->live_workers(); }
 int Worker::num_servers() const { return impl_->num_servers(); }
 
 absl::Status Worker::Declare(const TensorSpec& spec, absl::Span<float> values) {
@@ -72,6 +73,7 @@ absl::StatusOr<std::vector<SliceInfo>> Worker::Slices(absl::string_view name) co
   return impl_->Slices(name);
 }
 std::vector<std::string> Worker::TensorNames() const { return impl_->TensorNames(); }
+absl::Status Worker::Leave() { return impl_->Leave(); }
 absl::Status Worker::Stop() { return impl_->Stop(); }
 
 }  // namespace adaps

@@ -294,6 +294,51 @@ absl::Status Worker::Impl::LoadResidues(const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status Worker::Impl::Leave() {
+  ADAPS_RETURN_IF_ERROR(CheckRunning());
+  // What holds a residue: each compressed tensor of its own, and each bucket that stepped
+  // (its push carries every member's; a bucket that never ran holds nothing).
+  std::vector<Tensor*> targets;
+  std::vector<FusionBucket*> buckets;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, t] : tensors_) {
+      if (t->fused_into == nullptr && t->spec.compression != Compression::kDense) {
+        targets.push_back(t.get());
+      }
+    }
+    for (const auto& b : buckets_) buckets.push_back(b.get());
+  }
+  for (FusionBucket* b : buckets) {
+    absl::MutexLock lock(&b->mu);  // (members is read-only once the bucket closed)
+    if (b->closed && std::any_of(b->members.begin(), b->members.end(), [](const auto& m) {
+          return m.t->spec.compression != Compression::kDense;
+        })) {
+      targets.push_back(&b->internal);
+    }
+  }
+  std::vector<std::vector<float>> zeros(targets.size());
+  std::vector<std::future<absl::Status>> pushes;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    zeros[i].assign(targets[i]->length, 0.0f);
+    pushes.push_back(RunTensor(*targets[i], zeros[i], {}, /*push=*/true, /*pull=*/false,
+                               nullptr, /*flush=*/true));
+  }
+  absl::Status flushed;
+  for (size_t i = 0; i < pushes.size(); ++i) {
+    absl::Status st = pushes[i].get();
+    if (!st.ok() && flushed.ok()) {
+      flushed = absl::Status(st.code(), absl::StrCat("leaving: the residue of '",
+                                                     targets[i]->spec.name,
+                                                     "' did not reach its server: ",
+                                                     st.message()));
+    }
+  }
+  if (!flushed.ok()) log_.get()->error("{}", flushed.ToString());
+  absl::Status stopped = Stop();
+  return flushed.ok() ? stopped : flushed;
+}
+
 absl::Status Worker::Impl::SetBinSize(absl::string_view name, uint32_t bin_size) {
   ADAPS_ASSIGN_OR_RETURN(Tensor * t, Find(name));
   ADAPS_RET_CHECK(t->spec.compression == Compression::kAdaComp,

@@ -55,6 +55,7 @@ class Worker::Impl {
 
   int rank() const { return rank_; }
   int num_workers() const { return num_workers_; }
+  int live_workers() const { return live_workers_.load(); }
   int num_servers() const { return num_servers_; }
 
   absl::Status Declare(const TensorSpec& spec, absl::Span<float> values);
@@ -72,6 +73,8 @@ class Worker::Impl {
   absl::StatusOr<TrafficCounters> Traffic(absl::string_view name) const;
   absl::StatusOr<std::vector<SliceInfo>> Slices(absl::string_view name) const;
   std::vector<std::string> TensorNames() const;
+  // Pushes every compressed tensor's residue (Worker::Leave), then Stop.
+  absl::Status Leave();
   absl::Status Stop();
 
   // Tests only: the compression pool (null with compression_threads = 0).
@@ -116,10 +119,12 @@ class Worker::Impl {
   // ResyncSlices, asked again while the server answers kUnavailable, until `deadline`.
   absl::Status ResyncWithin(Tensor& t, const std::vector<size_t>& slices, absl::Time deadline);
   // The body of Run for a tensor with its own slices (a bucket's internal one included);
-  // `on_done` (may be empty) is called once with the outcome.
+  // `on_done` (may be empty) is called once with the outcome; `flush`: the push sends the
+  // residues, dense (Leave).
   std::future<absl::Status> RunTensor(Tensor& t, absl::Span<const float> grad,
                                       absl::Span<float> out, bool push, bool pull,
-                                      std::function<void(const absl::Status&)> on_done);
+                                      std::function<void(const absl::Status&)> on_done,
+                                      bool flush = false);
 
   // Fusion of small tensors (fusion.cc, worker/fusion.h). DeclareFused declares a member
   // `t` (spec, length, compressor and residue set) into the open bucket, creating one when
@@ -181,7 +186,10 @@ class Worker::Impl {
   int rank_ = -1;
   int num_workers_ = 0;
   int num_servers_ = 0;
-  bool rejoined_ = false;  // we re-registered into a formed cluster
+  bool rejoined_ = false;  // we re-registered into (or joined) a formed cluster
+  absl::Time registered_at_;
+  // The live workers of the latest view (this one included): the job's worker count now.
+  std::atomic<int> live_workers_{0};
   std::vector<int> server_peer_ ABSL_GUARDED_BY(mu_);  // changes when a server moves
   // Per server: bumped when it restarted (moved, or came back after being declared dead).
   std::vector<uint64_t> server_incarnation_ ABSL_GUARDED_BY(mu_);
@@ -244,7 +252,14 @@ absl::Status Worker::Impl::CallServerResuming(int server, Build build, SharedByt
     flatbuffers::FlatBufferBuilder fbb(256);
     auto body = build(fbb);
     absl::Status st = Call(peer, fbb, body, payload, options_.request_timeout).status();
-    if (st.code() != absl::StatusCode::kUnavailable || absl::Now() >= deadline) return st;
+    // A worker that joined a running job may reach a server before the view that tells it
+    // the new worker's secret (they travel on different connections): ask again, briefly.
+    const bool unseen_secret = st.code() == absl::StatusCode::kPermissionDenied && rejoined_ &&
+                               absl::Now() < registered_at_ + absl::Seconds(5);
+    if ((st.code() != absl::StatusCode::kUnavailable && !unseen_secret) ||
+        absl::Now() >= deadline) {
+      return st;
+    }
     {
       absl::MutexLock lock(&mu_);
       if (stopped_ || shutdown_) return st;

@@ -186,12 +186,13 @@ class PyWorker {
     return *worker_;
   }
 
-  void Stop() {
+  // Stop, or Leave (`flush`: the residues are pushed first).
+  void Stop(bool flush = false) {
     if (!worker_) return;
     absl::Status status;
     {
       py::gil_scoped_release release;
-      status = worker_->Stop();
+      status = flush ? worker_->Leave() : worker_->Stop();
       worker_.reset();
     }
     ThrowIfError(status);
@@ -346,7 +347,12 @@ void DefineModule(py::module_& m) {
            py::arg("compact_indices") = true, py::arg("log_level") = "warn",
            py::arg("compression_threads") = 1)
       .def_property_readonly("rank", [](PyWorker& w) { return w.get().rank(); })
-      .def_property_readonly("num_workers", [](PyWorker& w) { return w.get().num_workers(); })
+      .def_property_readonly("num_workers", [](PyWorker& w) { return w.get().num_workers(); },
+                             "One past the highest worker rank (the starting count, more once "
+                             "workers joined a running job)")
+      .def_property_readonly("live_workers", [](PyWorker& w) { return w.get().live_workers(); },
+                             "The workers live now (this one included): what the servers' "
+                             "steps average over; changes as workers join, leave or die")
       .def_property_readonly("num_servers", [](PyWorker& w) { return w.get().num_servers(); })
       .def("declare", &Declare, py::arg("name"), py::arg("values"), py::arg("shape") = py::none(),
            py::arg("bin_size") = 500, py::arg("compression") = "adacomp",
@@ -446,7 +452,11 @@ void DefineModule(py::module_& m) {
       .def("traffic", &Traffic, py::arg("name"))
       .def("slices", &Slices, py::arg("name"))
       .def("tensor_names", [](PyWorker& w) { return w.get().TensorNames(); })
-      .def("stop", &PyWorker::Stop);
+      .def("stop", [](PyWorker& w) { w.Stop(false); },
+           "Leaves the job and closes the connections (what the residues hold is not sent)")
+      .def("leave", [](PyWorker& w) { w.Stop(true); },
+           "Leaves the job with nothing lost: pushes every compressed tensor's residue (dense, "
+           "as its next step), then stops. Call it between steps.");
 }
 
 }  // namespace

@@ -152,7 +152,12 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   int rank() const;
+  // One past the highest worker rank of the job (--num_workers, more once workers joined:
+  // a worker that joined a running job has a rank of at least the starting count).
   int num_workers() const;
+  // The workers live in the latest cluster view, this one included: how many workers the
+  // servers' steps average over now (it changes as workers join, leave or die).
+  int live_workers() const;
   int num_servers() const;
 
   // Collective: every worker declares the same tensors in the same order. Rank 0's
@@ -228,8 +233,15 @@ class Worker {
   absl::StatusOr<std::vector<SliceInfo>> Slices(absl::string_view name) const;
   std::vector<std::string> TensorNames() const;
 
+  // Leaves the job with nothing lost: pushes what every compressed tensor's error feedback
+  // still holds back (its residue, dense, as the tensor's next step; no pull), so that the
+  // servers' parameters carry every gradient this worker was given, then Stop. Call it
+  // between steps, with no operation in flight. Residues are zero afterwards. In sync mode
+  // the others' step that takes these pushes completes once this worker has left.
+  absl::Status Leave();
+
   // Tells the scheduler this worker is done (waiting up to request_timeout for its answer)
-  // and closes the connections. Operations still queued for compression fail with
+  // and closes the connections. What the residues hold is not sent (Leave sends it). Operations still queued for compression fail with
   // kFailedPrecondition; every future is ready when it returns. Idempotent.
   absl::Status Stop();
 

@@ -317,8 +317,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self.mode == "server":
             self._sync_hyper()
             self._hyper_checked = True  # already sent for the first step
-        # own_updates: the part of this worker's residue its model holds.
-        self._own_share = 1.0 if self.own_updates == "all" else 1.0 / self.worker.num_workers
         self._ready = True
 
     # -- set-up ---------------------------------------------------------------------------
@@ -599,7 +597,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not skip:
             # Adam/AdamW: the step's denominator estimates the global batch's second moment
             # (adaps.torch_moments); torch's own v stays in the state.
-            restore = _moments.global_second_moment(self.optimizer, self.worker.num_workers) \
+            restore = _moments.global_second_moment(self.optimizer, self.worker.live_workers) \
                 if self.second_moment == "global" else None
             try:
                 result = self.optimizer.step()
@@ -607,6 +605,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if restore is not None:
                     restore()
         error = None
+        # own_updates: the part of this worker's residue its model holds.
+        own_share = 1.0 if self.own_updates == "all" else 1.0 / max(1, self.worker.live_workers)
         with torch.no_grad():
             for e in self._params:
                 if e.stage is None:
@@ -632,10 +632,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         # This worker's model: the replica plus its share of its own residue.
                         # e.snap is the replica plus e.held (the share before this push); the
                         # push's input buffer (e.stage) is free again and takes the new one.
+                        # (The share follows the live worker count, which joins change.)
                         if e.held is None:
                             e.held = torch.zeros(e.stage.shape, dtype=torch.float32)
                         self.worker.residue(e.name, e.stage.numpy())
-                        change = mean + self._own_share * (e.stage - e.held).view(e.param.shape)
+                        e.stage.mul_(own_share)
+                        change = mean + (e.stage - e.held).view(e.param.shape)
                         e.held.copy_(e.stage)
                     else:
                         change = mean

@@ -1,0 +1,271 @@
+// Elastic membership with real processes (issue 26): workers that join a running job
+// (adaps-scheduler --max_workers) and workers that leave with nothing lost (Worker::Leave).
+//
+// The servers run the sum-only optimizer, so their parameters are the sum of every push
+// they applied: with a known gradient stream the test checks, element by element, that the
+// sum of every gradient any worker was given equals the servers' parameters plus the
+// residues the workers still hold (nothing lost, nothing applied twice), and, from a dense
+// tensor of all-ones pushes, how many workers each step counted.
+#include <atomic>
+#include <cmath>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "adaps/worker.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/cluster_harness.h"
+
+namespace adaps {
+namespace {
+
+using ::adaps::testing::ClusterOptions;
+using ::adaps::testing::LocalCluster;
+using ::testing::HasSubstr;
+
+constexpr size_t kBig = 150000;  // split over both servers (split threshold 65536)
+constexpr size_t kSmall = 300;   // fused into a bucket
+constexpr size_t kCount = 64;    // dense all-ones: counts the pushes each step took
+
+WorkerOptions Options(const std::string& scheduler) {
+  WorkerOptions o;
+  o.scheduler = scheduler;
+  o.register_timeout = absl::Seconds(20);
+  o.request_timeout = absl::Seconds(10);
+  o.log_level = "warn";
+  return o;
+}
+
+// The gradient worker `who` is given at its `step`-th step for element i: deterministic,
+// of mixed signs and magnitudes, so that AdaComp leaves real residues.
+float Grad(int who, int step, size_t i, int tensor) {
+  const uint64_t h = (uint64_t{static_cast<uint32_t>(who)} * 1000003u + step * 7919u +
+                      i * 104729u + tensor * 15485863u) * 2654435761u;
+  const float u = static_cast<float>((h >> 7) % 20001) / 10000.0f - 1.0f;  // [-1, 1]
+  return u * (1.0f + static_cast<float>(i % 7));
+}
+
+// One trainer: declares a (AdaComp, sparse pulls), s (AdaComp, fused) and c (dense ones),
+// runs `steps` steps and keeps the sum of its gradients and, at the end, its residues.
+struct Trainer {
+  int who = 0;
+  std::unique_ptr<Worker> worker;
+  std::vector<float> a = std::vector<float>(kBig), s = std::vector<float>(kSmall),
+                     c = std::vector<float>(kCount);
+  std::vector<double> sum_a = std::vector<double>(kBig, 0.0),
+                      sum_s = std::vector<double>(kSmall, 0.0);
+  std::vector<float> res_a = std::vector<float>(kBig, 0.0f),
+                     res_s = std::vector<float>(kSmall, 0.0f);
+  int pushes = 0;
+  std::vector<float> count_after_step;  // c[0] after each step
+
+  absl::Status Start(const std::string& scheduler) {
+    auto w = Worker::Create(Options(scheduler));
+    if (!w.ok()) return w.status();
+    worker = *std::move(w);
+    TensorSpec ta{"a", {static_cast<int64_t>(kBig)}, 100, Compression::kAdaComp};
+    ta.pull = PullFormat::kSparse;
+    TensorSpec ts{"s", {static_cast<int64_t>(kSmall)}, 50, Compression::kAdaComp};
+    TensorSpec tc{"c", {static_cast<int64_t>(kCount)}, 100, Compression::kDense};
+    for (auto* spec : {&ta, &ts, &tc}) {
+      std::vector<float>& v = spec == &ta ? a : spec == &ts ? s : c;
+      if (auto st = worker->Declare(*spec, absl::MakeSpan(v)); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Step(int step) {
+    std::vector<float> ga(kBig), gs(kSmall), gc(kCount, 1.0f);
+    for (size_t i = 0; i < kBig; ++i) sum_a[i] += ga[i] = Grad(who, step, i, 0);
+    for (size_t i = 0; i < kSmall; ++i) sum_s[i] += gs[i] = Grad(who, step, i, 1);
+    auto fa = worker->PushPull("a", ga, absl::MakeSpan(a));
+    auto fs = worker->PushPull("s", gs, absl::MakeSpan(s));
+    auto fc = worker->PushPull("c", gc, absl::MakeSpan(c));
+    absl::Status st = fa.get();
+    st.Update(fs.get());
+    st.Update(fc.get());
+    if (!st.ok()) return st;
+    ++pushes;
+    count_after_step.push_back(c[0]);
+    return absl::OkStatus();
+  }
+
+  // The replica of `a` is the servers' parameters, bit for bit.
+  void ExpectReplicaIsTheServers() {
+    std::vector<float> servers(kBig);
+    ASSERT_TRUE(worker->PullParameters("a", absl::MakeSpan(servers)).ok());
+    for (size_t i = 0; i < kBig; ++i) {
+      ASSERT_EQ(a[i], servers[i]) << "worker " << who << " element " << i;
+    }
+  }
+
+  void KeepResidues() {
+    ASSERT_TRUE(worker->Residue("a", absl::MakeSpan(res_a)).ok());
+    ASSERT_TRUE(worker->Residue("s", absl::MakeSpan(res_s)).ok());
+  }
+};
+
+// sum of every trainer's gradients == servers' parameters + every trainer's residues.
+void ExpectNothingLost(const std::vector<Trainer*>& all, const std::vector<float>& params,
+                       size_t n, bool big) {
+  int wrong = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double given = 0.0, held = 0.0, scale = 0.0;
+    for (const Trainer* t : all) {
+      given += big ? t->sum_a[i] : t->sum_s[i];
+      held += big ? t->res_a[i] : t->res_s[i];
+      scale += std::fabs(big ? t->sum_a[i] : t->sum_s[i]);
+    }
+    const double reached = params[i];
+    if (std::fabs(given - (reached + held)) > 1e-4 * (scale + 10.0) && ++wrong <= 5) {
+      ADD_FAILURE() << (big ? "a" : "s") << "[" << i << "]: gradients " << given
+                    << ", at the servers " << reached << ", in residues " << held;
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+ClusterOptions Elastic(int start, int max) {
+  ClusterOptions c;
+  c.num_servers = 2;
+  c.num_workers = start;
+  c.scheduler_args = {absl::StrCat("--max_workers=", max)};
+  c.server_args = {"--optimizer=sum"};
+  return c;
+}
+
+TEST(Elastic, AJobGrowsFromTwoToFourWorkersWithEveryReplicaTheServersAndNothingLost) {
+  LocalCluster cluster(Elastic(2, 4));
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  constexpr int kSteps = 30, kJoinerSteps = 12, kJoinAt = 6;
+  std::vector<Trainer> t(4);
+  for (int i = 0; i < 4; ++i) t[i].who = i;
+  std::atomic<int> joiners_done{0};
+  std::atomic<int> rank0_step{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      ASSERT_TRUE(t[i].Start(cluster.scheduler_address()).ok());
+      EXPECT_EQ(t[i].worker->live_workers(), 2);
+      for (int s = 0; s < kSteps; ++s) {
+        if (i == 0) rank0_step = s;
+        absl::Status st = t[i].Step(s);
+        ASSERT_TRUE(st.ok()) << "worker " << i << " step " << s << ": " << st;
+        // Slow enough that the joiners come in while these train.
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+      t[i].ExpectReplicaIsTheServers();
+      if (i == 1) {
+        t[i].KeepResidues();
+        EXPECT_TRUE(t[i].worker->Stop().ok());
+      }
+    });
+  }
+  for (int j = 2; j < 4; ++j) {
+    threads.emplace_back([&, j] {
+      while (rank0_step < kJoinAt) absl::SleepFor(absl::Milliseconds(5));
+      absl::Status started = t[j].Start(cluster.scheduler_address());
+      ASSERT_TRUE(started.ok()) << started;
+      EXPECT_GE(t[j].worker->rank(), 2);
+      // It starts from the servers' current parameters.
+      t[j].ExpectReplicaIsTheServers();
+      for (int s = 0; s < kJoinerSteps; ++s) {
+        absl::Status st = t[j].Step(s);
+        ASSERT_TRUE(st.ok()) << "joiner " << j << " step " << s << ": " << st;
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+      t[j].ExpectReplicaIsTheServers();
+      if (j == 2) {
+        // Leaves with nothing lost: its residues reach the servers (and are zero here).
+        ASSERT_TRUE(t[j].worker->Leave().ok());
+      } else {
+        t[j].KeepResidues();
+        EXPECT_TRUE(t[j].worker->Stop().ok());
+      }
+      ++joiners_done;
+    });
+  }
+  for (auto& th : threads) {
+    if (th.get_id() != threads[0].get_id()) th.join();
+  }
+  threads[0].join();
+  // Worker 0 ran on alone once the others were gone: the servers hold everything now.
+  ASSERT_EQ(joiners_done.load(), 2);
+  std::vector<float> a(kBig), s(kSmall);
+  ASSERT_TRUE(t[0].worker->PullParameters("a", absl::MakeSpan(a)).ok());
+  t[0].KeepResidues();
+  // (s is fused: its servers' values are what worker 0's last pull wrote.)
+  s = t[0].s;
+  std::vector<Trainer*> all = {&t[0], &t[1], &t[2], &t[3]};
+  ExpectNothingLost(all, a, kBig, true);
+  ExpectNothingLost(all, s, kSmall, false);
+  // Counted pushes: the servers applied each of them once (c counts every push).
+  int pushes = 0;
+  for (const Trainer* x : all) pushes += x->pushes;
+  EXPECT_EQ(t[0].c[0], static_cast<float>(pushes));
+  // Some step took four pushes: the joiners took part.
+  float prev = 0.0f, most = 0.0f;
+  for (float c : t[0].count_after_step) {
+    most = std::max(most, c - prev);
+    EXPECT_LE(c - prev, 4.0f);
+    prev = c;
+  }
+  EXPECT_EQ(most, 4.0f);
+  EXPECT_TRUE(t[0].worker->Stop().ok());
+  std::string why;
+  EXPECT_TRUE(cluster.AllExitCleanly(absl::Seconds(10), &why)) << why;
+}
+
+TEST(Elastic, AWorkerBeyondTheBoundIsRefusedWithTheReason) {
+  for (int max : {0, 3}) {
+    LocalCluster cluster(Elastic(2, max));
+    ASSERT_FALSE(cluster.scheduler_address().empty());
+    std::vector<std::unique_ptr<Worker>> ws(2);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+      threads.emplace_back([&, i] {
+        auto w = Worker::Create(Options(cluster.scheduler_address()));
+        ASSERT_TRUE(w.ok()) << w.status();
+        ws[i] = *std::move(w);
+      });
+    }
+    for (auto& th : threads) th.join();
+    ASSERT_TRUE(ws[0] && ws[1]);
+    if (max == 3) {  // one may join
+      auto joined = Worker::Create(Options(cluster.scheduler_address()));
+      ASSERT_TRUE(joined.ok()) << joined.status();
+      EXPECT_EQ((*joined)->rank(), 2);
+      EXPECT_EQ((*joined)->live_workers(), 3);
+      EXPECT_EQ((*joined)->num_workers(), 3);
+      ws.push_back(*std::move(joined));
+      // The others learn the new count from the view that announced it.
+      const absl::Time end = absl::Now() + absl::Seconds(5);
+      while (ws[0]->live_workers() != 3 && absl::Now() < end) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      EXPECT_EQ(ws[0]->live_workers(), 3);
+    }
+    auto extra = Worker::Create(Options(cluster.scheduler_address()));
+    ASSERT_FALSE(extra.ok());
+    EXPECT_EQ(extra.status().code(), absl::StatusCode::kFailedPrecondition) << extra.status();
+    EXPECT_THAT(std::string(extra.status().message()),
+                HasSubstr(max == 0 ? "start the scheduler with --max_workers"
+                                   : "3 live workers, --max_workers=3"));
+    for (auto& w : ws) EXPECT_TRUE(w->Stop().ok());
+    std::string why;
+    EXPECT_TRUE(cluster.AllExitCleanly(absl::Seconds(10), &why)) << why;
+  }
+}
+
+TEST(Elastic, SchedulerRefusesAMaxWorkersBelowTheStartingCount) {
+  ::adaps::testing::Process scheduler(
+      ADAPS_SCHEDULER_BIN, {"--num_workers=3", "--max_workers=2"},
+      ::adaps::testing::MakeTempDir() + "/scheduler.log");
+  EXPECT_EQ(scheduler.WaitExit(absl::Seconds(10)), 2);
+  EXPECT_THAT(scheduler.Log(), HasSubstr("max_workers (2) must be 0 or at least num_workers (3)"));
+}
+
+}  // namespace
+}  // namespace adaps
