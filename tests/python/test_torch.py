@@ -1,10 +1,13 @@
 """adaps.torch and adaps.launch with real processes: 2 torch workers on a local cluster."""
 import os
 import re
+import subprocess
+import sys
+import time
 
 import pytest
 
-from conftest import REPO, run_launch
+from conftest import REPO, SCHEDULER_BIN, run_launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -94,3 +97,53 @@ def test_launch_restarts_a_killed_server_and_the_workers_resume_it(tmp_path):
     assert "KILLED the server" in out, out
     assert "restarting it from its checkpoint" in out, out
     assert out.count("STEPS 90") == 2, out
+
+
+def test_launch_adds_workers_to_a_running_job(tmp_path):
+    """adaps.launch --max-workers starts an elastic job; adaps.launch --join adds workers to
+    it: they start from the servers' current parameters and the steps count them."""
+    address_file = str(tmp_path / "address")
+    script = os.path.join(HERE, "elastic_worker.py")
+    env = dict(os.environ)
+    env.setdefault("ADAPS_BIN_DIR", os.path.dirname(os.path.dirname(SCHEDULER_BIN)))
+    job = subprocess.Popen(
+        [sys.executable, "-m", "adaps.launch", "--bin-dir",
+         os.path.dirname(os.path.dirname(SCHEDULER_BIN)), "-n", "2", "--max-workers", "4",
+         "--server-optimizer", "sum", script, "250", address_file],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        end = time.time() + 60
+        while not os.path.exists(address_file) and time.time() < end and job.poll() is None:
+            time.sleep(0.05)
+        assert os.path.exists(address_file), job.communicate(timeout=30)[0].decode()
+        with open(address_file) as f:
+            address = f.read().strip()
+        code, out = run_launch(["--join", address, "-n", "2", "--server-optimizer", "sum",
+                                script, "40"], timeout=120)
+        assert code == 0, out
+        job_out = job.communicate(timeout=120)[0].decode()
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, job_out
+    assert "adaps.launch: scheduler at " + address in job_out, job_out
+    joined = [l for l in out.splitlines() if "RANK" in l]
+    assert len(joined) == 2, out
+    for line in joined:
+        rank = int(line.split("RANK ")[1].split()[0])
+        assert rank >= 2, line
+        # It started from the parameters the job had reached, not from zero.
+        assert float(line.split("START ")[1].split()[0]) > 0, line
+    originals = [l for l in job_out.splitlines() if "RANK" in l]
+    assert len(originals) == 2, job_out
+    for line in originals:
+        assert "MOST 4.0" in line, line  # some step took all four workers' pushes
+        assert "4" in line.split("LIVE ")[1], line
+
+
+def test_launch_join_refuses_flags_of_the_jobs_own_launch():
+    code, out = run_launch(["--join", "tcp://127.0.0.1:1", "-n", "1", "--servers", "2",
+                            "--server-optimizer", "sum", "x.py"], timeout=30)
+    assert code == 2 and "--servers belongs to the job's own launch" in out, out
+    code, out = run_launch(["--join", "tcp://127.0.0.1:1", "-n", "1", "x.py"], timeout=30)
+    assert code == 2 and "--join needs the job's --server-optimizer" in out, out

@@ -331,3 +331,42 @@ def test_backup_workers_are_refused_where_a_step_needs_every_worker(cluster, tmp
     assert e.value.code == adaps.FAILED_PRECONDITION and "straggler" in str(e.value)
     w.declare("d", np.zeros(100, np.float32), pull="sparse")
     w.stop()
+
+
+def test_leave_pushes_the_residues_and_live_workers_follows(cluster):
+    # Worker.leave sends what the error feedback held back (issue 26): with sum-only servers
+    # the parameters are then the sum of every gradient, less what the staying worker holds.
+    c = cluster(2, server_args=["--optimizer=sum"])
+    made = [None, None]
+    vals = [np.zeros(300, np.float32), np.zeros(300, np.float32)]
+
+    def make(i):  # registration and Declare wait for both workers
+        made[i] = adaps.Worker(c.address, request_timeout=10)
+        made[i].declare("x", vals[i], compression="adacomp", bin_size=50, fuse=False)
+    threads = [threading.Thread(target=make, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (a, b), (va, vb) = made, vals
+    assert a.live_workers == 2 and b.live_workers == 2 and a.num_workers == 2
+    rng = np.random.default_rng(7)
+    ga, gb = (rng.normal(size=300).astype(np.float32) for _ in range(2))
+    ha, hb = a.push_pull("x", ga, va), b.push_pull("x", gb, vb)
+    ha.wait()
+    hb.wait()
+    held_b = np.zeros(300, np.float32)
+    b.residue("x", held_b)
+    assert np.abs(held_b).sum() > 1  # AdaComp held something back
+    b.leave()
+    a.push_pull("x", np.zeros(300, np.float32), va).wait()  # b's residue is in this step
+    held_a = np.zeros(300, np.float32)
+    a.residue("x", held_a)
+    np.testing.assert_allclose(va + held_a, ga + gb, rtol=1e-5, atol=1e-5)
+    end = time.time() + 10
+    while a.live_workers != 1 and time.time() < end:
+        time.sleep(0.02)
+    assert a.live_workers == 1
+    with pytest.raises(adaps.Error):
+        b.rank  # a worker that left is stopped
+    a.stop()

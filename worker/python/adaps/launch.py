@@ -25,6 +25,19 @@ workers get ADAPS_PROGRESS=tty and rank 0's adaps.progress line is rewritten in 
 or the scheduler dies, everything is stopped and the exit code is the failure's;
 Ctrl-C stops everything (exit 130). Executables: --bin-dir, else $ADAPS_BIN_DIR, else PATH.
 
+Elastic jobs (docs/reliability.md "Workers that join"): --max-workers M lets workers join
+the running job while fewer than M are live; `python3 -m adaps.launch --join ADDRESS -n K
+--server-optimizer OPT script.py` starts K more copies of the script into the job whose
+scheduler is at ADDRESS (the job's launch prints it when started with --max-workers; give
+the job's --server-optimizer and torch flags again). A joined worker takes the servers' current
+parameters and takes part from the next step on. The servers' steps average over the live
+workers: scaling the learning rate with their number is the script's choice
+(adaps.Worker.live_workers says how many there are).
+
+Worker restarts: with --worker-restarts K, every worker gets a stable ADAPS_IDENTITY, and a
+worker that exits with an error is started again (up to K times in all, as torchrun's
+--max-restarts): it takes its rank back and resumes from the servers' parameters.
+
 Server restarts: every server runs with --identity=s<i>. With --checkpoint-dir, servers
 checkpoint there (every --checkpoint-interval seconds, default 30) and a server that dies
 while the workers run is started again with the same flags (up to --server-restarts
@@ -164,6 +177,26 @@ def _stop_all(procs, grace=3.0):
         p.proc.wait()
 
 
+def _start_scheduler(a, scheduler_bin, port_file, env, lock, procs, interrupted):
+    """Starts the job's scheduler; its address, or None when it did not start."""
+    argv = [scheduler_bin, "--num_servers=%d" % a.servers, "--num_workers=%d" % a.workers,
+            "--port_file=" + port_file, "--log_level=" + a.log_level]
+    if a.max_workers is not None:
+        argv.append("--max_workers=%d" % a.max_workers)
+    procs.append(_Proc("sched", argv, env, lock))
+    end = time.time() + 15
+    port = ""
+    while not port and time.time() < end and procs[0].poll() is None and not interrupted:
+        if os.path.exists(port_file):
+            with open(port_file) as f:
+                port = f.read().strip()
+        time.sleep(0.02)
+    if not port:
+        sys.stderr.write("adaps.launch: the scheduler did not start\n")
+        return None
+    return "tcp://127.0.0.1:" + port
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m adaps.launch", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -172,10 +205,19 @@ def main(argv=None):
     ap.add_argument("--colocate", action="store_true",
                     help="one server per worker, BytePS-style (deploy/launch.sh --colocate "
                          "places them on the workers' hosts; here every process is local)")
-    ap.add_argument("--server-optimizer", default="sgd",
+    ap.add_argument("--max-workers", type=int, default=None,
+                    help="elastic: the scheduler's --max_workers (workers may join the "
+                         "running job, with --join, while fewer than this many are live)")
+    ap.add_argument("--join", default=None, metavar="ADDRESS",
+                    help="start the workers into the running job whose scheduler is at "
+                         "ADDRESS (tcp://host:port); starts no scheduler or server")
+    ap.add_argument("--worker-restarts", type=int, default=0,
+                    help="restart a worker that exits with an error, up to this many times in "
+                         "all; it rejoins with its rank (default 0)")
+    ap.add_argument("--server-optimizer", default=None,
                     help="servers' --optimizer: sgd, momentum, nesterov, adam (server mode), "
                          "mean (local mode: the torch optimizer steps on each step's mean "
-                         "gradient) or sum (default sgd)")
+                         "gradient) or sum (default sgd; with --join, the job's, required)")
     for flag, env, what, kind in _TORCH_FLAGS:
         ap.add_argument(flag, *(["--compressor"] if flag == "--compression" else []),
                         default=None, help="exported as %s: %s" % (env, what), **kind)
@@ -196,13 +238,31 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.colocate and a.servers is not None:
         ap.error("--colocate runs one server per worker: drop --servers")
+    if a.join is not None:
+        for flag, value in (("--servers", a.servers), ("--colocate", a.colocate or None),
+                            ("--max-workers", a.max_workers),
+                            ("--checkpoint-dir", a.checkpoint_dir)):
+            if value is not None:
+                ap.error("--join starts workers into a running job: %s belongs to the job's "
+                         "own launch" % flag)
+        if a.server_optimizer is None:
+            ap.error("--join needs the job's --server-optimizer (adaps.torch picks its mode "
+                     "from it)")
+        if not a.join.startswith("tcp://"):
+            ap.error("--join takes the scheduler's address, tcp://host:port")
+    if a.server_optimizer is None:
+        a.server_optimizer = "sgd"
+    if a.max_workers is not None and a.max_workers < a.workers:
+        ap.error("--max-workers (%d) must be at least -n (%d)" % (a.max_workers, a.workers))
+    if a.worker_restarts < 0:
+        ap.error("--worker-restarts must be 0 or more")
     if a.servers is None:
-        a.servers = a.workers if a.colocate else 1
-    if a.workers < 1 or a.servers < 1:
+        a.servers = 0 if a.join else a.workers if a.colocate else 1
+    if a.workers < 1 or (a.servers < 1 and not a.join):
         ap.error("-n and --servers must be at least 1")
 
-    scheduler_bin = _find_bin("adaps-scheduler", a.bin_dir)
-    server_bin = _find_bin("adaps-server", a.bin_dir)
+    scheduler_bin = None if a.join else _find_bin("adaps-scheduler", a.bin_dir)
+    server_bin = None if a.join else _find_bin("adaps-server", a.bin_dir)
     tmp = tempfile.mkdtemp(prefix="adaps-launch-")
     port_file = os.path.join(tmp, "port")
     lock = threading.Lock()
@@ -217,21 +277,19 @@ def main(argv=None):
     code = 0
     try:
         env = dict(os.environ)
-        procs.append(_Proc("sched", [scheduler_bin, "--num_servers=%d" % a.servers,
-                                     "--num_workers=%d" % a.workers,
-                                     "--port_file=" + port_file,
-                                     "--log_level=" + a.log_level], env, lock))
-        end = time.time() + 15
-        port = ""
-        while not port and time.time() < end and procs[0].poll() is None and not interrupted:
-            if os.path.exists(port_file):
-                with open(port_file) as f:
-                    port = f.read().strip()
-            time.sleep(0.02)
-        if not port:
-            sys.stderr.write("adaps.launch: the scheduler did not start\n")
-            return 1
-        address = "tcp://127.0.0.1:" + port
+        if a.join:
+            address = a.join
+        else:
+            address = _start_scheduler(a, scheduler_bin, port_file, env, lock, procs,
+                                       interrupted)
+            if address is None:
+                return 1
+            if a.max_workers is not None:
+                sys.stderr.write("adaps.launch: scheduler at %s; up to %d workers (add some "
+                                 "with: python3 -m adaps.launch --join %s -n K "
+                                 "--server-optimizer %s SCRIPT)\n"
+                                 % (address, a.max_workers, address, a.server_optimizer))
+                sys.stderr.flush()
         if a.checkpoint_dir:
             os.makedirs(a.checkpoint_dir, exist_ok=True)
         server_argv = []
@@ -246,7 +304,9 @@ def main(argv=None):
             procs.append(_Proc("s%d" % s, server_argv[s], env, lock))
         server_env = env  # (`env` is reused below)
         threads = str(max(1, (os.cpu_count() or 1) // a.workers))
-        workers = []
+        # A stable identity per worker when it may be restarted (it takes its rank back).
+        job_tag = "launch%d-%x" % (os.getpid(), int(time.time() * 1000) & 0xffffff)
+        workers, worker_argv = [], []
         for r in range(a.workers):
             wenv = dict(os.environ)
             wenv.update({"ADAPS_SCHEDULER": address,
@@ -255,6 +315,8 @@ def main(argv=None):
                          "ADAPS_NUM_WORKERS": str(a.workers),
                          "ADAPS_RANK_FILE": os.path.join(tmp, "rank%d" % r),
                          "PYTHONUNBUFFERED": "1"})
+            if a.worker_restarts > 0:
+                wenv.setdefault("ADAPS_IDENTITY", "%s-w%d" % (job_tag, r))
             for flag, env, _, _ in _TORCH_FLAGS:
                 value = getattr(a, flag[2:].replace("-", "_"))
                 if value is not None:
@@ -263,11 +325,13 @@ def main(argv=None):
             if sys.stdout.isatty():
                 # adaps.progress draws its live line for a terminal; the pipe is not one.
                 wenv.setdefault("ADAPS_PROGRESS", "tty")
-            w = _Proc("w%d" % r, [a.python, a.script] + a.args, wenv, lock,
+            worker_argv.append(([a.python, a.script] + a.args, wenv))
+            w = _Proc("w%d" % r, worker_argv[r][0], wenv, lock,
                       rank_file=wenv["ADAPS_RANK_FILE"])
             workers.append(w)
             procs.append(w)
-        infra = procs[:1 + a.servers]
+        worker_restarts_left = a.worker_restarts
+        infra = [] if a.join else procs[:1 + a.servers]
         restarts_left = a.server_restarts if a.checkpoint_dir else 0
         while True:
             if interrupted:
@@ -275,6 +339,19 @@ def main(argv=None):
                 code = 130
                 break
             failed = [w for w in workers if w.poll() not in (None, 0)]
+            if failed and worker_restarts_left > 0:
+                w = failed[0]
+                r = workers.index(w)
+                worker_restarts_left -= 1
+                sys.stderr.write("adaps.launch: %s exited with %d; starting it again, it rejoins "
+                                 "with its rank (%d restart(s) left)\n"
+                                 % (w.tag, w.poll(), worker_restarts_left))
+                w.join_output()
+                fresh = _Proc("w%d" % r, worker_argv[r][0], worker_argv[r][1], lock,
+                              rank_file=worker_argv[r][1]["ADAPS_RANK_FILE"])
+                workers[r] = fresh
+                procs[procs.index(w)] = fresh
+                continue
             if failed:
                 w = failed[0]
                 sys.stderr.write("adaps.launch: %s exited with %d, stopping everything\n"
