@@ -147,3 +147,15 @@ def test_launch_join_refuses_flags_of_the_jobs_own_launch():
     assert code == 2 and "--servers belongs to the job's own launch" in out, out
     code, out = run_launch(["--join", "tcp://127.0.0.1:1", "-n", "1", "x.py"], timeout=30)
     assert code == 2 and "--join needs the job's --server-optimizer" in out, out
+
+
+def test_launch_restarts_a_failed_worker_which_takes_its_rank_back(tmp_path):
+    code, out = run_launch(["-n", "2", "--worker-restarts", "1", "--server-optimizer", "sum",
+                            os.path.join(HERE, "fails_once_worker.py"),
+                            str(tmp_path / "failed")], timeout=120)
+    assert code == 0, out
+    assert "FAILING on purpose" in out, out
+    assert "starting it again, it rejoins with its rank" in out, out
+    done = sorted(l.split("DONE ")[1] for l in out.splitlines() if "DONE rank" in l)
+    assert len(done) == 2 and done[0].startswith("rank 0") and done[1].startswith("rank 1"), out
+    assert "-w1" in done[1], out  # the restarted process had worker 1's identity
