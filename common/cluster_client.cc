@@ -235,7 +235,8 @@ void ClusterClient::Heartbeat() {
   flatbuffers::FlatBufferBuilder fbb(64);
   auto steps = fbb.CreateVector(options_.checkpoint_steps ? options_.checkpoint_steps()
                                                           : std::vector<uint64_t>{});
-  auto body = msg::CreateHeartbeat(fbb, epoch_.load(), steps);
+  auto body = msg::CreateHeartbeat(fbb, epoch_.load(), steps,
+                                   options_.residue_norm ? options_.residue_norm() : -1.0f);
   const uint64_t id = transport_.NewRequestId();
   transport_.Request(scheduler_peer_.load(), id,
                      FinishEnvelope(fbb, transport_.self(), body, id, 0),

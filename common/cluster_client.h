@@ -52,6 +52,9 @@ struct ClusterClientOptions {
   std::function<std::vector<uint64_t>()> checkpoint_steps;
   // Servers: the latest step checkpoint every server has, from each HeartbeatAck (I/O thread).
   std::function<void(uint64_t)> on_common_step;
+  // Workers: the L2 norm of their residues, sent in every Heartbeat (I/O thread; must not
+  // wait for a lock held across an encode).
+  std::function<float()> residue_norm;
 };
 
 // Why `endpoint` cannot be reached right now, in words: "connection refused", "no route to

@@ -81,6 +81,9 @@ const std::vector<MetricInfo>& MetricCatalog() {
       {n::kViewsSentTotal, T::kCounter, "Cluster views sent to nodes", {}},
       {n::kClusterEpoch, T::kGauge, "Epoch of the current cluster view", {}},
       {n::kClusterFormed, T::kGauge, "1 once every expected node has registered", {}},
+      {n::kLostResidueNormTotal, T::kCounter,
+       "Sum of the residue L2 norms (at their last heartbeat) of workers declared dead: the "
+       "error-feedback mass the job lost", {}},
       {n::kRejectedMessagesTotal, T::kCounter, "Messages refused or dropped, by reason",
        {l::kReason}},
       {n::kTransportMessagesTotal, T::kCounter, "Messages through the transport, by direction",

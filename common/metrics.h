@@ -84,6 +84,7 @@ inline constexpr char kRegistrationsTotal[] = "adaps_registrations_total";  // l
 inline constexpr char kViewsSentTotal[] = "adaps_views_sent_total";
 inline constexpr char kClusterEpoch[] = "adaps_cluster_epoch";
 inline constexpr char kClusterFormed[] = "adaps_cluster_formed";
+inline constexpr char kLostResidueNormTotal[] = "adaps_lost_residue_norm_total";
 // Every role.
 inline constexpr char kRejectedMessagesTotal[] = "adaps_rejected_messages_total";  // reason
 inline constexpr char kTransportMessagesTotal[] = "adaps_transport_messages_total";  // direction

@@ -1,6 +1,7 @@
 #include "scheduler/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 #include <set>
@@ -420,6 +421,9 @@ void Scheduler::OnHeartbeat(InMessage& in) {
   node->last_seen = absl::Now();
   if (node->role == msg::Role::Server) {
     node->checkpoint_steps = StepList(env->body_as_Heartbeat()->checkpoint_steps());
+  } else {
+    const float norm = env->body_as_Heartbeat()->residue_norm();
+    node->residue_norm = std::isfinite(norm) && norm >= 0 ? norm : -1.0f;
   }
   flatbuffers::FlatBufferBuilder fbb(64);
   auto body = msg::CreateHeartbeatAck(fbb, epoch_,
@@ -437,6 +441,13 @@ void Scheduler::CheckHeartbeats() {
       changed = true;
       log_.get()->warn("{} {} silent for {}: declared dead", msg::EnumNameRole(n.role), n.rank,
                        absl::FormatDuration(now - n.last_seen));
+      if (n.role == msg::Role::Worker && n.residue_norm >= 0) {
+        // What its error feedback held back is gone with it (Worker::Leave would have sent it).
+        log_.get()->warn("worker {} took residues of L2 norm {:.6g} with it (its last heartbeat)",
+                         n.rank, n.residue_norm);
+        metrics_->LostResidue(n.residue_norm);
+        n.residue_norm = -1.0f;  // counted once, even if it comes back and dies again silent
+      }
     }
   }
   if (changed) {

@@ -116,6 +116,8 @@ class Scheduler {
     // Workers: the first barrier this one takes part in (one that joined a running job does
     // not hold up the barriers the others were already waiting at).
     uint64_t first_barrier = 0;
+    // Workers: the L2 norm of their residues at the latest heartbeat (-1: never reported).
+    float residue_norm = -1.0f;
   };
   struct Layout {
     uint32_t tensor_id = 0;

@@ -20,6 +20,7 @@ SchedulerMetrics::SchedulerMetrics(Metrics& metrics, int num_servers, int num_wo
   epoch_ = metrics.GetGauge(n::kClusterEpoch);
   formed_ = metrics.GetGauge(n::kClusterFormed);
   formed_.Set(0);
+  lost_residue_ = metrics.GetCounter(n::kLostResidueNormTotal);
   // Every reason the scheduler gives exists from the start, so that rate() and alerts see
   // the first rejection as an increase from 0.
   for (const char* reason : {l::kReasonMalformed, l::kReasonUnsupported, l::kReasonUnknownNode,

@@ -32,6 +32,8 @@ class SchedulerMetrics {
   void Registered(msg::Role role);
   void ViewSent(uint32_t epoch);
   void Formed() { formed_.Set(1); }
+  // A worker declared dead took this much residue (L2 norm) with it.
+  void LostResidue(double norm) { lost_residue_.Increment(norm); }
   // `reason`: a metric_labels::kReason* value.
   void Rejected(const char* reason);
   // Adds what the transport counted since the last call (drops become "malformed").
@@ -50,6 +52,7 @@ class SchedulerMetrics {
   Counter views_sent_;
   Gauge epoch_;
   Gauge formed_;
+  Counter lost_residue_;
   std::map<std::string, Counter> rejected_;
   Counter messages_in_, messages_out_, bytes_in_, bytes_out_;
   TransportStats last_;

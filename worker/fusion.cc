@@ -91,6 +91,7 @@ absl::StatusOr<std::vector<SharedBytes>> EncodeFusedPush(FusionBucket& b,
       continue;
     }
     if (residue != nullptr) residue->Commit();
+    MeasureResidue(*m.t, flush);
     m.t->last_sent = std::move(sent[i]);
     ++m.t->traffic.pushes;
     m.t->traffic.push_wire_bytes += parts[i].size();

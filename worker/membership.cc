@@ -2,6 +2,8 @@
 // registers, heartbeats, re-registers with a restarted scheduler and refuses forged views and
 // shutdowns; here the registration answer becomes rank and servers, later views become
 // servers declared dead or moved, and a shutdown fails what is in flight.
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/worker_impl.h"
@@ -38,6 +40,7 @@ Worker::Impl::Impl(const WorkerOptions& options)
   copts.identity = options_.identity;
   copts.register_timeout = options_.register_timeout;
   copts.scheduler_grace = options_.scheduler_grace;
+  copts.residue_norm = [this] { return ResidueNorm(); };
   ClusterClient::Callbacks callbacks;
   callbacks.on_view = [this](const msg::ClusterView& view) { OnView(view); };
   callbacks.on_shutdown = [this](const absl::Status& status) { OnShutdown(status); };
@@ -144,6 +147,13 @@ absl::Status Worker::Impl::ConnectServers(const msg::ClusterView& view) {
   }
   handed.get_future().wait();
   return absl::OkStatus();
+}
+
+float Worker::Impl::ResidueNorm() const {
+  double sq = 0.0;
+  absl::MutexLock lock(&mu_);  // (held briefly everywhere: never across an encode)
+  for (const auto& [name, t] : tensors_) sq += t->residue_sq.load(std::memory_order_relaxed);
+  return static_cast<float>(std::sqrt(sq));
 }
 
 absl::Status Worker::Impl::CheckRunning() {

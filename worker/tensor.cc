@@ -62,6 +62,18 @@ std::shared_ptr<Bytes> ReusablePushBytes(SliceRt& rt) {
 
 }  // namespace
 
+void MeasureResidue(Tensor& t, bool now_anyway) {
+  const absl::Time now = absl::Now();
+  if (!now_anyway && now - t.residue_measured < absl::Seconds(1)) return;
+  t.residue_measured = now;
+  double sq = 0.0;
+  for (const SliceRt& rt : t.slices) {
+    if (rt.residue == nullptr) continue;
+    for (float r : rt.residue->residue()) sq += static_cast<double>(r) * r;
+  }
+  t.residue_sq.store(sq, std::memory_order_relaxed);
+}
+
 absl::Status EncodeAllPending(SliceState& residue, absl::Span<const float> grad,
                               IndexCoding coding, Bytes* bytes) {
   std::vector<float> all(grad.size());
@@ -118,6 +130,7 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
   }
   if (!status.ok()) return status;
   std::swap(t.last_sent, sent);
+  MeasureResidue(t, flush);
   return encoded;
 }
 

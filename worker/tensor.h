@@ -13,6 +13,7 @@
 #ifndef ADAPS_WORKER_TENSOR_H_
 #define ADAPS_WORKER_TENSOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <future>
@@ -88,6 +89,10 @@ struct Tensor {
   // index buffers are reused from push to push instead of grown anew.
   SentElements sent_scratch ABSL_GUARDED_BY(mu);
   TensorMetrics metrics ABSL_GUARDED_BY(mu);  // mirrors `traffic` (worker/worker_metrics.h)
+  // The squared L2 norm of the residues, measured after a push at most once a second (and
+  // after every flush): read without the lock by the heartbeat (Worker::Impl, I/O thread).
+  std::atomic<double> residue_sq{0.0};
+  absl::Time residue_measured ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   // Fusion (worker/fusion.h), set before the tensor is published: the bucket this tensor
   // is (`bucket`) or is a member of (`fused_into`, as member `fusion_index`); else null.
   FusionBucket* bucket = nullptr;
@@ -181,6 +186,9 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
 
 // Everything `residue` holds plus `grad`, dense, into `bytes`; the residue's pending next
 // value is zero (Commit or Discard it as after CompressPending).
+// Measures t.residue_sq when a second passed since the last time, or when `now_anyway`.
+void MeasureResidue(Tensor& t, bool now_anyway) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+
 absl::Status EncodeAllPending(SliceState& residue, absl::Span<const float> grad,
                               IndexCoding coding, Bytes* bytes);
 

@@ -168,6 +168,8 @@ class Worker::Impl {
   // Membership (membership.cc): common/cluster_client registers, heartbeats, re-registers
   // and guards views and shutdowns; OnView and OnShutdown are its callbacks (I/O thread).
   absl::Status StartMetrics();
+  // The L2 norm of every tensor's residues as last measured (the heartbeat reports it).
+  float ResidueNorm() const;
   absl::Status ApplyRegistration(const msg::ClusterView& view);
   absl::Status ConnectServers(const msg::ClusterView& view);
   void Handle(InMessage in);

@@ -8,6 +8,7 @@
 // tensor of all-ones pushes, how many workers each step counted.
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -23,6 +24,7 @@ namespace {
 
 using ::adaps::testing::ClusterOptions;
 using ::adaps::testing::LocalCluster;
+using ::adaps::testing::Process;
 using ::testing::HasSubstr;
 
 constexpr size_t kBig = 150000;  // split over both servers (split threshold 65536)
@@ -265,6 +267,82 @@ TEST(Elastic, SchedulerRefusesAMaxWorkersBelowTheStartingCount) {
       ::adaps::testing::MakeTempDir() + "/scheduler.log");
   EXPECT_EQ(scheduler.WaitExit(absl::Seconds(10)), 2);
   EXPECT_THAT(scheduler.Log(), HasSubstr("max_workers (2) must be 0 or at least num_workers (3)"));
+}
+
+// Run as a child process (the test binary again, with --child_scheduler=ADDR): one AdaComp
+// push, prints the L2 norm of its residue, then heartbeats until killed.
+TEST(ElasticChild, DISABLED_PushOnceThenWait) {
+  std::string scheduler;
+  for (const std::string& a : ::testing::internal::GetArgvs()) {
+    if (a.rfind("--child_scheduler=", 0) == 0) scheduler = a.substr(18);
+  }
+  ASSERT_FALSE(scheduler.empty());
+  auto w = Worker::Create(Options(scheduler));
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<float> p(kBig, 0.0f), g(kBig), r(kBig);
+  for (size_t i = 0; i < kBig; ++i) g[i] = Grad(9, 0, i, 0);
+  ASSERT_TRUE((*w)->Declare({"a", {static_cast<int64_t>(kBig)}, 100, Compression::kAdaComp},
+                            absl::MakeSpan(p))
+                  .ok());
+  ASSERT_TRUE((*w)->PushPull("a", g, absl::MakeSpan(p)).get().ok());
+  ASSERT_TRUE((*w)->Residue("a", absl::MakeSpan(r)).ok());
+  double sq = 0.0;
+  for (float x : r) sq += static_cast<double>(x) * x;
+  std::printf("RESIDUE_NORM %.6g\n", std::sqrt(sq));
+  std::fflush(stdout);
+  absl::SleepFor(absl::Seconds(60));
+}
+
+TEST(Elastic, AWorkerThatDiesIsReportedWithTheResidueItTookWithIt) {
+  ClusterOptions c;
+  c.num_servers = 1;
+  c.num_workers = 2;
+  c.scheduler_args = {"--dead_timeout_ms=1000", "--log_level=info"};
+  c.server_args = {"--optimizer=sum"};
+  LocalCluster cluster(c);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  Process child(::testing::internal::GetArgvs()[0],
+                {"--gtest_also_run_disabled_tests",
+                 "--gtest_filter=ElasticChild.DISABLED_PushOnceThenWait",
+                 "--child_scheduler=" + cluster.scheduler_address()},
+                cluster.dir() + "/child.log");
+  auto w = Worker::Create(Options(cluster.scheduler_address()));
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<float> p(kBig, 0.0f), g(kBig, 0.0f);
+  ASSERT_TRUE((*w)->Declare({"a", {static_cast<int64_t>(kBig)}, 100, Compression::kAdaComp},
+                            absl::MakeSpan(p))
+                  .ok());
+  ASSERT_TRUE((*w)->PushPull("a", g, absl::MakeSpan(p)).get().ok());
+  // The child printed its norm; a heartbeat (every 100 ms) reported it.
+  std::string printed;
+  for (absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;) {
+    const std::string log = child.Log();
+    const size_t at = log.find("RESIDUE_NORM ");
+    if (at != std::string::npos && log.find('\n', at) != std::string::npos) {
+      printed = log.substr(at + 13, log.find('\n', at) - at - 13);
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_FALSE(printed.empty()) << child.Log();
+  absl::SleepFor(absl::Milliseconds(400));
+  child.Kill();
+  const std::string said = "took residues of L2 norm ";
+  std::string reported;
+  for (absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;) {
+    const std::string log = cluster.scheduler().Log();
+    const size_t at = log.find(said);
+    if (at != std::string::npos) {
+      reported = log.substr(at + said.size(), log.find(' ', at + said.size()) - at - said.size());
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_FALSE(reported.empty()) << cluster.scheduler().Log();
+  const double want = std::stod(printed), got = std::stod(reported);
+  EXPECT_GT(want, 1.0);
+  EXPECT_NEAR(got, want, 1e-4 * want) << "printed " << printed << ", reported " << reported;
+  EXPECT_TRUE((*w)->Stop().ok());
 }
 
 }  // namespace
