@@ -32,6 +32,9 @@ ABSL_FLAG(double, lr, 0.05, "server learning rate (SGD with momentum)");
 ABSL_FLAG(std::string, lr_schedule, "cosine",
           "constant, or cosine: from --lr down to 0 over the whole run");
 ABSL_FLAG(double, momentum, 0.9, "server momentum");
+ABSL_FLAG(double, local_momentum, 0.0,
+          "the workers' momentum correction (as adaps-worker --local_momentum; use with "
+          "--momentum=0, the main command's recipe)");
 ABSL_FLAG(int, batch, 32, "batch size per worker and step");
 ABSL_FLAG(uint32_t, bin_size_conv, 50, "AdaComp bin size for conv layers");
 ABSL_FLAG(uint32_t, bin_size_fc, 500, "AdaComp bin size for fully-connected layers");
@@ -65,6 +68,7 @@ absl::StatusOr<Config> LoadConfig() {
   c.sim.workers = absl::GetFlag(FLAGS_workers);
   c.sim.learning_rate = static_cast<float>(absl::GetFlag(FLAGS_lr));
   c.sim.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
+  c.sim.local_momentum = static_cast<float>(absl::GetFlag(FLAGS_local_momentum));
   c.sim.compression.bin_size_conv = absl::GetFlag(FLAGS_bin_size_conv);
   c.sim.compression.bin_size_fc = absl::GetFlag(FLAGS_bin_size_fc);
   c.sim.compression.topk_fraction = absl::GetFlag(FLAGS_topk_fraction);
@@ -100,10 +104,11 @@ void LogConfig(const Config& cfg) {
   const CompressionConfig& comp = cfg.sim.compression;
   spdlog::info(
       "[adaps-train-sim] model={} compressor={} workers={} epochs={} seed={} lr={} momentum={} "
+      "local_momentum={} "
       "lr_schedule={} batch={} bin_size_conv={} bin_size_fc={} topk_fraction={} compress_bias={} "
       "train_limit={} data_dir={} csv={} header_bytes_per_push={}",
       ModelKindName(cfg.model), CompressorKindName(comp.kind), cfg.sim.workers, cfg.epochs,
-      cfg.seed, cfg.sim.learning_rate, cfg.sim.momentum, cfg.cosine ? "cosine" : "constant",
+      cfg.seed, cfg.sim.learning_rate, cfg.sim.momentum, cfg.sim.local_momentum, cfg.cosine ? "cosine" : "constant",
       cfg.batch, comp.bin_size_conv, comp.bin_size_fc, comp.topk_fraction, comp.compress_bias,
       cfg.train_limit, cfg.data_dir, cfg.csv.empty() ? "-" : cfg.csv, cfg.sim.message_header_bytes);
 }

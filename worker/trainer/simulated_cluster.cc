@@ -23,13 +23,15 @@ KindTraffic TrafficStats::Total() const {
 
 class SimulatedCluster::Endpoint final : public GradientExchange {
  public:
-  Endpoint(SimulatedCluster* cluster, int worker) : cluster_(cluster), worker_(worker) {}
+  Endpoint(SimulatedCluster* cluster, int worker)
+      : cluster_(cluster), worker_(worker), momentum_(cluster->options_.local_momentum) {}
 
   absl::Status Init() {
     for (size_t i = 0; i < cluster_->server_.size(); ++i) {
       ADAPS_ASSIGN_OR_RETURN(auto c, MakeCompressor(cluster_->tensor_options_[i]));
       compressors_.push_back(std::move(c));
       residues_.emplace_back(cluster_->server_[i].size());
+      momentum_.AddTensor(cluster_->server_[i].size());
     }
     counted_.resize(3);
     return absl::OkStatus();
@@ -50,7 +52,8 @@ class SimulatedCluster::Endpoint final : public GradientExchange {
                                                        p.grad.size(), " elements; expected '",
                                                        server[i].name, "' of ", server[i].size()));
       }
-      ADAPS_RETURN_IF_ERROR(compressors_[i]->Compress(p.grad, residues_[i], update_));
+      ADAPS_ASSIGN_OR_RETURN(absl::Span<const float> push, momentum_.Push(i, p.grad));
+      ADAPS_RETURN_IF_ERROR(compressors_[i]->Compress(push, residues_[i], update_));
       ADAPS_RETURN_IF_ERROR(EncodeUpdate(update_, cluster_->options_.coding, &out[i]));
       KindTraffic& c = counted_[static_cast<int>(p.kind)];
       const size_t header = cluster_->options_.message_header_bytes;
@@ -69,6 +72,7 @@ class SimulatedCluster::Endpoint final : public GradientExchange {
   int worker_;
   std::vector<std::unique_ptr<Compressor>> compressors_;
   std::vector<SliceState> residues_;
+  MomentumCorrection momentum_;
   CompressedUpdate update_;
   std::vector<KindTraffic> counted_;
 };
@@ -78,8 +82,10 @@ absl::StatusOr<std::unique_ptr<SimulatedCluster>> SimulatedCluster::Create(
   if (options.workers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("workers must be >= 1, got ", options.workers));
   }
-  if (!(options.learning_rate > 0.0f) || options.momentum < 0.0f || options.momentum >= 1.0f) {
-    return absl::InvalidArgumentError("learning rate must be > 0 and momentum in [0, 1)");
+  if (!(options.learning_rate > 0.0f) || options.momentum < 0.0f || options.momentum >= 1.0f ||
+      options.local_momentum < 0.0f || options.local_momentum >= 1.0f) {
+    return absl::InvalidArgumentError(
+        "learning rate must be > 0, momentum and local momentum in [0, 1)");
   }
   if (initial.empty()) return absl::InvalidArgumentError("no parameters");
   std::unique_ptr<SimulatedCluster> c(new SimulatedCluster(options));

@@ -48,6 +48,9 @@ struct SimulationOptions {
   CompressionConfig compression;
   float learning_rate = 0.05f;
   float momentum = 0.9f;
+  // The workers' momentum correction (adaps-worker --local_momentum, DGC): each worker pushes
+  // its velocity u = local_momentum * u + g, compressed with error feedback; 0: the gradient.
+  float local_momentum = 0.0f;
   // When > 0, the learning rate follows a cosine from learning_rate at step 0 down to 0 at
   // step decay_steps (and stays 0 after); otherwise it is constant.
   int64_t decay_steps = 0;
