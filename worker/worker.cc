@@ -73,6 +73,12 @@ absl::StatusOr<std::vector<SliceInfo>> Worker::Slices(absl::string_view name) co
   return impl_->Slices(name);
 }
 std::vector<std::string> Worker::TensorNames() const { return impl_->TensorNames(); }
+absl::Status Worker::SetResidue(absl::string_view name, absl::Span<const float> values) {
+  return impl_->SetResidue(name, values);
+}
+std::string Worker::ResidueCheckpointPath(const std::string& directory) const {
+  return impl_->ResidueCheckpointPath(directory);
+}
 absl::Status Worker::Leave() { return impl_->Leave(); }
 absl::Status Worker::Stop() { return impl_->Stop(); }
 

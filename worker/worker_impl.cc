@@ -3,9 +3,12 @@
 #include "worker/worker_impl.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/file_io.h"
@@ -278,19 +281,36 @@ absl::Status Worker::Impl::LoadResidues(const std::string& path) {
     }
     targets.push_back(*t);
   }
-  for (size_t i = 0; i < all.size(); ++i) {
-    Tensor* t = targets[i];
-    absl::MutexLock lock(&t->mu);
-    for (size_t k = 0; k < t->slices.size(); ++k) {
-      SliceState* residue = t->slices[k].residue.get();
-      if (residue == nullptr) continue;
-      const uint64_t offset = SliceRange(*t, k).first;
-      residue->Discard();
-      absl::Span<float> to = residue->residue();
-      std::copy(all[i].residue.begin() + offset, all[i].residue.begin() + offset + to.size(),
-                to.begin());
-    }
+  for (size_t i = 0; i < all.size(); ++i) WriteResidue(*targets[i], all[i].residue);
+  return absl::OkStatus();
+}
+
+void Worker::Impl::WriteResidue(Tensor& t, absl::Span<const float> values) {
+  absl::MutexLock lock(&t.mu);
+  for (size_t k = 0; k < t.slices.size(); ++k) {
+    SliceState* residue = t.slices[k].residue.get();
+    if (residue == nullptr) continue;
+    const uint64_t offset = SliceRange(t, k).first;
+    residue->Discard();
+    absl::Span<float> to = residue->residue();
+    std::copy(values.begin() + offset, values.begin() + offset + to.size(), to.begin());
   }
+  MeasureResidue(t, /*now_anyway=*/true);
+}
+
+absl::Status Worker::Impl::SetResidue(absl::string_view name, absl::Span<const float> values) {
+  ADAPS_ASSIGN_OR_RETURN(Tensor * t, Find(name));
+  ADAPS_RET_CHECK(t->spec.compression != Compression::kDense, absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("tensor '", t->spec.name, "' is sent dense: it has no residue"));
+  ADAPS_RET_CHECK(values.size() == t->length, absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("tensor '", t->spec.name, "' has ", t->length, " elements, ",
+                               values.size(), " residue values given"));
+  for (size_t i = 0; i < values.size(); ++i) {
+    ADAPS_RET_CHECK(std::isfinite(values[i]), absl::StatusCode::kInvalidArgument,
+                    absl::StrCat("residue of '", t->spec.name, "': element ", i,
+                                 " is not finite"));
+  }
+  WriteResidue(*t, values);
   return absl::OkStatus();
 }
 
@@ -396,7 +416,21 @@ absl::Status Worker::Impl::Checkpoint(const std::string& directory) {
       return msg::CreateCheckpoint(fbb, fbb.CreateString(directory), fbb.CreateString(Secret()));
     }));
   }
-  return absl::OkStatus();
+  if (directory.empty()) return absl::OkStatus();
+  std::error_code error;
+  std::filesystem::create_directories(directory, error);  // (an error shows in the write)
+  return SaveResidues(ResidueCheckpointPath(directory));
+}
+
+std::string Worker::Impl::ResidueCheckpointPath(const std::string& directory) const {
+  std::string who = options_.identity.empty() ? absl::StrCat("r", rank_) : options_.identity;
+  for (char& c : who) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' &&
+        c != '.') {
+      c = '_';
+    }
+  }
+  return absl::StrCat(directory, "/worker-", who, ".residues");
 }
 
 absl::StatusOr<TrafficCounters> Worker::Impl::Traffic(absl::string_view name) const {

@@ -65,11 +65,13 @@ class Worker::Impl {
   absl::Status PullParameters(absl::string_view name, absl::Span<float> out);
   absl::StatusOr<std::vector<uint32_t>> LastSent(absl::string_view name) const;
   absl::Status Residue(absl::string_view name, absl::Span<float> out) const;
+  absl::Status SetResidue(absl::string_view name, absl::Span<const float> values);
   absl::Status SaveResidues(const std::string& path) const;
   absl::Status LoadResidues(const std::string& path);
   absl::Status SetBinSize(absl::string_view name, uint32_t bin_size);
   absl::Status SetHyper(const std::vector<std::pair<std::string, double>>& params);
   absl::Status Checkpoint(const std::string& directory);
+  std::string ResidueCheckpointPath(const std::string& directory) const;
   absl::StatusOr<TrafficCounters> Traffic(absl::string_view name) const;
   absl::StatusOr<std::vector<SliceInfo>> Slices(absl::string_view name) const;
   std::vector<std::string> TensorNames() const;
@@ -167,6 +169,8 @@ class Worker::Impl {
 
   // Membership (membership.cc): common/cluster_client registers, heartbeats, re-registers
   // and guards views and shutdowns; OnView and OnShutdown are its callbacks (I/O thread).
+  // Writes `values` (the whole tensor's, checked) into t's residues, dropping a pending one.
+  void WriteResidue(Tensor& t, absl::Span<const float> values);
   absl::Status StartMetrics();
   // The L2 norm of every tensor's residues as last measured (the heartbeat reports it).
   float ResidueNorm() const;

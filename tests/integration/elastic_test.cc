@@ -269,6 +269,43 @@ TEST(Elastic, SchedulerRefusesAMaxWorkersBelowTheStartingCount) {
   EXPECT_THAT(scheduler.Log(), HasSubstr("max_workers (2) must be 0 or at least num_workers (3)"));
 }
 
+TEST(Elastic, CheckpointWritesTheWorkersResiduesForARestartToLoad) {
+  ClusterOptions c;
+  c.num_servers = 1;
+  c.num_workers = 1;
+  const std::string dir = ::adaps::testing::MakeTempDir();  // on this host for both roles
+  c.server_args = {"--optimizer=sum", "--checkpoint_dir=" + dir};
+  LocalCluster cluster(c);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  WorkerOptions o = Options(cluster.scheduler_address());
+  o.identity = "trainer/7";  // not a file name as it is
+  auto w = Worker::Create(o);
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<float> p(kBig, 0.0f), g(kBig), held(kBig), back(kBig);
+  for (size_t i = 0; i < kBig; ++i) g[i] = Grad(3, 0, i, 0);
+  ASSERT_TRUE((*w)->Declare({"a", {static_cast<int64_t>(kBig)}, 100, Compression::kAdaComp},
+                            absl::MakeSpan(p))
+                  .ok());
+  ASSERT_TRUE((*w)->PushPull("a", g, absl::MakeSpan(p)).get().ok());
+  ASSERT_TRUE((*w)->Residue("a", absl::MakeSpan(held)).ok());
+  absl::Status written = (*w)->Checkpoint(dir);
+  ASSERT_TRUE(written.ok()) << written;
+  const std::string path = (*w)->ResidueCheckpointPath(dir);
+  EXPECT_EQ(path, dir + "/worker-trainer_7.residues");
+  ASSERT_TRUE((*w)->SetResidue("a", std::vector<float>(kBig, 0.0f)).ok());
+  ASSERT_TRUE((*w)->LoadResidues(path).ok());
+  ASSERT_TRUE((*w)->Residue("a", absl::MakeSpan(back)).ok());
+  EXPECT_EQ(back, held);
+  std::vector<float> bad(kBig, 0.0f);
+  bad[5] = std::nanf("");
+  EXPECT_EQ((*w)->SetResidue("a", bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w)->SetResidue("a", std::vector<float>(3)).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*w)->Residue("a", absl::MakeSpan(back)).ok());
+  EXPECT_EQ(back, held);  // refused: nothing changed
+  EXPECT_TRUE((*w)->Stop().ok());
+}
+
 // Run as a child process (the test binary again, with --child_scheduler=ADDR): one AdaComp
 // push, prints the L2 norm of its residue, then heartbeats until killed.
 TEST(ElasticChild, DISABLED_PushOnceThenWait) {

@@ -16,7 +16,7 @@ worker.declare("x", params, compression="dense")
 for step in range(60):
     if worker.rank == 1 and step == 15 and not os.path.exists(marker):
         open(marker, "w").close()
-        print("FAILING on purpose", flush=True)
+        print("FAILING on purpose as", os.environ.get("ADAPS_IDENTITY", ""), flush=True)
         os._exit(3)
     worker.push_pull("x", np.ones(50, np.float32), params).wait()
     time.sleep(0.02)

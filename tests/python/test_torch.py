@@ -158,4 +158,6 @@ def test_launch_restarts_a_failed_worker_which_takes_its_rank_back(tmp_path):
     assert "starting it again, it rejoins with its rank" in out, out
     done = sorted(l.split("DONE ")[1] for l in out.splitlines() if "DONE rank" in l)
     assert len(done) == 2 and done[0].startswith("rank 0") and done[1].startswith("rank 1"), out
-    assert "-w1" in done[1], out  # the restarted process had worker 1's identity
+    # The restarted process had the failed one's identity, and got its rank back.
+    failed_as = out.split("FAILING on purpose as ")[1].split()[0]
+    assert done[1] == "rank 1 identity " + failed_as, out

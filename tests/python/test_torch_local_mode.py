@@ -319,3 +319,47 @@ def test_sparse_pulls_give_every_replica_what_dense_pulls_give_bit_for_bit(clust
             assert torch.equal(a, b)
     wire = lambda t: sum(d["pull_wire"] for d in t.values())  # noqa: E731
     assert wire(runs["sparse"][0][2]) < wire(runs["dense"][0][2]) / 2
+
+
+def test_state_dict_carries_each_workers_residues_and_restores_them(cluster):
+    # Each worker's opt.state_dict() holds its error-feedback residues and own-update share
+    # (issue 26: a restarted worker resumes exactly); load_state_dict puts them back, and
+    # another rank's are not loaded (its mass would be sent twice).
+    address = mean_cluster(cluster)
+    n = 400
+
+    def rank(w):
+        torch.manual_seed(3)
+        m = nn.Module()
+        m.p = nn.Parameter(torch.zeros(n))
+        opt = adaps.torch.DistributedOptimizer(torch.optim.AdamW([m.p], lr=0.01), m, w,
+                                               server_optimizer="mean", compression="adacomp",
+                                               bin_size=50)
+        g = torch.from_numpy(np.random.default_rng(w.rank).standard_normal(n).astype(np.float32))
+        for _ in range(3):
+            opt.zero_grad()
+            (m.p * g).sum().backward()
+            opt.step()
+        sd = opt.state_dict()
+        saved = sd["adaps"]["residues"]["p"].clone()
+        held = sd["adaps"]["held"]["p"].clone()
+        w.set_residue("p", np.zeros(n, np.float32))
+        opt.optimizer.state_dict()  # (torch's own part is unchanged in format)
+        opt.load_state_dict(sd)
+        now = np.zeros(n, np.float32)
+        w.residue("p", now)
+        with pytest.raises(adaps.Error) as bad:
+            w.set_residue("p", np.full(n, np.nan, np.float32))
+        other = dict(sd, adaps=dict(sd["adaps"], rank=1 - w.rank))
+        w.set_residue("p", np.zeros(n, np.float32))
+        with pytest.warns(UserWarning, match="not loaded"):
+            opt.load_state_dict(other)
+        untouched = np.zeros(n, np.float32)
+        w.residue("p", untouched)
+        return (sd["adaps"]["rank"] == w.rank, float(saved.abs().max()), np.array_equal(
+            now, saved.numpy()), bad.value.code == adaps.INVALID_ARGUMENT,
+            float(np.abs(untouched).max()), torch.equal(opt._params[0].held, held))
+    for same_rank, held_back, restored, refused, untouched, held_ok in run_ranks(address, 2,
+                                                                                   rank):
+        assert same_rank and held_back > 0 and restored and refused and held_ok
+        assert untouched == 0.0

@@ -396,6 +396,18 @@ void DefineModule(py::module_& m) {
           "`name` hold back: its error-feedback residue, zeros for a tensor pushed dense. "
           "Not while a push of the tensor is in flight.")
       .def(
+          "set_residue",
+          [](PyWorker& w, const std::string& name, py::object values) {
+            Borrowed v = Borrow(values, /*writable=*/false, "set_residue: values");
+            absl::Status st = w.get().SetResidue(name, absl::MakeConstSpan(v.data, v.size));
+            if (!st.ok()) RaiseStatus(st);
+          },
+          py::arg("name"), py::arg("values"),
+          "Sets what `name`'s error feedback holds back (float32, the tensor's length: what "
+          "residue() gave), e.g. from a checkpoint, so that a restarted worker resumes "
+          "exactly. Call it between steps. INVALID_ARGUMENT for a dense tensor, a wrong "
+          "length or a value that is not finite (nothing changes).")
+      .def(
           "save_residues",
           [](PyWorker& w, const std::string& path) {
             absl::Status st = w.get().SaveResidues(path);
@@ -448,7 +460,13 @@ void DefineModule(py::module_& m) {
             Worker& x = w.get();
             Blocking([&] { return x.Checkpoint(dir); });
           },
-          py::arg("directory"))
+          py::arg("directory"),
+          "Asks every server to write its shard under `directory` (server-side path; empty: "
+          "each server's --checkpoint_dir); with a directory this worker also writes its "
+          "residues there (residue_checkpoint_path), for load_residues after a restart.")
+      .def("residue_checkpoint_path",
+           [](PyWorker& w, const std::string& dir) { return w.get().ResidueCheckpointPath(dir); },
+           py::arg("directory"))
       .def("traffic", &Traffic, py::arg("name"))
       .def("slices", &Slices, py::arg("name"))
       .def("tensor_names", [](PyWorker& w) { return w.get().TensorNames(); })

@@ -195,6 +195,11 @@ class Worker {
   // alone would have taken the parameters. Must not overlap a push of the tensor.
   // kInvalidArgument for an undeclared tensor or a wrong length (`out` unchanged).
   absl::Status Residue(absl::string_view name, absl::Span<float> out) const;
+  // Sets what `name`'s error feedback holds back to `values` (what Residue gave, e.g. from a
+  // trainer's checkpoint), so that a restarted worker resumes exactly. Call it between
+  // steps. kInvalidArgument for an undeclared or dense tensor, a wrong length or a value
+  // that is not finite; nothing changes then.
+  absl::Status SetResidue(absl::string_view name, absl::Span<const float> values);
 
   // Writes every declared tensor's residue (the tensors with error feedback) to the file
   // `path` on this worker's host, replacing it atomically, so that a worker restarted with
@@ -225,8 +230,16 @@ class Worker {
   // Sets optimizer hyper-parameters on every server (learning_rate, momentum, weight_decay,
   // beta1, beta2, epsilon).
   absl::Status SetHyper(const std::vector<std::pair<std::string, double>>& params);
-  // Asks every server to write its shard under `directory` (server-side path).
+  // Asks every server to write its shard under `directory` (server-side path; empty: each
+  // server's --checkpoint_dir). With a directory, this worker also writes its residues
+  // there on its own host (created if missing), as ResidueCheckpointPath(directory) names
+  // it, so that a worker restarted with the same identity (or rank) resumes exactly with
+  // LoadResidues; every worker that calls it writes its own. kInternal with the path when
+  // that file cannot be written (the servers' shards are written by then).
   absl::Status Checkpoint(const std::string& directory);
+  // The file Checkpoint(directory) writes this worker's residues to:
+  // directory/worker-<identity, or r<rank> without one>.residues.
+  std::string ResidueCheckpointPath(const std::string& directory) const;
 
   // kInvalidArgument for an undeclared tensor.
   absl::StatusOr<TrafficCounters> Traffic(absl::string_view name) const;

@@ -10,7 +10,9 @@ Worker(scheduler, identity="", register_timeout=60.0, request_timeout=30.0,
     Registers with the scheduler and returns once the cluster formed.
     compression_threads: the pool that encodes pushes and decodes pulls off the caller's
     thread (0: on the caller's and the I/O thread, as before the pool).
-    .rank, .num_workers, .num_servers
+    .rank, .num_workers, .num_servers, .live_workers
+        num_workers: one past the highest rank (more once workers joined a running job);
+        live_workers: the workers live now, what the servers' steps average over.
     .declare(name, values, shape=None, bin_size=500, compression="adacomp",
              topk_fraction=0.001, pull="dense", fuse=True)
         Collective (every worker, same order). Rank 0's `values` become the initial
@@ -35,7 +37,13 @@ Worker(scheduler, identity="", register_timeout=60.0, request_timeout=30.0,
         The AdaComp bin size of this worker's pushes of `name` from the next push on (the
         residue is kept), e.g. for a sparsity warm-up; FAILED_PRECONDITION for a fused tensor
         (declare it with fuse=False).
+    .residue(name, out), .set_residue(name, values), .save_residues(path),
+    .load_residues(path), .residue_checkpoint_path(directory)
+        What the error feedback holds back; .checkpoint(dir) also writes this worker's
+        residues to residue_checkpoint_path(dir) for load_residues after a restart.
     .slices(name), .tensor_names(), .stop()
+    .leave()
+        Pushes every compressed tensor's residue (nothing lost), then stops.
 
 Arrays: NumPy float32 arrays and PyTorch CPU tensors are used in place (no copy) when
 C-contiguous float32; gradients of another dtype or layout are converted (one copy).

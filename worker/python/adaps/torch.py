@@ -184,7 +184,8 @@ def resolve_mode(mode, server_kind):
 
 class _Param:
     __slots__ = ("name", "param", "kind", "bin_size", "buf", "stage", "handle", "zeros",
-                 "used", "pushed_grad", "pushed_version", "snap", "velocity", "held")
+                 "used", "pushed_grad", "pushed_version", "snap", "velocity", "held",
+                 "compressed")
 
     def __init__(self, name, param, kind, bin_size):
         self.name = name
@@ -201,6 +202,7 @@ class _Param:
         self.snap = None      # update exchange: the parameter before the local step
         self.velocity = None  # momentum correction: what this worker pushes
         self.held = None      # own_updates: the part of this worker's residue in the model
+        self.compressed = False  # pushed with a compressor (so with error feedback)
 
 
 def _host_f32(shape, like):
@@ -303,6 +305,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for e in self._params:
             comp = compression.get(e.kind, "adacomp") if isinstance(compression, dict) \
                 else compression
+            e.compressed = _compressed(comp)
             self._declare(e, comp, topk_fraction, self.pull)
         self._used = None
         if self.exchange == "gradient" and self.mode == "local" and self._params:
@@ -701,11 +704,55 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 e.param.copy_(torch.from_numpy(e.buf).view_as(e.param))
 
     def state_dict(self):
-        return self.optimizer.state_dict()
+        """The torch optimizer's state_dict() plus, under "adaps", this worker's part of the
+        exchange: each compressed parameter's error-feedback residue (what it has not sent
+        yet), its momentum-correction velocity and its own-update share, and the rank. Each
+        worker saves its own to resume exactly; torch's load_state_dict ignores the key."""
+        sd = self.optimizer.state_dict()
+        residues, velocity, held = {}, {}, {}
+        for e in self._params:
+            if e.compressed:
+                r = np.zeros(e.buf.shape, np.float32)
+                self.worker.residue(e.name, r)
+                residues[e.name] = torch.from_numpy(r)
+            if e.velocity is not None:
+                velocity[e.name] = e.velocity.clone()
+            if e.held is not None:
+                held[e.name] = e.held.clone()
+        sd["adaps"] = {"rank": self.worker.rank, "residues": residues, "velocity": velocity,
+                       "held": held}
+        return sd
 
     def load_state_dict(self, state_dict):
+        """Loads a state_dict(): the torch optimizer's part, and this worker's exchange state
+        when the "adaps" part was saved by the same rank (another rank's residues would send
+        that rank's mass twice: it is then left out, with a warning)."""
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("adaps", None)
         self.optimizer.load_state_dict(state_dict)
         self._bind()
+        if extra is None:
+            return
+        if extra.get("rank") != self.worker.rank:
+            warnings.warn("adaps.torch: the exchange state (residues) of rank %s is not loaded "
+                          "into rank %d; only the optimizer's state is"
+                          % (extra.get("rank"), self.worker.rank), stacklevel=2)
+            return
+        by_name = {e.name: e for e in self._params}
+        for kind in ("residues", "velocity", "held"):
+            for name in extra.get(kind, {}):
+                if name not in by_name:
+                    raise ValueError("adaps.torch: the checkpoint's %s holds '%s', which this "
+                                     "optimizer does not train" % (kind, name))
+        for name, value in extra.get("residues", {}).items():
+            e = by_name[name]
+            if e.compressed:
+                self.worker.set_residue(name, value.detach().to(torch.float32).contiguous()
+                                        .reshape(e.buf.shape).numpy())
+        for name, value in extra.get("velocity", {}).items():
+            by_name[name].velocity = value.detach().to(torch.float32).clone()
+        for name, value in extra.get("held", {}).items():
+            by_name[name].held = value.detach().to(torch.float32).clone()
 
     def traffic(self):
         """{layer type: {"push_dense", "push_wire", "pull_dense", "pull_wire": bytes,
