@@ -253,7 +253,9 @@ bool Scheduler::Rejoin(const InMessage& in, const std::string& identity,
     n.checkpoint_steps = StepList(reg->checkpoint_steps());
     n.register_request = in.envelope()->request_id();
     n.last_seen = absl::Now();
-    const bool was_dead = !n.alive;
+    // (One that had left, e.g. a script that stopped its worker as it failed, is announced
+    // as one that died: the servers count it again only from the view that says it is back.)
+    const bool was_dead = !n.alive || n.left;
     n.alive = true;
     n.left = false;
     metrics_->Registered(n.role);

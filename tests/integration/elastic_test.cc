@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -63,8 +64,10 @@ struct Trainer {
   int pushes = 0;
   std::vector<float> count_after_step;  // c[0] after each step
 
-  absl::Status Start(const std::string& scheduler) {
-    auto w = Worker::Create(Options(scheduler));
+  absl::Status Start(const std::string& scheduler, const std::string& identity = "") {
+    WorkerOptions o = Options(scheduler);
+    o.identity = identity;
+    auto w = Worker::Create(o);
     if (!w.ok()) return w.status();
     worker = *std::move(w);
     TensorSpec ta{"a", {static_cast<int64_t>(kBig)}, 100, Compression::kAdaComp};
@@ -138,21 +141,49 @@ ClusterOptions Elastic(int start, int max) {
   return c;
 }
 
+// Two workers grow to four; a joiner leaves (Worker::Leave) and the other stops; one of the
+// first two is restarted mid-run with its residues saved and loaded.
 TEST(Elastic, AJobGrowsFromTwoToFourWorkersWithEveryReplicaTheServersAndNothingLost) {
   LocalCluster cluster(Elastic(2, 4));
   ASSERT_FALSE(cluster.scheduler_address().empty());
-  constexpr int kSteps = 30, kJoinerSteps = 12, kJoinAt = 6;
+  constexpr int kSteps = 30, kJoinerSteps = 12, kJoinAt = 6, kRestartAt = 10;
   std::vector<Trainer> t(4);
   for (int i = 0; i < 4; ++i) t[i].who = i;
   std::atomic<int> joiners_done{0};
+  // Worker 0 steps until the three others are done (it must not sit idle while they
+  // push: a sync step waits for every live worker), however a thread ends.
+  std::atomic<int> others_done{0};
+  struct CountsDone {
+    explicit CountsDone(std::atomic<int>& counter) : n(counter) {}
+    CountsDone(const CountsDone&) = delete;
+    ~CountsDone() { ++n; }
+    std::atomic<int>& n;
+  };
   std::atomic<int> rank0_step{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < 2; ++i) {
     threads.emplace_back([&, i] {
-      ASSERT_TRUE(t[i].Start(cluster.scheduler_address()).ok());
+      const std::string identity = i == 1 ? "restarts" : "";
+      ASSERT_TRUE(t[i].Start(cluster.scheduler_address(), identity).ok());
       EXPECT_EQ(t[i].worker->live_workers(), 2);
-      for (int s = 0; s < kSteps; ++s) {
+      std::optional<CountsDone> done;
+      if (i != 0) done.emplace(others_done);
+      for (int s = 0; s < kSteps || (i == 0 && others_done < 3 && s < 20 * kSteps); ++s) {
         if (i == 0) rank0_step = s;
+        if (i == 1 && s == kRestartAt) {
+          // A restart: its residues saved, the process gone (Stop, as a failing script's
+          // exit does), a new one with the same identity takes its rank back and loads them.
+          const std::string saved = cluster.dir() + "/w1.residues";
+          ASSERT_TRUE(t[i].worker->SaveResidues(saved).ok());
+          const int rank = t[i].worker->rank();
+          ASSERT_TRUE(t[i].worker->Stop().ok());
+          t[i].worker.reset();
+          absl::Status back = t[i].Start(cluster.scheduler_address(), identity);
+          ASSERT_TRUE(back.ok()) << back;
+          EXPECT_EQ(t[i].worker->rank(), rank);
+          t[i].ExpectReplicaIsTheServers();
+          ASSERT_TRUE(t[i].worker->LoadResidues(saved).ok());
+        }
         absl::Status st = t[i].Step(s);
         ASSERT_TRUE(st.ok()) << "worker " << i << " step " << s << ": " << st;
         // Slow enough that the joiners come in while these train.
@@ -167,6 +198,7 @@ TEST(Elastic, AJobGrowsFromTwoToFourWorkersWithEveryReplicaTheServersAndNothingL
   }
   for (int j = 2; j < 4; ++j) {
     threads.emplace_back([&, j] {
+      CountsDone done(others_done);
       while (rank0_step < kJoinAt) absl::SleepFor(absl::Milliseconds(5));
       absl::Status started = t[j].Start(cluster.scheduler_address());
       ASSERT_TRUE(started.ok()) << started;
