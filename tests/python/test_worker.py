@@ -290,22 +290,28 @@ def test_stop_waits_for_a_slow_scheduler_within_the_request_timeout(cluster):
         resume.cancel()
 
 
-def test_backup_workers_complete_a_step_without_the_straggler_and_keep_its_push(cluster):
-    # --backup_workers=1 with 2 workers: each step completes with the first push; the
-    # straggler's push of an earlier step goes into the step in progress (issue 26).
-    c = cluster(2, server_args=["--optimizer=sum", "--backup_workers=1"])
+def two_workers(c, n, **declare):
+    """Two workers of cluster `c` (registration and Declare wait for both, hence threads),
+    each with tensor "x" of n zeros declared with `declare` (unfused); (workers, values)."""
     made = [None, None]
-    vals = [np.zeros(8, np.float32), np.zeros(8, np.float32)]
+    vals = [np.zeros(n, np.float32), np.zeros(n, np.float32)]
 
-    def make(i):  # registration and Declare wait for both workers
+    def make(i):
         made[i] = adaps.Worker(c.address, request_timeout=10)
-        made[i].declare("x", vals[i], compression="dense", fuse=False)
+        made[i].declare("x", vals[i], fuse=False, **declare)
     threads = [threading.Thread(target=make, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    (a, b), (va, vb) = made, vals
+    return made, vals
+
+
+def test_backup_workers_complete_a_step_without_the_straggler_and_keep_its_push(cluster):
+    # --backup_workers=1 with 2 workers: each step completes with the first push; the
+    # straggler's push of an earlier step goes into the step in progress (issue 26).
+    c = cluster(2, server_args=["--optimizer=sum", "--backup_workers=1"])
+    (a, b), (va, vb) = two_workers(c, 8, compression="dense")
     start = time.time()
     a.push_pull("x", np.full(8, 1, np.float32), va).wait()  # B has not pushed: no wait
     assert time.time() - start < 5
@@ -337,18 +343,7 @@ def test_leave_pushes_the_residues_and_live_workers_follows(cluster):
     # Worker.leave sends what the error feedback held back (issue 26): with sum-only servers
     # the parameters are then the sum of every gradient, less what the staying worker holds.
     c = cluster(2, server_args=["--optimizer=sum"])
-    made = [None, None]
-    vals = [np.zeros(300, np.float32), np.zeros(300, np.float32)]
-
-    def make(i):  # registration and Declare wait for both workers
-        made[i] = adaps.Worker(c.address, request_timeout=10)
-        made[i].declare("x", vals[i], compression="adacomp", bin_size=50, fuse=False)
-    threads = [threading.Thread(target=make, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    (a, b), (va, vb) = made, vals
+    (a, b), (va, vb) = two_workers(c, 300, compression="adacomp", bin_size=50)
     assert a.live_workers == 2 and b.live_workers == 2 and a.num_workers == 2
     rng = np.random.default_rng(7)
     ga, gb = (rng.normal(size=300).astype(np.float32) for _ in range(2))
