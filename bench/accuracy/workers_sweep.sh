@@ -6,10 +6,16 @@
 # 0.05 cosine, biases compressed), seeds 1 and 2. Prints one row per run and a Markdown
 # table of means.
 #   bash bench/accuracy/workers_sweep.sh [BUILD_DIR] [WORKER_COUNTS...]
+# MODEL=cnn (default mlp), TRAIN_LIMIT=N (default 0: all 60000 images) and LR (default 0.05)
+# in the environment.
 set -euo pipefail
 build=${1:-build}
 shift || true
 counts=${*:-"4 16 32 64"}
+model=${MODEL:-mlp}
+limit=${TRAIN_LIMIT:-0}
+lr=${LR:-0.05}
+images=$(( limit > 0 ? limit : 60000 ))
 sim="$build/worker/trainer/adaps-train-sim"
 [[ -x "$sim" ]] || { echo "no $sim: ninja -C $build adaps-train-sim" >&2; exit 2; }
 out=$(mktemp)
@@ -18,12 +24,12 @@ for w in $counts; do
   batch=$((256 / w))
   for comp in dense adacomp; do
     for seed in 1 2; do
-      line=$("$sim" --model=mlp --workers="$w" --batch="$batch" --epochs=3 --seed="$seed" \
+      line=$("$sim" --model="$model" --train_limit="$limit" --lr="$lr" --workers="$w" --batch="$batch" --epochs=3 --seed="$seed" \
                --compressor="$comp" --momentum=0 --local_momentum=0.9 --compress_bias 2>&1 |
                grep '^final:')
       acc=$(sed -E 's/.*test_acc ([0-9.]+).*/\1/' <<<"$line")
       mb=$(sed -E 's/.*pushed ([0-9.]+) MB instead.*/\1/' <<<"$line")
-      steps=$((3 * (60000 / w / batch)))
+      steps=$((3 * (images / w / batch)))
       kb=$(awk -v mb="$mb" -v w="$w" -v s="$steps" 'BEGIN{printf "%.1f", mb*1000/(w*s)}')
       echo "workers $w batch $batch $comp seed $seed test_acc $acc push_kb_per_worker_step $kb ($(uptime | sed 's/.*load/load/'))"
       echo "$w $comp $acc $kb" >>"$out"
