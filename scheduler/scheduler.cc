@@ -294,7 +294,9 @@ bool Scheduler::Join(const InMessage& in, const std::string& identity) {
   node.last_seen = absl::Now();
   // The barriers the others wait at now complete without it; it meets them at the next.
   node.first_barrier = next_barrier_;
-  if (!barriers_.empty()) node.first_barrier = std::max(node.first_barrier, barriers_.rbegin()->first + 1);
+  if (!barriers_.empty()) {
+    node.first_barrier = std::max(node.first_barrier, barriers_.rbegin()->first + 1);
+  }
   nodes_.push_back(node);
   metrics_->Registered(node.role);
   UpdateNodeMetrics();
@@ -365,7 +367,8 @@ void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
   auto body = msg::CreateClusterView(
       fbb, node.rank, config_.num_servers, WorkerRanks(), epoch_, fbb.CreateVector(infos),
       static_cast<uint32_t>(absl::ToInt64Milliseconds(config_.heartbeat_interval)), rejoined,
-      std::max(next_barrier_, node.first_barrier), fbb.CreateString(job_id_), secret, worker_secrets, restore_step);
+      std::max(next_barrier_, node.first_barrier), fbb.CreateString(job_id_), secret,
+      worker_secrets, restore_step);
   transport_->SendRoute(node.route,
                         FinishEnvelope(fbb, transport_->self(), body, 0, reply_to));
   metrics_->ViewSent(epoch_);
