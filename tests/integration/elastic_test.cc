@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <future>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -299,6 +300,69 @@ TEST(Elastic, SchedulerRefusesAMaxWorkersBelowTheStartingCount) {
       ::adaps::testing::MakeTempDir() + "/scheduler.log");
   EXPECT_EQ(scheduler.WaitExit(absl::Seconds(10)), 2);
   EXPECT_THAT(scheduler.Log(), HasSubstr("max_workers (2) must be 0 or at least num_workers (3)"));
+}
+
+TEST(Elastic, AJoinerThatHasNotDeclaredYetHoldsUpNobodysStep) {
+  ClusterOptions c;
+  c.num_servers = 1;
+  c.num_workers = 2;
+  c.scheduler_args = {"--max_workers=3"};
+  c.server_args = {"--optimizer=sum"};
+  LocalCluster cluster(c);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  std::vector<std::unique_ptr<Worker>> w(3);
+  std::vector<std::vector<float>> p(3, std::vector<float>(kCount, 0.0f));
+  const std::vector<float> ones(kCount, 1.0f);
+  auto declare = [&](int i) {
+    WorkerOptions o = Options(cluster.scheduler_address());
+    o.request_timeout = absl::Seconds(3);
+    auto made = Worker::Create(o);
+    ASSERT_TRUE(made.ok()) << made.status();
+    w[i] = *std::move(made);
+    ASSERT_TRUE(w[i]->Declare({"c", {static_cast<int64_t>(kCount)}, 100, Compression::kDense},
+                              absl::MakeSpan(p[i]))
+                    .ok());
+  };
+  // Steps of the workers in `who` at once; each step adds one per pusher.
+  auto steps = [&](std::vector<int> who, int n) {
+    for (int s = 0; s < n; ++s) {
+      std::vector<std::future<absl::Status>> f;
+      for (int i : who) f.push_back(w[i]->PushPull("c", ones, absl::MakeSpan(p[i])));
+      for (auto& x : f) ASSERT_TRUE(x.get().ok()) << "step " << s;
+    }
+  };
+  {
+    std::thread t0([&] { declare(0); });
+    declare(1);
+    t0.join();
+  }
+  ASSERT_TRUE(w[0] && w[1]);
+  steps({0, 1}, 3);
+  EXPECT_EQ(p[0][0], 6.0f);
+  // A third worker joins (registered, live in every view) but does not declare for a while:
+  // the others' steps go on without it (they would wait past their 3 s deadline otherwise).
+  WorkerOptions o = Options(cluster.scheduler_address());
+  o.request_timeout = absl::Seconds(3);
+  auto joined = Worker::Create(o);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  w[2] = *std::move(joined);
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  while (w[0]->live_workers() != 3 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(w[0]->live_workers(), 3);
+  absl::SleepFor(absl::Milliseconds(300));  // every server saw the view with it
+  steps({0, 1}, 5);
+  EXPECT_EQ(p[0][0], 16.0f);
+  // Once it declared, it takes part: three pushes a step, its first values the current ones.
+  ASSERT_TRUE(w[2]->Declare({"c", {static_cast<int64_t>(kCount)}, 100, Compression::kDense},
+                            absl::MakeSpan(p[2]))
+                  .ok());
+  EXPECT_EQ(p[2][0], 16.0f);
+  steps({0, 1, 2}, 2);
+  EXPECT_EQ(p[0][0], 22.0f);
+  EXPECT_EQ(p[2][0], 22.0f);
+  for (auto& x : w) EXPECT_TRUE(x->Stop().ok());
+  std::string why;
+  EXPECT_TRUE(cluster.AllExitCleanly(absl::Seconds(10), &why)) << why;
 }
 
 TEST(Elastic, CheckpointWritesTheWorkersResiduesForARestartToLoad) {
