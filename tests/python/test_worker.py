@@ -1,4 +1,5 @@
 """The adaps Python module over a real local cluster: buffers, results, errors."""
+import os
 import signal
 import threading
 import time
@@ -271,6 +272,20 @@ def test_sparse_pulls_write_the_servers_parameters_and_are_refused_on_momentum(c
     w.stop()
 
 
+def wait_stopped(pid, timeout=5.0):
+    """True once every thread of process `pid` is stopped (state T), within `timeout`."""
+    end = time.time() + timeout
+    while time.time() < end:
+        states = []
+        for tid in os.listdir("/proc/%d/task" % pid):
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if states and all(st in ("T", "t") for st in states):
+            return True
+        time.sleep(0.005)
+    return False
+
+
 def test_stop_waits_for_a_slow_scheduler_within_the_request_timeout(cluster):
     # 64 workers leaving at once on 2 cores kept the scheduler's answer to Leave past the
     # fixed 2 s it had (issue 26: two workers ended with DEADLINE_EXCEEDED after training
@@ -280,6 +295,9 @@ def test_stop_waits_for_a_slow_scheduler_within_the_request_timeout(cluster):
     w.declare("x", np.zeros(10, np.float32))
     c.scheduler.send_signal(signal.SIGSTOP)
     try:
+        # The stop takes effect when the scheduler's threads next run: on a loaded machine
+        # its I/O thread answered the Leave before that (seen under a full ctest -j2).
+        assert wait_stopped(c.scheduler.pid), "the scheduler did not stop on SIGSTOP"
         resume = threading.Timer(3.5, lambda: c.scheduler.send_signal(signal.SIGCONT))
         resume.start()
         start = time.time()
