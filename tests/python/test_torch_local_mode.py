@@ -344,7 +344,6 @@ def test_state_dict_carries_each_workers_residues_and_restores_them(cluster):
         saved = sd["adaps"]["residues"]["p"].clone()
         held = sd["adaps"]["held"]["p"].clone()
         w.set_residue("p", np.zeros(n, np.float32))
-        opt.optimizer.state_dict()  # (torch's own part is unchanged in format)
         opt.load_state_dict(sd)
         now = np.zeros(n, np.float32)
         w.residue("p", now)

@@ -75,7 +75,8 @@ a step whatever the gradient's size, so a gradient that arrives in AdaComp's bur
 far less than the same gradient arriving a little every step (docs/accuracy.md, the zoo).
 With SGD and momentum this is DGC's momentum correction exactly. What differs from DDP, and
 why: each worker's optimizer state (momentum, Adam's moments) is its own, fed by its own
-gradients (rank 0's state_dict() is a valid checkpoint for any rank); with
+gradients (rank 0's state_dict() is a valid optimizer checkpoint for any rank; its "adaps"
+part, the residues, loads only into rank 0); with
 torch.optim.Adam/AdamW and second_moment="global" (the default) each step's denominator is
 the estimate of the global batch's second moment from this worker's moments, not its own
 batch's, which is up to W times larger where the gradient noise dominates (adaps.torch_moments;
@@ -215,7 +216,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     Args:
       optimizer: the torch optimizer over the parameters to train (it shares its
-        param_groups and state with this object; state_dict() is its state_dict()).
+        param_groups and state with this object; state_dict() is its state_dict() plus
+        this worker's exchange state under "adaps": residues, velocities, own shares).
       model: the torch.nn.Module (names, layer types, the state broadcast at start).
       worker: an adaps.Worker (default: adaps.worker_from_env()).
       mode: "server" or "local" (default: from server_optimizer).
