@@ -149,6 +149,8 @@ void MainProgram::CatchStopSignals() {
   std::signal(SIGTERM, OnSignal);
 }
 
+int MainProgram::StopSignal() { return g_signal; }
+
 int MainProgram::WaitForShutdownOrSignal(const std::function<bool(absl::Duration)>& wait) {
   while (!wait(absl::Milliseconds(200))) {
     if (g_signal != 0) return g_signal;

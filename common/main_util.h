@@ -57,6 +57,8 @@ class MainProgram {
 
   // Records SIGINT and SIGTERM (the handler only stores the number).
   static void CatchStopSignals();
+  // The stop signal caught so far (SIGINT or SIGTERM), 0 if none.
+  static int StopSignal();
   // Calls wait(200 ms) until it returns true (0) or a stop signal was caught (its number).
   static int WaitForShutdownOrSignal(const std::function<bool(absl::Duration)>& wait);
 

@@ -237,8 +237,29 @@ int main(int argc, char** argv) {
       return program.Fail(s);
     }
   }
+  // SIGTERM or SIGINT (an operator scaling the job in, a launcher stopping it): finish the
+  // step in flight, then leave with nothing lost (Worker::Leave pushes the residues).
+  adaps::MainProgram::CatchStopSignals();
+  auto stop_requested = [] { return adaps::MainProgram::StopSignal() != 0; };
+  if (train.ok()) train->stop_requested = stop_requested;
+  if (synthetic.ok()) synthetic->stop_requested = stop_requested;
   absl::Status status = mode == "train" ? adaps::RunTraining(**worker, *train)
                                          : adaps::RunSynthetic(**worker, *synthetic);
+  if (absl::IsCancelled(status) && adaps::MainProgram::StopSignal() != 0) {
+    auto logger = adaps::MakeLogger("worker", (*worker)->rank(), options.log_level);
+    const int sig = adaps::MainProgram::StopSignal();
+    absl::Status left = (*worker)->Leave();
+    if (!ready_file.empty()) std::remove(ready_file.c_str());
+    if (!left.ok()) {
+      return program.Fail(absl::Status(left.code(), absl::StrCat("signal ", sig, ": ",
+                                                                 status.message(),
+                                                                 "; leaving failed: ",
+                                                                 left.message())));
+    }
+    logger->info("signal {}: {}; left the job with every residue pushed", sig,
+                 std::string(status.message()));
+    return adaps::kExitOk;
+  }
   absl::Status stop = (*worker)->Stop();
   if (!ready_file.empty()) std::remove(ready_file.c_str());
   if (!status.ok()) return program.Fail(status);

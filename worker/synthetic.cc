@@ -186,6 +186,9 @@ absl::Status RunSynthetic(Worker& worker, const SyntheticConfig& config) {
   TrafficCounters before;
   Phases timed;
   for (int step = 0; step < config.warmup + config.steps; ++step) {
+    if (config.stop_requested && config.stop_requested()) {
+      return absl::CancelledError(absl::StrCat("stop requested before step ", step));
+    }
     if (step == config.warmup) {
       ADAPS_ASSIGN_OR_RETURN(before, Totals(worker, m));
     }

@@ -4,6 +4,7 @@
 #define ADAPS_WORKER_SYNTHETIC_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -24,6 +25,8 @@ struct SyntheticConfig {
   // step sleeps this long before each layer's PushPull, as a backward pass produces the
   // gradients one by one. Zero: every layer is pushed at once.
   absl::Duration backward_per_layer = absl::ZeroDuration();
+  // Asked before each step (null: never): true ends the run there with kCancelled.
+  std::function<bool()> stop_requested;
 };
 
 // "25M", "1.5K", "1000", "2G" (decimal). kInvalidArgument otherwise.

@@ -58,8 +58,13 @@ class ClusterExchange final : public trainer::GradientExchange {
   }
 
   void set_step_delay(absl::Duration delay) { delay_ = delay; }
+  void set_stop_requested(std::function<bool()> f) { stop_requested_ = std::move(f); }
 
   absl::Status Exchange(int64_t step, std::vector<ParamTensor>& params) override {
+    // Between steps: the last step's pulls are done, nothing of this one is pushed yet.
+    if (stop_requested_ && stop_requested_()) {
+      return absl::CancelledError(absl::StrCat("stop requested before step ", step));
+    }
     if (delay_ > absl::ZeroDuration()) absl::SleepFor(delay_);
     if (worker_->rank() == 0 && cosine_ && decay_steps_ > 0) {
       // Rank 0 sets the rate before its own push of this step, so the servers apply
@@ -101,6 +106,7 @@ class ClusterExchange final : public trainer::GradientExchange {
   // --local_momentum: what each tensor pushes (its gradient, or its velocity).
   trainer::MomentumCorrection momentum_;
   absl::Duration delay_;
+  std::function<bool()> stop_requested_;
   std::vector<CompressorKind> kinds_;
   std::function<absl::Status(int64_t)> after_step_;
 };
@@ -215,6 +221,7 @@ class TrainingRun {
         &worker_, static_cast<int64_t>(steps_) * epochs_, cfg_.learning_rate, cfg_.cosine,
         cfg_.local_momentum);
     exchange_->set_step_delay(absl::Milliseconds(cfg_.step_delay_ms));
+    exchange_->set_stop_requested(cfg_.stop_requested);
     if (lead_) ADAPS_RETURN_IF_ERROR(worker_.SetHyper({{"learning_rate", cfg_.learning_rate}}));
     ADAPS_RETURN_IF_ERROR(worker_.Barrier());
     ADAPS_RETURN_IF_ERROR(exchange_->Declare(model_->params(), cfg_));

@@ -6,6 +6,7 @@
 #define ADAPS_WORKER_TRAIN_MODE_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -33,6 +34,9 @@ struct TrainConfig {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   trainer::CompressionConfig compression;
   PullFormat pull = PullFormat::kDense;
+  // Asked before each step's exchange (null: never): true ends the run there, between
+  // steps with nothing in flight, with kCancelled (adaps-worker then leaves: Worker::Leave).
+  std::function<bool()> stop_requested;
 };
 
 // Runs the whole training on `worker`; prints progress on stdout (rank 0: every line,

@@ -8,13 +8,16 @@
 // tensor of all-ones pushes, how many workers each step counted.
 #include <atomic>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <future>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "adaps/worker.h"
 #include "gmock/gmock.h"
@@ -476,6 +479,73 @@ TEST(Elastic, AWorkerThatDiesIsReportedWithTheResidueItTookWithIt) {
   EXPECT_GT(want, 1.0);
   EXPECT_NEAR(got, want, 1e-4 * want) << "printed " << printed << ", reported " << reported;
   EXPECT_TRUE((*w)->Stop().ok());
+}
+
+// The adaps-worker application on SIGTERM (an operator scaling the job in, a launcher
+// stopping it) finishes its step, pushes its residues (Worker::Leave) and exits 0; the job
+// goes on without it and the scheduler records a leave, not a death with lost residues.
+TEST(Elastic, TheWorkerApplicationLeavesOnSigtermWithItsResiduesPushed) {
+  ClusterOptions c;
+  c.num_servers = 1;
+  c.num_workers = 2;
+  c.scheduler_args = {"--log_level=info"};
+  LocalCluster cluster(c);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  std::vector<std::unique_ptr<Process>> apps;
+  for (int i = 0; i < 2; ++i) {
+    apps.push_back(std::make_unique<Process>(
+        ADAPS_WORKER_BIN,
+        std::vector<std::string>{"--scheduler=" + cluster.scheduler_address(),
+                                 "--mode=synthetic", "--tensors=200K", "--layers=2",
+                                 "--steps=1000000", "--warmup=0", "--backward_ms=10",
+                                 "--compressor=adacomp", "--log_level=info",
+                                 "--register_timeout_ms=20000",
+                                 absl::StrCat("--ready_file=", cluster.dir(), "/w", i, ".ready")},
+        absl::StrCat(cluster.dir(), "/w", i, ".log")));
+  }
+  // Rank 0 prints every step; the other one is sent SIGTERM.
+  int leaver = -1;
+  for (absl::Time end = absl::Now() + absl::Seconds(20); leaver < 0 && absl::Now() < end;) {
+    for (int i = 0; i < 2; ++i) {
+      std::FILE* f = std::fopen(absl::StrCat(cluster.dir(), "/w", i, ".ready").c_str(), "r");
+      int rank = -1;
+      if (f != nullptr) {
+        if (std::fscanf(f, "%d", &rank) != 1) rank = -1;
+        std::fclose(f);
+      }
+      if (rank == 1) leaver = i;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_GE(leaver, 0) << apps[0]->Log() << apps[1]->Log();
+  Process& gone = *apps[leaver];
+  Process& stays = *apps[1 - leaver];
+  const auto steps_printed = [&] {
+    const std::string log = stays.Log();
+    int n = 0;
+    for (size_t at = log.find("\nstep "); at != std::string::npos; at = log.find("\nstep ", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  for (absl::Time end = absl::Now() + absl::Seconds(20); steps_printed() < 5 && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_GE(steps_printed(), 5) << stays.Log();
+  gone.Signal(SIGTERM);
+  EXPECT_EQ(gone.WaitExit(absl::Seconds(20)), 0) << gone.Log();
+  EXPECT_THAT(gone.Log(), HasSubstr("left the job with every residue pushed")) << gone.Log();
+  // The job goes on with one worker.
+  const int at_leave = steps_printed();
+  for (absl::Time end = absl::Now() + absl::Seconds(20);
+       steps_printed() < at_leave + 5 && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_GE(steps_printed(), at_leave + 5) << stays.Log();
+  EXPECT_THAT(cluster.scheduler().Log(), ::testing::Not(HasSubstr("took residues of L2 norm")));
+  stays.Signal(SIGTERM);
+  EXPECT_EQ(stays.WaitExit(absl::Seconds(20)), 0) << stays.Log();
+  EXPECT_THAT(stays.Log(), HasSubstr("left the job with every residue pushed"));
 }
 
 }  // namespace
