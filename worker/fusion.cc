@@ -225,7 +225,7 @@ absl::Status Worker::Impl::DeclareFused(Tensor& t, absl::Span<float> values, boo
       init));
   if (!rejoined_) ADAPS_RETURN_IF_ERROR(Barrier());
   uint64_t incarnation = 0;
-  const int peer = ServerPeer(m.info.server, &incarnation);
+  const int peer = links_->Peer(m.info.server, &incarnation);
   flatbuffers::FlatBufferBuilder fbb(128);
   auto p = msg::CreatePullRequest(fbb, m.key, 0, 0, ReplicaFormat(in.spec.pull));
   ADAPS_ASSIGN_OR_RETURN(InMessage r, Call(peer, fbb, p, nullptr, options_.request_timeout));

@@ -45,6 +45,7 @@ Worker::Impl::Impl(const WorkerOptions& options)
   callbacks.on_view = [this](const msg::ClusterView& view) { OnView(view); };
   callbacks.on_shutdown = [this](const absl::Status& status) { OnShutdown(status); };
   cluster_ = std::make_unique<ClusterClient>(*transport_, log_, copts, std::move(callbacks));
+  links_ = std::make_unique<ServerLinks>(transport_.get(), &log_);
 }
 
 Worker::Impl::~Impl() { Stop().IgnoreError(); }
@@ -97,7 +98,7 @@ absl::Status Worker::Impl::ApplyRegistration(const msg::ClusterView& view) {
   rank_ = view.your_rank();
   num_workers_ = view.num_workers();
   num_servers_ = view.num_servers();
-  ADAPS_RETURN_IF_ERROR(ConnectServers(view));
+  ADAPS_RETURN_IF_ERROR(links_->Connect(view, num_servers_));
   rejoined_ = view.rejoined();
   registered_at_ = absl::Now();
   live_workers_ = LiveWorkersOf(view);
@@ -107,45 +108,6 @@ absl::Status Worker::Impl::ApplyRegistration(const msg::ClusterView& view) {
   }
   log_.get()->info("registered: worker {} of {} live, {} servers", rank_, live_workers_.load(),
                    num_servers_);
-  return absl::OkStatus();
-}
-
-absl::Status Worker::Impl::ConnectServers(const msg::ClusterView& view) {
-  std::vector<std::string> addresses(num_servers_);
-  std::vector<bool> restartable(num_servers_, false);
-  if (view.nodes()) {
-    for (const auto* n : *view.nodes()) {
-      if (n->role() == msg::Role::Server && n->rank() >= 0 && n->rank() < num_servers_ &&
-          n->address()) {
-        addresses[n->rank()] = n->address()->str();
-        restartable[n->rank()] = n->identity() && n->identity()->size() > 0;
-      }
-    }
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    server_incarnation_.assign(num_servers_, 0);
-    server_restartable_ = restartable;
-    server_alive_.assign(num_servers_, true);
-  }
-  for (int s = 0; s < num_servers_; ++s) {
-    ADAPS_RET_CHECK(!addresses[s].empty(), absl::StatusCode::kDataLoss,
-                    absl::StrCat("cluster view without an address for server ", s));
-    ADAPS_ASSIGN_OR_RETURN(int p, transport_->Connect(addresses[s]));
-    absl::MutexLock lock(&mu_);
-    server_peer_.push_back(p);
-  }
-  // The addresses belong to the I/O thread (OnView compares against them): hand them over.
-  std::promise<void> handed;
-  if (!transport_->Post([this, &addresses, &handed] {
-        ADAPS_DCHECK_ON_IO_THREAD(transport_);
-        server_address_ = addresses;
-        server_dead_.assign(addresses.size(), false);
-        handed.set_value();
-      })) {
-    return absl::FailedPreconditionError("transport stopped while registering");
-  }
-  handed.get_future().wait();
   return absl::OkStatus();
 }
 
@@ -168,11 +130,6 @@ std::string Worker::Impl::Secret() const {
   return secret_;
 }
 
-int Worker::Impl::ServerPeer(int server) const {
-  absl::MutexLock lock(&mu_);
-  return server_peer_[server];
-}
-
 absl::Status Worker::Impl::Stop() {
   bool leave = false;
   {
@@ -181,6 +138,7 @@ absl::Status Worker::Impl::Stop() {
     stopped_ = true;
     leave = rank_ >= 0 && !shutdown_;
   }
+  links_->Close();  // a retry waiting for a server gives up
   FailStagedFusion(absl::FailedPreconditionError("the worker stopped"));
   absl::Status status;
   // As long as any request may take: a scheduler busy with many workers leaving at once on
@@ -219,13 +177,13 @@ void Worker::Impl::Handle(InMessage in) {
 void Worker::Impl::OnShutdown(const absl::Status& status) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const std::string why = status.ok() ? "the cluster has shut down" : std::string(status.message());
-  std::vector<int> peers;
   {
     absl::MutexLock lock(&mu_);
     shutdown_ = true;
     shutdown_status_ = status.ok() ? absl::FailedPreconditionError(why) : status;
-    peers = server_peer_;
   }
+  links_->Close();
+  const std::vector<int> peers = links_->Peers();
   // Nothing in flight will be answered now: fail it at once with the reason.
   const absl::StatusCode code = status.code() == absl::StatusCode::kUnavailable
                                     ? absl::StatusCode::kUnavailable
@@ -247,47 +205,7 @@ void Worker::Impl::OnView(const msg::ClusterView& view) {
   }
   if (view.nodes() == nullptr) return;
   live_workers_ = LiveWorkersOf(view);
-  for (const auto* n : *view.nodes()) {
-    if (n->role() != msg::Role::Server || n->rank() < 0 || n->rank() >= num_servers_) continue;
-    const int r = n->rank();
-    // The registration answer arrives before the servers are connected: nothing to update.
-    if (static_cast<size_t>(r) >= server_address_.size()) continue;
-    if (!n->alive()) {
-      if (!server_dead_[r]) log_.get()->warn("server {} declared dead", r);
-      server_dead_[r] = true;
-      {
-        absl::MutexLock lock(&mu_);
-        server_alive_[r] = false;
-      }
-      transport_->FailPeer(ServerPeer(r),
-                           absl::UnavailableError(absl::StrCat("server ", r, " declared dead")));
-      continue;
-    }
-    const std::string address = n->address() ? n->address()->str() : "";
-    if (address.empty() || (address == server_address_[r] && !server_dead_[r])) continue;
-    int peer = ServerPeer(r);
-    if (address != server_address_[r]) {
-      auto moved = transport_->Connect(address);
-      if (!moved.ok()) {
-        log_.get()->error("server {} moved to {}: {}", r, address, moved.status().ToString());
-        continue;
-      }
-      peer = *moved;
-    }
-    log_.get()->warn("server {} restarted at {}: reconnected", r, address);
-    int old;
-    {
-      absl::MutexLock lock(&mu_);
-      old = server_peer_[r];
-      server_peer_[r] = peer;
-      ++server_incarnation_[r];
-      server_alive_[r] = true;
-      server_restartable_[r] = n->identity() && n->identity()->size() > 0;
-    }
-    server_address_[r] = address;
-    server_dead_[r] = false;
-    transport_->FailPeer(old, absl::UnavailableError(absl::StrCat("server ", r, " restarted")));
-  }
+  links_->ApplyView(view);
 }
 
 }  // namespace adaps

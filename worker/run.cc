@@ -34,18 +34,8 @@ void Fulfil(RunOp& op, const absl::Status& status) {
 
 }  // namespace
 
-int Worker::Impl::ServerPeer(int server, uint64_t* incarnation) const {
-  absl::MutexLock lock(&mu_);
-  *incarnation = server_incarnation_[server];
-  return server_peer_[server];
-}
-
 std::vector<size_t> Worker::Impl::StaleSlices(Tensor& t) {
-  std::vector<uint64_t> now;
-  {
-    absl::MutexLock lock(&mu_);
-    now = server_incarnation_;
-  }
+  const std::vector<uint64_t> now = links_->Incarnations();
   std::vector<size_t> stale;
   absl::MutexLock lock(&t.mu);
   for (size_t i = 0; i < t.meta.size(); ++i) {
@@ -60,7 +50,7 @@ absl::Status Worker::Impl::ResyncSlices(Tensor& t, const std::vector<size_t>& sl
   std::vector<uint64_t> incarnations;
   for (size_t i : slices) {
     uint64_t incarnation = 0;
-    ServerPeer(t.meta[i].info.server, &incarnation);
+    links_->Peer(t.meta[i].info.server, &incarnation);
     incarnations.push_back(incarnation);
   }
   ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls,
@@ -175,7 +165,7 @@ void Worker::Impl::SendParts(const std::shared_ptr<RunOp>& op, const std::vector
   }
   for (size_t i : slices) {
     uint64_t incarnation = 0;
-    const int peer = ServerPeer(t.meta[i].info.server, &incarnation);
+    const int peer = links_->Peer(t.meta[i].info.server, &incarnation);
     {
       absl::MutexLock op_lock(&op->mu);
       RunOp::Part& part = op->parts[i];
@@ -309,10 +299,12 @@ bool Worker::Impl::Retryable(RunOp& op, size_t i, const absl::Status& status) {
     absl::MutexLock lock(&op.mu);
     stale_step = op.parts[i].synced_incarnation != op.parts[i].sent_incarnation;
   }
-  absl::MutexLock lock(&mu_);
-  if (stopped_ || shutdown_) return false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_ || shutdown_) return false;
+  }
   // The server went away, and can come back with its rank.
-  if (status.code() == absl::StatusCode::kUnavailable) return server_restartable_[server];
+  if (status.code() == absl::StatusCode::kUnavailable) return links_->Restartable(server);
   // Sent with a step learned from an earlier incarnation (the server moved between the
   // staleness check and the send): the restored shard refused the step.
   return status.code() == absl::StatusCode::kFailedPrecondition && stale_step;
@@ -354,18 +346,6 @@ void Worker::Impl::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool /*p
   if (!PostRetry([this, op, failed] { Retry(op, failed); })) Fulfil(*op, first);
 }
 
-bool Worker::Impl::WaitForNewIncarnation(int server, uint64_t old, absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return server_incarnation_[server] != old || server_alive_[server] || stopped_ || shutdown_;
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-  // (Alive in the same incarnation: it answered kUnavailable while still registering, and
-  // ResyncWithin asks it again.)
-  return (server_incarnation_[server] != old || server_alive_[server]) && !stopped_ &&
-         !shutdown_;
-}
-
 void Worker::Impl::Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices) {
   absl::Status why;
   absl::Time until;
@@ -382,7 +362,8 @@ void Worker::Impl::Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> s
     }
     // A refused stale step needs no wait: the server is back already.
     if (part.error.code() != absl::StatusCode::kUnavailable) continue;
-    if (!WaitForNewIncarnation(op->t->meta[i].info.server, part.sent_incarnation, until)) {
+    if (!links_->WaitForNewIncarnation(op->t->meta[i].info.server, part.sent_incarnation,
+                                       until)) {
       if (auto s = CheckRunning(); !s.ok()) return Fulfil(*op, s);
       return Fulfil(*op, absl::Status(why.code(),
                                       absl::StrCat(why.message(), " (the server did not come "

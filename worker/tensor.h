@@ -47,7 +47,7 @@ struct SliceRt {
   std::vector<float> replica;           // recompressed pulls: what the server published
   uint64_t replica_version = 0;
   uint64_t step = 0;  // the step this slice pushes next (the server's version)
-  // The incarnation of the slice's server (Worker::Impl::server_incarnation_) that `step`
+  // The incarnation of the slice's server (ServerLinks, worker/server_links.h) that `step`
   // and `replica` were learned from; another one means resynchronize first.
   uint64_t incarnation = 0;
   // A resync found the server behind: a pull alone waits for this version.

@@ -94,7 +94,7 @@ absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
   std::vector<uint64_t> incarnations;
   for (const SliceMeta& m : t.meta) {
     uint64_t incarnation = 0;
-    ServerPeer(m.info.server, &incarnation);
+    links_->Peer(m.info.server, &incarnation);
     incarnations.push_back(incarnation);
   }
   ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls,
@@ -158,7 +158,7 @@ absl::StatusOr<std::vector<InMessage>> Worker::Impl::PullAllDense(
     const SliceMeta& m = t.meta[i];
     flatbuffers::FlatBufferBuilder b(128);
     auto p = msg::CreatePullRequest(b, m.key, 0, 0, format);
-    ADAPS_ASSIGN_OR_RETURN(InMessage r, Call(ServerPeer(m.info.server), b, p, nullptr,
+    ADAPS_ASSIGN_OR_RETURN(InMessage r, Call(links_->Peer(m.info.server), b, p, nullptr,
                                              options_.request_timeout));
     ADAPS_RET_CHECK(r.envelope()->body_as_PullResponse() != nullptr &&
                         r.payload().size() == uint64_t{m.info.length} * sizeof(float),

@@ -40,6 +40,7 @@
 #include "common/transport.h"
 #include "worker/fusion.h"
 #include "worker/job_pool.h"
+#include "worker/server_links.h"
 #include "worker/tensor.h"
 #include "worker/worker_metrics.h"
 
@@ -99,10 +100,7 @@ class Worker::Impl {
 
   absl::Status CheckRunning();
   absl::StatusOr<Tensor*> Find(absl::string_view name) const;
-  int ServerPeer(int server) const;
   std::string Secret() const;
-  // The server's current peer id and incarnation (bumped each time it restarted).
-  int ServerPeer(int server, uint64_t* incarnation) const;
 
   // Data path (worker_impl.cc).
   absl::StatusOr<std::unique_ptr<Tensor>> NewTensor(const TensorSpec& spec, uint64_t length);
@@ -161,9 +159,6 @@ class Worker::Impl {
   bool Retryable(RunOp& op, size_t i, const absl::Status& status);
   // Retry thread: waits for the restarted servers, resynchronizes, sends again.
   void Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices);
-  // Waits until the server is alive (not declared dead), or has another incarnation than
-  // `old`; false at the deadline or when the worker stops.
-  bool WaitForNewIncarnation(int server, uint64_t old, absl::Time deadline);
   bool PostRetry(std::function<void()> job);
   void RetryLoop();
 
@@ -175,7 +170,6 @@ class Worker::Impl {
   // The L2 norm of every tensor's residues as last measured (the heartbeat reports it).
   float ResidueNorm() const;
   absl::Status ApplyRegistration(const msg::ClusterView& view);
-  absl::Status ConnectServers(const msg::ClusterView& view);
   void Handle(InMessage in);
   void OnShutdown(const absl::Status& status);
   void OnView(const msg::ClusterView& view);
@@ -188,6 +182,8 @@ class Worker::Impl {
   std::unique_ptr<WorkerMetrics> worker_metrics_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<ClusterClient> cluster_;
+  // The servers' peers, incarnations and liveness (its own lock; after the transport).
+  std::unique_ptr<ServerLinks> links_;
   // Set in Init, read-only afterwards.
   int rank_ = -1;
   int num_workers_ = 0;
@@ -196,17 +192,7 @@ class Worker::Impl {
   absl::Time registered_at_;
   // The live workers of the latest view (this one included): the job's worker count now.
   std::atomic<int> live_workers_{0};
-  std::vector<int> server_peer_ ABSL_GUARDED_BY(mu_);  // changes when a server moves
-  // Per server: bumped when it restarted (moved, or came back after being declared dead).
-  std::vector<uint64_t> server_incarnation_ ABSL_GUARDED_BY(mu_);
-  // Per server: it has an identity, so a restart can take its rank back (worth waiting for).
-  std::vector<bool> server_restartable_ ABSL_GUARDED_BY(mu_);
-  // Per server: not declared dead (false from the view saying so until it is back).
-  std::vector<bool> server_alive_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> barrier_seq_{0};
-  // I/O thread only (ADAPS_DCHECK_ON_IO_THREAD).
-  std::vector<std::string> server_address_;
-  std::vector<bool> server_dead_;
 
   // Null with compression_threads = 0. Stopped (drained) after the transport in Stop.
   std::unique_ptr<JobPool> pool_;
@@ -254,7 +240,7 @@ absl::Status Worker::Impl::CallServerResuming(int server, Build build, SharedByt
   const absl::Time deadline = absl::Now() + options_.request_timeout;
   while (true) {
     uint64_t incarnation = 0;
-    const int peer = ServerPeer(server, &incarnation);
+    const int peer = links_->Peer(server, &incarnation);
     flatbuffers::FlatBufferBuilder fbb(256);
     auto body = build(fbb);
     absl::Status st = Call(peer, fbb, body, payload, options_.request_timeout).status();
@@ -272,8 +258,8 @@ absl::Status Worker::Impl::CallServerResuming(int server, Build build, SharedByt
     }
     // Wait for the restarted server's view (or pace a server still registering), then ask
     // again either way.
-    WaitForNewIncarnation(server, incarnation,
-                          std::min(deadline, absl::Now() + absl::Milliseconds(100)));
+    links_->WaitForNewIncarnation(server, incarnation,
+                                  std::min(deadline, absl::Now() + absl::Milliseconds(100)));
     absl::SleepFor(absl::Milliseconds(20));
   }
 }
