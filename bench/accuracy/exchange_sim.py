@@ -110,6 +110,7 @@ def main():
     ap.add_argument("--vfix", type=int, default=0)  # update exchange: global-batch second moment
     ap.add_argument("--eval-residue", type=int, default=0)
     ap.add_argument("--virtual", type=int, default=0)
+    ap.add_argument("--share", type=float, default=0)  # with --virtual: the own residue's weight (overrides 1 or 1/W)
     ap.add_argument("--lrmul", type=float, default=1.0)  # update exchange: lr factor (diagnosis)
     ap.add_argument("--sched", default="cos"); ap.add_argument("--d", type=int, default=64); ap.add_argument("--warm", type=int, default=0)
     a = ap.parse_args()
@@ -145,13 +146,14 @@ def main():
             st = torch.randint(0, len(tr) - a.L - 1, (a.bs,), generator=gens[r]).tolist()
             x = torch.stack([tr[s:s + a.L] for s in st]); y = torch.stack([tr[s + 1:s + a.L + 1] for s in st])
             model.zero_grad()
+            vw = a.share or (1 / W if a.virtual == 2 else 1)
             if a.virtual and a.mode == "update":  # the gradient at this worker's own view
                 with torch.no_grad():
-                    for i, p in enumerate(params): p += res[r][i].view_as(p) / (W if a.virtual == 2 else 1)
+                    for i, p in enumerate(params): p += res[r][i].view_as(p) * vw
             F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
             if a.virtual and a.mode == "update":
                 with torch.no_grad():
-                    for i, p in enumerate(params): p -= res[r][i].view_as(p) / (W if a.virtual == 2 else 1)
+                    for i, p in enumerate(params): p -= res[r][i].view_as(p) * vw
             grads.append([p.grad.detach().clone() for p in params])
         warm = t < a.warmup_dense
         if a.mode == "ef21":
