@@ -54,6 +54,9 @@ void Scheduler::OnBarrier(InMessage& in) {
            metric_labels::kReasonUnknownNode);
     return;
   }
+  for (auto& n : nodes_) {
+    if (n.role == msg::Role::Worker && n.rank == env->sender_rank()) n.barrier_seen = true;
+  }
   barriers_[env->body_as_Barrier()->seq()].push_back(
       BarrierWaiter{in.route(), env->request_id(), env->sender_rank()});
   ReleaseBarriers();
@@ -66,6 +69,7 @@ void Scheduler::ReleaseBarriers() {
     for (const auto& n : nodes_) {
       if (n.role != msg::Role::Worker || !n.alive || n.left) continue;
       if (n.first_barrier > it->first) continue;  // joined while the others waited here
+      if (!n.barrier_seen) continue;  // joined, and has not called a barrier yet
       ++expected;
       for (const auto& w : it->second) {
         if (w.rank == n.rank) {

@@ -217,6 +217,14 @@ void Scheduler::OnRegister(InMessage& in) {
       reg->role() == msg::Role::Server ? config_.num_servers : config_.num_workers;
   const int have = static_cast<int>(std::count_if(
       nodes_.begin(), nodes_.end(), [&](const Node& n) { return n.role == reg->role(); }));
+  if (have >= want && reg->role() == msg::Role::Worker &&
+      config_.num_workers + static_cast<int>(early_joiners_.size()) < config_.max_workers) {
+    // Elastic: more workers than the job starts with came at once; they join once it forms.
+    log_.get()->info("a worker beyond --num_workers={} registered before the job formed: it "
+                     "joins once it has", config_.num_workers);
+    early_joiners_.push_back(std::move(in));
+    return;
+  }
   if (have >= want) {
     return Reject(in,
                   absl::FailedPreconditionError(absl::StrCat(
@@ -297,6 +305,7 @@ bool Scheduler::Join(const InMessage& in, const std::string& identity) {
   if (!barriers_.empty()) {
     node.first_barrier = std::max(node.first_barrier, barriers_.rbegin()->first + 1);
   }
+  node.barrier_seen = false;
   nodes_.push_back(node);
   metrics_->Registered(node.role);
   UpdateNodeMetrics();
@@ -346,6 +355,9 @@ void Scheduler::Form() {
     SendView(n, n.register_request);
   }
   ReleaseBarriers();
+  std::vector<InMessage> early = std::move(early_joiners_);
+  early_joiners_.clear();
+  for (InMessage& in : early) OnRegister(in);  // formed now: each joins (or is refused)
 }
 
 void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {

@@ -116,6 +116,9 @@ class Scheduler {
     // Workers: the first barrier this one takes part in (one that joined a running job does
     // not hold up the barriers the others were already waiting at).
     uint64_t first_barrier = 0;
+    // Workers that joined a running job: no barrier waits for them until they call one (a
+    // trainer that joins skips the start-up barriers the others may not have reached yet).
+    bool barrier_seen = true;
     // Workers: the L2 norm of their residues at the latest heartbeat (-1: never reported).
     float residue_norm = -1.0f;
   };
@@ -191,6 +194,9 @@ class Scheduler {
   std::map<std::string, Layout> layouts_;
   std::vector<uint64_t> server_load_;
   std::map<uint64_t, std::vector<BarrierWaiter>> barriers_;
+  // Workers that registered before the job formed, past --num_workers but within
+  // --max_workers: they join it (Join) as soon as it forms.
+  std::vector<InMessage> early_joiners_;
   uint64_t next_barrier_ = 0;  // one past the highest barrier released
   bool view_broadcast_posted_ = false;  // BroadcastViewSoon's, not yet run
 

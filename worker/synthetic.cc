@@ -181,7 +181,8 @@ absl::Status RunSynthetic(Worker& worker, const SyntheticConfig& config) {
   ADAPS_RET_CHECK(config.steps >= 1 && config.warmup >= 0, absl::StatusCode::kInvalidArgument,
                   "steps must be >= 1 and warmup >= 0");
   ADAPS_ASSIGN_OR_RETURN(Layers m, DeclareLayers(worker, config));
-  ADAPS_RETURN_IF_ERROR(worker.Barrier());
+  // (The start-up barrier is behind a worker that joined a running job.)
+  if (!worker.rejoined()) ADAPS_RETURN_IF_ERROR(worker.Barrier());
   const bool print = worker.rank() == 0;
   TrafficCounters before;
   Phases timed;

@@ -177,9 +177,15 @@ class TrainingRun {
 
   absl::Status Run() {
     ADAPS_RETURN_IF_ERROR(Prepare());
+    const int live_at_start = worker_.live_workers();
     if (lead_) PrintSetup();
     ADAPS_RETURN_IF_ERROR(RunEpochs());
     ADAPS_RETURN_IF_ERROR(PrintFinal());
+    // The barriers are positions in the job (the scheduler numbers them): a worker that joined
+    // mid-job, or a job whose membership changed, does not end together with the others, and
+    // a final barrier would hold those still training (their steps wait for the one at the
+    // barrier). Such a worker leaves instead, pushing its residues (Worker::Leave).
+    if (worker_.rejoined() || worker_.live_workers() != live_at_start) return worker_.Leave();
     return worker_.Barrier();
   }
 
@@ -223,7 +229,8 @@ class TrainingRun {
     exchange_->set_step_delay(absl::Milliseconds(cfg_.step_delay_ms));
     exchange_->set_stop_requested(cfg_.stop_requested);
     if (lead_) ADAPS_RETURN_IF_ERROR(worker_.SetHyper({{"learning_rate", cfg_.learning_rate}}));
-    ADAPS_RETURN_IF_ERROR(worker_.Barrier());
+    // (The start-up barrier is behind a worker that joined a running job.)
+    if (!worker_.rejoined()) ADAPS_RETURN_IF_ERROR(worker_.Barrier());
     ADAPS_RETURN_IF_ERROR(exchange_->Declare(model_->params(), cfg_));
     loop_ = std::make_unique<trainer::Trainer>(
         model_.get(), exchange_.get(), &train_,

@@ -18,6 +18,7 @@ Worker::~Worker() = default;
 int Worker::rank() const { return impl_->rank(); }
 int Worker::num_workers() const { return impl_->num_workers(); }
 int Worker::live_workers() const { return impl_->live_workers(); }
+bool Worker::rejoined() const { return impl_->rejoined(); }
 int Worker::num_servers() const { return impl_->num_servers(); }
 
 absl::Status Worker::Declare(const TensorSpec& spec, absl::Span<float> values) {

@@ -57,6 +57,7 @@ class Worker::Impl {
   int rank() const { return rank_; }
   int num_workers() const { return num_workers_; }
   int live_workers() const { return live_workers_.load(); }
+  bool rejoined() const { return rejoined_; }
   int num_servers() const { return num_servers_; }
 
   absl::Status Declare(const TensorSpec& spec, absl::Span<float> values);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <optional>
@@ -546,6 +547,41 @@ TEST(Elastic, TheWorkerApplicationLeavesOnSigtermWithItsResiduesPushed) {
   stays.Signal(SIGTERM);
   EXPECT_EQ(stays.WaitExit(absl::Seconds(20)), 0) << stays.Log();
   EXPECT_THAT(stays.Log(), HasSubstr("left the job with every residue pushed"));
+}
+
+// Workers of the adaps-worker application that join while the first ones are still starting
+// (declaring, at their start-up barriers) hold up no barrier: they skip the start-up barriers
+// (Worker::rejoined) and the scheduler waits for a joiner only at barriers from the first one
+// it calls. Before, the first workers' declaration barriers waited for joiners that never
+// came, and the job failed at the barrier deadline.
+TEST(Elastic, ApplicationWorkersThatJoinDuringStartUpHoldUpNoBarrier) {
+  for (const char* mode : {"synthetic", "train"}) {
+    SCOPED_TRACE(mode);
+    if (std::string(mode) == "train" &&
+        !std::filesystem::exists("/usr/share/datasets/fashion-mnist")) {
+      continue;  // Fashion-MNIST is not installed: the synthetic mode alone
+    }
+    ClusterOptions options = Elastic(2, 4);
+    options.server_args = {"--optimizer=sgd"};
+    LocalCluster cluster(options);
+    ASSERT_FALSE(cluster.scheduler_address().empty());
+    std::vector<std::unique_ptr<Process>> apps;
+    for (int i = 0; i < 4; ++i) {
+      std::vector<std::string> args = {"--scheduler=" + cluster.scheduler_address(),
+                                       std::string("--mode=") + mode, "--compressor=adacomp",
+                                       "--log_level=warn", "--register_timeout_ms=15000",
+                                       "--request_timeout_ms=15000"};
+      if (std::string(mode) == "synthetic") {
+        args.insert(args.end(), {"--tensors=200K", "--layers=3", "--steps=20", "--warmup=0"});
+      } else {
+        args.insert(args.end(), {"--model=mlp", "--max_steps=30", "--train_limit=4000",
+                                 "--test_limit=500"});
+      }
+      apps.push_back(std::make_unique<Process>(ADAPS_WORKER_BIN, args,
+                                               absl::StrCat(cluster.dir(), "/w", i, ".log")));
+    }
+    for (auto& app : apps) EXPECT_EQ(app->WaitExit(absl::Seconds(60)), 0) << app->Log();
+  }
 }
 
 }  // namespace

@@ -159,6 +159,10 @@ class Worker {
   // servers' steps average over now (it changes as workers join, leave or die).
   int live_workers() const;
   int num_servers() const;
+  // This worker registered into a running job: it joined it (adaps-scheduler --max_workers)
+  // or came back after a restart. The job's start-up barriers are behind the others, so a
+  // trainer does not wait at them (Declare already skips its own).
+  bool rejoined() const;
 
   // Collective: every worker declares the same tensors in the same order. Rank 0's
   // `values` become the initial parameters; on return `values` holds them on every worker.
