@@ -11,18 +11,23 @@
 # table (step time, bytes per step per worker, time to --target, final accuracy) and a plot
 # of test accuracy against training time. Needs root. Run by hand, under `nice -n 10`.
 #
-#   bench/vs_torch.sh [--rate 100mbit|1gbit|none] [--model mlp|cnn] [--seed S]
-#                     [--systems "ddp powersgd fp16 adaps adacomp"] [--target ACC]
+#   bench/vs_torch.sh [--rate 100mbit|10mbit|1mbit|1gbit|none] [--model mlp|cnn] [--seed S]
+#                     [--systems "ddp powersgd fp16 adaps adacomp adacomp-colo"] [--target ACC]
+#                     [--max-steps-dense N]  (ddp, fp16, adaps: stop after N steps; the
+#                      summary extrapolates their time to the target from another rate's run)
 #                     [--build DIR] [--results DIR] [--servers N] [--timeout S]
 #                     [--adacomp-recipe dgc|plain]  (dgc: the main command's, docs/accuracy.md)
 #                     [-- trainer flags, e.g. --epochs 2 --train-size 16000 --eval-every 25]
 #   bench/vs_torch.sh --summarize [--results DIR] [--target ACC]   table + plots only
-# ADAPS_SERVER_FLAGS: extra adaps-server flags for both adaps systems (e.g. --engine_threads=1).
+# adacomp-colo is adacomp with one server beside every worker (BytePS-style, as
+# deploy/launch.sh --colocate): server i on worker i's host, so no link carries every
+# worker's traffic; the scheduler stays on host 4.
+# ADAPS_SERVER_FLAGS: extra adaps-server flags for the adaps systems (e.g. --engine_threads=1).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 rate=100mbit model=mlp seed=1 systems="ddp powersgd fp16 adaps adacomp" target=""
 bin="$repo/build" results="$repo/bench/race/results" servers=1 timeout=900 summarize_only=0
-adaps_mode=server adacomp_recipe=dgc
+adaps_mode=server adacomp_recipe=dgc max_steps_dense=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rate) rate=$2; shift 2 ;;
@@ -36,6 +41,7 @@ while [[ $# -gt 0 ]]; do
     --adaps-mode) adaps_mode=$2; shift 2 ;;
     --adacomp-recipe) adacomp_recipe=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
+    --max-steps-dense) max_steps_dense=$2; shift 2 ;;
     --summarize) summarize_only=1; shift ;;
     -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
@@ -57,15 +63,16 @@ if [[ $summarize_only == 1 ]]; then summarize; exit $?; fi
 [[ $rate == none || $rate =~ ^[0-9]+[kmg]bit$ ]] ||
   { echo "vs_torch: --rate is like 100mbit, 1gbit or none" >&2; exit 2; }
 [[ $servers =~ ^[1-9]$ ]] || { echo "vs_torch: --servers is 1-9" >&2; exit 2; }
+[[ $max_steps_dense =~ ^[0-9]+$ ]] || { echo "vs_torch: --max-steps-dense is a step count" >&2; exit 2; }
 [[ $adacomp_recipe == dgc || $adacomp_recipe == plain ]] ||
   { echo "vs_torch: --adacomp-recipe is dgc or plain" >&2; exit 2; }
 [[ $adaps_mode == server || $adaps_mode == local ]] ||
   { echo "vs_torch: --adaps-mode is server or local" >&2; exit 2; }
 for s in $systems; do
-  [[ " ddp powersgd fp16 adaps adacomp " == *" $s "* ]] ||
+  [[ " ddp powersgd fp16 adaps adacomp adacomp-colo " == *" $s "* ]] ||
     { echo "vs_torch: unknown system '$s'" >&2; exit 2; }
 done
-if [[ " $systems " == *" adaps "* || " $systems " == *" adacomp "* ]]; then
+if [[ " $systems " == *" adaps"* ]]; then
   for exe in scheduler/adaps-scheduler server/adaps-server python/adaps/__init__.py; do
     [[ -e "$bin/$exe" ]] || { echo "vs_torch: $bin/$exe missing; build it first:" \
       "ninja -C build adaps-scheduler adaps-server adaps_python" >&2; exit 2; }
@@ -107,8 +114,12 @@ run() {  # system
   port=$((port + 10))
   rm -f "$json"
   echo "== $sys, $model, links $rate, seed $seed ($(uptime | sed 's/.*load/load/'))" >&2
-  local common_args=(--system "$sys" --model "$model" --seed "$seed" --world 4
-                     --label "$rate" "${extra[@]}")
+  local tsys=$sys colo=0 nserv=$servers
+  [[ $sys == adacomp-colo ]] && tsys=adacomp colo=1 nserv=4
+  local common_args=(--system "$tsys" --system-name "$sys" --model "$model" --seed "$seed"
+                     --world 4 --label "$rate" "${extra[@]}")
+  [[ $max_steps_dense -gt 0 && ($sys == ddp || $sys == fp16 || $sys == adaps) ]] &&
+    common_args+=(--max-steps "$max_steps_dense")
   local workers=() infra=() sb=() s0
   : >"$log"
   if [[ $sys == ddp || $sys == powersgd || $sys == fp16 ]]; then
@@ -123,7 +134,7 @@ run() {  # system
     # The main command's recipe (docs/accuracy.md): momentum on the workers, SGD here, pulls
     # recompressed at bin 100; the CNN's at 25 (docs/benchmarks.md, the race's notes: 0.7 pp
     # better on it, while the MLP loses at 25 and 10).
-    if [[ $sys == adacomp && $adaps_mode == server && $adacomp_recipe == dgc ]]; then
+    if [[ $tsys == adacomp && $adaps_mode == server && $adacomp_recipe == dgc ]]; then
       local pull_bin=100
       [[ $model == cnn ]] && pull_bin=25
       server_opt=sgd server_extra+=(--pull_bin_size=$pull_bin)
@@ -131,11 +142,12 @@ run() {  # system
     # Last, so that they can override the recipe's (the last of a repeated flag wins).
     server_extra+=(${ADAPS_SERVER_FLAGS:-})
     s0=$(host_bytes 4)
-    on 4 "$bin/scheduler/adaps-scheduler" --host=0.0.0.0 --port="$port" --num_servers="$servers" \
+    on 4 "$bin/scheduler/adaps-scheduler" --host=0.0.0.0 --port="$port" --num_servers="$nserv" \
       --num_workers=4 --log_level=warn > >(sed -u "s/^/[sched] /" >>"$log") 2>&1 &
     infra+=($!)
-    for ((i = 0; i < servers; i++)); do
+    for ((i = 0; i < nserv; i++)); do
       local h=$((4 + i)) sp=$((port + 1 + i))
+      [[ $colo == 1 ]] && h=$i
       on "$h" "$bin/server/adaps-server" --scheduler="$sched" --host=0.0.0.0 --port="$sp" \
         --advertise="tcp://$(addr "$h"):$sp" --optimizer="$server_opt" "${server_extra[@]}" --mode=sync --log_level=warn \
         > >(sed -u "s/^/[s$i] /" >>"$log") 2>&1 &

@@ -18,12 +18,13 @@ import re
 import statistics
 import sys
 
-SYSTEMS = ("ddp", "powersgd", "fp16", "adaps", "adacomp")
+SYSTEMS = ("ddp", "powersgd", "fp16", "adaps", "adacomp", "adacomp-colo")
 NAMES = {"ddp": "DDP (gloo allreduce)", "powersgd": "DDP + PowerSGD rank 4",
          "fp16": "DDP + fp16 hook", "adaps": "adaps dense/dense",
-         "adacomp": "adaps AdaComp/recompressed"}
+         "adacomp": "adaps AdaComp/recompressed",
+         "adacomp-colo": "adaps AdaComp/recompressed, a server beside each worker"}
 TARGETS = {"mlp": 0.80, "cnn": 0.82}
-RATES = ("100mbit", "1gbit", "none")
+RATES = ("1mbit", "10mbit", "100mbit", "1gbit", "none")
 
 
 def merge(a):
@@ -52,12 +53,29 @@ def reach(res, target):
     return next((t for _, t, acc in res["evals"] if acc >= target), None)
 
 
+def truncated(res):
+    return 0 < res.get("max_steps", 0) and res["steps"] < res.get("total_steps", res["steps"])
+
+
+def extrapolated(res, target, others):
+    """A run stopped after its first steps (--max-steps): its median step times the steps the
+    same system and model took to the target in a whole run at another rate (the same seed's
+    if there is one). None where no whole run reached it."""
+    whole = [o for o in others if not truncated(o) and reach_step(o, target) is not None]
+    if not whole:
+        return None
+    same = [o for o in whole if o["seed"] == res["seed"]] or whole
+    return res["step_ms_median"] / 1e3 * statistics.mean(reach_step(o, target) for o in same)
+
+
 def reach_step(res, target):
     return next((s for s, _, acc in res["evals"] if acc >= target), None)
 
 
 def one_line(res, target):
     t = reach(res, target)
+    if not res["evals"]:
+        return "  %s: step %.1f ms (median), no evaluation" % (res["system"], res["step_ms_median"])
     return ("  %s: step %.1f ms (median), %.1f KB/step/worker, final acc %.4f, time to %.2f: "
             "%s, train time %.1f s" % (res["system"], res["step_ms_median"],
                                        res.get("bytes_per_step_worker", 0) / 1e3,
@@ -91,8 +109,10 @@ def fmt(v, f):
 
 
 def table(a):
-    groups = grouped(load(a.results))
+    runs = load(a.results)
+    groups = grouped(runs)
     none = {m: g for (m, rate), g in groups.items() if rate == "none"}
+    notes = []
     for (model, rate) in sorted(groups, key=lambda k: (k[0] != "mlp", RATES.index(k[1])
                                                        if k[1] in RATES else 9)):
         g = groups[(model, rate)]
@@ -116,28 +136,44 @@ def table(a):
             if base and rate != "none":
                 share = 100 * mean([r["step_ms_median"] for r in base]) / step
             rt = [reach(r, target) for r in rs]
+            cut = [r for r in rs if truncated(r)]
+            if cut:
+                others = [o for o in runs if o["model"] == model and o["system"] == s
+                          and o["label"] != rate]
+                rt = [extrapolated(r, target, others) if truncated(r) else t
+                      for r, t in zip(rs, rt)]
             reaches[s] = mean(rt) if all(t is not None for t in rt) else None
             kb = mean([r.get("bytes_per_step_worker") for r in rs])
             kb = kb / 1e3 if kb is not None else None
             st = [reach_step(r, target) for r in rs]
             st = mean(st) if all(v is not None for v in st) else None
-            print("| %s | %.1f | %s | %s | %s | %s | %.4f | %s |" % (
+            if cut:
+                notes.append("%s at %s: stopped after %d of %d steps; its time to %.2f is its "
+                             "median step times the steps the same system took to it at "
+                             "another rate (an extrapolation, marked ~)"
+                             % (NAMES[s], rate, cut[0]["steps"], cut[0]["total_steps"], target))
+            print("| %s | %.1f | %s | %s | %s | %s | %s | %s |" % (
                 NAMES[s], step, fmt(share, "%.0f%%"),
                 fmt(kb, "%.1f"),
-                fmt(reaches[s], "%.1f s") if reaches[s] is not None else "not reached",
-                fmt(st, "%.0f") if st is not None else "—",
-                mean([r["evals"][-1][2] for r in rs]),
+                ("~" if cut else "") + fmt(reaches[s], "%.1f s") if reaches[s] is not None
+                else "not reached",
+                fmt(st, "%.0f") if st is not None and not cut else "—",
+                "—" if cut else "%.4f" % mean([r["evals"][-1][2] for r in rs]),
                 "; ".join(r.get("load", "?") for r in rs)))
-        ac = reaches.get("adacomp")
-        ratios = ["%s %.1fx" % (NAMES[o], reaches[o] / ac) for o in ("ddp", "powersgd", "fp16",
-                                                                       "adaps")
-                  if ac and reaches.get(o)]
-        if ratios:
-            print("\nTime to %.2f of each system / AdaComp's (above 1: AdaComp sooner): %s"
-                  % (target, ", ".join(ratios)), end="")
-        if "adacomp" in g and "ddp" in g:
-            d = mean([r["evals"][-1][2] for r in g["adacomp"]]) - \
-                mean([r["evals"][-1][2] for r in g["ddp"]])
+        for mine in ("adacomp", "adacomp-colo"):
+            ac = reaches.get(mine)
+            ratios = ["%s %.1fx" % (NAMES[o], reaches[o] / ac)
+                      for o in ("ddp", "powersgd", "fp16", "adaps") if ac and reaches.get(o)]
+            if ratios:
+                print("\nTime to %.2f of each system / %s's (above 1: AdaComp sooner): %s"
+                      % (target, NAMES[mine], ", ".join(ratios)), end="")
+        for n in notes:
+            print("\n" + n, end="")
+        notes.clear()
+        ddp_final = mean([r["evals"][-1][2] for r in g.get("ddp", [])
+                          if r["evals"] and not truncated(r)])
+        if "adacomp" in g and ddp_final is not None:
+            d = mean([r["evals"][-1][2] for r in g["adacomp"]]) - ddp_final
             print("\nAdaComp final accuracy minus DDP's: %+.2f pp" % (100 * d))
         print()
 

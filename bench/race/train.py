@@ -98,6 +98,14 @@ def parse():
                     help="adaps: the worker's compression pool (0: compress on the calling "
                          "thread, decode on the I/O thread)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--max-steps", type=int, default=0,
+                    help="stop after N steps (0: the whole run); the cosine schedule still "
+                         "spans the whole run. For the slowest systems on the slowest links: "
+                         "their step time is measured over the first N steps and the summary "
+                         "extrapolates their time to the target (bench/race/summarize.py)")
+    ap.add_argument("--system-name", default="",
+                    help="the system's name in the result (default --system), e.g. "
+                         "adacomp-colo for adacomp with a server beside every worker")
     ap.add_argument("--out", default="", help="rank 0's JSON result")
     ap.add_argument("--label", default="", help="stored in the result")
     ap.add_argument("--data-dir", default=common.DATA_DIR)
@@ -295,6 +303,7 @@ def train(a, sysobj, raw_model, x_train, y_train, x_test, y_test):
             clock += dt
             step_times.append(dt)
             step += 1
+            stop_early = 0 < a.max_steps <= step < total
             final_pull = getattr(sysobj, "final_pull", None) if step == total else None
             if final_pull is not None and sysobj.rank == 0:
                 # The trained model is the servers' (rank 0 would save it): one dense pull,
@@ -307,13 +316,17 @@ def train(a, sysobj, raw_model, x_train, y_train, x_test, y_test):
                 final = dict(replica_acc=replica_acc, seconds=pulled_s)
                 print("final pull of the servers' parameters: %.2f s (the replica's test_acc "
                       "%.4f)" % (pulled_s, replica_acc), flush=True)
-            if step % a.eval_every == 0 or step == total:
+            if step % a.eval_every == 0 or step == total or stop_early:
                 acc = common.evaluate(raw_model, x_test, y_test) if sysobj.rank == 0 else None
                 sysobj.barrier()  # off the clock: nobody computes ahead while rank 0 evaluates
                 if sysobj.rank == 0:
                     evals.append((step, clock, acc))
                     print("step %4d  loss %.4f  test_acc %.4f  train_time %.1f s" %
                           (step, loss.item(), acc, clock), flush=True)
+            if stop_early:
+                break
+        if 0 < a.max_steps <= step < total:
+            break
     rx1, tx1 = common.netdev_bytes()
     return dict(evals=evals, step_times=step_times, steps=step,
                 rx_bytes=rx1 - rx0, tx_bytes=tx1 - tx0, final_pull=final)
@@ -342,7 +355,7 @@ def main():
                                                        r["tx_bytes"]), flush=True)
     if rank == 0 and a.out:
         steady = sorted(r["step_times"][5:] or r["step_times"])
-        res = dict(system=a.system, model=a.model, label=a.label, seed=a.seed,
+        res = dict(system=a.system_name or a.system, model=a.model, label=a.label, seed=a.seed,
                    world=a.world, batch_size=a.batch_size, epochs=a.epochs,
                    train_size=a.train_size, test_size=a.test_size, lr=a.lr,
                    momentum=a.momentum, adacomp_recipe=a.adacomp_recipe
@@ -350,7 +363,8 @@ def main():
                    lr_in_push=a.lr_in_push if a.system == "adacomp" else None,
                    adacomp_bins=dict(one_d=a.adacomp_1d_bin, fc=a.adacomp_fc_bin)
                    if a.system == "adacomp" else None, params=sum(p.numel() for p in model.parameters()),
-                   steps=r["steps"], evals=r["evals"],
+                   steps=r["steps"], total_steps=a.epochs * (len(x_train) // a.batch_size),
+                   max_steps=a.max_steps, evals=r["evals"],
                    train_time=sum(r["step_times"]) + (r["final_pull"] or {}).get("seconds", 0.0),
                    wall_time=wall, step_ms_mean=1e3 * sum(r["step_times"]) / r["steps"],
                    step_ms_median=1e3 * steady[len(steady) // 2],
