@@ -7,7 +7,7 @@
 #   bench/cluster/grow_under_faults.sh grow [SEED]     4 workers; 4 more join after JOIN_S
 #       seconds (adaps-scheduler --max_workers=8); the server is killed (SIGKILL) every KILL_S
 #       seconds and started again with the same flags (it restores its checkpoint)
-# Environment: STEPS (steps per worker, 600), EVAL (20), JOIN_S (5), KILL_S (8), TARGET
+# Environment: STEPS (steps per worker, 600), EVAL (20), JOIN_S (5), KILL_S (8; whole seconds), TARGET
 # (0.85), ADAPS_BUILD_DIR (build). Prints rank 0's evaluations, the time to TARGET (rank 0's
 # elapsed time at the first evaluation at or above it), the final accuracy, the kills, and
 # every worker's exit status.
@@ -44,23 +44,25 @@ worker() {  # index
   w+=($!)
 }
 w=()
-t0=$(date +%s.%N)
+ms() { echo $(( $(date +%s%N) / 1000000 )); }
+t0=$(ms)
 for i in $(seq 0 $((start_n - 1))); do worker "$i"; done
-kills=0 joined=0 next_kill=$kill_s
+kills=0 joined=0 next_kill=$((kill_s * 1000))
 alive() { for p in "${w[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
 while alive; do
   sleep 0.2
-  now=$(echo "$(date +%s.%N) - $t0" | bc)
-  if [[ $mode == grow && $joined == 0 ]] && (( $(echo "$now >= $join_s" | bc) )); then
+  now=$(( $(ms) - t0 ))  # ms
+  at=$(printf '%d.%d' $((now / 1000)) $((now % 1000 / 100)))
+  if [[ $mode == grow && $joined == 0 ]] && (( now >= join_s * 1000 )); then
     for i in 4 5 6 7; do worker "$i"; done
     joined=1
-    echo "$(printf '%.1f' "$now") s: 4 workers join"
+    echo "$at s: 4 workers join"
   fi
-  if [[ $mode == grow ]] && (( $(echo "$now >= $next_kill" | bc) )); then
+  if [[ $mode == grow ]] && (( now >= next_kill )); then
     kill -KILL "$server" 2>/dev/null; wait "$server" 2>/dev/null
     "${server_cmd[@]}" >>"$tmp/server.log" 2>&1 & server=$!
-    kills=$((kills + 1)); next_kill=$((next_kill + kill_s))
-    echo "$(printf '%.1f' "$now") s: server killed and started again"
+    kills=$((kills + 1)); next_kill=$((next_kill + kill_s * 1000))
+    echo "$at s: server killed and started again"
   fi
 done
 codes=()

@@ -12,7 +12,26 @@ bin=${1:-$repo/build}
 out=$(mktemp /tmp/adaps-colocate.XXXXXX)
 trap 'rm -f "$out"' EXIT
 fail() { echo "FAIL: $*"; cat "$out"; exit 1; }
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# The scheduler listens on P and server i on P+1+i: four ports, taken below the ephemeral
+# range so that no port the OS hands another test meanwhile can be one of them (a port
+# chosen by the OS for P alone once lost P+3 to a parallel test: "address in use").
+port=$(python3 - <<'PY'
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(200):
+    p = random.randrange(10000, low - 4)
+    socks = []
+    try:
+        for q in range(p, p + 4):
+            s = socket.socket(); s.bind(("0.0.0.0", q)); socks.append(s)
+        print(p); break
+    except OSError:
+        pass
+    finally:
+        for s in socks: s.close()
+PY
+)
+[[ -n $port ]] || fail "no four free consecutive ports"
 job=(--mode=synthetic --tensors=200K --layers=2 --steps=4 --warmup=1 --compressor=adacomp
      --pull=sparse --log_level=warn)
 timeout 240 bash "$repo/deploy/launch.sh" --bin "$bin" --colocate --workers 4 \
