@@ -525,7 +525,8 @@ absl::StatusOr<Shard::Answer> Shard::AnswerPull(const Pull& pull) {
   } else if (pull.have_version == down_version_) {
     answer.base = down_version_;  // nothing new
   } else {
-    return absl::FailedPreconditionError(absl::StrCat(
+    // kAborted: the worker takes the published replica again (a kReplica pull) and asks again.
+    return absl::AbortedError(absl::StrCat(
         "replica of '", name_, "' at version ", pull.have_version,
         "; the server can only send the change from version ", down_base_));
   }

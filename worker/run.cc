@@ -159,24 +159,40 @@ JobPool::Job Worker::Impl::PrepareRun(const std::shared_ptr<RunOp>& op,
 void Worker::Impl::SendParts(const std::shared_ptr<RunOp>& op, const std::vector<size_t>& slices) {
   Tensor& t = *op->t;
   absl::MutexLock lock(&t.mu);
+  struct Send {
+    size_t slice;
+    int peer = -1;
+    uint64_t incarnation = 0;
+    bool push = false;
+  };
+  std::vector<Send> sends;
+  for (size_t i : slices) {
+    Send& send = sends.emplace_back();
+    send.slice = i;
+    send.peer = links_->Peer(t.meta[i].info.server, &send.incarnation);
+  }
   {
     absl::MutexLock op_lock(&op->mu);
-    op->outstanding += static_cast<int>(slices.size()) * ((op->push ? 1 : 0) + (op->pull ? 1 : 0));
-  }
-  for (size_t i : slices) {
-    uint64_t incarnation = 0;
-    const int peer = links_->Peer(t.meta[i].info.server, &incarnation);
-    {
-      absl::MutexLock op_lock(&op->mu);
+    for (Send& send : sends) {
+      const size_t i = send.slice;
+      const uint64_t incarnation = send.incarnation;
       RunOp::Part& part = op->parts[i];
+      // A push the same incarnation acknowledged is not sent again (it would be refused, or
+      // with --backup_workers counted twice); one to a server that restarted since is.
+      const bool pushed = part.pushed && part.sent_incarnation == incarnation;
       const uint64_t push_step = part.push_step;
       part = RunOp::Part{};
       part.push_step = push_step;
+      part.pushed = pushed;
       part.sent_incarnation = incarnation;
       part.synced_incarnation = t.slices[i].incarnation;
+      send.push = op->push && !pushed;
+      op->outstanding += (send.push ? 1 : 0) + (op->pull ? 1 : 0);
     }
-    if (op->push) SendPush(op, i, peer, incarnation);
-    if (op->pull) SendPull(op, i, peer, incarnation);
+  }
+  for (const Send& send : sends) {
+    if (send.push) SendPush(op, send.slice, send.peer, send.incarnation);
+    if (op->pull) SendPull(op, send.slice, send.peer, send.incarnation);
   }
 }
 
@@ -292,7 +308,7 @@ void Worker::Impl::DecodePull(const std::shared_ptr<RunOp>& op, size_t i, const 
   PartDone(op, i, true, std::move(status));
 }
 
-bool Worker::Impl::Retryable(RunOp& op, size_t i, const absl::Status& status) {
+bool Worker::Impl::Retryable(RunOp& op, size_t i, bool pull_part, const absl::Status& status) {
   const int server = op.t->meta[i].info.server;
   bool stale_step;
   {
@@ -305,19 +321,24 @@ bool Worker::Impl::Retryable(RunOp& op, size_t i, const absl::Status& status) {
   }
   // The server went away, and can come back with its rank.
   if (status.code() == absl::StatusCode::kUnavailable) return links_->Restartable(server);
+  // A recompressed pull from a replica the server's published state moved past (this worker
+  // skipped pulls, joined, or retried after a restart while the others stepped on): take
+  // the published replica again and ask again (Retry).
+  if (pull_part && status.code() == absl::StatusCode::kAborted) return true;
   // Sent with a step learned from an earlier incarnation (the server moved between the
   // staleness check and the send): the restored shard refused the step.
   return status.code() == absl::StatusCode::kFailedPrecondition && stale_step;
 }
 
-void Worker::Impl::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool /*pull_part*/,
+void Worker::Impl::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pull_part,
                             absl::Status status) {
   // On the I/O thread, or on the sending thread when the transport has stopped.
-  const bool retryable = status.ok() || Retryable(*op, i, status);
+  const bool retryable = status.ok() || Retryable(*op, i, pull_part, status);
   absl::Time retry_until;
   {
     absl::MutexLock lock(&op->mu);
     RunOp::Part& part = op->parts[i];
+    if (!pull_part && status.ok()) part.pushed = true;
     if (!status.ok() && part.error.ok()) part.error = status;
     if (!retryable && !op->finished) {
       // Fail at once (not after the other parts' deadlines), and never touch `out` again.
@@ -341,8 +362,13 @@ void Worker::Impl::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool /*p
   }
   if (failed.empty()) return Fulfil(*op, absl::OkStatus());
   if (absl::Now() >= retry_until) return Fulfil(*op, first);
-  log_.get()->warn("tensor '{}': {}; retrying {} slice(s) once the server is back",
-                   op->t->spec.name, std::string(first.message()), failed.size());
+  if (first.code() == absl::StatusCode::kAborted) {
+    log_.get()->info("tensor '{}': {}; taking the published replica again", op->t->spec.name,
+                     std::string(first.message()));
+  } else {
+    log_.get()->warn("tensor '{}': {}; retrying {} slice(s) once the server is back",
+                     op->t->spec.name, std::string(first.message()), failed.size());
+  }
   if (!PostRetry([this, op, failed] { Retry(op, failed); })) Fulfil(*op, first);
 }
 
@@ -372,8 +398,10 @@ void Worker::Impl::Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> s
     }
   }
   if (absl::Status s = ResyncWithin(*op->t, slices, until); !s.ok()) return Fulfil(*op, s);
-  log_.get()->info("tensor '{}': resynchronized with the restarted server; sending again",
-                   op->t->spec.name);
+  if (why.code() != absl::StatusCode::kAborted) {
+    log_.get()->info("tensor '{}': resynchronized with the restarted server; sending again",
+                     op->t->spec.name);
+  }
   SendParts(op, slices);
 }
 

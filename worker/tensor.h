@@ -112,6 +112,9 @@ struct RunOp {
     uint64_t synced_incarnation = 0;  // the one the slice's step came from, at sending
     absl::Status error;           // the first error of this slice's parts in this attempt
     uint64_t push_step = UINT64_MAX;  // the step of its push, the same in every attempt
+    // Its push was acknowledged by the incarnation it was sent to: an attempt to the same
+    // incarnation (a pull refused for a replica that fell behind) sends only the pull.
+    bool pushed = false;
   };
   RunOp(Tensor* tensor, bool do_push, bool do_pull, absl::Span<float> dst, bool do_flush = false)
       : t(tensor),

@@ -157,7 +157,7 @@ class Worker::Impl {
   // last one ends the attempt (done, or a retry queued).
   void PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pull_part,
                 absl::Status status);
-  bool Retryable(RunOp& op, size_t i, const absl::Status& status);
+  bool Retryable(RunOp& op, size_t i, bool pull_part, const absl::Status& status);
   // Retry thread: waits for the restarted servers, resynchronizes, sends again.
   void Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices);
   bool PostRetry(std::function<void()> job);

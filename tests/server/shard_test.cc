@@ -257,7 +257,8 @@ TEST(Shard, RecompressedReplicaEqualsThePublishedStateBitwiseOverManySteps) {
         << "step " << step;
   }
   Shard::Pull stale{"r", 1, s.version(), have - 3, Shard::Format::kRecompressed};
-  EXPECT_EQ(s.AnswerPull(stale).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.AnswerPull(stale).status().code(), absl::StatusCode::kAborted)
+      << "a replica that fell behind is told so (the worker takes the replica again)";
 }
 
 // A replica pull (a worker declaring or resynchronizing a recompressed tensor) gets what

@@ -190,5 +190,63 @@ TEST(SparsePulls, DeclareIsRefusedWithTheReasonWhenTheServersStepIsDense) {
   ExpectDeclareRefused(decayed, "weight_decay");
 }
 
+// A worker whose replica fell behind the servers' published state (it pushed for a few steps
+// without pulling; or it joined, or its pull of a fused bucket was retried after a server
+// restart, while the others stepped on) asks for a recompressed change the server no longer
+// has. It takes the published replica again and pulls once more, as after a restart, rather
+// than failing the step ("the server can only send the change from version ..."); then its
+// outputs are the same bits as a worker that pulled every step.
+TEST(RecompressedPulls, AWorkerWhoseReplicaFellBehindResynchronizesInsteadOfFailing) {
+  OptimizerConfig sgd;
+  sgd.kind = OptimizerKind::kSgd;
+  sgd.learning_rate = 0.1f;
+  sgd.weight_decay = 0.0f;
+  constexpr int kPushOnly = 4, kSteps = 8;
+  std::mutex mu;
+  std::map<int, std::map<std::string, std::vector<float>>> final_out;
+  RunCluster(
+      sgd,
+      [&](Worker& w) {
+        std::mt19937 rng(100 + w.rank());
+        std::normal_distribution<float> normal(0.0f, 0.1f);
+        std::map<std::string, std::vector<float>> out, grad;
+        for (const Member& m : kTensors) {
+          std::vector<float>& v = out[m.name];
+          v.assign(m.length, 0.5f);
+          ASSERT_TRUE(w.Declare({m.name, {m.length}, m.bin, m.compression, 0.01,
+                                 PullFormat::kRecompressed},
+                                absl::MakeSpan(v))
+                          .ok());
+          grad[m.name].resize(m.length);
+        }
+        for (int step = 0; step < kSteps; ++step) {
+          const bool pull = w.rank() == 0 || step >= kPushOnly;
+          std::vector<std::future<absl::Status>> futures;
+          for (const Member& m : kTensors) {
+            for (float& x : grad[m.name]) x = normal(rng);
+            futures.push_back(pull ? w.PushPull(m.name, grad[m.name], absl::MakeSpan(out[m.name]))
+                                   : w.Push(m.name, grad[m.name]));
+          }
+          for (size_t k = 0; k < futures.size(); ++k) {
+            absl::Status st = futures[k].get();
+            ASSERT_TRUE(st.ok()) << kTensors[k].name << " at step " << step << " on worker "
+                                 << w.rank() << ": " << st;
+          }
+          // A push alone does not wait for the step: the next is sent once it completed.
+          ASSERT_TRUE(w.Barrier().ok());
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        final_out[w.rank()] = out;
+      },
+      2);
+  ASSERT_EQ(final_out.size(), 2u);
+  for (const Member& m : kTensors) {
+    const std::vector<float>& a = final_out[0][m.name];
+    const std::vector<float>& b = final_out[1][m.name];
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << m.name;
+  }
+}
+
 }  // namespace
 }  // namespace adaps
