@@ -218,13 +218,17 @@ class TrainingRun {
           absl::StrCat("shards of ", smallest_, " images hold no full batch of ", cfg_.batch));
     }
     epochs_ = cfg_.epochs;
-    if (cfg_.steps_limit > 0) {
-      epochs_ = std::min(epochs_, (cfg_.steps_limit + steps_ - 1) / steps_);
-      steps_ = std::min(steps_, cfg_.steps_limit);
+    total_steps_ = static_cast<int64_t>(steps_) * epochs_;
+    if (cfg_.steps_limit > 0 && cfg_.steps_limit < total_steps_) {
+      // --max_steps is exact: the last epoch stops part way, and the cosine spans the steps
+      // run (not whole epochs).
+      total_steps_ = cfg_.steps_limit;
+      epochs_ = static_cast<int>((total_steps_ + steps_ - 1) / steps_);
+      steps_ = static_cast<int>(std::min<int64_t>(steps_, total_steps_));
     }
     model_ = trainer::Model::Create(kind_, cfg_.seed);
     exchange_ = std::make_unique<ClusterExchange>(
-        &worker_, static_cast<int64_t>(steps_) * epochs_, cfg_.learning_rate, cfg_.cosine,
+        &worker_, total_steps_, cfg_.learning_rate, cfg_.cosine,
         cfg_.local_momentum);
     exchange_->set_step_delay(absl::Milliseconds(cfg_.step_delay_ms));
     exchange_->set_stop_requested(cfg_.stop_requested);
@@ -243,6 +247,9 @@ class TrainingRun {
                 "%d steps of %d per epoch, %d epochs, %d test images\n",
                 trainer::ModelKindName(kind_), model_->num_parameters(), model_->params().size(),
                 worker_.num_workers(), smallest_, steps_, cfg_.batch, epochs_, test_.count);
+    if (total_steps_ < static_cast<int64_t>(steps_) * epochs_) {
+      std::printf("  stopping at step %lld (--max_steps)\n", static_cast<long long>(total_steps_));
+    }
     for (size_t i = 0; i < model_->params().size(); ++i) {
       const ParamTensor& p = model_->params()[i];
       const CompressorOptions o = trainer::OptionsForTensor(p, cfg_.compression);
@@ -296,8 +303,9 @@ class TrainingRun {
     int64_t global_step = 0;
     for (int epoch = 0; epoch < epochs_; ++epoch) {
       const absl::Time epoch_start = absl::Now();
+      const int steps = StepsOfEpoch(epoch);
       if (lead_) {
-        progress_.BeginEpoch(epoch, epochs_, steps_, epoch_start);
+        progress_.BeginEpoch(epoch, epochs_, steps, epoch_start);
         loop_->set_on_step([this, epoch_start](int done, double loss_sum) {
           const absl::Time now = absl::Now();
           if (progress_.Due(done, now)) {
@@ -306,15 +314,22 @@ class TrainingRun {
         });
       }
       ADAPS_ASSIGN_OR_RETURN(trainer::EpochStats stats,
-                             loop_->RunEpoch(epoch, steps_, &global_step));
+                             loop_->RunEpoch(epoch, steps, &global_step));
       train_seconds_ += stats.seconds;
       if (lead_) ADAPS_RETURN_IF_ERROR(ReportEpoch(epoch, stats, epoch_start));
     }
     return absl::OkStatus();
   }
 
+  // Every epoch's steps but the last's under --max_steps.
+  int StepsOfEpoch(int epoch) const {
+    return static_cast<int>(
+        std::min<int64_t>(steps_, total_steps_ - static_cast<int64_t>(epoch) * steps_));
+  }
+
   absl::Status ReportEpoch(int epoch, const trainer::EpochStats& stats, absl::Time epoch_start) {
-    progress_.EndEpoch(Sample(steps_, stats.mean_loss * steps_, epoch_start, absl::Now()),
+    const int steps = stats.steps;
+    progress_.EndEpoch(Sample(steps, stats.mean_loss * steps, epoch_start, absl::Now()),
                        absl::Now());
     const absl::Time t0 = absl::Now();
     ADAPS_ASSIGN_OR_RETURN(eval_, trainer::Evaluate(*model_, test_));
@@ -323,8 +338,8 @@ class TrainingRun {
     const TrafficTotals t = Totals(traffic);
     std::printf("epoch %d/%d  loss %.4f  test_acc %.4f  step %.1f ms (compute %.1f, exchange "
                 "%.1f)  pushed %s  pulled %s  rate: %s elapsed %.1f s\n",
-                epoch + 1, epochs_, stats.mean_loss, eval_.accuracy, 1e3 * stats.seconds / steps_,
-                1e3 * stats.compute_seconds / steps_, 1e3 * stats.exchange_seconds / steps_,
+                epoch + 1, epochs_, stats.mean_loss, eval_.accuracy, 1e3 * stats.seconds / steps,
+                1e3 * stats.compute_seconds / steps, 1e3 * stats.exchange_seconds / steps,
                 Mb(t.wire).c_str(), Mb(t.pulled).c_str(), RatesText(traffic).c_str(), Elapsed());
     std::fflush(stdout);
     return absl::OkStatus();
@@ -357,7 +372,8 @@ class TrainingRun {
   trainer::ModelKind kind_{};
   trainer::Dataset train_, test_;
   size_t smallest_ = 0;
-  int steps_ = 0, epochs_ = 0;
+  int steps_ = 0, epochs_ = 0;  // per full epoch; epochs run
+  int64_t total_steps_ = 0;      // steps run: epochs_ * steps_, or --max_steps
   std::unique_ptr<trainer::Model> model_;
   std::unique_ptr<ClusterExchange> exchange_;
   std::unique_ptr<trainer::Trainer> loop_;

@@ -3,6 +3,7 @@
 // steps. With AdaComp the test accuracy must reach 0.80 while the fully-connected layers
 // send at least 100x fewer bytes than dense; the same run with dense must reach the same
 // accuracy within tolerance.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -173,6 +174,22 @@ TEST_F(TrainEndToEnd, MainCommandRecipeReachesDenseAccuracyWithHundredfoldLessTr
       << "recipe " << recipe.test_acc << " vs dense " << dense.test_acc << "\n" << recipe.log;
   RecordProperty("recipe_test_acc", std::to_string(recipe.test_acc));
   RecordProperty("dense_test_acc", std::to_string(dense.test_acc));
+}
+
+// --max_steps stops at that step even mid-epoch (it ran whole epochs: 2 x 250 = 500 steps
+// for --max_steps=300 here), and rank 0's last evaluation is at that step.
+TEST_F(TrainEndToEnd, MaxStepsStopsAtThatStepMidEpoch) {
+  const TrainResult run =
+      Train("adacomp", false, kRecipeServer, {"--max_steps=300", "--eval_every=50"});
+  ASSERT_TRUE(run.ok) << run.log;
+  const std::regex eval_line(R"(step ([0-9]+)  test_acc)");
+  int last = 0;
+  for (auto it = std::sregex_iterator(run.log.begin(), run.log.end(), eval_line);
+       it != std::sregex_iterator(); ++it) {
+    last = std::max(last, std::stoi((*it)[1]));
+  }
+  EXPECT_EQ(last, 300) << run.log;
+  EXPECT_NE(run.log.find("epoch 2/2"), std::string::npos) << run.log;
 }
 
 // Fusion of small tensors (the default: fc3.weight and the biases travel as one bucket)
