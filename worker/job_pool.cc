@@ -25,11 +25,13 @@ bool JobPool::PostOrdered(OrderedJob job) {
   return true;
 }
 
+void JobPool::Close() {
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+}
+
 void JobPool::Stop() {
-  {
-    absl::MutexLock lock(&mu_);
-    closed_ = true;
-  }
+  Close();
   for (std::thread& t : workers_) {
     if (t.joinable()) t.join();
   }

@@ -1,6 +1,8 @@
 // Internal to the worker library: the compression pool of a Worker (WorkerOptions::
 // compression_threads). A FIFO of jobs run by a few threads: the encoding of pushes (each
-// with an in-order stage that sends it) and the decoding of pull answers.
+// with an in-order stage that sends it) and the decoding of pull answers. The worker's
+// retries (waiting for a restarted server, resynchronizing, sending again) run on a pool
+// of one thread of their own.
 //
 // Order: jobs start in the order they were posted. An ordered job returns its second stage
 // (the send); stages run one at a time in the order their jobs were posted, whatever thread
@@ -42,6 +44,8 @@ class JobPool {
   // False once stopped (the job was not taken).
   bool Post(Job job);
   bool PostOrdered(OrderedJob job);
+  // Closes the queue: later posts are refused; what is queued still runs. Idempotent.
+  void Close();
   // Closes the queue, runs what is queued, joins. Idempotent; never from a pool thread.
   void Stop();
 

@@ -65,7 +65,7 @@ absl::Status Worker::Impl::Init() {
     transport_->AddTimer(absl::Milliseconds(100), [this] { ExpireFusion(); });
   }
   ADAPS_RETURN_IF_ERROR(transport_->Start());
-  retry_thread_ = std::thread([this] { RetryLoop(); });
+  retries_.Start();
   if (options_.compression_threads > 0) {
     pool_ = std::make_unique<JobPool>(options_.compression_threads);
     pool_->Start();
@@ -153,12 +153,9 @@ absl::Status Worker::Impl::Stop() {
                                          status.message()));
     }
   }
-  {
-    absl::MutexLock lock(&retry_mu_);
-    retry_closed_ = true;  // a retry posted from now on fails its operation at once
-  }
+  retries_.Close();     // a retry posted from now on fails its operation at once
   transport_->Stop();  // fails what a retry waits for
-  if (retry_thread_.joinable()) retry_thread_.join();
+  retries_.Stop();
   if (pool_ != nullptr) pool_->Stop();  // queued Runs fail ("worker stopped"), decodes finish
   return status;
 }

@@ -405,28 +405,6 @@ void Worker::Impl::Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> s
   SendParts(op, slices);
 }
 
-bool Worker::Impl::PostRetry(std::function<void()> job) {
-  absl::MutexLock lock(&retry_mu_);
-  if (retry_closed_) return false;
-  retry_jobs_.push_back(std::move(job));
-  return true;
-}
-
-void Worker::Impl::RetryLoop() {
-  while (true) {
-    std::function<void()> job;
-    {
-      absl::MutexLock lock(&retry_mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(retry_mu_) {
-        return retry_closed_ || !retry_jobs_.empty();
-      };
-      retry_mu_.Await(absl::Condition(&ready));
-      if (retry_jobs_.empty()) return;  // closed and drained
-      job = std::move(retry_jobs_.front());
-      retry_jobs_.pop_front();
-    }
-    job();
-  }
-}
+bool Worker::Impl::PostRetry(JobPool::Job job) { return retries_.Post(std::move(job)); }
 
 }  // namespace adaps

@@ -160,8 +160,7 @@ class Worker::Impl {
   bool Retryable(RunOp& op, size_t i, bool pull_part, const absl::Status& status);
   // Retry thread: waits for the restarted servers, resynchronizes, sends again.
   void Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices);
-  bool PostRetry(std::function<void()> job);
-  void RetryLoop();
+  bool PostRetry(JobPool::Job job);
 
   // Membership (membership.cc): common/cluster_client registers, heartbeats, re-registers
   // and guards views and shutdowns; OnView and OnShutdown are its callbacks (I/O thread).
@@ -197,11 +196,9 @@ class Worker::Impl {
 
   // Null with compression_threads = 0. Stopped (drained) after the transport in Stop.
   std::unique_ptr<JobPool> pool_;
-  // The retry thread and its queue of jobs (closed in Stop: later jobs are refused).
-  std::thread retry_thread_;
-  absl::Mutex retry_mu_;
-  std::deque<std::function<void()>> retry_jobs_ ABSL_GUARDED_BY(retry_mu_);
-  bool retry_closed_ ABSL_GUARDED_BY(retry_mu_) = false;
+  // The retry thread (Retry jobs, one at a time); closed in Stop before the transport stops
+  // (a retry posted from then on fails its operation at once), joined after it.
+  JobPool retries_{1};
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Tensor>> tensors_ ABSL_GUARDED_BY(mu_);
