@@ -103,10 +103,14 @@ void Scheduler::OnDeclare(InMessage& in) {
     return fail(absl::InvalidArgumentError("tensor name is empty"));
   }
   // A stranger declaring a tensor first (with another length) would break the real one.
-  if (env->sender_role() != msg::Role::Worker || Authenticated(in) == nullptr) {
+  Node* sender = env->sender_role() == msg::Role::Worker ? Authenticated(in) : nullptr;
+  if (sender == nullptr) {
     return Reject(in, absl::PermissionDeniedError("tensors are declared only by the job's workers"),
                   metric_labels::kReasonForbidden);
   }
+  // A joiner takes part in the steps from its first declaration (the servers count it from
+  // its declaration to them; a server restarted later, from its first view).
+  sender->stepping = true;
   const std::string name = d->name()->str();
   auto it = layouts_.find(name);
   if (it == layouts_.end()) {

@@ -306,6 +306,7 @@ bool Scheduler::Join(const InMessage& in, const std::string& identity) {
     node.first_barrier = std::max(node.first_barrier, barriers_.rbegin()->first + 1);
   }
   node.barrier_seen = false;
+  node.stepping = false;
   nodes_.push_back(node);
   metrics_->Registered(node.role);
   UpdateNodeMetrics();
@@ -366,7 +367,8 @@ void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
   std::vector<flatbuffers::Offset<flatbuffers::String>> secrets;
   for (const auto& n : nodes_) {
     infos.push_back(msg::CreateNodeInfo(fbb, n.role, n.rank, fbb.CreateString(n.address),
-                                        fbb.CreateString(n.identity), n.alive && !n.left));
+                                        fbb.CreateString(n.identity), n.alive && !n.left,
+                                        n.stepping));
     if (node.role == msg::Role::Server && n.role == msg::Role::Worker) {
       secrets.push_back(fbb.CreateString(n.secret));
     }

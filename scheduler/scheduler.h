@@ -119,6 +119,9 @@ class Scheduler {
     // Workers that joined a running job: no barrier waits for them until they call one (a
     // trainer that joins skips the start-up barriers the others may not have reached yet).
     bool barrier_seen = true;
+    // Workers: take part in the steps (NodeInfo.stepping): false for one that joined the
+    // running job until it declares a tensor.
+    bool stepping = true;
     // Workers: the L2 norm of their residues at the latest heartbeat (-1: never reported).
     float residue_norm = -1.0f;
   };

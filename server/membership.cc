@@ -114,8 +114,10 @@ void Server::OnView(const msg::ClusterView& view) {
       if (n->role() != msg::Role::Worker || n->rank() < 0) continue;
       if (n->alive()) live.insert(n->rank());
       // Every worker of the first view takes part in the steps (the job forming, or the
-      // running job this restarted server comes back to); one shown later joined the job.
-      if (seen_workers_.insert(n->rank()).second && first_view_) {
+      // running job this restarted server comes back to) but a joiner that has not declared a
+      // tensor yet; one shown later, or not stepping yet, is counted from its first
+      // declaration or push here (CountWorker).
+      if (seen_workers_.insert(n->rank()).second && first_view_ && n->stepping()) {
         counted_workers_.insert(n->rank());
       }
     }

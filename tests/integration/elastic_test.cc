@@ -369,6 +369,85 @@ TEST(Elastic, AJoinerThatHasNotDeclaredYetHoldsUpNobodysStep) {
   EXPECT_TRUE(cluster.AllExitCleanly(absl::Seconds(10), &why)) << why;
 }
 
+// The same joiner across a server restart: the restarted server counts, from its first view,
+// the workers that take part in the steps, not one that registered and has not declared a
+// tensor yet (a joiner still loading its data). It counted every worker of that view, and
+// the others' steps waited for the joiner's first push (in grow_under_faults.sh, 3 s of a
+// 6-s run); here, past their 3 s deadline.
+TEST(Elastic, ARestartedServerWaitsForNoJoinerThatHasNotDeclaredYet) {
+  ClusterOptions c;
+  c.num_servers = 0;  // started here, to be killed and started again
+  c.num_workers = 2;
+  c.scheduler_args = {"--num_servers=1", "--max_workers=3"};
+  LocalCluster cluster(c);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  const std::string ckpt = cluster.dir() + "/ckpt";
+  ASSERT_TRUE(std::filesystem::create_directory(ckpt));
+  const std::vector<std::string> server_args = {
+      "--scheduler=" + cluster.scheduler_address(), "--optimizer=sum", "--identity=s0",
+      "--checkpoint_dir=" + ckpt, "--log_level=info", "--register_timeout_ms=20000"};
+  auto server = std::make_unique<Process>(ADAPS_SERVER_BIN, server_args,
+                                          cluster.dir() + "/s-a.log");
+  std::vector<std::unique_ptr<Worker>> w(3);
+  std::vector<std::vector<float>> p(3, std::vector<float>(kCount, 0.0f));
+  const std::vector<float> ones(kCount, 1.0f);
+  auto make = [&](int i) {
+    WorkerOptions o = Options(cluster.scheduler_address());
+    o.request_timeout = absl::Seconds(3);
+    auto made = Worker::Create(o);
+    ASSERT_TRUE(made.ok()) << made.status();
+    w[i] = *std::move(made);
+  };
+  auto declare = [&](int i) {
+    ASSERT_TRUE(w[i]->Declare({"c", {static_cast<int64_t>(kCount)}, 100, Compression::kDense},
+                              absl::MakeSpan(p[i]))
+                    .ok());
+  };
+  auto steps = [&](std::vector<int> who, int n) {
+    for (int s = 0; s < n; ++s) {
+      std::vector<std::future<absl::Status>> f;
+      for (int i : who) f.push_back(w[i]->PushPull("c", ones, absl::MakeSpan(p[i])));
+      for (auto& x : f) ASSERT_TRUE(x.get().ok()) << "step " << s;
+    }
+  };
+  {
+    std::thread t0([&] {
+      make(0);
+      declare(0);
+    });
+    make(1);
+    declare(1);
+    t0.join();
+  }
+  ASSERT_TRUE(w[0] && w[1]);
+  steps({0, 1}, 3);
+  ASSERT_EQ(p[0][0], 6.0f);
+  ASSERT_TRUE(w[0]->Checkpoint("").ok());  // the servers' state at step 3
+  make(2);  // registered, live in every view, nothing declared
+  ASSERT_TRUE(w[2]);
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  while (w[0]->live_workers() != 3 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(w[0]->live_workers(), 3);
+  server->Kill();
+  server = std::make_unique<Process>(ADAPS_SERVER_BIN, server_args, cluster.dir() + "/s-b.log");
+  const absl::Time up = absl::Now() + absl::Seconds(10);
+  while (server->Log().find("registered as server 0") == std::string::npos && absl::Now() < up) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_THAT(server->Log(), HasSubstr("restored at step 3"));
+  steps({0, 1}, 3);  // from the restored step 3: two pushes a step
+  EXPECT_EQ(p[0][0], 12.0f) << server->Log();
+  // Once it declared, it takes part.
+  declare(2);
+  EXPECT_EQ(p[2][0], 12.0f);
+  steps({0, 1, 2}, 1);
+  EXPECT_EQ(p[0][0], 15.0f);
+  EXPECT_EQ(p[2][0], 15.0f);
+  for (auto& x : w) EXPECT_TRUE(x->Stop().ok());
+  server->Signal(SIGTERM);
+  EXPECT_EQ(server->WaitExit(absl::Seconds(10)), 0) << server->Log();
+}
+
 TEST(Elastic, CheckpointWritesTheWorkersResiduesForARestartToLoad) {
   ClusterOptions c;
   c.num_servers = 1;
