@@ -14,14 +14,15 @@
 // checkpoint holds exactly the messages routed before its request.
 //
 // Checkpoints: each thread snapshots its shards' records when the snapshot reaches it; the
-// last one hands the records to the checkpoint writer thread, which writes the file
-// (server/checkpoint.h) and then calls the request's callback: the I/O thread never waits.
+// last one hands the records to the checkpoint owner (server/checkpoint_writer.h, through
+// its narrow CheckpointReports interface), whose thread writes the file and then calls the
+// request's callback: the I/O thread never waits.
 //
 // Threads: engine threads are started as slices arrive (never more than slices, nor than
 // EngineOptions::threads), the writer at Start. Stop closes every queue, lets the threads
 // finish what is queued (answers then go to the sink, which may drop them), and joins.
-// Thread-safety: Start/Stop from the owner (Server), after the producer stopped; HandToWriter
-// from any engine thread; every other method from the one producer thread (the I/O thread).
+// Thread-safety: Start/Stop from the owner (Server), after the producer stopped; every other
+// method from the one producer thread (the I/O thread).
 #ifndef ADAPS_SERVER_ENGINE_H_
 #define ADAPS_SERVER_ENGINE_H_
 
@@ -41,6 +42,7 @@
 #include "common/messages.h"
 #include "common/optimizer.h"
 #include "common/transport.h"
+#include "server/checkpoint_writer.h"
 #include "server/engine_queue.h"
 #include "server/shard.h"
 
@@ -115,18 +117,6 @@ struct EngineOptions {
   uint64_t checkpoint_every_steps = 0;
 };
 
-// A checkpoint in progress: every engine thread adds its records, the last hands them on.
-struct CheckpointJob {
-  std::string path;
-  std::string job_id;  // written into the file (server/checkpoint.h)
-  HyperValues hyper;   // too
-  // Runs on the writer thread (or on the caller's, when the engine is stopped) once.
-  std::function<void(absl::Status, size_t slices)> done;
-  std::mutex mu;  // (std::mutex: see engine_queue.h)
-  std::vector<SliceRecord> records;  // guarded by mu
-  int remaining = 0;                 // guarded by mu
-};
-
 class EngineThread;
 
 class Engine {
@@ -156,26 +146,13 @@ class Engine {
                   std::function<void(absl::Status, size_t)> done);
 
   int threads_running() const { return static_cast<int>(threads_.size()); }
-  // Engine threads call this with a finished snapshot.
-  void HandToWriter(std::shared_ptr<CheckpointJob> job);
 
-  // Where step checkpoints go: `path(step)`, of job `job_id`; `done(step, status, slices)`
-  // runs on the writer thread. Until this is called, step records are not kept.
-  void SetStepCheckpoints(std::function<std::string(uint64_t)> path, std::string job_id,
-                          std::function<void(uint64_t, absl::Status, size_t)> done);
-  // The hyperparameters set at run time, written into every later checkpoint.
-  void SetCheckpointHyper(HyperValues hyper);
-  // Engine threads: slice `record` at step `step` (a multiple of checkpoint_every_steps).
-  // Once every slice of the server is recorded at `step`, the file is written.
-  void AddStepRecord(uint64_t step, SliceRecord record);
-  // Engine threads, after a declaration of `key`: whether a shard holds it now. A key given
-  // an owner whose declaration was refused is not waited for by the step records (a step
-  // already waiting for it is given up when a later step completes).
-  void SetShardHeld(uint64_t key, bool held);
+  // The checkpoint owner: step checkpoints' destination, the hyperparameters every
+  // checkpoint carries (server/checkpoint_writer.h).
+  CheckpointWriter& checkpoints() { return writer_; }
 
  private:
   EngineThread& Thread(int index);  // starts threads up to `index`
-  void RunWriter();
 
   const EngineOptions options_;
   EngineSink* const sink_;
@@ -186,18 +163,9 @@ class Engine {
   OptimizerConfig optimizer_;
   bool running_ = false;
   std::vector<std::unique_ptr<EngineThread>> threads_;
-  std::atomic<size_t> slices_{0};  // keys assigned (AssignOwner)
-  // Step checkpoints being collected, by step (guarded by step_mu_).
-  std::mutex step_mu_;
-  std::map<uint64_t, std::vector<SliceRecord>> step_records_;
-  std::function<std::string(uint64_t)> step_path_;
-  std::string step_job_id_;
-  std::function<void(uint64_t, absl::Status, size_t)> step_done_;
-  HyperValues hyper_;  // guarded by step_mu_
-  std::set<uint64_t> unheld_;  // keys with an owner but no shard (guarded by step_mu_)
-  // The checkpoint writer.
-  ClosableQueue<std::shared_ptr<CheckpointJob>> writes_;
-  std::thread writer_;
+  // Started in Start, stopped after the engine threads in Stop (they may still hand
+  // snapshots on).
+  CheckpointWriter writer_;
 };
 
 }  // namespace adaps

@@ -10,11 +10,12 @@
 
 namespace adaps {
 
-EngineThread::EngineThread(const EngineOptions& options, EngineSink* sink, Engine* engine,
-                           std::set<int> live, OptimizerConfig optimizer)
+EngineThread::EngineThread(const EngineOptions& options, EngineSink* sink,
+                           CheckpointReports* checkpoints, std::set<int> live,
+                           OptimizerConfig optimizer)
     : options_(options),
       sink_(sink),
-      engine_(engine),
+      checkpoints_(checkpoints),
       live_(std::move(live)),
       optimizer_(optimizer) {}
 
@@ -40,7 +41,7 @@ void EngineThread::Handle(EngineWork& work) {
       OnDeclare(work);
       // A refused declaration of a new key leaves no shard: the step records must not wait
       // for one (the key keeps its owner, which refuses its pushes as undeclared).
-      return engine_->SetShardHeld(work.key, shards_.count(work.key) > 0);
+      return checkpoints_->SetShardHeld(work.key, shards_.count(work.key) > 0);
     case EngineWork::Kind::kPush:
       return OnPush(work);
     case EngineWork::Kind::kPull:
@@ -216,7 +217,7 @@ void EngineThread::OnLiveWorkers(EngineWork& work) {
 void EngineThread::MaybeStepRecord(const Shard& shard) {
   const uint64_t every = options_.checkpoint_every_steps;
   if (every > 0 && shard.version() % every == 0) {
-    engine_->AddStepRecord(shard.version(), shard.ToRecord());
+    checkpoints_->AddStepRecord(shard.version(), shard.ToRecord());
   }
 }
 
@@ -229,7 +230,7 @@ void EngineThread::OnSnapshot(EngineWork& work) {
     for (const auto& [key, shard] : shards_) job->records.push_back(shard.ToRecord());
     last = --job->remaining == 0;
   }
-  if (last) engine_->HandToWriter(std::move(job));
+  if (last) checkpoints_->Write(std::move(job));
 }
 
 void EngineThread::AnswerHeld(Shard& shard) {

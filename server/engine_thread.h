@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
+#include "server/checkpoint_writer.h"
 #include "server/engine.h"
 #include "server/engine_queue.h"
 #include "server/server_metrics.h"
@@ -21,7 +22,8 @@ namespace adaps {
 class EngineThread {
  public:
   // `live` and `optimizer`: the broadcasts so far (the thread may start late).
-  EngineThread(const EngineOptions& options, EngineSink* sink, Engine* engine,
+  // `checkpoints`: where snapshots and step records go (the engine's checkpoint owner).
+  EngineThread(const EngineOptions& options, EngineSink* sink, CheckpointReports* checkpoints,
                std::set<int> live, OptimizerConfig optimizer);
   EngineThread(const EngineThread&) = delete;
   EngineThread& operator=(const EngineThread&) = delete;
@@ -57,7 +59,7 @@ class EngineThread {
 
   const EngineOptions& options_;
   EngineSink* const sink_;
-  Engine* const engine_;
+  CheckpointReports* const checkpoints_;
   ClosableQueue<EngineWork> queue_;
   std::thread thread_;
   std::atomic<std::thread::id> thread_id_{};

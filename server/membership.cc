@@ -40,7 +40,7 @@ absl::Status Server::Start() {
       }
     }
     if (config_.checkpoint_every_steps > 0 && !config_.checkpoint_dir.empty()) {
-      engine_->SetStepCheckpoints(
+      engine_->checkpoints().SetStepCheckpoints(
           [this, dir = config_.checkpoint_dir, name = StepName()](uint64_t step) {
             return StepCheckpointPath(dir, name, step);
           },

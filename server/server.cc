@@ -211,7 +211,7 @@ void Server::OnDeclare(InMessage& in) {
   // A new key's size is checked here (the memory budget is this thread's); its initial values
   // only by the engine thread that will own the slice (a 25M-float slice is a 100 MB scan,
   // which must not hold up every socket): a refused declaration there leaves no shard, and
-  // the engine is told so (EngineThread::Handle, Engine::SetShardHeld).
+  // the engine is told so (EngineThread::Handle, CheckpointWriter::SetShardHeld).
   if (engine_->OwnerOf(d->key()) < 0) {
     if (d->length() > config_.max_slice_elements) {
       return ReplyError(in, absl::ResourceExhaustedError(absl::StrCat(
@@ -361,7 +361,7 @@ void Server::OnSetHyper(InMessage& in) {
   if (h->params()) {
     for (const auto* p : *h->params()) RememberHyper(p->name()->str(), p->value());
   }
-  engine_->SetCheckpointHyper(hyper_set_);  // into every later checkpoint
+  engine_->checkpoints().SetHyper(hyper_set_);  // into every later checkpoint
   transport_->Reply(in, MakeAck(transport_->self(), in.envelope()->request_id()));
 }
 
@@ -388,7 +388,7 @@ void Server::RestoreHyper(const HyperValues& hyper) {
     log_.get()->info("restored hyperparameter {}={}", name, value);
   }
   engine_->SetOptimizer(optimizer_);
-  engine_->SetCheckpointHyper(hyper_set_);
+  engine_->checkpoints().SetHyper(hyper_set_);
 }
 
 void Server::MaybeTimedCheckpoint(absl::Time now) {

@@ -419,7 +419,7 @@ TEST(Engine, RefusedNewBucketLeavesStepCheckpointsWaitingForNoSlice) {
   EngineHarness h(1, EngineHarness::SumOnly(), /*checkpoint_every_steps=*/1);
   const std::string path = ::testing::TempDir() + "/adaps-refused-bucket.step-1.ckpt";
   std::promise<std::pair<absl::Status, size_t>> written;
-  h.engine->SetStepCheckpoints([path](uint64_t) { return path; }, "job",
+  h.engine->checkpoints().SetStepCheckpoints([path](uint64_t) { return path; }, "job",
                                [&](uint64_t step, absl::Status st, size_t n) {
                                  if (step == 1) written.set_value({std::move(st), n});
                                });
