@@ -39,7 +39,8 @@ std::string HelpText(absl::string_view program, absl::string_view summary,
 
 class MainProgram {
  public:
-  // `program`: "adaps-scheduler"; `source_dir`: the directory of its main.cc.
+  // `program`: "adaps-scheduler"; `source_dir`: the name of the directory of its main.cc
+  // ("scheduler", "server", "app" for worker/app/).
   MainProgram(std::string program, std::string source_dir, std::string summary);
 
   // --help/--helpshort/--helpfull: prints HelpText on stdout and returns kExitOk. Else

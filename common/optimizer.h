@@ -1,6 +1,6 @@
 // The optimizer a server applies to a slice once per step, and the learning-rate schedules
 // a trainer drives it with. One definition for the server, the in-process simulator
-// (worker/trainer/simulated_cluster) and the cluster trainer (worker/train_mode).
+// (worker/app/trainer/simulated_cluster) and the cluster trainer (worker/app/train_mode).
 //
 // Ownership: plain values; each slice owns its OptimizerState. Thread-safety: the functions
 // are pure; an OptimizerState is used by one thread at a time.

@@ -169,7 +169,7 @@ class Adaps:
         self.rank = self.worker.rank
         self.model = model
         dense = a.system == "adaps"
-        # Momentum correction (DGC; worker/trainer/exchange.h MomentumCorrection): the
+        # Momentum correction (DGC; worker/app/trainer/exchange.h MomentumCorrection): the
         # velocity u = m u + g is what gets compressed and pushed; the servers run SGD.
         self.correct = (not dense and a.adaps_mode == "server" and a.adacomp_recipe == "dgc")
         if self.correct:

@@ -78,7 +78,9 @@ class InprocServers {
   // Stop the worker first: the scheduler and the servers end when it left.
   ~InprocServers() {
     for (auto& t : starts_) t.join();
-    if (scheduler_) EXPECT_TRUE(scheduler_->WaitForShutdown(absl::Seconds(5)));
+    if (scheduler_) {
+      EXPECT_TRUE(scheduler_->WaitForShutdown(absl::Seconds(5)));
+    }
     for (auto& s : servers_) EXPECT_TRUE(s->WaitForShutdown(absl::Seconds(5)));
   }
 

@@ -1,4 +1,4 @@
-#include "worker/progress.h"
+#include "worker/app/progress.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -140,7 +140,9 @@ void ExpectOutputsAreTheParameters(const OptimizerConfig& optimizer) {
     return mean ? t.pulls_answered_forwarded : t.pulls_answered_sparse;
   };
   EXPECT_GE(answered(big), 2u * (kSteps - 1)) << "the sparse path was not taken";
-  if (!mean) EXPECT_EQ(big.pulls_answered_forwarded, 0u) << "an SGD step is not forwarded";
+  if (!mean) {
+    EXPECT_EQ(big.pulls_answered_forwarded, 0u) << "an SGD step is not forwarded";
+  }
   EXPECT_LT(big.pull_wire_bytes * 4, big.pull_dense_bytes) << "pulls were not sparse";
   EXPECT_GT(answered(traffic["fc.w"]), 0u) << "the bucket was not answered sparse";
 }

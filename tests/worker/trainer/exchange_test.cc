@@ -1,8 +1,8 @@
-// worker/trainer/exchange.h: which compressor each tensor gets, and momentum correction
+// worker/app/trainer/exchange.h: which compressor each tensor gets, and momentum correction
 // (pushing each worker's velocity to a server running plain SGD must train exactly as the
 // server's own momentum does on dense pushes, so --local_momentum changes only what the
 // compressor sees).
-#include "worker/trainer/exchange.h"
+#include "worker/app/trainer/exchange.h"
 
 #include <random>
 #include <vector>

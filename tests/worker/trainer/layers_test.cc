@@ -1,4 +1,4 @@
-#include "worker/trainer/layers.h"
+#include "worker/app/trainer/layers.h"
 
 #include <algorithm>
 #include <numeric>

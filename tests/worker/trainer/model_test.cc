@@ -1,4 +1,4 @@
-#include "worker/trainer/model.h"
+#include "worker/app/trainer/model.h"
 
 #include <random>
 #include <vector>

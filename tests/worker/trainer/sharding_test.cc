@@ -1,4 +1,4 @@
-#include "worker/trainer/sharding.h"
+#include "worker/app/trainer/sharding.h"
 
 #include <algorithm>
 #include <vector>

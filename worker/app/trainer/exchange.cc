@@ -1,4 +1,4 @@
-#include "worker/trainer/exchange.h"
+#include "worker/app/trainer/exchange.h"
 
 #include "absl/strings/str_cat.h"
 

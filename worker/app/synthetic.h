@@ -1,7 +1,7 @@
 // The synthetic mode of adaps-worker: declares tensors of given sizes and pushes and pulls
 // them as fast as it can, reporting step time, bytes on the wire and compression rate.
-#ifndef ADAPS_WORKER_SYNTHETIC_H_
-#define ADAPS_WORKER_SYNTHETIC_H_
+#ifndef ADAPS_WORKER_APP_SYNTHETIC_H_
+#define ADAPS_WORKER_APP_SYNTHETIC_H_
 
 #include <cstdint>
 #include <functional>
@@ -37,4 +37,4 @@ absl::Status RunSynthetic(Worker& worker, const SyntheticConfig& config);
 
 }  // namespace adaps
 
-#endif  // ADAPS_WORKER_SYNTHETIC_H_
+#endif  // ADAPS_WORKER_APP_SYNTHETIC_H_

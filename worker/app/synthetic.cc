@@ -1,4 +1,4 @@
-#include "worker/synthetic.h"
+#include "worker/app/synthetic.h"
 
 #include <cstdio>
 #include <cstdlib>

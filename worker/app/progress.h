@@ -7,8 +7,8 @@
 // E epochs holds about E * 100 / log_percent such lines, never one per step.
 //
 // Owned by the trainer's thread; not thread-safe. Writes only to the FILE it was given.
-#ifndef ADAPS_WORKER_PROGRESS_H_
-#define ADAPS_WORKER_PROGRESS_H_
+#ifndef ADAPS_WORKER_APP_PROGRESS_H_
+#define ADAPS_WORKER_APP_PROGRESS_H_
 
 #include <cstdio>
 #include <string>
@@ -64,4 +64,4 @@ class ProgressLine {
 
 }  // namespace adaps
 
-#endif  // ADAPS_WORKER_PROGRESS_H_
+#endif  // ADAPS_WORKER_APP_PROGRESS_H_

@@ -1,4 +1,4 @@
-#include "worker/trainer/trainer.h"
+#include "worker/app/trainer/trainer.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"

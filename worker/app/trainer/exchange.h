@@ -5,8 +5,8 @@
 //
 // Also here: which compressor each tensor gets (CompressionConfig), shared by every
 // implementation so the simulation and the cluster compress the same way.
-#ifndef ADAPS_WORKER_TRAINER_EXCHANGE_H_
-#define ADAPS_WORKER_TRAINER_EXCHANGE_H_
+#ifndef ADAPS_WORKER_APP_TRAINER_EXCHANGE_H_
+#define ADAPS_WORKER_APP_TRAINER_EXCHANGE_H_
 
 #include <cstdint>
 #include <vector>
@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/compressor.h"
-#include "worker/trainer/layers.h"
+#include "worker/app/trainer/layers.h"
 
 namespace adaps::trainer {
 
@@ -74,4 +74,4 @@ class MomentumCorrection {
 
 }  // namespace adaps::trainer
 
-#endif  // ADAPS_WORKER_TRAINER_EXCHANGE_H_
+#endif  // ADAPS_WORKER_APP_TRAINER_EXCHANGE_H_

@@ -10,8 +10,8 @@
 // Thread-safety: a layer is thread-compatible; each model replica has its own layers.
 // Shapes are fixed at construction; passing a matrix of another width is a programmer
 // error (checked with assert in debug builds).
-#ifndef ADAPS_WORKER_TRAINER_LAYERS_H_
-#define ADAPS_WORKER_TRAINER_LAYERS_H_
+#ifndef ADAPS_WORKER_APP_TRAINER_LAYERS_H_
+#define ADAPS_WORKER_APP_TRAINER_LAYERS_H_
 
 #include <Eigen/Core>
 #include <cstdint>
@@ -131,4 +131,4 @@ float SoftmaxCrossEntropy(const Matrix& logits, const uint8_t* labels, Matrix* d
 
 }  // namespace adaps::trainer
 
-#endif  // ADAPS_WORKER_TRAINER_LAYERS_H_
+#endif  // ADAPS_WORKER_APP_TRAINER_LAYERS_H_

@@ -4,8 +4,8 @@
 //
 // Thread-safety: the functions keep no state; a ShardSampler is immutable after creation.
 // Failure: kInvalidArgument for a worker count < 1 or a share smaller than one batch.
-#ifndef ADAPS_WORKER_TRAINER_SHARDING_H_
-#define ADAPS_WORKER_TRAINER_SHARDING_H_
+#ifndef ADAPS_WORKER_APP_TRAINER_SHARDING_H_
+#define ADAPS_WORKER_APP_TRAINER_SHARDING_H_
 
 #include <cstdint>
 #include <utility>
@@ -39,4 +39,4 @@ class ShardSampler {
 
 }  // namespace adaps::trainer
 
-#endif  // ADAPS_WORKER_TRAINER_SHARDING_H_
+#endif  // ADAPS_WORKER_APP_TRAINER_SHARDING_H_

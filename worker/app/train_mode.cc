@@ -1,4 +1,4 @@
-#include "worker/train_mode.h"
+#include "worker/app/train_mode.h"
 
 #include <array>
 #include <cmath>
@@ -15,11 +15,11 @@
 #include "common/optimizer.h"
 #include "common/status_macros.h"
 #include "worker/kinds.h"
-#include "worker/progress.h"
-#include "worker/trainer/idx_reader.h"
-#include "worker/trainer/model.h"
-#include "worker/trainer/sharding.h"
-#include "worker/trainer/trainer.h"
+#include "worker/app/progress.h"
+#include "worker/app/trainer/idx_reader.h"
+#include "worker/app/trainer/model.h"
+#include "worker/app/trainer/sharding.h"
+#include "worker/app/trainer/trainer.h"
 
 namespace adaps {
 namespace {
@@ -377,7 +377,7 @@ class TrainingRun {
   std::unique_ptr<trainer::Model> model_;
   std::unique_ptr<ClusterExchange> exchange_;
   std::unique_ptr<trainer::Trainer> loop_;
-  // Rank 0's live progress line per epoch (worker/progress.h).
+  // Rank 0's live progress line per epoch (worker/app/progress.h).
   ProgressLine progress_{stdout, ProgressOptions{ProgressLine::IsTerminal(stdout)}};
   absl::Time start_;
   absl::Duration eval_time_;

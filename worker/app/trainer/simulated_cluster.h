@@ -18,8 +18,8 @@
 // as the cluster. Thread-safety: each endpoint is used by one thread; the endpoints of
 // one cluster may (and, for W > 1, must) be driven from W threads at once. `traffic()`
 // and `server_params()` may be read while no exchange is in flight.
-#ifndef ADAPS_WORKER_TRAINER_SIMULATED_CLUSTER_H_
-#define ADAPS_WORKER_TRAINER_SIMULATED_CLUSTER_H_
+#ifndef ADAPS_WORKER_APP_TRAINER_SIMULATED_CLUSTER_H_
+#define ADAPS_WORKER_APP_TRAINER_SIMULATED_CLUSTER_H_
 
 #include <array>
 #include <condition_variable>
@@ -33,7 +33,7 @@
 #include "absl/time/time.h"
 #include "common/optimizer.h"
 #include "common/wire_codec.h"
-#include "worker/trainer/exchange.h"
+#include "worker/app/trainer/exchange.h"
 
 namespace adaps::trainer {
 
@@ -122,4 +122,4 @@ class SimulatedCluster {
 
 }  // namespace adaps::trainer
 
-#endif  // ADAPS_WORKER_TRAINER_SIMULATED_CLUSTER_H_
+#endif  // ADAPS_WORKER_APP_TRAINER_SIMULATED_CLUSTER_H_

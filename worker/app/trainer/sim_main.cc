@@ -17,11 +17,11 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
-#include "worker/trainer/idx_reader.h"
-#include "worker/trainer/model.h"
-#include "worker/trainer/sharding.h"
-#include "worker/trainer/simulated_cluster.h"
-#include "worker/trainer/trainer.h"
+#include "worker/app/trainer/idx_reader.h"
+#include "worker/app/trainer/model.h"
+#include "worker/app/trainer/sharding.h"
+#include "worker/app/trainer/simulated_cluster.h"
+#include "worker/app/trainer/trainer.h"
 
 ABSL_FLAG(std::string, model, "mlp", "mlp or cnn");
 ABSL_FLAG(std::string, compressor, "adacomp", "dense, adacomp, topk or sign");

@@ -11,8 +11,8 @@
 // Ownership: the model owns its tensors and layers; `params()` hands out a reference that
 // stays valid for the model's lifetime (the list never changes size). Thread-safety:
 // thread-compatible; use one model per thread.
-#ifndef ADAPS_WORKER_TRAINER_MODEL_H_
-#define ADAPS_WORKER_TRAINER_MODEL_H_
+#ifndef ADAPS_WORKER_APP_TRAINER_MODEL_H_
+#define ADAPS_WORKER_APP_TRAINER_MODEL_H_
 
 #include <cstdint>
 #include <memory>
@@ -21,8 +21,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "worker/trainer/idx_reader.h"
-#include "worker/trainer/layers.h"
+#include "worker/app/trainer/idx_reader.h"
+#include "worker/app/trainer/layers.h"
 
 namespace adaps::trainer {
 
@@ -79,4 +79,4 @@ absl::StatusOr<EvalResult> Evaluate(Model& model, const Dataset& data, int batch
 
 }  // namespace adaps::trainer
 
-#endif  // ADAPS_WORKER_TRAINER_MODEL_H_
+#endif  // ADAPS_WORKER_APP_TRAINER_MODEL_H_

@@ -1,9 +1,9 @@
-// adaps-worker --mode=train: the built-in Fashion-MNIST trainer (worker/trainer/) running
+// adaps-worker --mode=train: the built-in Fashion-MNIST trainer (worker/app/trainer/) running
 // over the real cluster through the worker library. Every worker trains on its own disjoint
 // share of the training images; the servers average the pushed (compressed) gradients and
 // apply the optimizer; rank 0 sets the learning rate schedule and reports test accuracy.
-#ifndef ADAPS_WORKER_TRAIN_MODE_H_
-#define ADAPS_WORKER_TRAIN_MODE_H_
+#ifndef ADAPS_WORKER_APP_TRAIN_MODE_H_
+#define ADAPS_WORKER_APP_TRAIN_MODE_H_
 
 #include <cstdint>
 #include <functional>
@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "adaps/worker.h"
-#include "worker/trainer/exchange.h"
+#include "worker/app/trainer/exchange.h"
 
 namespace adaps {
 
@@ -46,4 +46,4 @@ absl::Status RunTraining(Worker& worker, const TrainConfig& config);
 
 }  // namespace adaps
 
-#endif  // ADAPS_WORKER_TRAIN_MODE_H_
+#endif  // ADAPS_WORKER_APP_TRAIN_MODE_H_

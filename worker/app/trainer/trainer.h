@@ -5,17 +5,17 @@
 //
 // Ownership: the trainer borrows the model, the exchange and the data set, which must
 // outlive it. Thread-safety: thread-compatible; one thread drives one trainer.
-#ifndef ADAPS_WORKER_TRAINER_TRAINER_H_
-#define ADAPS_WORKER_TRAINER_TRAINER_H_
+#ifndef ADAPS_WORKER_APP_TRAINER_TRAINER_H_
+#define ADAPS_WORKER_APP_TRAINER_TRAINER_H_
 
 #include <cstdint>
 #include <functional>
 
 #include "absl/status/statusor.h"
-#include "worker/trainer/exchange.h"
-#include "worker/trainer/idx_reader.h"
-#include "worker/trainer/model.h"
-#include "worker/trainer/sharding.h"
+#include "worker/app/trainer/exchange.h"
+#include "worker/app/trainer/idx_reader.h"
+#include "worker/app/trainer/model.h"
+#include "worker/app/trainer/sharding.h"
 
 namespace adaps::trainer {
 
@@ -63,4 +63,4 @@ class Trainer {
 
 }  // namespace adaps::trainer
 
-#endif  // ADAPS_WORKER_TRAINER_TRAINER_H_
+#endif  // ADAPS_WORKER_APP_TRAINER_TRAINER_H_

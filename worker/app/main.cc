@@ -1,7 +1,7 @@
 // adaps-worker: a worker process. Thin: builds the config from defaults < config file <
 // ADAPS_* environment < flags, creates an adaps::Worker and runs a mode:
-//   --mode=synthetic  push and pull tensors of given sizes (benchmark; worker/synthetic.h)
-//   --mode=train      the Fashion-MNIST trainer (worker/train_mode.h over worker/trainer/)
+//   --mode=synthetic  push and pull tensors of given sizes (benchmark; worker/app/synthetic.h)
+//   --mode=train      the Fashion-MNIST trainer (worker/app/train_mode.h over worker/app/trainer/)
 #include <cstdio>
 #include <string>
 
@@ -14,8 +14,8 @@
 #include "common/logging.h"
 #include "common/main_flags.h"
 #include "common/main_util.h"
-#include "worker/synthetic.h"
-#include "worker/train_mode.h"
+#include "worker/app/synthetic.h"
+#include "worker/app/train_mode.h"
 
 ABSL_FLAG(std::string, scheduler, "", "Scheduler address, e.g. tcp://127.0.0.1:5000");
 ABSL_FLAG(std::string, identity, "", "Stable identity: a restarted worker gets its rank back");
@@ -186,7 +186,7 @@ absl::StatusOr<adaps::TrainConfig> TrainFromFlags(adaps::CompressorKind kind) {
 
 int main(int argc, char** argv) {
   adaps::MainProgram program(
-      "adaps-worker", "worker",
+      "adaps-worker", "app",
       "a worker of an adaps cluster (synthetic benchmark or trainer).");
   if (auto exit_code = program.Init(argc, argv)) return *exit_code;
 

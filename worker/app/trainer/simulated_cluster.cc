@@ -1,4 +1,4 @@
-#include "worker/trainer/simulated_cluster.h"
+#include "worker/app/trainer/simulated_cluster.h"
 
 #include <chrono>
 #include <utility>

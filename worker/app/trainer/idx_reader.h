@@ -6,8 +6,8 @@
 // Failure: kNotFound for a missing file, kDataLoss for a file that is not a well-formed
 // IDX file (bad magic, unsupported element type, truncated data, wrong label range), and
 // kInvalidArgument when an images file and its labels file do not match.
-#ifndef ADAPS_WORKER_TRAINER_IDX_READER_H_
-#define ADAPS_WORKER_TRAINER_IDX_READER_H_
+#ifndef ADAPS_WORKER_APP_TRAINER_IDX_READER_H_
+#define ADAPS_WORKER_APP_TRAINER_IDX_READER_H_
 
 #include <cstdint>
 #include <string>
@@ -46,4 +46,4 @@ absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train);
 
 }  // namespace adaps::trainer
 
-#endif  // ADAPS_WORKER_TRAINER_IDX_READER_H_
+#endif  // ADAPS_WORKER_APP_TRAINER_IDX_READER_H_
