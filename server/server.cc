@@ -226,6 +226,8 @@ void Server::OnDeclare(InMessage& in) {
                                 memory_used_, " bytes in use)")));
     }
     memory_used_ += cost;
+    new_slices_ = true;
+    new_slice_at_ = absl::Now();
   }
   EngineWork work;
   work.kind = EngineWork::Kind::kDeclare;
@@ -302,8 +304,11 @@ void Server::OnPull(InMessage& in) {
   const msg::PullRequest* p = env->body_as_PullRequest();
   const int owner = engine_->OwnerOf(p->key());
   if (owner < 0) {
-    return ReplyError(in, absl::InvalidArgumentError(
-                              absl::StrCat("pull of undeclared slice ", p->key())));
+    return ReplyError(in, absl::InvalidArgumentError(absl::StrCat(
+                              "pull of undeclared slice ", p->key(),
+                              ": this server does not hold it (had the server restarted, its "
+                              "checkpoint was written before the slice was declared: the "
+                              "slice's parameters are lost)")));
   }
   Shard::Format format;
   switch (p->format()) {
@@ -396,10 +401,14 @@ void Server::MaybeTimedCheckpoint(absl::Time now) {
     return;
   }
   if (last_checkpoint_ == absl::Time()) last_checkpoint_ = now;
-  if (now - last_checkpoint_ < config_.checkpoint_interval) return;
-  last_checkpoint_ = now;
+  const bool due = now - last_checkpoint_ >= config_.checkpoint_interval;
+  // New slices are written once their declarations paused (a model's are declared together).
+  const bool new_slices = new_slices_ && now - new_slice_at_ >= absl::Milliseconds(200);
+  if (!due && !new_slices) return;
+  if (due) last_checkpoint_ = now;
   // One timed checkpoint at a time: a slow disk skips ticks instead of piling up snapshots.
   if (timed_checkpoint_busy_->exchange(true)) return;
+  new_slices_ = false;  // (the snapshot is queued after every declaration routed so far)
   StartCheckpoint(config_.checkpoint_dir, [this, busy = timed_checkpoint_busy_](absl::Status st) {
     if (!st.ok()) log_.get()->error("timed checkpoint failed: {}", st.ToString());
     busy->store(false);

@@ -199,6 +199,11 @@ class Server {
   const uint64_t memory_budget_;          // config_.max_memory, or its default
   uint64_t memory_used_ = 0;              // budgeted bytes of the slices with an owner
   absl::Time last_checkpoint_;
+  // A slice declared since the last timed checkpoint started (and when the latest was): with
+  // timed checkpoints, one is written once declarations pause, not a whole interval later
+  // (a server killed in between came back without the slices: MaybeTimedCheckpoint).
+  bool new_slices_ = false;
+  absl::Time new_slice_at_;
   std::unique_ptr<ClusterClient> cluster_;
   uint64_t restore_step_ = 0;  // of the latest view (the step checkpoint to restore)
   // The step checkpoints on disk (Register and heartbeats report them; any thread).

@@ -22,6 +22,7 @@ namespace {
 
 using ::adaps::testing::ClusterOptions;
 using ::adaps::testing::LocalCluster;
+using ::adaps::testing::MakeTempDir;
 using ::adaps::testing::Process;
 using ::adaps::testing::WaitForPortFile;
 using ::testing::HasSubstr;
@@ -198,6 +199,33 @@ std::vector<std::string> CheckpointedServerArgs(const LocalCluster& cluster) {
   if (::mkdir(ckpt.c_str(), 0755) != 0) return {};
   return {"--scheduler=" + cluster.scheduler_address(), "--optimizer=sum", "--identity=shard0",
           "--checkpoint_dir=" + ckpt, "--log_level=info"};
+}
+
+// A server with timed checkpoints writes one soon after new slices are declared, not a whole
+// interval later: killed in between, it came back without them and every worker failed on
+// "pull of undeclared slice". (Here the interval is a minute.) And a pull of a slice a
+// server does not hold says what that means.
+TEST(Faults, NewSlicesAreCheckpointedWithoutWaitingForTheInterval) {
+  ClusterOptions c = SumCluster(1, {});
+  const std::string ckpt = MakeTempDir();
+  c.server_args = {"--optimizer=sum", "--identity=shard0", "--checkpoint_dir=" + ckpt,
+                   "--checkpoint_interval_s=60", "--log_level=info"};
+  LocalCluster cluster(c);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  auto w = Worker::Create(Options(cluster.scheduler_address()));
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
+  ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+  const absl::Time declared = absl::Now();
+  const absl::Time end = declared + absl::Seconds(10);
+  while (cluster.server(0).Log().find("checkpoint of 1 slices") == std::string::npos &&
+         absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_THAT(cluster.server(0).Log(), HasSubstr("checkpoint of 1 slices"));
+  EXPECT_LT(absl::Now() - declared, absl::Seconds(5));
+  ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok());
+  EXPECT_TRUE((*w)->Stop().ok());
 }
 
 TEST(Faults, KilledServerRestartsFromItsCheckpointAndWorkersCarryOn) {
