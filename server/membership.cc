@@ -55,7 +55,7 @@ absl::Status Server::Start() {
     return view.status();
   }
   log_.get()->info("registered as server {} of a cluster with {} workers", transport_->rank(),
-                   num_workers_);
+                   members_.num_workers());
   return absl::OkStatus();
 }
 
@@ -99,7 +99,6 @@ void Server::Finish(absl::Status status) {
 
 void Server::OnView(const msg::ClusterView& view) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  num_workers_ = view.num_workers();
   if (view.job_id() != nullptr) job_id_ = view.job_id()->str();
   restore_step_ = view.restore_step();
   if (view.worker_secrets() != nullptr) {
@@ -108,47 +107,27 @@ void Server::OnView(const msg::ClusterView& view) {
       if (s->size() > 0) worker_secrets_.insert(s->str());
     }
   }
-  std::set<int> live;
+  std::vector<StepMembers::ViewWorker> workers;
   if (view.nodes()) {
     for (const auto* n : *view.nodes()) {
       if (n->role() != msg::Role::Worker || n->rank() < 0) continue;
-      if (n->alive()) live.insert(n->rank());
-      // Every worker of the first view takes part in the steps (the job forming, or the
-      // running job this restarted server comes back to) but a joiner that has not declared a
-      // tensor yet; one shown later, or not stepping yet, is counted from its first
-      // declaration or push here (CountWorker).
-      if (seen_workers_.insert(n->rank()).second && first_view_ && n->stepping()) {
-        counted_workers_.insert(n->rank());
-      }
+      workers.push_back({n->rank(), n->alive(), n->stepping()});
     }
   }
-  first_view_ = false;
-  view_live_ = std::move(live);
-  metrics_->OnView(transport_->rank(), view_live_.size());
-  if (UpdateLiveWorkers()) {
+  const bool lost = members_.OnView(view.num_workers(), workers);
+  metrics_->OnView(transport_->rank(), members_.view_live());
+  if (lost) {
     // Info, not warn: workers also leave on a normal finish; the scheduler warns of deaths.
-    log_.get()->info("{} live workers now", live_workers_.size());
+    log_.get()->info("{} live workers now", members_.live().size());
     CompleteStepsWithoutLostWorkers();
   }
 }
 
-bool Server::UpdateLiveWorkers() {
-  std::set<int> counted;
-  for (int w : view_live_) {
-    if (counted_workers_.count(w)) counted.insert(w);
-  }
-  bool lost = false;
-  for (int w : live_workers_) lost |= counted.count(w) == 0;
-  live_workers_ = std::move(counted);
-  return lost;
-}
-
 void Server::CountWorker(int rank) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  if (!counted_workers_.insert(rank).second) return;
-  UpdateLiveWorkers();
+  if (!members_.Count(rank)) return;
   log_.get()->info("worker {} joined: {} live workers take part in the steps", rank,
-                   live_workers_.size());
+                   members_.live().size());
   // (The engine learns the new set with the next push: Server::SyncLiveWorkers.)
 }
 

@@ -178,14 +178,14 @@ void Server::OnDeclare(InMessage& in) {
     return ReplyError(in, absl::InvalidArgumentError("slice length and bin size must be > 0"));
   }
   const msg::Envelope* env = in.envelope();
-  // (Not checked against num_workers_: a worker may declare before our own view arrived.)
+  // (Not checked against the view's workers: a worker may declare before our own view arrived.)
   if (env->sender_role() != msg::Role::Worker || env->sender_rank() < 0) {
     return ReplyError(in, absl::InvalidArgumentError("slice declared by a non-worker"));
   }
   if (auto st = CheckWorkerSecret(d->secret(), "DeclareSlice"); !st.ok()) {
     return ReplyError(in, st);
   }
-  if (env->sender_rank() < num_workers_) CountWorker(env->sender_rank());
+  if (env->sender_rank() < members_.num_workers()) CountWorker(env->sender_rank());
   if (d->pull_format() == msg::PullFormat::Recompressed && config_.backup_workers > 0) {
     return ReplyError(in, absl::FailedPreconditionError(absl::StrCat(
                               "recompressed pulls of '", d->name() ? d->name()->str() : "",
@@ -267,7 +267,7 @@ void Server::OnPush(InMessage& in) {
                               absl::StrCat("push to undeclared slice ", p->key())));
   }
   const int worker = env->sender_rank();
-  if (env->sender_role() != msg::Role::Worker || worker < 0 || worker >= num_workers_) {
+  if (env->sender_role() != msg::Role::Worker || worker < 0 || worker >= members_.num_workers()) {
     return ReplyError(in, absl::InvalidArgumentError("push from an unknown worker"));
   }
   auto header = PeekHeader(in.payload());
@@ -291,7 +291,7 @@ void Server::OnPush(InMessage& in) {
   Route(std::move(in), owner, std::move(work));
 }
 
-void Server::SyncLiveWorkers() { engine_->SetLiveWorkers(live_workers_); }
+void Server::SyncLiveWorkers() { engine_->SetLiveWorkers(members_.live()); }
 
 void Server::CompleteStepsWithoutLostWorkers() {
   if (!config_.sync) return;
@@ -340,7 +340,7 @@ void Server::OnPull(InMessage& in) {
   work.format = format;
   // (A forwarded answer leaves out the puller's own push only for a worker's pull.)
   if (env->sender_role() == msg::Role::Worker && env->sender_rank() >= 0 &&
-      env->sender_rank() < num_workers_) {
+      env->sender_rank() < members_.num_workers()) {
     work.worker = env->sender_rank();
     work.step = p->held_push();
   }

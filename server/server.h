@@ -38,6 +38,7 @@
 #include "common/transport.h"
 #include "server/server_metrics.h"
 #include "server/engine.h"
+#include "server/step_members.h"
 #include "server/shard.h"
 
 namespace adaps {
@@ -216,20 +217,10 @@ class Server {
   uint64_t common_step_ ABSL_GUARDED_BY(steps_mu_) = 0;  // the scheduler's, from heartbeats
   std::shared_ptr<std::atomic<bool>> timed_checkpoint_busy_ =
       std::make_shared<std::atomic<bool>>(false);
-  // Membership (I/O thread only). A sync step waits for the workers that are live and
-  // counted here: every worker of this server's first view, and one that joined the running
-  // job later from its first declaration or push here on (until then it has nothing to push
-  // to this server's slices: docs/reliability.md "Workers that join").
-  std::set<int> live_workers_;   // live and counted: what the engine completes steps against
-  std::set<int> view_live_;      // live in the latest view
-  std::set<int> seen_workers_;   // every worker rank a view has shown
-  std::set<int> counted_workers_;
-  bool first_view_ = true;
-  int num_workers_ = 0;  // one past the highest worker rank (joined ones included)
+  // The workers a sync step waits for (server/step_members.h; I/O thread only).
+  StepMembers members_;
   // Counts worker `rank` from now on (a declaration or push of a joined worker).
   void CountWorker(int rank);
-  // live_workers_ from view_live_ and counted_workers_; true when a worker was dropped.
-  bool UpdateLiveWorkers();
 
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
