@@ -48,6 +48,7 @@ absl::StatusOr<std::vector<SliceLayout>> SplitTensor(uint64_t length, uint32_t b
 }
 
 void Scheduler::OnBarrier(InMessage& in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const msg::Envelope* env = in.envelope();
   if (env->sender_role() != msg::Role::Worker || Authenticated(in) == nullptr) {
     Reject(in, absl::FailedPreconditionError("barrier: not a known worker"),
@@ -63,6 +64,7 @@ void Scheduler::OnBarrier(InMessage& in) {
 }
 
 void Scheduler::ReleaseBarriers() {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   if (!formed_) return;  // a restarted scheduler waits until every node is back
   for (auto it = barriers_.begin(); it != barriers_.end();) {
     int arrived = 0, expected = 0;
@@ -91,6 +93,7 @@ void Scheduler::ReleaseBarriers() {
 }
 
 void Scheduler::OnDeclare(InMessage& in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const msg::Envelope* env = in.envelope();
   const msg::DeclareTensor* d = env->body_as_DeclareTensor();
   auto fail = [&](absl::Status s) {

@@ -109,11 +109,13 @@ bool Scheduler::WaitForShutdown(absl::Duration timeout) {
 void Scheduler::Stop() { transport_->Stop(); }
 
 void Scheduler::Reject(const InMessage& in, const absl::Status& status, const char* reason) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   metrics_->Rejected(reason);
   transport_->Reply(in, MakeError(transport_->self(), in.envelope()->request_id(), status));
 }
 
 void Scheduler::UpdateNodeMetrics() {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   for (msg::Role role : {msg::Role::Server, msg::Role::Worker}) {
     SchedulerMetrics::NodeCounts counts;
     for (const auto& n : nodes_) {
@@ -131,6 +133,7 @@ void Scheduler::UpdateNodeMetrics() {
 }
 
 Scheduler::Node* Scheduler::FindNode(msg::Role role, int rank) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   for (auto& n : nodes_) {
     if (n.role == role && n.rank == rank && rank >= 0) return &n;
   }
@@ -138,6 +141,7 @@ Scheduler::Node* Scheduler::FindNode(msg::Role role, int rank) {
 }
 
 Scheduler::Node* Scheduler::Authenticated(const InMessage& in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   Node* node = FindNode(in.envelope()->sender_role(), in.envelope()->sender_rank());
   return node != nullptr && node->route == in.route() ? node : nullptr;
 }
@@ -151,6 +155,7 @@ int Scheduler::AliveWorkers() const {
 }
 
 void Scheduler::Handle(InMessage in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const msg::Envelope* env = in.envelope();
   switch (env->body_type()) {
     case msg::Body::Register:
@@ -184,6 +189,7 @@ void Scheduler::Handle(InMessage in) {
 }
 
 void Scheduler::OnRegister(InMessage& in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const msg::Register* reg = in.envelope()->body_as_Register();
   if (reg->role() != msg::Role::Server && reg->role() != msg::Role::Worker) {
     return Reject(in, absl::InvalidArgumentError("only servers and workers register"),
@@ -251,6 +257,7 @@ void Scheduler::OnRegister(InMessage& in) {
 
 bool Scheduler::Rejoin(const InMessage& in, const std::string& identity,
                        const std::string& address) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const msg::Register* reg = in.envelope()->body_as_Register();
   for (auto& n : nodes_) {
     if (n.identity != identity || n.role != reg->role()) continue;
@@ -289,6 +296,7 @@ bool Scheduler::Rejoin(const InMessage& in, const std::string& identity,
 }
 
 bool Scheduler::Join(const InMessage& in, const std::string& identity) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const int bound = std::max(config_.max_workers, config_.num_workers);
   if (AliveWorkers() >= bound) return false;
   const msg::Register* reg = in.envelope()->body_as_Register();
@@ -345,6 +353,7 @@ int Scheduler::PickRank(msg::Role role, int claimed, int want) const {
 }
 
 void Scheduler::Form() {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   formed_ = true;
   metrics_->Formed();
   epoch_ = max_seen_epoch_ + 1;
@@ -362,6 +371,7 @@ void Scheduler::Form() {
 }
 
 void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   flatbuffers::FlatBufferBuilder fbb(1024);
   std::vector<flatbuffers::Offset<msg::NodeInfo>> infos;
   std::vector<flatbuffers::Offset<flatbuffers::String>> secrets;
@@ -404,6 +414,7 @@ void Scheduler::BroadcastViewSoon() {
 }
 
 void Scheduler::BroadcastView() {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   ++epoch_;
   for (const auto& n : nodes_) {
     if (n.alive && !n.left) SendView(n, 0);
@@ -411,6 +422,7 @@ void Scheduler::BroadcastView() {
 }
 
 void Scheduler::OnHeartbeat(InMessage& in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const msg::Envelope* env = in.envelope();
   Node* claimed = FindNode(env->sender_role(), env->sender_rank());
   Node* node = Authenticated(in);
@@ -451,6 +463,7 @@ void Scheduler::OnHeartbeat(InMessage& in) {
 }
 
 void Scheduler::CheckHeartbeats() {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   if (!formed_) return;
   const absl::Time now = absl::Now();
   bool changed = false;
@@ -492,6 +505,7 @@ void Scheduler::CheckHeartbeats() {
 
 
 void Scheduler::OnLeave(InMessage& in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const msg::Envelope* env = in.envelope();
   Node* node = Authenticated(in);
   if (node == nullptr) {
@@ -515,6 +529,7 @@ void Scheduler::OnLeave(InMessage& in) {
 }
 
 void Scheduler::OnShutdownRequest(InMessage& in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const msg::Shutdown* sd = in.envelope()->body_as_Shutdown();
   const std::string token = sd->token() ? sd->token()->str() : "";
   if (config_.admin_token.empty() || token != config_.admin_token) {
@@ -542,6 +557,7 @@ void Scheduler::OnShutdownRequest(InMessage& in) {
 }
 
 void Scheduler::MaybeShutdown() {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   if (!formed_ || AliveWorkers() > 0) return;
   // Completed only if no node is still dead (one that came back with its identity is not).
   std::string dead;
@@ -559,6 +575,7 @@ void Scheduler::MaybeShutdown() {
 }
 
 void Scheduler::ShutdownCluster(const std::string& reason, absl::StatusCode code) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
   {
     absl::MutexLock lock(&mu_);
     if (done_) return;
