@@ -356,6 +356,23 @@ absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span
   return absl::OkStatus();
 }
 
+absl::Status DecodeAddTouched(absl::Span<const uint8_t> bytes, float factor,
+                              absl::Span<float> dst, std::vector<uint32_t>* touched) {
+  ADAPS_ASSIGN_OR_RETURN(WireHeader head, PeekHeader(bytes));
+  if (head.segments != 0) return wire_internal::DecodeAddSegmentedTouched(bytes, factor, dst, touched);
+  ADAPS_RETURN_IF_ERROR(DecodeAdd(bytes, factor, dst));
+  // DecodeAdd parsed an AdaComp or Top-k update's indices into this thread's scratch.
+  if (head.kind == CompressorKind::kAdaComp || head.kind == CompressorKind::kTopK) {
+    const std::vector<uint32_t>& idx = ScratchIndices();
+    touched->insert(touched->end(), idx.begin(), idx.begin() + head.count);
+  } else {
+    const size_t at = touched->size();
+    touched->resize(at + head.length);
+    for (uint32_t i = 0; i < head.length; ++i) (*touched)[at + i] = i;
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // dst[0, n) = src[0, n). On x86 with non-temporal stores past dst's first 16-byte boundary:

@@ -121,6 +121,14 @@ absl::Status DecodeUpdate(absl::Span<const uint8_t> bytes, CompressedUpdate* out
 // buffer is damaged.
 absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span<float> dst);
 
+// DecodeAdd(bytes, factor, dst), and appends to `*touched` the elements the update holds,
+// ascending: an AdaComp or Top-k update's indices, every element of a dense or sign one (a
+// segmented container's at their segments' offsets). One parse: a server tracking the
+// elements a step touched (sparse pulls) takes them from the decode that adds the push. On
+// any error neither dst nor `*touched` changes.
+absl::Status DecodeAddTouched(absl::Span<const uint8_t> bytes, float factor,
+                              absl::Span<float> dst, std::vector<uint32_t>* touched);
+
 // DecodeAdd(bytes, factor, dst), then copy = dst: a worker's recompressed pull (replica +=
 // update, parameters = replica). A single AdaComp update takes one pass over dst: each block
 // gets its additions while it is in cache and is copied at once. On any error neither dst

@@ -145,6 +145,9 @@ absl::Status ReadSegmentedHeader(ByteReader& r, WireHeader* h);
 // DecodeAdd of a segmented container whose total length is dst.size().
 absl::Status DecodeAddSegmented(absl::Span<const uint8_t> bytes, float factor,
                                 absl::Span<float> dst);
+// DecodeAddTouched of a segmented container (each segment's elements at its offset).
+absl::Status DecodeAddSegmentedTouched(absl::Span<const uint8_t> bytes, float factor,
+                                       absl::Span<float> dst, std::vector<uint32_t>* touched);
 
 // ---- index streams (wire_indices.cc) ------------------------------------------------------
 

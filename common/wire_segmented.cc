@@ -32,22 +32,53 @@ absl::Status ReadSegmentedHeader(ByteReader& r, WireHeader* h) {
   return absl::OkStatus();
 }
 
-absl::Status DecodeAddSegmented(absl::Span<const uint8_t> bytes, float factor,
-                                absl::Span<float> dst) {
+namespace {
+
+// Both segmented decode-adds; `touched` null: no elements collected.
+absl::Status AddSegments(absl::Span<const uint8_t> bytes, float factor, absl::Span<float> dst,
+                         std::vector<uint32_t>* touched) {
   ADAPS_ASSIGN_OR_RETURN(std::vector<SegmentView> views, SplitSegmented(bytes));
   // Every segment is validated by adding it into a copy; only a wholly valid container
   // reaches dst (the same additions, so the result is bit for bit that of adding directly).
   thread_local std::vector<float> scratch;
+  thread_local std::vector<uint32_t> part;
   scratch.assign(dst.begin(), dst.end());
+  const size_t touched_before = touched != nullptr ? touched->size() : 0;
   size_t at = 0;
+  absl::Status status;
   for (const SegmentView& v : views) {
-    ADAPS_RETURN_IF_ERROR(
-        DecodeAdd(v.bytes, factor, absl::MakeSpan(scratch.data() + at, v.segment.length)));
+    const absl::Span<float> seg = absl::MakeSpan(scratch.data() + at, v.segment.length);
+    if (touched == nullptr) {
+      status = DecodeAdd(v.bytes, factor, seg);
+    } else {
+      part.clear();
+      status = DecodeAddTouched(v.bytes, factor, seg, &part);
+      for (uint32_t i : part) touched->push_back(static_cast<uint32_t>(at) + i);
+    }
+    if (!status.ok()) break;
     at += v.segment.length;
   }
-  if (at != dst.size()) return absl::DataLossError("segments do not cover the update");
+  if (status.ok() && at != dst.size()) {
+    status = absl::DataLossError("segments do not cover the update");
+  }
+  if (!status.ok()) {
+    if (touched != nullptr) touched->resize(touched_before);
+    return status;
+  }
   std::copy(scratch.begin(), scratch.end(), dst.begin());
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DecodeAddSegmented(absl::Span<const uint8_t> bytes, float factor,
+                                absl::Span<float> dst) {
+  return AddSegments(bytes, factor, dst, nullptr);
+}
+
+absl::Status DecodeAddSegmentedTouched(absl::Span<const uint8_t> bytes, float factor,
+                                       absl::Span<float> dst, std::vector<uint32_t>* touched) {
+  return AddSegments(bytes, factor, dst, touched);
 }
 
 }  // namespace wire_internal

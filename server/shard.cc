@@ -256,17 +256,19 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", worker, " already pushed step ", step));
   }
-  ADAPS_RETURN_IF_ERROR(DecodeAdd(payload, 1.0f, absl::MakeSpan(agg_)));
-  if (pushed_.empty() && late_in_step_ == 0) {
+  if (pushed_.empty() && late_in_step_ == 0) {  // the step's first push (or a refused one's)
     step_tracked_ = track_touched_;
     touched_.clear();
     touched_ends_.clear();
     step_push_count_ = 0;
     step_push_workers_.clear();
   }
-  // (Checked by DecodeAdd already: an error here only stops tracking this step.)
+  // A tracked step takes the elements each push touched from the decode that adds it (one
+  // parse); on an error neither agg_ nor touched_ changed.
+  ADAPS_RETURN_IF_ERROR(step_tracked_
+                            ? DecodeAddTouched(payload, 1.0f, absl::MakeSpan(agg_), &touched_)
+                            : DecodeAdd(payload, 1.0f, absl::MakeSpan(agg_)));
   if (step_tracked_) {
-    step_tracked_ = CollectTouched(payload).ok();
     touched_ends_.push_back(touched_.size());
     if (step_push_count_ == step_pushes_.size()) step_pushes_.emplace_back();
     step_pushes_[step_push_count_++].assign(payload.begin(), payload.end());

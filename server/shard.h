@@ -186,8 +186,6 @@ class Shard {
   absl::Status CheckLength(absl::Span<const uint8_t> payload,
                            std::vector<WireSegment>* learned) const;
   absl::Status PublishRecompressed();
-  // Appends the elements `payload` (a checked push) adds to, to touched_: one ascending run.
-  absl::Status CollectTouched(absl::Span<const uint8_t> payload);
   // Makes touched_ ascending and distinct: merges its runs pairwise, log2(pushes) passes.
   void MergeTouched();
   // Encodes the current version's sparse answer (or decides it is dense), once per version.
@@ -253,7 +251,6 @@ class Shard {
   std::vector<std::pair<int, std::shared_ptr<std::vector<uint8_t>>>> forwarded_without_;
   float last_scale_ = 1.0f;
   bool last_forwardable_ = false;
-  CompressedUpdate touched_scratch_;
   // The current version's sparse answer: its bytes (null: the dense one is no larger) at
   // sparse_version_, forwarded pushes (sparse_forwarded_) or the merged list.
   std::shared_ptr<std::vector<uint8_t>> sparse_bytes_, sparse_spare_;

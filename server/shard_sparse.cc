@@ -12,29 +12,6 @@
 
 namespace adaps {
 
-absl::Status Shard::CollectTouched(absl::Span<const uint8_t> payload) {
-  auto append = [&](absl::Span<const uint8_t> bytes, uint32_t at,
-                    uint32_t n) -> absl::Status {
-    ADAPS_ASSIGN_OR_RETURN(WireHeader h, PeekHeader(bytes));
-    if (h.kind == CompressorKind::kAdaComp || h.kind == CompressorKind::kTopK) {
-      ADAPS_RETURN_IF_ERROR(DecodeUpdate(bytes, &touched_scratch_));
-      for (uint32_t i : touched_scratch_.indices) touched_.push_back(at + i);
-    } else {  // dense or sign: every element (a fused member sent dense is a few)
-      for (uint32_t i = 0; i < n; ++i) touched_.push_back(at + i);
-    }
-    return absl::OkStatus();
-  };
-  ADAPS_ASSIGN_OR_RETURN(WireHeader header, PeekHeader(payload));
-  if (header.segments == 0) return append(payload, 0, header.length);
-  ADAPS_ASSIGN_OR_RETURN(std::vector<SegmentView> views, SplitSegmented(payload));
-  uint32_t at = 0;
-  for (const SegmentView& view : views) {
-    ADAPS_RETURN_IF_ERROR(append(view.bytes, at, view.segment.length));
-    at += view.segment.length;
-  }
-  return absl::OkStatus();
-}
-
 void Shard::MergeTouched() {
   while (touched_ends_.size() > 1) {
     merge_scratch_.clear();

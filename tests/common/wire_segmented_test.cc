@@ -81,6 +81,51 @@ TEST(WireSegmented, AddsEachSegmentAtItsOffsetBitForBitAsSeparateUpdates) {
   EXPECT_EQ(0, std::memcmp(fused.data(), separate.data(), fused.size() * sizeof(float)));
 }
 
+// DecodeAddTouched adds as DecodeAdd does and appends the elements each part holds at its
+// offset: an AdaComp or Top-k part's indices (as DecodeUpdate gives them), every element of a
+// dense one. Damaged bytes change neither the buffer nor the list.
+TEST(WireSegmented, DecodeAddTouchedAddsAsDecodeAddAndListsEachPartsElements) {
+  const Bucket b = ThreeKinds();
+  std::vector<float> added = Gradient(b.total, 9), plain = added;
+  std::vector<uint32_t> touched = {7};  // appended to, not replaced
+  ASSERT_TRUE(DecodeAddTouched(b.bytes, 0.5f, absl::MakeSpan(added), &touched).ok());
+  ASSERT_TRUE(DecodeAdd(b.bytes, 0.5f, absl::MakeSpan(plain)).ok());
+  EXPECT_EQ(0, std::memcmp(added.data(), plain.data(), added.size() * sizeof(float)));
+  std::vector<uint32_t> expected = {7};
+  uint32_t at = 0;
+  for (size_t i = 0; i < b.parts.size(); ++i) {
+    auto header = PeekHeader(b.parts[i]);
+    ASSERT_TRUE(header.ok());
+    if (header->kind == CompressorKind::kDense) {
+      for (uint32_t j = 0; j < b.table[i].length; ++j) expected.push_back(at + j);
+    } else {
+      CompressedUpdate u;
+      ASSERT_TRUE(DecodeUpdate(b.parts[i], &u).ok());
+      ASSERT_FALSE(u.indices.empty()) << "part " << i;
+      for (uint32_t j : u.indices) expected.push_back(at + j);
+    }
+    at += b.table[i].length;
+  }
+  EXPECT_EQ(touched, expected);
+  // One part alone: its own indices, from 0.
+  std::vector<uint32_t> one;
+  std::vector<float> dst(120, 0.0f);
+  ASSERT_TRUE(DecodeAddTouched(b.parts[0], 1.0f, absl::MakeSpan(dst), &one).ok());
+  CompressedUpdate u;
+  ASSERT_TRUE(DecodeUpdate(b.parts[0], &u).ok());
+  EXPECT_EQ(one, u.indices);
+  // Damaged: nothing changes.
+  for (size_t n = 0; n < b.bytes.size(); n += 7) {
+    std::vector<uint8_t> cut(b.bytes.begin(), b.bytes.begin() + n);
+    std::vector<float> d = Gradient(b.total, 5);
+    const std::vector<float> before = d;
+    std::vector<uint32_t> list = {1, 2};
+    EXPECT_FALSE(DecodeAddTouched(cut, 1.0f, absl::MakeSpan(d), &list).ok()) << n;
+    EXPECT_EQ(0, std::memcmp(d.data(), before.data(), d.size() * sizeof(float))) << n;
+    EXPECT_EQ(list, (std::vector<uint32_t>{1, 2})) << n;
+  }
+}
+
 TEST(WireSegmented, SplitReturnsTheTableAndEachSegmentsBytes) {
   const Bucket b = ThreeKinds();
   auto views = SplitSegmented(b.bytes);
