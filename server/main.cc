@@ -28,7 +28,9 @@ ABSL_FLAG(double, epsilon, 1e-8, "Adam epsilon");
 ABSL_FLAG(int, register_timeout_ms, 60000, "How long to wait for the cluster to form");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Directory of server-<rank>.ckpt: default for Checkpoint requests, the timer, restore");
-ABSL_FLAG(int, checkpoint_interval_s, 0, "Write a checkpoint this often (0: only on request)");
+ABSL_FLAG(double, checkpoint_interval_s, 0,
+          "Write a checkpoint this often, in seconds (fractions too; the timer ticks every "
+          "100 ms; 0: only on request)");
 ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
           "Also write a step checkpoint at every multiple of this step, the same steps on "
           "every server; a restart restores the latest step every server has (0: none)");

@@ -8,7 +8,8 @@
 #       seconds (adaps-scheduler --max_workers=8); the server is killed (SIGKILL) every KILL_S
 #       seconds and started again with the same flags (it restores its checkpoint)
 # Environment: STEPS (steps per worker, 600), EVAL (20), JOIN_S (5), KILL_S (8; whole seconds), TARGET
-# (0.85), ADAPS_BUILD_DIR (build), KEEP_LOGS (a folder to copy the logs into). Prints rank 0's evaluations, the time to TARGET (rank 0's
+# (0.85), CKPT_S (the server's --checkpoint_interval_s, 1), ADAPS_BUILD_DIR (build), KEEP_LOGS
+# (a folder to copy the logs into). Prints rank 0's evaluations, the time to TARGET (rank 0's
 # elapsed time at the first evaluation at or above it), the final accuracy, the kills, and
 # every worker's exit status.
 set -u
@@ -35,7 +36,7 @@ addr="tcp://127.0.0.1:$(cat "$tmp/port")"
 mkdir -p "$tmp/ckpt"
 server_cmd=("$b"/server/adaps-server --scheduler="$addr" --log_level=info --optimizer=sgd
             --pull_bin_size=100 --identity=s0 --checkpoint_dir="$tmp/ckpt"
-            --checkpoint_interval_s=1 --register_timeout_ms=30000)
+            --checkpoint_interval_s="${CKPT_S:-1}" --register_timeout_ms=30000)
 "${server_cmd[@]}" >>"$tmp/server.log" 2>&1 & server=$!
 worker() {  # index
   "$b"/worker/adaps-worker --scheduler="$addr" --mode=train --model=mlp --compressor=adacomp \

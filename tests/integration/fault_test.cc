@@ -228,6 +228,40 @@ TEST(Faults, NewSlicesAreCheckpointedWithoutWaitingForTheInterval) {
   EXPECT_TRUE((*w)->Stop().ok());
 }
 
+// --checkpoint_interval_s takes fractions (the timer ticks every 100 ms): a restart loses at
+// most that much training. It was an integer flag, and 0.25 was a usage error.
+TEST(Faults, SubSecondCheckpointIntervalsAreKept) {
+  ClusterOptions c = SumCluster(1, {});
+  const std::string ckpt = MakeTempDir();
+  c.server_args = {"--optimizer=sum", "--identity=shard0", "--checkpoint_dir=" + ckpt,
+                   "--checkpoint_interval_s=0.25", "--log_level=info"};
+  LocalCluster cluster(c);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  WorkerOptions o = Options(cluster.scheduler_address());
+  o.register_timeout = absl::Seconds(5);
+  auto w = Worker::Create(o);
+  ASSERT_TRUE(w.ok()) << w.status() << "\n" << cluster.server(0).Log();
+  std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
+  ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+  const auto count = [&] {
+    const std::string log = cluster.server(0).Log();
+    int n = 0;
+    for (size_t at = log.find("checkpoint of 1 slices"); at != std::string::npos;
+         at = log.find("checkpoint of 1 slices", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  const absl::Time start = absl::Now();
+  while (count() < 4 && absl::Now() < start + absl::Seconds(10)) {
+    ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok());
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_GE(count(), 4) << cluster.server(0).Log();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3)) << "four checkpoints at 0.25 s intervals";
+  EXPECT_TRUE((*w)->Stop().ok());
+}
+
 TEST(Faults, KilledServerRestartsFromItsCheckpointAndWorkersCarryOn) {
   LocalCluster cluster(RestartableServerCluster());
   ASSERT_FALSE(cluster.scheduler_address().empty());

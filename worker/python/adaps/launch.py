@@ -226,8 +226,9 @@ def main(argv=None):
                     help="extra adaps-server flag, e.g. --server-arg=--learning_rate=0.1")
     ap.add_argument("--checkpoint-dir", default=None,
                     help="servers' --checkpoint_dir; enables restarting a dead server")
-    ap.add_argument("--checkpoint-interval", type=int, default=30,
-                    help="servers' --checkpoint_interval_s with --checkpoint-dir (default 30)")
+    ap.add_argument("--checkpoint-interval", type=float, default=30,
+                    help="servers' --checkpoint_interval_s with --checkpoint-dir, in seconds "
+                         "(fractions too; default 30)")
     ap.add_argument("--server-restarts", type=int, default=3,
                     help="how many times a dead server is restarted in all (default 3)")
     ap.add_argument("--bin-dir", default=None, help="where adaps-scheduler/-server are")
@@ -299,7 +300,7 @@ def main(argv=None):
                       "--log_level=" + a.log_level]
             if a.checkpoint_dir:
                 argv_s += ["--checkpoint_dir=" + a.checkpoint_dir,
-                           "--checkpoint_interval_s=%d" % a.checkpoint_interval]
+                           "--checkpoint_interval_s=%g" % a.checkpoint_interval]
             server_argv.append(argv_s + a.server_arg)
             procs.append(_Proc("s%d" % s, server_argv[s], env, lock))
         server_env = env  # (`env` is reused below)
