@@ -369,7 +369,7 @@ void Worker::Impl::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pul
     log_.get()->warn("tensor '{}': {}; retrying {} slice(s) once the server is back",
                      op->t->spec.name, std::string(first.message()), failed.size());
   }
-  if (!PostRetry([this, op, failed] { Retry(op, failed); })) Fulfil(*op, first);
+  if (!retries_.Post([this, op, failed] { Retry(op, failed); })) Fulfil(*op, first);
 }
 
 void Worker::Impl::Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices) {
@@ -404,7 +404,5 @@ void Worker::Impl::Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> s
   }
   SendParts(op, slices);
 }
-
-bool Worker::Impl::PostRetry(JobPool::Job job) { return retries_.Post(std::move(job)); }
 
 }  // namespace adaps

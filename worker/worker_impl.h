@@ -158,9 +158,9 @@ class Worker::Impl {
   void PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pull_part,
                 absl::Status status);
   bool Retryable(RunOp& op, size_t i, bool pull_part, const absl::Status& status);
-  // Retry thread: waits for the restarted servers, resynchronizes, sends again.
+  // Retry thread (retries_): waits for the restarted servers, resynchronizes (or takes the
+  // published replica again after a refused recompressed pull), sends again.
   void Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices);
-  bool PostRetry(JobPool::Job job);
 
   // Membership (membership.cc): common/cluster_client registers, heartbeats, re-registers
   // and guards views and shutdowns; OnView and OnShutdown are its callbacks (I/O thread).

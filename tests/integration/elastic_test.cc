@@ -306,6 +306,53 @@ TEST(Elastic, SchedulerRefusesAMaxWorkersBelowTheStartingCount) {
   EXPECT_THAT(scheduler.Log(), HasSubstr("max_workers (2) must be 0 or at least num_workers (3)"));
 }
 
+// Up to three workers of one dense all-ones tensor "c" (kCount elements), 3 s deadlines:
+// each step adds one per pusher, so c[0] counts the pushes the servers took.
+struct CountingWorkers {
+  std::string scheduler;
+  std::vector<std::unique_ptr<Worker>> w = std::vector<std::unique_ptr<Worker>>(3);
+  std::vector<std::vector<float>> p =
+      std::vector<std::vector<float>>(3, std::vector<float>(kCount, 0.0f));
+
+  void Make(int i) {
+    WorkerOptions o = Options(scheduler);
+    o.request_timeout = absl::Seconds(3);
+    auto made = Worker::Create(o);
+    ASSERT_TRUE(made.ok()) << made.status();
+    w[i] = *std::move(made);
+  }
+  void Declare(int i) {
+    ASSERT_TRUE(w[i]->Declare({"c", {static_cast<int64_t>(kCount)}, 100, Compression::kDense},
+                              absl::MakeSpan(p[i]))
+                    .ok());
+  }
+  // Workers 0 and 1 made and declared together (Declare is collective).
+  void StartTwo() {
+    std::thread t0([&] {
+      Make(0);
+      if (w[0]) Declare(0);
+    });
+    Make(1);
+    if (w[1]) Declare(1);
+    t0.join();
+  }
+  // `n` steps of the workers in `who` at once.
+  void Steps(const std::vector<int>& who, int n) {
+    const std::vector<float> ones(kCount, 1.0f);
+    for (int s = 0; s < n; ++s) {
+      std::vector<std::future<absl::Status>> f;
+      for (int i : who) f.push_back(w[i]->PushPull("c", ones, absl::MakeSpan(p[i])));
+      for (auto& x : f) ASSERT_TRUE(x.get().ok()) << "step " << s;
+    }
+  }
+  // Waits until worker 0's view shows `n` live workers.
+  void AwaitLive(int n) {
+    const absl::Time end = absl::Now() + absl::Seconds(5);
+    while (w[0]->live_workers() != n && absl::Now() < end) absl::SleepFor(absl::Milliseconds(10));
+    ASSERT_EQ(w[0]->live_workers(), n);
+  }
+};
+
 TEST(Elastic, AJoinerThatHasNotDeclaredYetHoldsUpNobodysStep) {
   ClusterOptions c;
   c.num_servers = 1;
@@ -314,54 +361,25 @@ TEST(Elastic, AJoinerThatHasNotDeclaredYetHoldsUpNobodysStep) {
   c.server_args = {"--optimizer=sum"};
   LocalCluster cluster(c);
   ASSERT_FALSE(cluster.scheduler_address().empty());
-  std::vector<std::unique_ptr<Worker>> w(3);
-  std::vector<std::vector<float>> p(3, std::vector<float>(kCount, 0.0f));
-  const std::vector<float> ones(kCount, 1.0f);
-  auto declare = [&](int i) {
-    WorkerOptions o = Options(cluster.scheduler_address());
-    o.request_timeout = absl::Seconds(3);
-    auto made = Worker::Create(o);
-    ASSERT_TRUE(made.ok()) << made.status();
-    w[i] = *std::move(made);
-    ASSERT_TRUE(w[i]->Declare({"c", {static_cast<int64_t>(kCount)}, 100, Compression::kDense},
-                              absl::MakeSpan(p[i]))
-                    .ok());
-  };
-  // Steps of the workers in `who` at once; each step adds one per pusher.
-  auto steps = [&](std::vector<int> who, int n) {
-    for (int s = 0; s < n; ++s) {
-      std::vector<std::future<absl::Status>> f;
-      for (int i : who) f.push_back(w[i]->PushPull("c", ones, absl::MakeSpan(p[i])));
-      for (auto& x : f) ASSERT_TRUE(x.get().ok()) << "step " << s;
-    }
-  };
-  {
-    std::thread t0([&] { declare(0); });
-    declare(1);
-    t0.join();
-  }
+  CountingWorkers cw{cluster.scheduler_address()};
+  auto& w = cw.w;
+  auto& p = cw.p;
+  cw.StartTwo();
   ASSERT_TRUE(w[0] && w[1]);
-  steps({0, 1}, 3);
+  cw.Steps({0, 1}, 3);
   EXPECT_EQ(p[0][0], 6.0f);
   // A third worker joins (registered, live in every view) but does not declare for a while:
   // the others' steps go on without it (they would wait past their 3 s deadline otherwise).
-  WorkerOptions o = Options(cluster.scheduler_address());
-  o.request_timeout = absl::Seconds(3);
-  auto joined = Worker::Create(o);
-  ASSERT_TRUE(joined.ok()) << joined.status();
-  w[2] = *std::move(joined);
-  const absl::Time end = absl::Now() + absl::Seconds(5);
-  while (w[0]->live_workers() != 3 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(10));
-  ASSERT_EQ(w[0]->live_workers(), 3);
+  cw.Make(2);
+  ASSERT_TRUE(w[2]);
+  cw.AwaitLive(3);
   absl::SleepFor(absl::Milliseconds(300));  // every server saw the view with it
-  steps({0, 1}, 5);
+  cw.Steps({0, 1}, 5);
   EXPECT_EQ(p[0][0], 16.0f);
   // Once it declared, it takes part: three pushes a step, its first values the current ones.
-  ASSERT_TRUE(w[2]->Declare({"c", {static_cast<int64_t>(kCount)}, 100, Compression::kDense},
-                            absl::MakeSpan(p[2]))
-                  .ok());
+  cw.Declare(2);
   EXPECT_EQ(p[2][0], 16.0f);
-  steps({0, 1, 2}, 2);
+  cw.Steps({0, 1, 2}, 2);
   EXPECT_EQ(p[0][0], 22.0f);
   EXPECT_EQ(p[2][0], 22.0f);
   for (auto& x : w) EXPECT_TRUE(x->Stop().ok());
@@ -388,46 +406,17 @@ TEST(Elastic, ARestartedServerWaitsForNoJoinerThatHasNotDeclaredYet) {
       "--checkpoint_dir=" + ckpt, "--log_level=info", "--register_timeout_ms=20000"};
   auto server = std::make_unique<Process>(ADAPS_SERVER_BIN, server_args,
                                           cluster.dir() + "/s-a.log");
-  std::vector<std::unique_ptr<Worker>> w(3);
-  std::vector<std::vector<float>> p(3, std::vector<float>(kCount, 0.0f));
-  const std::vector<float> ones(kCount, 1.0f);
-  auto make = [&](int i) {
-    WorkerOptions o = Options(cluster.scheduler_address());
-    o.request_timeout = absl::Seconds(3);
-    auto made = Worker::Create(o);
-    ASSERT_TRUE(made.ok()) << made.status();
-    w[i] = *std::move(made);
-  };
-  auto declare = [&](int i) {
-    ASSERT_TRUE(w[i]->Declare({"c", {static_cast<int64_t>(kCount)}, 100, Compression::kDense},
-                              absl::MakeSpan(p[i]))
-                    .ok());
-  };
-  auto steps = [&](std::vector<int> who, int n) {
-    for (int s = 0; s < n; ++s) {
-      std::vector<std::future<absl::Status>> f;
-      for (int i : who) f.push_back(w[i]->PushPull("c", ones, absl::MakeSpan(p[i])));
-      for (auto& x : f) ASSERT_TRUE(x.get().ok()) << "step " << s;
-    }
-  };
-  {
-    std::thread t0([&] {
-      make(0);
-      declare(0);
-    });
-    make(1);
-    declare(1);
-    t0.join();
-  }
+  CountingWorkers cw{cluster.scheduler_address()};
+  auto& w = cw.w;
+  auto& p = cw.p;
+  cw.StartTwo();
   ASSERT_TRUE(w[0] && w[1]);
-  steps({0, 1}, 3);
+  cw.Steps({0, 1}, 3);
   ASSERT_EQ(p[0][0], 6.0f);
   ASSERT_TRUE(w[0]->Checkpoint("").ok());  // the servers' state at step 3
-  make(2);  // registered, live in every view, nothing declared
+  cw.Make(2);  // registered, live in every view, nothing declared
   ASSERT_TRUE(w[2]);
-  const absl::Time end = absl::Now() + absl::Seconds(5);
-  while (w[0]->live_workers() != 3 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(10));
-  ASSERT_EQ(w[0]->live_workers(), 3);
+  cw.AwaitLive(3);
   server->Kill();
   server = std::make_unique<Process>(ADAPS_SERVER_BIN, server_args, cluster.dir() + "/s-b.log");
   const absl::Time up = absl::Now() + absl::Seconds(10);
@@ -435,12 +424,12 @@ TEST(Elastic, ARestartedServerWaitsForNoJoinerThatHasNotDeclaredYet) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   ASSERT_THAT(server->Log(), HasSubstr("restored at step 3"));
-  steps({0, 1}, 3);  // from the restored step 3: two pushes a step
+  cw.Steps({0, 1}, 3);  // from the restored step 3: two pushes a step
   EXPECT_EQ(p[0][0], 12.0f) << server->Log();
   // Once it declared, it takes part.
-  declare(2);
+  cw.Declare(2);
   EXPECT_EQ(p[2][0], 12.0f);
-  steps({0, 1, 2}, 1);
+  cw.Steps({0, 1, 2}, 1);
   EXPECT_EQ(p[0][0], 15.0f);
   EXPECT_EQ(p[2][0], 15.0f);
   for (auto& x : w) EXPECT_TRUE(x->Stop().ok());
