@@ -324,8 +324,7 @@ class EngineRig {
     const uint32_t per = static_cast<uint32_t>(d.n / kSlices);
     engine_.Start();
     for (uint64_t key = 0; key < kSlices; ++key) {
-      EngineWork w;
-      w.kind = EngineWork::Kind::kDeclare;
+      DeclareWork w;
       w.key = key;
       w.length = per;
       w.bin_size = kBinSize;
@@ -340,15 +339,13 @@ class EngineRig {
   void Step() {
     const Data& d = GetData();
     for (uint64_t key = 0; key < kSlices; ++key) {
-      EngineWork push;
-      push.kind = EngineWork::Kind::kPush;
+      PushWork push;
       push.key = key;
       push.worker = 0;
       push.step = step_;
       push.bytes = d.slice_pushes[key];
       engine_.Submit(engine_.OwnerOf(key), std::move(push));
-      EngineWork pull;
-      pull.kind = EngineWork::Kind::kPull;
+      PullWork pull;
       pull.key = key;
       pull.request_id = 1;
       pull.min_version = step_ + 1;

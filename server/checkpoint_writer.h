@@ -1,18 +1,19 @@
-// The server's checkpoint owner: the writer thread, the step checkpoints being collected and
-// the hyperparameters every checkpoint carries. The engine (server/engine.h) only runs the
-// threads that own the slices; they report to this through CheckpointReports, a narrow
-// interface (no pointer back to the engine).
+// The checkpoint owner's writer (server/checkpoint_policy.h owns it): the writer thread, the
+// step checkpoints being collected and the hyperparameters every checkpoint carries. The
+// engine (server/engine.h) only runs the threads that own the slices; they report to this
+// through CheckpointReports, a narrow interface (no pointer back to the engine).
 //
 // Writes: a timed or requested checkpoint is a CheckpointJob that every engine thread adds
 // its shards' records to; the last one hands it on (Write). Step checkpoints
 // (--checkpoint_every_steps): each engine thread reports a slice's record when its version
 // reaches a multiple of the interval (AddStepRecord); once every slice of the server is
-// recorded at a step, the file is written. The file format, its durable write and the
-// restore policy are server/checkpoint.h; the writer thread writes one job at a time, in the
+// recorded at a step, the file is written. The file format and its durable write are
+// server/checkpoint.h, the restore policy server/checkpoint_policy.h; the writer thread writes one job at a time, in the
 // order handed on, and then calls the job's `done`.
 //
-// Threads: Start/Stop, SetSlices, SetStepCheckpoints from the owner (the engine, on the I/O
-// thread); the CheckpointReports methods from any engine thread; SetHyper/hyper from the I/O
+// Threads: Start/Stop, SetStepCheckpoints from the owner (the policy, on the server's I/O
+// thread); the CheckpointReports methods from the engine (any engine thread; SetSlices from
+// the I/O thread); SetHyper/hyper from the I/O
 // thread. Everything is guarded by one leaf mutex (docs/threading.md).
 #ifndef ADAPS_SERVER_CHECKPOINT_WRITER_H_
 #define ADAPS_SERVER_CHECKPOINT_WRITER_H_
@@ -59,6 +60,9 @@ class CheckpointReports {
   // declaration was refused is not waited for by the step records (a step already waiting
   // for it is given up when a later step completes).
   virtual void SetShardHeld(uint64_t key, bool held) = 0;
+  // The number of slices the server holds (keys given an owner): a step checkpoint is
+  // written once that many records (less the unheld keys) reached a step.
+  virtual void SetSlices(size_t slices) = 0;
 };
 
 class CheckpointWriter final : public CheckpointReports {
@@ -72,9 +76,6 @@ class CheckpointWriter final : public CheckpointReports {
   // Closes the queue, writes what is queued, joins. A job handed on later fails at once.
   void Stop();
 
-  // The number of slices the server holds (keys given an owner): a step checkpoint is
-  // written once that many records (less the unheld keys) reached a step.
-  void SetSlices(size_t slices) { slices_ = slices; }
   // Where step checkpoints go: `path(step)`, of job `job_id`; `done(step, status, slices)`
   // runs on the writer thread. Until this is called, step records are not kept.
   void SetStepCheckpoints(std::function<std::string(uint64_t)> path, std::string job_id,
@@ -86,6 +87,7 @@ class CheckpointWriter final : public CheckpointReports {
   void Write(std::shared_ptr<CheckpointJob> job) override;
   void AddStepRecord(uint64_t step, SliceRecord record) override;
   void SetShardHeld(uint64_t key, bool held) override;
+  void SetSlices(size_t slices) override { slices_ = slices; }
 
  private:
   void Run();

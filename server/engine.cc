@@ -25,15 +25,13 @@ Engine::~Engine() { Stop(); }
 void Engine::Start() {
   if (running_) return;
   running_ = true;
-  writer_.Start();
 }
 
 void Engine::Stop() {
   if (!running_) return;
   running_ = false;
   for (auto& thread : threads_) thread->Close();
-  for (auto& thread : threads_) thread->Join();  // they may still hand snapshots on
-  writer_.Stop();
+  for (auto& thread : threads_) thread->Join();
 }
 
 int Engine::OwnerOf(uint64_t key) const {
@@ -47,14 +45,14 @@ int Engine::AssignOwner(uint64_t key) {
   const int owner = next_owner_;
   next_owner_ = (next_owner_ + 1) % std::max(1, options_.threads);
   owner_.emplace(key, owner);
-  writer_.SetSlices(owner_.size());
+  if (options_.checkpoints != nullptr) options_.checkpoints->SetSlices(owner_.size());
   return owner;
 }
 
 EngineThread& Engine::Thread(int index) {
   while (static_cast<int>(threads_.size()) <= index) {
     threads_.push_back(
-        std::make_unique<EngineThread>(options_, sink_, &writer_, live_, optimizer_));
+        std::make_unique<EngineThread>(options_, sink_, options_.checkpoints, live_, optimizer_));
     threads_.back()->Start();
   }
   return *threads_[index];
@@ -68,55 +66,31 @@ bool Engine::Submit(int owner, EngineWork work) {
 void Engine::SetLiveWorkers(const std::set<int>& live) {
   if (live == live_) return;
   live_ = live;
-  for (auto& thread : threads_) {
-    EngineWork work;
-    work.kind = EngineWork::Kind::kLiveWorkers;
-    work.live = live;
-    thread->Submit(std::move(work));
-  }
+  for (auto& thread : threads_) thread->Submit(LiveWorkersWork{live});
 }
 
 void Engine::SetOptimizer(const OptimizerConfig& optimizer) {
   optimizer_ = optimizer;
-  for (auto& thread : threads_) {
-    EngineWork work;
-    work.kind = EngineWork::Kind::kOptimizer;
-    work.optimizer = optimizer;
-    thread->Submit(std::move(work));
-  }
+  for (auto& thread : threads_) thread->Submit(OptimizerWork{optimizer});
 }
 
 void Engine::Adopt(Shard shard) {
-  EngineWork work;
-  work.kind = EngineWork::Kind::kAdopt;
-  work.key = shard.key();
-  const int owner = AssignOwner(work.key);
-  work.shard.emplace(std::move(shard));
-  Submit(owner, std::move(work));
+  const int owner = AssignOwner(shard.key());
+  Submit(owner, AdoptWork{std::move(shard)});
 }
 
-void Engine::Checkpoint(std::string path, std::string job_id,
-                        std::function<void(absl::Status, size_t)> done) {
-  auto job = std::make_shared<CheckpointJob>();
-  job->path = std::move(path);
-  job->job_id = std::move(job_id);
-  job->done = std::move(done);
-  job->hyper = writer_.hyper();
-  if (!running_) {
-    job->done(absl::UnavailableError("the server is stopping"), 0);
+void Engine::Snapshot(std::shared_ptr<CheckpointJob> job) {
+  if (!running_ || options_.checkpoints == nullptr) {
+    job->done(absl::UnavailableError(running_ ? "no checkpoint owner" : "the server is stopping"),
+              0);
     return;
   }
   {
     std::lock_guard<std::mutex> lock(job->mu);
     job->remaining = static_cast<int>(threads_.size());
   }
-  if (threads_.empty()) return writer_.Write(std::move(job));
-  for (auto& thread : threads_) {
-    EngineWork work;
-    work.kind = EngineWork::Kind::kSnapshot;
-    work.job = job;
-    thread->Submit(std::move(work));  // running: queues are open
-  }
+  if (threads_.empty()) return options_.checkpoints->Write(std::move(job));
+  for (auto& thread : threads_) thread->Submit(SnapshotWork{job});  // running: queues are open
 }
 
 }  // namespace adaps

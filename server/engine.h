@@ -14,12 +14,13 @@
 // checkpoint holds exactly the messages routed before its request.
 //
 // Checkpoints: each thread snapshots its shards' records when the snapshot reaches it; the
-// last one hands the records to the checkpoint owner (server/checkpoint_writer.h, through
-// its narrow CheckpointReports interface), whose thread writes the file and then calls the
-// request's callback: the I/O thread never waits.
+// last one hands the records to the checkpoint owner (server/checkpoint_policy.h, through
+// the narrow CheckpointReports interface of server/checkpoint_writer.h), whose thread writes
+// the file and then calls the request's callback: the I/O thread never waits. The engine
+// holds no checkpoint state of its own.
 //
 // Threads: engine threads are started as slices arrive (never more than slices, nor than
-// EngineOptions::threads), the writer at Start. Stop closes every queue, lets the threads
+// EngineOptions::threads). Stop closes every queue, lets the threads
 // finish what is queued (answers then go to the sink, which may drop them), and joins.
 // Thread-safety: Start/Stop from the owner (Server), after the producer stopped; every other
 // method from the one producer thread (the I/O thread).
@@ -36,6 +37,8 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -54,45 +57,78 @@ class ServerMetrics;
 // (sched_getaffinity), at least 1. `requested` > 0 is taken as it is.
 int DefaultEngineThreads(int requested = 0);
 
-// One unit of work for an engine thread. The I/O thread fills what the owner needs from the
-// envelope (the owner never reads the envelope: it may not survive the move), and moves the
-// received message in `frame` so that its payload stays alive; tests and benchmarks give
-// `bytes` instead.
-struct EngineWork {
-  enum class Kind { kDeclare, kPush, kPull, kLiveWorkers, kOptimizer, kSnapshot, kAdopt };
-  Kind kind = Kind::kPush;
+// What an engine thread is given: a worker's request (declare, push, pull) or one of the
+// I/O thread's broadcasts and hand-overs, as one std::variant (EngineWork).
+//
+// A request carries what the owner needs from the envelope (the owner never reads the
+// envelope: it may not survive the move), and the received message in `frame` so that its
+// payload stays alive; tests and benchmarks give `bytes` instead.
+struct EngineRequest {
   uint64_t key = 0;
   // Where the answer goes: a ROUTER route, or a DEALER peer when peer >= 0.
   std::string route;
   int peer = -1;
   uint64_t request_id = 0;
-  // kPush (kPull: the puller's rank, and the step + 1 of the push it holds, or 0)
-  int worker = -1;
-  uint64_t step = 0;
-  // kPull
-  uint64_t min_version = 0;
-  uint64_t have_version = 0;
-  Shard::Format format = Shard::Format::kDense;
-  // kDeclare
-  std::string name;
-  uint32_t length = 0;
-  uint32_t bin_size = 0;
-  bool has_init = false;
-  std::vector<WireSegment> segments;  // a fusion bucket's table (DeclareSlice.segments)
-  uint32_t downlink_bin_cap = 0;        // a bucket's: the server's --pull_bin_size (0: none)
   // The payload (push, declare's initial values): bytes when set, else frame's payload.
   InMessage frame;
   SharedBytes bytes;
-  // Broadcasts and hand-overs.
-  std::set<int> live;
-  OptimizerConfig optimizer;
-  std::shared_ptr<struct CheckpointJob> job;
-  std::optional<Shard> shard;
 
   absl::Span<const uint8_t> payload() const {
     return bytes ? absl::MakeConstSpan(*bytes) : frame.payload();
   }
 };
+
+struct DeclareWork : EngineRequest {
+  std::string name;
+  uint32_t length = 0;
+  uint32_t bin_size = 0;
+  bool has_init = false;
+  std::vector<WireSegment> segments;  // a fusion bucket's table (DeclareSlice.segments)
+  uint32_t downlink_bin_cap = 0;      // a bucket's: the server's --pull_bin_size (0: none)
+};
+
+struct PushWork : EngineRequest {
+  int worker = -1;
+  uint64_t step = 0;
+};
+
+struct PullWork : EngineRequest {
+  int worker = -1;         // the puller's rank
+  uint64_t held_push = 0;  // the step + 1 of this slice's push the puller holds; 0: none
+  uint64_t min_version = 0;
+  uint64_t have_version = 0;
+  Shard::Format format = Shard::Format::kDense;
+};
+
+// Broadcasts (queued to every thread at one point of the I/O thread's order) and hand-overs.
+struct LiveWorkersWork {
+  std::set<int> live;
+};
+struct OptimizerWork {
+  OptimizerConfig optimizer;
+};
+struct SnapshotWork {
+  std::shared_ptr<struct CheckpointJob> job;
+};
+struct AdoptWork {
+  Shard shard;
+};
+
+using EngineWork = std::variant<DeclareWork, PushWork, PullWork, LiveWorkersWork, OptimizerWork,
+                                SnapshotWork, AdoptWork>;
+
+// The request part of `work`; null for a broadcast or hand-over.
+inline EngineRequest* AsRequest(EngineWork& work) {
+  return std::visit(
+      [](auto& w) -> EngineRequest* {
+        if constexpr (std::is_base_of_v<EngineRequest, std::decay_t<decltype(w)>>) {
+          return &w;
+        } else {
+          return nullptr;
+        }
+      },
+      work);
+}
 
 // Where engine threads send answers. Called from any engine thread: must be thread-safe.
 class EngineSink {
@@ -113,8 +149,12 @@ struct EngineOptions {
   // engine.
   ServerMetrics* metrics = nullptr;
   // Step checkpoints (server/checkpoint.h): every slice is recorded when its version
-  // reaches a multiple of this (0: never); see Engine::SetStepCheckpoints.
+  // reaches a multiple of this (0: never).
   uint64_t checkpoint_every_steps = 0;
+  // The checkpoint owner (server/checkpoint_policy.h) the threads report snapshots, step
+  // records and shard holdings to; must outlive the engine. Null: no checkpoints (a snapshot
+  // fails at once; benchmarks).
+  CheckpointReports* checkpoints = nullptr;
 };
 
 class EngineThread;
@@ -141,15 +181,12 @@ class Engine {
   void SetOptimizer(const OptimizerConfig& optimizer);
   // Hands a (restored) shard to its owner, assigning one.
   void Adopt(Shard shard);
-  // Snapshots every shard and writes `path` off this thread; `done` gets the outcome.
-  void Checkpoint(std::string path, std::string job_id,
-                  std::function<void(absl::Status, size_t)> done);
+  // Every thread adds its shards' records to `job` when the snapshot reaches it (after
+  // every message routed before); the last hands it to the checkpoint owner to write. A
+  // stopped engine fails the job at once.
+  void Snapshot(std::shared_ptr<CheckpointJob> job);
 
   int threads_running() const { return static_cast<int>(threads_.size()); }
-
-  // The checkpoint owner: step checkpoints' destination, the hyperparameters every
-  // checkpoint carries (server/checkpoint_writer.h).
-  CheckpointWriter& checkpoints() { return writer_; }
 
  private:
   EngineThread& Thread(int index);  // starts threads up to `index`
@@ -163,9 +200,6 @@ class Engine {
   OptimizerConfig optimizer_;
   bool running_ = false;
   std::vector<std::unique_ptr<EngineThread>> threads_;
-  // Started in Start, stopped after the engine threads in Stop (they may still hand
-  // snapshots on).
-  CheckpointWriter writer_;
 };
 
 }  // namespace adaps

@@ -36,30 +36,27 @@ void EngineThread::Run() {
 
 void EngineThread::Handle(EngineWork& work) {
   ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
-  switch (work.kind) {
-    case EngineWork::Kind::kDeclare:
-      OnDeclare(work);
+  struct Visitor {
+    EngineThread& t;
+    void operator()(DeclareWork& w) {
+      t.OnDeclare(w);
       // A refused declaration of a new key leaves no shard: the step records must not wait
       // for one (the key keeps its owner, which refuses its pushes as undeclared).
-      return checkpoints_->SetShardHeld(work.key, shards_.count(work.key) > 0);
-    case EngineWork::Kind::kPush:
-      return OnPush(work);
-    case EngineWork::Kind::kPull:
-      return OnPull(work);
-    case EngineWork::Kind::kLiveWorkers:
-      return OnLiveWorkers(work);
-    case EngineWork::Kind::kOptimizer:
-      optimizer_ = work.optimizer;
-      return;
-    case EngineWork::Kind::kSnapshot:
-      return OnSnapshot(work);
-    case EngineWork::Kind::kAdopt:
-      if (work.shard) shards_.emplace(work.shard->key(), *std::move(work.shard));
-      return;
-  }
+      if (t.checkpoints_ != nullptr) {
+        t.checkpoints_->SetShardHeld(w.key, t.shards_.count(w.key) > 0);
+      }
+    }
+    void operator()(PushWork& w) { t.OnPush(w); }
+    void operator()(PullWork& w) { t.OnPull(w); }
+    void operator()(LiveWorkersWork& w) { t.OnLiveWorkers(w); }
+    void operator()(OptimizerWork& w) { t.optimizer_ = w.optimizer; }
+    void operator()(SnapshotWork& w) { t.OnSnapshot(w); }
+    void operator()(AdoptWork& w) { t.shards_.emplace(w.shard.key(), std::move(w.shard)); }
+  };
+  std::visit(Visitor{*this}, work);
 }
 
-void EngineThread::Ack(const EngineWork& work) {
+void EngineThread::Ack(const EngineRequest& work) {
   sink_->Send(work.route, work.peer, MakeAck(sink_->self(), work.request_id));
 }
 
@@ -68,14 +65,14 @@ ServerMetrics::Work EngineThread::Time(const Shard& shard, bool push) {
   return options_.metrics->Time(shard, push ? ServerMetrics::Op::kPush : ServerMetrics::Op::kPull);
 }
 
-void EngineThread::ReplyError(const EngineWork& work, const absl::Status& status) {
+void EngineThread::ReplyError(const EngineRequest& work, const absl::Status& status) {
   if (options_.metrics != nullptr) options_.metrics->Rejected(status);
   if (work.request_id == 0) return;
   sink_->Send(work.route, work.peer, MakeError(sink_->self(), work.request_id, status));
 }
 
 // A fusion bucket's declaration (shard.h: DeclareSegments); `length` is its capacity.
-void EngineThread::OnDeclareBucket(EngineWork& work) {
+void EngineThread::OnDeclareBucket(DeclareWork& work) {
   ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   auto it = shards_.find(work.key);
   uint64_t total = 0;
@@ -105,7 +102,7 @@ void EngineThread::OnDeclareBucket(EngineWork& work) {
   Ack(work);
 }
 
-void EngineThread::OnDeclare(EngineWork& work) {
+void EngineThread::OnDeclare(DeclareWork& work) {
   ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   if (!work.segments.empty()) return OnDeclareBucket(work);
   auto it = shards_.find(work.key);
@@ -132,7 +129,7 @@ void EngineThread::OnDeclare(EngineWork& work) {
   Ack(work);
 }
 
-void EngineThread::OnPush(EngineWork& work) {
+void EngineThread::OnPush(PushWork& work) {
   ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   auto it = shards_.find(work.key);
   if (it == shards_.end()) {
@@ -166,7 +163,7 @@ void EngineThread::OnPush(EngineWork& work) {
   AnswerHeld(shard);
 }
 
-void EngineThread::OnPull(EngineWork& work) {
+void EngineThread::OnPull(PullWork& work) {
   ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   auto it = shards_.find(work.key);
   if (it == shards_.end()) {
@@ -187,7 +184,7 @@ void EngineThread::OnPull(EngineWork& work) {
                    options_.sync ? work.min_version : 0, work.have_version, work.format};
   pull.peer = work.peer;
   pull.worker = work.worker;
-  pull.held_push = work.step;
+  pull.held_push = work.held_push;
   if (pull.min_version > shard.version()) {
     shard.Hold(std::move(pull));
     return;
@@ -197,7 +194,7 @@ void EngineThread::OnPull(EngineWork& work) {
   }
 }
 
-void EngineThread::OnLiveWorkers(EngineWork& work) {
+void EngineThread::OnLiveWorkers(LiveWorkersWork& work) {
   ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   live_ = std::move(work.live);
   if (!options_.sync) return;
@@ -216,12 +213,12 @@ void EngineThread::OnLiveWorkers(EngineWork& work) {
 
 void EngineThread::MaybeStepRecord(const Shard& shard) {
   const uint64_t every = options_.checkpoint_every_steps;
-  if (every > 0 && shard.version() % every == 0) {
+  if (every > 0 && shard.version() % every == 0 && checkpoints_ != nullptr) {
     checkpoints_->AddStepRecord(shard.version(), shard.ToRecord());
   }
 }
 
-void EngineThread::OnSnapshot(EngineWork& work) {
+void EngineThread::OnSnapshot(SnapshotWork& work) {
   ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   std::shared_ptr<CheckpointJob> job = std::move(work.job);
   bool last = false;

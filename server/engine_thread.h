@@ -37,19 +37,19 @@ class EngineThread {
  private:
   void Run();
   void Handle(EngineWork& work);
-  void OnDeclare(EngineWork& work);
-  void OnDeclareBucket(EngineWork& work);
-  void OnPush(EngineWork& work);
-  void OnPull(EngineWork& work);
-  void OnLiveWorkers(EngineWork& work);
-  void OnSnapshot(EngineWork& work);
+  void OnDeclare(DeclareWork& work);
+  void OnDeclareBucket(DeclareWork& work);
+  void OnPush(PushWork& work);
+  void OnPull(PullWork& work);
+  void OnLiveWorkers(LiveWorkersWork& work);
+  void OnSnapshot(SnapshotWork& work);
   // A step checkpoint's record of `shard` when its version is a multiple of the interval.
   void MaybeStepRecord(const Shard& shard);
   void AnswerHeld(Shard& shard);
   // Sends the shard's answer to `pull`; the shard's error is returned, not sent.
   absl::Status SendAnswer(Shard& shard, const Shard::Pull& pull);
-  void Ack(const EngineWork& work);
-  void ReplyError(const EngineWork& work, const absl::Status& status);
+  void Ack(const EngineRequest& work);
+  void ReplyError(const EngineRequest& work, const absl::Status& status);
   // Times a request on `shard` (inert without metrics).
   ServerMetrics::Work Time(const Shard& shard, bool push);
   // Whether the caller is this engine thread (for ADAPS_DCHECK: its shards are its alone).

@@ -2,13 +2,12 @@
 
 #include <unistd.h>
 
-#include <cstdio>
-
 #include <algorithm>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/status_macros.h"
 #include "common/wire_codec.h"
 
@@ -79,16 +78,19 @@ Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context, M
   copts.identity = config_.identity;
   copts.register_timeout = config_.register_timeout;
   copts.scheduler_grace = config_.scheduler_grace;
-  if (config_.checkpoint_every_steps > 0 && !config_.checkpoint_dir.empty()) {
-    {
-      absl::MutexLock lock(&steps_mu_);
-      step_checkpoints_ = ListStepCheckpoints(config_.checkpoint_dir, StepName());
-    }
-    copts.checkpoint_steps = [this] { return StepCheckpoints(); };
-    copts.on_common_step = [this](uint64_t step) {
-      absl::MutexLock lock(&steps_mu_);
-      common_step_ = step;
-    };
+  CheckpointPolicyOptions popts;
+  popts.dir = config_.checkpoint_dir;
+  popts.interval = config_.checkpoint_interval;
+  popts.every_steps = config_.checkpoint_every_steps;
+  popts.restore = config_.restore;
+  popts.restore_from = config_.restore_from;
+  popts.identity = config_.identity;
+  checkpoints_ = std::make_unique<CheckpointPolicy>(
+      std::move(popts), [this] { return transport_->rank(); }, log_, metrics_.get(),
+      [this](std::shared_ptr<CheckpointJob> job) { engine_->Snapshot(std::move(job)); });
+  if (checkpoints_->step_checkpoints()) {
+    copts.checkpoint_steps = [this] { return checkpoints_->StepCheckpoints(); };
+    copts.on_common_step = [this](uint64_t step) { checkpoints_->SetCommonStep(step); };
   }
   ClusterClient::Callbacks callbacks;
   callbacks.on_view = [this](const msg::ClusterView& view) { OnView(view); };
@@ -100,7 +102,7 @@ Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context, M
       absl::MutexLock lock(&mu_);
       if (done_) return;
     }
-    MaybeTimedCheckpoint(absl::Now());
+    checkpoints_->Tick(absl::Now(), job_id_);
   });
   if (metrics_->enabled()) {
     transport_->AddTimer(absl::Milliseconds(500), [this] { metrics_->Tick(transport_->stats()); });
@@ -114,12 +116,119 @@ Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context, M
   eopts.backup_workers = config_.backup_workers;
   eopts.metrics = metrics_.get();
   if (!config_.checkpoint_dir.empty()) eopts.checkpoint_every_steps = config_.checkpoint_every_steps;
+  eopts.checkpoints = checkpoints_->reports();
   engine_ = std::make_unique<Engine>(eopts, sink_.get());
   // Running before Start: a restore at registration hands its slices to it.
+  checkpoints_->Start();
   engine_->Start();
 }
 
 Server::~Server() { Stop(); }
+
+// Membership: common/cluster_client registers, heartbeats, re-registers with a restarted
+// scheduler and refuses forged views and shutdowns; the server keeps only what the views
+// mean for its shards (the live workers) and how it ends.
+absl::Status Server::Start() {
+  ADAPS_RETURN_IF_ERROR(ValidateServerConfig(config_));
+  ADAPS_RETURN_IF_ERROR(transport_->Start());
+  std::string address = config_.advertise;
+  if (address.empty()) {
+    address = absl::StrReplaceAll(transport_->bound_endpoint(), {{"0.0.0.0", "127.0.0.1"}});
+  }
+  log_.get()->info("listening on {} (advertised as {})", transport_->bound_endpoint(), address);
+  cluster_->SetAddress(address);
+  // Restore on the I/O thread, right after the view and before any worker message is
+  // handled: a worker that learns our address from the same view must find the slices.
+  auto view = cluster_->Register([this]() -> absl::Status {
+    auto install = [this](std::vector<SliceRecord> records, const HyperValues& hyper) {
+      return InstallSlices(std::move(records), hyper);
+    };
+    ADAPS_RETURN_IF_ERROR(checkpoints_->RestoreAtStart(job_id_, restore_step_, install));
+    serving_ = true;
+    return absl::OkStatus();
+  });
+  if (!view.ok()) {
+    transport_->Stop();
+    return view.status();
+  }
+  log_.get()->info("registered as server {} of a cluster with {} workers", transport_->rank(),
+                   members_.num_workers());
+  return absl::OkStatus();
+}
+
+bool Server::WaitForShutdown(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
+  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+}
+
+absl::Status Server::exit_status() const {
+  absl::MutexLock lock(&mu_);
+  return exit_status_;
+}
+
+void Server::Stop() {
+  transport_->Stop();     // nothing is routed to the engine any more
+  engine_->Stop();        // drains what is queued and joins (idempotent)
+  checkpoints_->Stop();   // writes what the engine handed on, joins
+}
+
+void Server::Finish(absl::Status status) {
+  if (finishing_) return;  // I/O thread: the cluster client ends us once, but be sure
+  finishing_ = true;
+  auto done = [this](absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+    exit_status_ = std::move(s);
+  };
+  if (!status.ok()) {
+    log_.get()->error("stopping: {}", status.ToString());
+    return done(std::move(status));
+  }
+  log_.get()->info("the cluster shut down");
+  if (!checkpoints_->enabled() || !serving_) return done(std::move(status));
+  // A final checkpoint, durable before the server says it is done: a later run of this job
+  // (--job_id) resumes from the end.
+  checkpoints_->Write(job_id_, [this, done](absl::Status st) {
+    if (!st.ok()) log_.get()->error("final checkpoint failed: {}", st.ToString());
+    done(absl::OkStatus());
+  });
+}
+
+void Server::OnView(const msg::ClusterView& view) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
+  if (view.job_id() != nullptr) job_id_ = view.job_id()->str();
+  restore_step_ = view.restore_step();
+  if (view.worker_secrets() != nullptr) {
+    // Accumulated: a worker may use a secret of a newer view (a restarted scheduler) first.
+    for (const auto* s : *view.worker_secrets()) {
+      if (s->size() > 0) worker_secrets_.insert(s->str());
+    }
+  }
+  std::vector<StepMembers::ViewWorker> workers;
+  if (view.nodes()) {
+    for (const auto* n : *view.nodes()) {
+      if (n->role() != msg::Role::Worker || n->rank() < 0) continue;
+      workers.push_back({n->rank(), n->alive(), n->stepping()});
+    }
+  }
+  const bool lost = members_.OnView(view.num_workers(), workers);
+  metrics_->OnView(transport_->rank(), members_.view_live());
+  if (lost) {
+    // Info, not warn: workers also leave on a normal finish; the scheduler warns of deaths.
+    log_.get()->info("{} live workers now", members_.live().size());
+    CompleteStepsWithoutLostWorkers();
+  }
+}
+
+void Server::CountWorker(int rank) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
+  if (!members_.Count(rank)) return;
+  log_.get()->info("worker {} joined: {} live workers take part in the steps", rank,
+                   members_.live().size());
+  // (The engine learns the new set with the next push: Server::SyncLiveWorkers.)
+}
+
 
 std::string Server::endpoint() const { return transport_->bound_endpoint(); }
 
@@ -226,11 +335,9 @@ void Server::OnDeclare(InMessage& in) {
                                 memory_used_, " bytes in use)")));
     }
     memory_used_ += cost;
-    new_slices_ = true;
-    new_slice_at_ = absl::Now();
+    checkpoints_->SliceDeclared(absl::Now());
   }
-  EngineWork work;
-  work.kind = EngineWork::Kind::kDeclare;
+  DeclareWork work;
   work.key = d->key();
   work.name = d->name() ? d->name()->str() : "";
   work.length = d->length();
@@ -243,15 +350,17 @@ void Server::OnDeclare(InMessage& in) {
     }
     work.downlink_bin_cap = config_.pull_bin_size;  // per member, at publishing
   }
-  Route(std::move(in), engine_->AssignOwner(work.key), std::move(work));
+  const int owner = engine_->AssignOwner(work.key);
+  Route(std::move(in), owner, std::move(work));
 }
 
 void Server::Route(InMessage in, int owner, EngineWork work) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  work.route = in.route();
-  work.peer = in.peer();
-  work.request_id = in.envelope()->request_id();
-  work.frame = std::move(in);  // the frames travel with the work: no copy of the payload
+  EngineRequest* request = AsRequest(work);
+  request->route = in.route();
+  request->peer = in.peer();
+  request->request_id = in.envelope()->request_id();
+  request->frame = std::move(in);  // the frames travel with the work: no copy of the payload
   if (!engine_->Submit(owner, std::move(work))) {
     log_.get()->warn("engine stopped: message dropped");
   }
@@ -283,8 +392,7 @@ void Server::OnPush(InMessage& in) {
   }
   CountWorker(worker);
   SyncLiveWorkers();  // the step completes against the live workers as of this push
-  EngineWork work;
-  work.kind = EngineWork::Kind::kPush;
+  PushWork work;
   work.key = p->key();
   work.worker = worker;
   work.step = p->step();
@@ -332,8 +440,7 @@ void Server::OnPull(InMessage& in) {
     return ReplyError(in, absl::FailedPreconditionError(
                               "recompressed and sparse pulls need a server in sync mode"));
   }
-  EngineWork work;
-  work.kind = EngineWork::Kind::kPull;
+  PullWork work;
   work.key = p->key();
   work.min_version = p->min_version();
   work.have_version = p->have_version();
@@ -342,7 +449,7 @@ void Server::OnPull(InMessage& in) {
   if (env->sender_role() == msg::Role::Worker && env->sender_rank() >= 0 &&
       env->sender_rank() < members_.num_workers()) {
     work.worker = env->sender_rank();
-    work.step = p->held_push();
+    work.held_push = p->held_push();
   }
   Route(std::move(in), owner, std::move(work));
 }
@@ -366,7 +473,7 @@ void Server::OnSetHyper(InMessage& in) {
   if (h->params()) {
     for (const auto* p : *h->params()) RememberHyper(p->name()->str(), p->value());
   }
-  engine_->checkpoints().SetHyper(hyper_set_);  // into every later checkpoint
+  checkpoints_->SetHyper(hyper_set_);  // into every later checkpoint
   transport_->Reply(in, MakeAck(transport_->self(), in.envelope()->request_id()));
 }
 
@@ -393,82 +500,10 @@ void Server::RestoreHyper(const HyperValues& hyper) {
     log_.get()->info("restored hyperparameter {}={}", name, value);
   }
   engine_->SetOptimizer(optimizer_);
-  engine_->checkpoints().SetHyper(hyper_set_);
+  checkpoints_->SetHyper(hyper_set_);
 }
 
-void Server::MaybeTimedCheckpoint(absl::Time now) {
-  if (config_.checkpoint_interval <= absl::ZeroDuration() || config_.checkpoint_dir.empty()) {
-    return;
-  }
-  if (last_checkpoint_ == absl::Time()) last_checkpoint_ = now;
-  const bool due = now - last_checkpoint_ >= config_.checkpoint_interval;
-  // New slices are written once their declarations paused (a model's are declared together).
-  const bool new_slices = new_slices_ && now - new_slice_at_ >= absl::Milliseconds(200);
-  if (!due && !new_slices) return;
-  if (due) last_checkpoint_ = now;
-  // One timed checkpoint at a time: a slow disk skips ticks instead of piling up snapshots.
-  if (timed_checkpoint_busy_->exchange(true)) return;
-  new_slices_ = false;  // (the snapshot is queued after every declaration routed so far)
-  StartCheckpoint(config_.checkpoint_dir, [this, busy = timed_checkpoint_busy_](absl::Status st) {
-    if (!st.ok()) log_.get()->error("timed checkpoint failed: {}", st.ToString());
-    busy->store(false);
-  });
-}
-
-void Server::StartCheckpoint(const std::string& dir, std::function<void(absl::Status)> done) {
-  const std::string path = CheckpointPath(dir, transport_->rank());
-  // `this` outlives the callback: the engine (and its writer) stops in ~Server.
-  engine_->Checkpoint(path, job_id_, [this, path, done = std::move(done)](absl::Status st, size_t n) {
-    if (st.ok()) {
-      metrics_->Checkpointed();
-      log_.get()->info("checkpoint of {} slices written to {}", n, path);
-    }
-    done(std::move(st));
-  });
-}
-
-std::string Server::StepName() const {
-  return config_.identity.empty() ? absl::StrCat(transport_->rank()) : config_.identity;
-}
-
-std::vector<uint64_t> Server::StepCheckpoints() const {
-  absl::MutexLock lock(&steps_mu_);
-  return step_checkpoints_;
-}
-
-void Server::OnStepCheckpoint(uint64_t step, const absl::Status& status, size_t slices) {
-  if (!status.ok()) {
-    log_.get()->error("step checkpoint {} failed: {}", step, status.ToString());
-    return;
-  }
-  metrics_->Checkpointed();
-  log_.get()->info("step checkpoint {} of {} slices written", step, slices);
-  absl::MutexLock lock(&steps_mu_);
-  // Never the step a restart may be told to restore (the latest every server has).
-  PruneStepCheckpoints(config_.checkpoint_dir, StepName(), kKeptStepCheckpoints, common_step_);
-  step_checkpoints_ = ListStepCheckpoints(config_.checkpoint_dir, StepName());
-}
-
-// The step checkpoint every server has (the scheduler's restore_step): one step across
-// all shards. Another job's is not restored (the per-server checkpoint rules then apply).
-absl::Status Server::RestoreStep(uint64_t step) {
-  const std::string path = StepCheckpointPath(config_.checkpoint_dir, StepName(), step);
-  std::string job;
-  HyperValues hyper;
-  ADAPS_ASSIGN_OR_RETURN(std::vector<SliceRecord> records, ReadCheckpointFile(path, &job, &hyper));
-  if (job != job_id_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("step checkpoint ", path, " is of job '", job, "', not '", job_id_, "'"));
-  }
-  const size_t count = records.size();
-  ADAPS_RETURN_IF_ERROR(InstallSlices(std::move(records)));
-  RestoreHyper(hyper);
-  log_.get()->info("restored {} slices from step checkpoint {} (the latest step every server has)",
-                   count, path);
-  return absl::OkStatus();
-}
-
-absl::Status Server::InstallSlices(std::vector<SliceRecord> records) {
+absl::Status Server::InstallSlices(std::vector<SliceRecord> records, const HyperValues& hyper) {
   std::vector<Shard> loaded;
   for (SliceRecord& record : records) {
     ADAPS_ASSIGN_OR_RETURN(Shard shard, Shard::FromRecord(std::move(record)));
@@ -482,57 +517,7 @@ absl::Status Server::InstallSlices(std::vector<SliceRecord> records) {
     log_.get()->info("slice '{}' restored at step {}", shard.name(), shard.version());
     engine_->Adopt(std::move(shard));  // before any worker message: the queues keep order
   }
-  return absl::OkStatus();
-}
-
-void Server::SetAside(const std::string& path, const std::string& job_id) {
-  const std::string aside = absl::StrCat(path, ".job-", job_id.empty() ? "none" : job_id);
-  for (const char* suffix : {"", ".prev"}) {
-    const std::string from = path + suffix, to = aside + suffix;
-    if (::access(from.c_str(), F_OK) == 0 && std::rename(from.c_str(), to.c_str()) != 0) {
-      log_.get()->error("cannot move {} aside to {}", from, to);
-    }
-  }
-}
-
-absl::Status Server::ReadCheckpoint(const std::string& dir) {
-  const std::string path = CheckpointPath(dir, transport_->rank());
-  ADAPS_ASSIGN_OR_RETURN(RestoredCheckpoint restored, ReadCheckpointWithFallback(path));
-  if (!restored.found) {
-    log_.get()->info("no checkpoint at {}; starting fresh", path);
-    return absl::OkStatus();
-  }
-  if (restored.job_id != job_id_) {
-    // Another run's model must not be resumed into this job silently.
-    SetAside(path, restored.job_id);
-    log_.get()->warn(
-        "checkpoint {} is of job '{}', not this job '{}': not restored, moved aside to "
-        "{}.job-{} (--restore_from=PATH resumes it); starting fresh",
-        path, restored.job_id.empty() ? "none (format 2)" : restored.job_id, job_id_, path,
-        restored.job_id.empty() ? "none" : restored.job_id);
-    return absl::OkStatus();
-  }
-  const size_t count = restored.slices.size();
-  ADAPS_RETURN_IF_ERROR(InstallSlices(std::move(restored.slices)));
-  RestoreHyper(restored.hyper);
-  if (restored.from_previous) {
-    log_.get()->error("{}; refused, restored {} slices from the previous checkpoint {}.prev",
-                      restored.refused.ToString(), count, path);
-  } else {
-    log_.get()->info("restored {} slices from {}", count, path);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Server::RestoreFrom(const std::string& path) {
-  std::string job;
-  HyperValues hyper;
-  ADAPS_ASSIGN_OR_RETURN(std::vector<SliceRecord> records, ReadCheckpointFile(path, &job, &hyper));
-  const size_t count = records.size();
-  ADAPS_RETURN_IF_ERROR(InstallSlices(std::move(records)));
   RestoreHyper(hyper);
-  log_.get()->info("restored {} slices from {} (--restore_from; job '{}', this job '{}')",
-                   count, path, job.empty() ? "none" : job, job_id_);
   return absl::OkStatus();
 }
 
@@ -543,7 +528,7 @@ void Server::OnCheckpoint(InMessage& in) {
   std::string dir = c->directory() ? c->directory()->str() : "";
   // A request may not pick where the server writes: that would let any client that reaches
   // the port create files anywhere the server may write. Only --checkpoint_dir is used.
-  if (config_.checkpoint_dir.empty()) {
+  if (!checkpoints_->enabled()) {
     return ReplyError(in, absl::FailedPreconditionError(
                               "checkpoint requested but the server has no --checkpoint_dir"));
   }
@@ -554,14 +539,13 @@ void Server::OnCheckpoint(InMessage& in) {
   }
   // Acked once the file is durable, from the checkpoint writer (the sink is thread-safe).
   const uint64_t id = in.envelope()->request_id();
-  StartCheckpoint(config_.checkpoint_dir,
-                  [this, route = in.route(), peer = in.peer(), id](absl::Status st) {
-                    if (st.ok()) {
-                      sink_->Send(route, peer, MakeAck(sink_->self(), id));
-                    } else if (id != 0) {
-                      sink_->Send(route, peer, MakeError(sink_->self(), id, st));
-                    }
-                  });
+  checkpoints_->Write(job_id_, [this, route = in.route(), peer = in.peer(), id](absl::Status st) {
+    if (st.ok()) {
+      sink_->Send(route, peer, MakeAck(sink_->self(), id));
+    } else if (id != 0) {
+      sink_->Send(route, peer, MakeError(sink_->self(), id, st));
+    }
+  });
 }
 
 }  // namespace adaps

@@ -1,7 +1,9 @@
 // The adaps server: owns the tensor slices assigned to its rank, one Shard each
 // (server/shard.h: parameters, optimizer state, aggregation buffer, downlink residue), and
-// routes pushes and pulls to them (DESIGN.md section 2). Membership (registering, views,
-// heartbeats, Shutdown) lives in membership.cc, checkpoint files in server/checkpoint.h.
+// routes pushes and pulls to them (DESIGN.md section 2). Membership (registering,
+// heartbeats, re-registering, forged views) is common/cluster_client's, the live workers of a
+// step server/step_members', checkpoints server/checkpoint_policy's (when and what; the
+// format is server/checkpoint.h); this class is the wiring and the I/O thread's checks.
 //
 // Owns one Transport: a ROUTER for workers and a DEALER to the scheduler, and one Engine
 // (server/engine.h): the engine threads own the slices and do all the work on them; the
@@ -37,6 +39,7 @@
 #include "common/metrics.h"
 #include "common/transport.h"
 #include "server/server_metrics.h"
+#include "server/checkpoint_policy.h"
 #include "server/engine.h"
 #include "server/step_members.h"
 #include "server/shard.h"
@@ -116,8 +119,6 @@ class TransportSink final : public EngineSink {
 // What one slice element is budgeted at against ServerConfig::max_memory (8 floats).
 inline constexpr uint64_t kSliceBytesPerElement = 32;
 
-constexpr size_t kKeptStepCheckpoints = 3;
-
 class Server {
  public:
   // `metrics` (null: none) must outlive the server; server/server_metrics.h says what it
@@ -155,28 +156,18 @@ class Server {
   void CompleteStepsWithoutLostWorkers();
   // Hands the live workers to the engine when they changed since it last heard.
   void SyncLiveWorkers();
-  void MaybeTimedCheckpoint(absl::Time now);
-  // Starts a checkpoint to dir; `done` runs on the checkpoint writer once the file is
-  // durable (or failed). The I/O thread does not wait.
-  void StartCheckpoint(const std::string& dir, std::function<void(absl::Status)> done);
-  // Reads dir/server-<rank>.ckpt, or server-<rank>.ckpt.prev when that is damaged, and
-  // hands the slices to the engine. OK without a checkpoint; kDataLoss when every copy is
-  // damaged.
-  absl::Status ReadCheckpoint(const std::string& dir);
-  // Restores config_.restore_from (any job).
-  absl::Status RestoreFrom(const std::string& path);
-  absl::Status InstallSlices(std::vector<SliceRecord> records);
+  // What a restore read (CheckpointPolicy::RestoreAtStart): the slices go to the engine
+  // (and count against the memory budget), the hyperparameters over the flags.
+  absl::Status InstallSlices(std::vector<SliceRecord> records, const HyperValues& hyper);
   // Hyperparameters set at run time: remembered for checkpoints, and restored from one.
   void RememberHyper(const std::string& name, double value);
   void RestoreHyper(const HyperValues& hyper);
-  // Moves a checkpoint of another job (and its .prev) aside to <path>.job-<id>.
-  void SetAside(const std::string& path, const std::string& job_id);
   void ReplyError(const InMessage& in, const absl::Status& status);
   // kPermissionDenied unless `secret` is one of the job's workers' (from the views).
   absl::Status CheckWorkerSecret(const flatbuffers::String* secret, const char* what) const;
 
-  // Membership (membership.cc): common/cluster_client registers, heartbeats, re-registers
-  // and guards views and shutdowns; these are its callbacks, on the I/O thread.
+  // common/cluster_client registers, heartbeats, re-registers and guards views and
+  // shutdowns; these are its callbacks, on the I/O thread.
   void OnView(const msg::ClusterView& view);
   void Finish(absl::Status status);
 
@@ -187,6 +178,9 @@ class Server {
   std::unique_ptr<Transport> transport_;
 
   std::unique_ptr<TransportSink> sink_;
+  // When checkpoints are written and what a restart restores; outlives the engine, which
+  // reports to it.
+  std::unique_ptr<CheckpointPolicy> checkpoints_;
   // Owns the slices; fed by the I/O thread; stopped (drained and joined) in the destructor.
   std::unique_ptr<Engine> engine_;
 
@@ -199,24 +193,8 @@ class Server {
   std::set<std::string> worker_secrets_;  // every worker secret of this job's views
   const uint64_t memory_budget_;          // config_.max_memory, or its default
   uint64_t memory_used_ = 0;              // budgeted bytes of the slices with an owner
-  absl::Time last_checkpoint_;
-  // A slice declared since the last timed checkpoint started (and when the latest was): with
-  // timed checkpoints, one is written once declarations pause, not a whole interval later
-  // (a server killed in between came back without the slices: MaybeTimedCheckpoint).
-  bool new_slices_ = false;
-  absl::Time new_slice_at_;
   std::unique_ptr<ClusterClient> cluster_;
   uint64_t restore_step_ = 0;  // of the latest view (the step checkpoint to restore)
-  // The step checkpoints on disk (Register and heartbeats report them; any thread).
-  std::string StepName() const;
-  std::vector<uint64_t> StepCheckpoints() const;
-  void OnStepCheckpoint(uint64_t step, const absl::Status& status, size_t slices);
-  absl::Status RestoreStep(uint64_t step);
-  mutable absl::Mutex steps_mu_;
-  std::vector<uint64_t> step_checkpoints_ ABSL_GUARDED_BY(steps_mu_);
-  uint64_t common_step_ ABSL_GUARDED_BY(steps_mu_) = 0;  // the scheduler's, from heartbeats
-  std::shared_ptr<std::atomic<bool>> timed_checkpoint_busy_ =
-      std::make_shared<std::atomic<bool>>(false);
   // The workers a sync step waits for (server/step_members.h; I/O thread only).
   StepMembers members_;
   // Counts worker `rank` from now on (a declaration or push of a joined worker).

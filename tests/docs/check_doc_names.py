@@ -59,8 +59,8 @@ def qualified_exists(texts, name):
     if "::" in name and any(name in t for t in texts.values()):
         return True
     owner, member = parts[-2], parts[-1]
-    decl = re.compile(r"\b(class|struct|enum class|enum|table|union)\s+" + re.escape(owner) +
-                      r"\b")
+    decl = re.compile(r"\b(class|struct|enum class|enum|table|union)\s+(\w+::)*" +
+                      re.escape(owner) + r"\b")
     word = re.compile(r"\b" + re.escape(member) + r"\b")
     return any(decl.search(t) and word.search(t) for t in texts.values())
 

@@ -93,8 +93,23 @@ class EngineHarness {
     o.threads = threads;
     o.optimizer = optimizer;
     o.checkpoint_every_steps = checkpoint_every_steps;
+    o.checkpoints = &writer;  // the server's CheckpointPolicy owns one
+    writer.Start();
     engine = std::make_unique<Engine>(o, &sink);
     engine->Start();
+  }
+  ~EngineHarness() {
+    engine->Stop();  // its threads may still hand snapshots on
+    writer.Stop();
+  }
+  // What CheckpointPolicy::Write asks of the engine.
+  void Checkpoint(std::string path, std::string job_id,
+                  std::function<void(absl::Status, size_t)> done) {
+    auto job = std::make_shared<CheckpointJob>();
+    job->path = std::move(path);
+    job->job_id = std::move(job_id);
+    job->done = std::move(done);
+    engine->Snapshot(std::move(job));
   }
   static OptimizerConfig SumOnly() {
     OptimizerConfig c;
@@ -103,7 +118,7 @@ class EngineHarness {
   }
 
   uint64_t Declare(uint64_t key, uint32_t length) {
-    EngineWork w = Work(EngineWork::Kind::kDeclare, key);
+    DeclareWork w = Work<DeclareWork>(key);
     w.length = length;
     w.bin_size = 10;
     w.name = "s" + std::to_string(key);
@@ -112,7 +127,7 @@ class EngineHarness {
     return id;
   }
   uint64_t Push(uint64_t key, int worker, uint64_t step, const std::vector<float>& g) {
-    EngineWork w = Work(EngineWork::Kind::kPush, key);
+    PushWork w = Work<PushWork>(key);
     w.worker = worker;
     w.step = step;
     w.bytes = DenseBytes(g);
@@ -121,7 +136,7 @@ class EngineHarness {
     return id;
   }
   uint64_t Pull(uint64_t key, uint64_t min_version) {
-    EngineWork w = Work(EngineWork::Kind::kPull, key);
+    PullWork w = Work<PullWork>(key);
     w.min_version = min_version;
     const uint64_t id = w.request_id;
     EXPECT_TRUE(engine->Submit(engine->OwnerOf(key), std::move(w)));
@@ -139,12 +154,13 @@ class EngineHarness {
   }
 
   RecordingSink sink;
+  CheckpointWriter writer;
   std::unique_ptr<Engine> engine;
 
  private:
-  EngineWork Work(EngineWork::Kind kind, uint64_t key) {
-    EngineWork w;
-    w.kind = kind;
+  template <typename T>
+  T Work(uint64_t key) {
+    T w;
     w.key = key;
     w.route = "worker";
     w.request_id = ++next_id_;
@@ -224,7 +240,7 @@ TEST(Engine, CheckpointWhilePushingHoldsExactlyTheStepsQueuedBeforeIt) {
   std::promise<std::pair<absl::Status, std::thread::id>> written;
   for (int step = 0; step < 12; ++step) {
     if (step == 5) {
-      h.engine->Checkpoint(path, "test-job", [&written](absl::Status st, size_t n) {
+      h.Checkpoint(path, "test-job", [&written](absl::Status st, size_t n) {
         EXPECT_EQ(n, 4u);
         written.set_value({st, std::this_thread::get_id()});
       });
@@ -280,11 +296,9 @@ TEST(Engine, StopFinishesTheQueuedWorkAndRefusesMore) {
   }
   h.engine->Stop();  // with most of that still queued
   for (uint64_t id : pushes) EXPECT_TRUE(h.sink.Has(id)) << "push " << id << " dropped";
-  EngineWork late;
-  late.kind = EngineWork::Kind::kPull;
-  EXPECT_FALSE(h.engine->Submit(0, std::move(late)));
+  EXPECT_FALSE(h.engine->Submit(0, PullWork{}));
   absl::Status after;
-  h.engine->Checkpoint("/nonexistent/x.ckpt", "test-job", [&](absl::Status st, size_t) { after = st; });
+  h.Checkpoint("/nonexistent/x.ckpt", "test-job", [&](absl::Status st, size_t) { after = st; });
   EXPECT_EQ(after.code(), absl::StatusCode::kUnavailable) << after;
 }
 
@@ -292,8 +306,7 @@ TEST(Engine, PushToAKeyTheThreadDoesNotHoldIsRefused) {
   EngineHarness h(2);
   h.ExpectAck(h.Declare(0, kLen));
   const int owner = h.engine->AssignOwner(99);  // assigned, but the declare never came
-  EngineWork w;
-  w.kind = EngineWork::Kind::kPush;
+  PushWork w;
   w.key = 99;
   w.request_id = 1000;
   w.bytes = DenseBytes(std::vector<float>(kLen, 1.0f));
@@ -376,8 +389,7 @@ namespace {
 // A fusion bucket's declaration as the I/O thread routes it (server/engine_thread.cc).
 uint64_t DeclareBucket(EngineHarness& h, uint64_t id, std::vector<WireSegment> table,
                        std::vector<float> init, uint32_t capacity = 100) {
-  EngineWork w;
-  w.kind = EngineWork::Kind::kDeclare;
+  DeclareWork w;
   w.key = 9;
   w.route = "worker";
   w.request_id = id;
@@ -419,7 +431,7 @@ TEST(Engine, RefusedNewBucketLeavesStepCheckpointsWaitingForNoSlice) {
   EngineHarness h(1, EngineHarness::SumOnly(), /*checkpoint_every_steps=*/1);
   const std::string path = ::testing::TempDir() + "/adaps-refused-bucket.step-1.ckpt";
   std::promise<std::pair<absl::Status, size_t>> written;
-  h.engine->checkpoints().SetStepCheckpoints([path](uint64_t) { return path; }, "job",
+  h.writer.SetStepCheckpoints([path](uint64_t) { return path; }, "job",
                                [&](uint64_t step, absl::Status st, size_t n) {
                                  if (step == 1) written.set_value({std::move(st), n});
                                });
