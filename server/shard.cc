@@ -209,7 +209,9 @@ absl::Status Shard::CheckLength(absl::Span<const uint8_t> payload,
   for (size_t i = 0; i < views.size(); ++i) {
     if (learn) {
       learned->push_back(views[i].segment);
-    } else if (i >= segments_.size() || !(views[i].segment == segments_[i])) {
+    } else if (i >= segments_.size() || views[i].segment.length != segments_[i].length) {
+      // (Lengths only: a member may bin its pushes at another size than it declared,
+      // Worker::SetBinSize; the declared one is the downlink's.)
       return absl::InvalidArgumentError(absl::StrCat(
           "push's segment ", i, " does not match the table of bucket '", name_, "'"));
     }

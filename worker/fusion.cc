@@ -66,10 +66,17 @@ absl::StatusOr<std::vector<SharedBytes>> EncodeFusedPush(FusionBucket& b,
                                                          IndexCoding coding, bool flush) {
   std::vector<std::vector<uint8_t>> parts(b.members.size());
   std::vector<SentElements> sent(b.members.size());
+  // The container's table says each part's own bin size: a member's SetBinSize changes it
+  // (the servers check the lengths against the declared table, whose bin sizes are the
+  // downlink's).
+  std::vector<WireSegment> table = SegmentTable(b);
   absl::Status status;
   for (size_t i = 0; i < b.members.size() && status.ok(); ++i) {
     const FusionBucket::Member& m = b.members[i];
     absl::MutexLock lock(&m.t->mu);
+    if (m.t->spec.compression == Compression::kAdaComp) {
+      table[i].bin_size = m.t->compressor->options().bin_size;
+    }
     status = EncodeMember(*m.t, grad.subspan(m.offset, m.length), coding, flush, &parts[i],
                           &sent[i]);
     if (!status.ok()) {
@@ -80,7 +87,7 @@ absl::StatusOr<std::vector<SharedBytes>> EncodeFusedPush(FusionBucket& b,
   auto bytes = std::make_shared<Bytes>();
   if (status.ok()) {
     std::vector<absl::Span<const uint8_t>> spans(parts.begin(), parts.end());
-    status = EncodeSegmented(SegmentTable(b), spans, bytes.get());
+    status = EncodeSegmented(table, spans, bytes.get());
   }
   for (size_t i = 0; i < b.members.size(); ++i) {
     const FusionBucket::Member& m = b.members[i];
@@ -129,6 +136,11 @@ TrafficCounters FusedTraffic(Tensor& member) {
   own.pulls_answered_forwarded = bucket.pulls_answered_forwarded;
   own.pulls_answered_dense = bucket.pulls_answered_dense;
   return own;
+}
+
+void Worker::Impl::CloseFusionBuckets() {
+  absl::MutexLock lock(&mu_);
+  for (FusionBucket*& open : open_bucket_) open = nullptr;  // they keep their members
 }
 
 absl::StatusOr<FusionBucket*> Worker::Impl::OpenBucket(const Tensor& t) {

@@ -56,6 +56,8 @@ absl::Status Worker::SaveResidues(const std::string& path) const {
 
 absl::Status Worker::LoadResidues(const std::string& path) { return impl_->LoadResidues(path); }
 
+void Worker::CloseFusionBuckets() { impl_->CloseFusionBuckets(); }
+
 absl::Status Worker::SetBinSize(absl::string_view name, uint32_t bin_size) {
   return impl_->SetBinSize(name, bin_size);
 }

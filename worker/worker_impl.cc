@@ -365,13 +365,9 @@ absl::Status Worker::Impl::SetBinSize(absl::string_view name, uint32_t bin_size)
                   absl::StatusCode::kInvalidArgument,
                   absl::StrCat("tensor '", name, "' is not compressed with AdaComp: it has no "
                                "bin size to set"));
-  // A fusion bucket's segment table, which its server checks every push against and bins
-  // the downlink with, holds the declared bin sizes.
-  ADAPS_RET_CHECK(t->fused_into == nullptr, absl::StatusCode::kFailedPrecondition,
-                  absl::StrCat("tensor '", name, "' is fused with other small tensors, which "
-                               "keep their declared bin sizes; declare it with fuse = false "
-                               "to change its bin size"));
-  TensorSpec spec = t->spec;  // the declared spec stays (the servers' segments use it)
+  // The declared spec stays: the servers bin the downlink with it (a fusion bucket's
+  // declared table too; its pushes' tables carry each member's bin size of the moment).
+  TensorSpec spec = t->spec;
   spec.bin_size = bin_size;
   ADAPS_ASSIGN_OR_RETURN(auto compressor, MakeTensorCompressor(spec));
   absl::MutexLock lock(&t->mu);

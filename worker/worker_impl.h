@@ -71,6 +71,7 @@ class Worker::Impl {
   absl::Status SaveResidues(const std::string& path) const;
   absl::Status LoadResidues(const std::string& path);
   absl::Status SetBinSize(absl::string_view name, uint32_t bin_size);
+  void CloseFusionBuckets();  // fusion.cc
   absl::Status SetHyper(const std::vector<std::pair<std::string, double>>& params);
   absl::Status Checkpoint(const std::string& directory);
   std::string ResidueCheckpointPath(const std::string& directory) const;

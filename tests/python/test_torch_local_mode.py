@@ -258,6 +258,93 @@ def test_update_exchange_conserves_the_update_mass_with_adacomp(cluster, own_upd
         assert np.abs(p0.numpy() - exact).max() < 0.05 * np.abs(exact).max()  # ... not lost
 
 
+class SpyWorker:
+    """A worker that records set_bin_size calls and passes everything on."""
+
+    def __init__(self, w):
+        self._w = w
+        self.bin_sizes = []
+
+    def __getattr__(self, name):
+        return getattr(self._w, name)
+
+    def set_bin_size(self, name, bin_size):
+        self.bin_sizes.append((name, bin_size))
+        return self._w.set_bin_size(name, bin_size)
+
+
+def test_adam_bins_shrink_fourfold_after_ten_over_one_minus_beta1_steps(cluster):
+    # bin_schedule="auto": Adam/AdamW in the update exchange bin AdaComp 4x finer once the
+    # optimizer has taken 10 / (1 - beta1) steps (here beta1 = 0.8: 50); the small tensors
+    # are fused into one bucket, whose pushes then carry the new sizes and still go through.
+    address = mean_cluster(cluster)
+
+    def rank(w):
+        torch.manual_seed(0)
+        spies = [SpyWorker(w) for _ in range(3)]
+        m = nn.Sequential(nn.Linear(40, 30), nn.Linear(30, 2))
+        adam = adaps.torch.DistributedOptimizer(
+            torch.optim.Adam(m.parameters(), lr=1e-2, betas=(0.8, 0.999)), m, spies[0],
+            server_optimizer="mean", compression="adacomp", bin_size=40)
+        m2 = nn.Sequential()
+        m2.add_module("off", nn.Linear(40, 2))  # (its own names: one worker declares all)
+        off = adaps.torch.DistributedOptimizer(
+            torch.optim.AdamW(m2.parameters(), lr=1e-2, betas=(0.8, 0.999)), m2, spies[1],
+            server_optimizer="mean", compression="adacomp", bin_size=40, bin_schedule="off")
+        m3 = nn.Sequential()
+        m3.add_module("sgd", nn.Linear(40, 2))
+        sgd = adaps.torch.DistributedOptimizer(
+            torch.optim.SGD(m3.parameters(), lr=1e-2, momentum=0.9), m3, spies[2],
+            server_optimizer="mean", compression="adacomp", bin_size=40)
+        calls_after = []
+        for _ in range(52):
+            for model, opt in ((m, adam), (m2, off), (m3, sgd)):
+                opt.zero_grad()
+                model(torch.randn(8, 40)).pow(2).mean().backward()
+                opt.step()
+            calls_after.append(len(spies[0].bin_sizes))
+        return calls_after, sorted(spies[0].bin_sizes), spies[1].bin_sizes, spies[2].bin_sizes
+    for calls_after, adam, off, sgd in run_ranks(address, 2, rank):
+        assert calls_after[48] == 0 and calls_after[49] == 4 and calls_after[51] == 4
+        assert adam == [("0.bias", 10), ("0.weight", 10), ("1.bias", 10), ("1.weight", 10)]
+        assert off == [] and sgd == []
+
+
+def test_two_optimizers_stepped_at_different_times_do_not_wait_for_each_other(cluster):
+    # A GAN's loop: the discriminator's optimizer steps, then the generator's, each after its
+    # own backward. Their small tensors were fused into one bucket, which waited for all its
+    # members: the first step failed after the request timeout. Each optimizer's are its own.
+    address = mean_cluster(cluster)
+
+    def rank(w):
+        torch.manual_seed(0)
+        g, d = nn.Sequential(), nn.Sequential()
+        g.add_module("g", nn.Linear(8, 8))
+        d.add_module("d", nn.Linear(8, 1))
+        og = adaps.torch.DistributedOptimizer(torch.optim.Adam(g.parameters(), lr=1e-3), g, w,
+                                              server_optimizer="mean", compression="adacomp")
+        od = adaps.torch.DistributedOptimizer(torch.optim.Adam(d.parameters(), lr=1e-3), d, w,
+                                              server_optimizer="mean", compression="adacomp")
+        before = [p.detach().clone() for p in list(g.parameters()) + list(d.parameters())]
+        for _ in range(3):
+            od.zero_grad()
+            d(g(torch.randn(4, 8)).detach()).mean().backward()
+            od.step()
+            og.zero_grad()
+            (-d(g(torch.randn(4, 8)))).mean().backward()
+            og.step()
+        after = list(g.parameters()) + list(d.parameters())
+        return [not torch.equal(a, b) for a, b in zip(after, before)]
+    assert run_ranks(address, 2, rank) == [[True] * 4] * 2
+
+
+def test_an_unknown_bin_schedule_is_refused():
+    m = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="bin_schedule"):
+        adaps.torch.DistributedOptimizer(torch.optim.Adam(m.parameters()), m, object(),
+                                         server_optimizer="mean", bin_schedule="sometimes")
+
+
 def test_update_exchange_clips_each_workers_own_gradient(cluster):
     address = mean_cluster(cluster)
 

@@ -441,6 +441,11 @@ void DefineModule(py::module_& m) {
           "push sent: AdaComp's or Top-k's selection, every element of a dense push; empty "
           "before the first push. For DGC's momentum factor masking.")
       .def(
+          "close_fusion_buckets", [](PyWorker& w) { w.get().CloseFusionBuckets(); },
+          "Tensors declared from now on are fused into new buckets, never with the ones "
+          "declared before: a group given at its own time each step (one optimizer's, when "
+          "two step separately) does not wait for another's. Collective, like declare.")
+      .def(
           "set_bin_size",
           [](PyWorker& w, const std::string& name, int64_t bin_size) {
             if (bin_size <= 0 || bin_size > UINT32_MAX) {
@@ -452,8 +457,8 @@ void DefineModule(py::module_& m) {
           },
           py::arg("name"), py::arg("bin_size"),
           "Sets the AdaComp bin size of this worker's pushes of `name` from the next push on "
-          "(the residue is kept; the servers' recompressed pulls keep the declared one). "
-          "Call between steps. For a sparsity warm-up (small bins first).")
+          "(the residue is kept; the servers' recompressed pulls keep the declared one; a "
+          "fused tensor's too). Call between steps. For a sparsity warm-up (small bins first).")
       .def(
           "checkpoint",
           [](PyWorker& w, const std::string& dir) {

@@ -168,6 +168,12 @@ class Worker {
   // `values` become the initial parameters; on return `values` holds them on every worker.
   // kInvalidArgument for a bad spec or a conflicting earlier declaration.
   absl::Status Declare(const TensorSpec& spec, absl::Span<float> values);
+  // Tensors declared from now on are fused into new buckets, never with the ones declared
+  // before: a group of tensors given at its own time each step (one optimizer's, when a
+  // trainer steps two separately, e.g. a GAN's generator and discriminator) gets buckets
+  // of its own, so neither waits for the other's tensors. Collective like Declare (every
+  // worker at the same point of its declarations).
+  void CloseFusionBuckets();
 
   // Compresses `grad` (with the residues), pushes it, then pulls the parameters of the next
   // step into `out` (sync mode: after every worker pushed). The future holds the status.
@@ -222,10 +228,11 @@ class Worker {
   // residues are kept (e.g. DGC's sparsity warm-up: small bins, so denser pushes, over the
   // first steps). Only this worker's pushes change: the servers' recompressed pulls keep the
   // declared bin size. Call it between steps (when no push of `name` is queued), on every
-  // worker alike if their traffic should match. kInvalidArgument for an undeclared tensor,
-  // a bin size of 0 or a tensor that is not compressed with AdaComp, kFailedPrecondition for
-  // a tensor fused with others (TensorSpec::fuse; a bucket's members keep their declared bin
-  // sizes); nothing changes then.
+  // worker alike if their traffic should match. A fused tensor (TensorSpec::fuse) changes
+  // too: its bucket's pushes carry each member's bin size of the moment (the servers check
+  // the members' lengths against the declared table, whose bin sizes stay the downlink's).
+  // kInvalidArgument for an undeclared tensor, a bin size of 0 or a tensor that is not
+  // compressed with AdaComp; nothing changes then.
   absl::Status SetBinSize(absl::string_view name, uint32_t bin_size);
 
   // Waits until every live worker reached the barrier (kDeadlineExceeded after the longer

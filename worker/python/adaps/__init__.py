@@ -35,8 +35,10 @@ Worker(scheduler, identity="", register_timeout=60.0, request_timeout=30.0,
         The elements the last push of `name` sent; the servers' exact parameters.
     .set_bin_size(name, bin_size)
         The AdaComp bin size of this worker's pushes of `name` from the next push on (the
-        residue is kept), e.g. for a sparsity warm-up; FAILED_PRECONDITION for a fused tensor
-        (declare it with fuse=False).
+        residue is kept), e.g. for a sparsity warm-up; fused tensors too.
+    .close_fusion_buckets()
+        Tensors declared from now on go into new fusion buckets: a group given at its own
+        time each step (one of two optimizers stepped separately) waits for no other.
     .residue(name, out), .set_residue(name, values), .save_residues(path),
     .load_residues(path), .residue_checkpoint_path(directory)
         What the error feedback holds back; .checkpoint(dir) also writes this worker's

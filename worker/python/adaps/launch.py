@@ -9,9 +9,10 @@ servers on 127.0.0.1, then N copies of `script.py` with this environment:
   ADAPS_SCHEDULER         tcp://127.0.0.1:<port>   (adaps.worker_from_env() reads it)
   ADAPS_SERVER_OPTIMIZER  the servers' --optimizer (adaps.torch picks its mode from it)
   ADAPS_COMPRESSION, ADAPS_PULL, ADAPS_BIN_SIZE, ADAPS_CONV_BIN_SIZE,
-  ADAPS_TOPK_FRACTION, ADAPS_LR, ADAPS_EXCHANGE, ADAPS_SECOND_MOMENT, ADAPS_OWN_UPDATES
-                          --compression, --pull, --bin-size, --conv-bin-size,
+  ADAPS_TOPK_FRACTION, ADAPS_LR, ADAPS_EXCHANGE, ADAPS_SECOND_MOMENT, ADAPS_OWN_UPDATES,
+  ADAPS_BIN_SCHEDULE      --compression, --pull, --bin-size, --conv-bin-size,
                           --topk-fraction, --lr, --exchange, --second-moment, --own-updates,
+                          --bin-schedule,
                           each only when given: the defaults of
                           adaps.torch.DistributedOptimizer (an argument the script passes
                           explicitly wins, with a warning when it differs)
@@ -77,6 +78,9 @@ _TORCH_FLAGS = (
     ("--own-updates", "ADAPS_OWN_UPDATES", "update exchange: how much of its own residue each "
      "worker's model holds: share (1/W, the default for Adam/AdamW), all, or off (the default "
      "for other optimizers; every replica identical)", dict(choices=("share", "all", "off"))),
+    ("--bin-schedule", "ADAPS_BIN_SCHEDULE", "Adam/AdamW in the update exchange: auto (the "
+     "default: AdaComp bins 4x smaller after 10/(1-beta1) steps) or off (the declared sizes "
+     "throughout)", dict(choices=("auto", "off"))),
 )
 
 

@@ -62,8 +62,9 @@ local mode and with servers running plain SGD without weight decay, else "dense"
 (ADAPS_TOPK_FRACTION, 0.001), lr (ADAPS_LR, from --lr: when set it replaces every group's
 lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see below),
 second_moment (ADAPS_SECOND_MOMENT, "global" or "local", see below), own_updates
-(ADAPS_OWN_UPDATES, "share", "all" or "off"; unset: "share" for Adam/AdamW, see below). An
-explicit argument that overrides a different exported value warns once.
+(ADAPS_OWN_UPDATES, "share", "all" or "off"; unset: "share" for Adam/AdamW, see below),
+bin_schedule (ADAPS_BIN_SCHEDULE, "auto" or "off", see below). An explicit argument that
+overrides a different exported value warns once.
 
 What local mode sends (exchange): "gradient" sends each worker's gradient, and every worker's
 torch optimizer steps on the mean (DDP's arithmetic; the default with dense pushes).
@@ -91,8 +92,13 @@ every replica is the same); clipping between
 synchronize() and step() clips this worker's own gradient, as on one machine; a parameter
 without gradient on this worker is skipped by its torch optimizer (no change sent); with
 torch.cuda.amp.GradScaler a worker whose gradient has inf/NaN sends a zero update for that
-step instead of skipping it (every worker must send every step). Memory: one more copy of the
-trained parameters (the values before the step), and with own_updates a float32 copy of the
+step instead of skipping it (every worker must send every step); with bin_schedule="auto" (the
+default) and Adam/AdamW, every AdaComp tensor's bin size is divided by 4 once the optimizer
+has taken 10 / (1 - beta1) steps (100 at torch's beta1 = 0.9): in Adam's first steps every
+element moves by about lr and AdaComp sends most of them whatever the bin, later the updates
+differ by element and a smaller bin delivers the residue sooner, at little cost in bytes
+(docs/accuracy.md; "off" keeps the declared sizes; other optimizers are not changed).
+Memory: one more copy of the trained parameters (the values before the step), and with own_updates a float32 copy of the
 residue on the host (own_updates other than "off").
 
 Dtypes and devices: float16/bfloat16/float64 parameters are trained with their gradients
@@ -122,6 +128,10 @@ _PULLS = ("dense", "recompressed", "sparse")
 _EXCHANGES = ("gradient", "update")
 _SECOND_MOMENTS = ("global", "local")
 _OWN_UPDATES = ("share", "all", "off")
+_BIN_SCHEDULES = ("auto", "off")
+# bin_schedule="auto": after 10 / (1 - beta1) steps of Adam, AdaComp's bins are this much
+# smaller (docs/accuracy.md, "Smaller bins after Adam's first steps").
+_LATE_BIN_DIVISOR = 4
 _USED_PREFIX = "__adaps_used__/"
 
 
@@ -142,6 +152,17 @@ def _compressed(compression):
     """Whether any layer type's compression (a name or a dict of names) is not dense."""
     names = compression.values() if isinstance(compression, dict) else [compression]
     return any(c != "dense" for c in names)
+
+
+def _optimizer_steps(optimizer):
+    """The steps a torch optimizer has taken (its state's "step" of the first parameter that
+    has one; 0 before the first)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            step = optimizer.state.get(p, {}).get("step")
+            if step is not None:
+                return int(step)
+    return 0
 
 
 def _setting(name, explicit, env, default, conv=str):
@@ -186,7 +207,7 @@ def resolve_mode(mode, server_kind):
 class _Param:
     __slots__ = ("name", "param", "kind", "bin_size", "buf", "stage", "handle", "zeros",
                  "used", "pushed_grad", "pushed_version", "snap", "velocity", "held",
-                 "compressed")
+                 "compressed", "adacomp")
 
     def __init__(self, name, param, kind, bin_size):
         self.name = name
@@ -204,6 +225,7 @@ class _Param:
         self.velocity = None  # momentum correction: what this worker pushes
         self.held = None      # own_updates: the part of this worker's residue in the model
         self.compressed = False  # pushed with a compressor (so with error feedback)
+        self.adacomp = False     # compressed with AdaComp (it has a bin size)
 
 
 def _host_f32(shape, like):
@@ -229,12 +251,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
       lr: replaces every group's learning rate at construction.
       exchange: local mode only: "update" (default with a compressor) or "gradient" (default
         with dense pushes); see the module docstring.
+      momentum_correction, second_moment, own_updates, bin_schedule: see the module
+        docstring.
     """
 
     def __init__(self, optimizer, model, worker=None, mode=None, compression=None,
                  bin_size=None, conv_bin_size=None, bin_sizes=None, topk_fraction=None,
                  pull=None, server_optimizer=None, lr=None, exchange=None,
-                 momentum_correction=None, second_moment=None, own_updates=None):
+                 momentum_correction=None, second_moment=None, own_updates=None,
+                 bin_schedule=None):
         if not isinstance(optimizer, torch.optim.Optimizer) or \
                 isinstance(optimizer, DistributedOptimizer):
             raise TypeError("adaps.torch: DistributedOptimizer wraps a torch.optim.Optimizer, "
@@ -273,6 +298,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self.exchange != "update" or not _compressed(compression):
             own_updates = "off"
         self.own_updates = own_updates
+        bin_schedule = _setting("bin_schedule", bin_schedule, "ADAPS_BIN_SCHEDULE", "auto")
+        if bin_schedule not in _BIN_SCHEDULES:
+            raise ValueError("adaps.torch: unknown bin_schedule %r (auto or off)"
+                             % (bin_schedule,))
+        self.bin_schedule = bin_schedule
+        # The step of the optimizer after which the bins shrink (None: never): Adam/AdamW
+        # in the update exchange of AdaComp tensors.
+        self._late_bins_at = None
+        if bin_schedule == "auto" and self.exchange == "update" and \
+                _moments.supports(optimizer):
+            beta1 = optimizer.param_groups[0].get("betas", (0.9, 0.999))[0]
+            if beta1 < 1:
+                self._late_bins_at = max(1, int(round(10.0 / (1.0 - beta1))))
         if self.mode == "local" and pull == "recompressed":
             # The servers' recompression sends the change of what they hold against the
             # workers' replicas: right for parameters, which move a little each step, wrong for
@@ -304,10 +342,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._hyper_checked = False
         self._hooks = []
+        # This optimizer's small tensors are fused only with each other: a trainer that steps
+        # two optimizers at different times (a GAN) must not have one wait for the other's.
+        self.worker.close_fusion_buckets()
         for e in self._params:
             comp = compression.get(e.kind, "adacomp") if isinstance(compression, dict) \
                 else compression
             e.compressed = _compressed(comp)
+            e.adacomp = comp == "adacomp"
             self._declare(e, comp, topk_fraction, self.pull)
         self._used = None
         if self.exchange == "gradient" and self.mode == "local" and self._params:
@@ -316,6 +358,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._used = np.zeros(len(self._params), dtype=np.float32)
             self._used_out = np.zeros(len(self._params), dtype=np.float32)
             self.worker.declare(self._used_name, self._used_out, compression="dense")
+        self.worker.close_fusion_buckets()
         if self.exchange == "gradient":
             for e in self._params:
                 self._register_hook(e)
@@ -609,6 +652,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             finally:
                 if restore is not None:
                     restore()
+            self._maybe_late_bins()
         error = None
         # own_updates: the part of this worker's residue its model holds.
         own_share = 1.0 if self.own_updates == "all" else 1.0 / max(1, self.worker.live_workers)
@@ -655,6 +699,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if error is not None:
             raise error
         return result
+
+    def _maybe_late_bins(self):
+        # bin_schedule="auto": the optimizer's own step count (restored with its state_dict)
+        # decides, so a resumed run keeps its schedule.
+        if self._late_bins_at is None or _optimizer_steps(self.optimizer) < self._late_bins_at:
+            return
+        self._late_bins_at = None
+        for e in self._params:
+            if e.adacomp:
+                self.worker.set_bin_size(e.name, max(1, e.bin_size // _LATE_BIN_DIVISOR))
 
     def step(self, closure=None, grad_scaler=None):
         """Server mode: the parameters after the servers' step. Local mode: the torch
