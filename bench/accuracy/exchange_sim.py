@@ -113,6 +113,8 @@ def main():
     ap.add_argument("--share", type=float, default=0)  # with --virtual: the own residue's weight (overrides 1 or 1/W)
     ap.add_argument("--lrmul", type=float, default=1.0)  # update exchange: lr factor (diagnosis)
     ap.add_argument("--sched", default="cos"); ap.add_argument("--d", type=int, default=64); ap.add_argument("--warm", type=int, default=0)
+    # bin_schedule="auto" of adaps.torch: bin size T_late from step T_switch on (0: T throughout)
+    ap.add_argument("--T-late", type=int, default=0); ap.add_argument("--T-switch", type=int, default=100)
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     tr, va, V = text_data()
@@ -209,7 +211,8 @@ def main():
                         if warm or dense_t(i, p):
                             d = res[r][i] + u; res[r][i].zero_(); acc += d; sent += u.numel() * 32
                         else:
-                            d, k = adacomp(res[r][i], u, a.T); acc += d; sent += k * 10 + 32
+                            T = a.T_late if a.T_late and t >= a.T_switch else a.T
+                            d, k = adacomp(res[r][i], u, T); acc += d; sent += k * 10 + 32
                         total += u.numel() * 32
                     p += (acc / W).view_as(p)
         if (t + 1) % 100 == 0 or t + 1 == a.steps:
