@@ -14,17 +14,36 @@ def grads(seed, steps, n=5):
     return [torch.randn(n, generator=g) for _ in range(steps)]
 
 
-def mu_squared(mh, vh, b1, t):
-    """The estimate of the true gradient's square: m_hat^2 less m_hat's own noise."""
+def raw_mu_squared(mh, vh, b1, t):
+    """This step's estimate of the true gradient's square: m_hat^2 less m_hat's own noise."""
     k = (1 - b1) / (1 + b1) * (1 + b1 ** t) / (1 - b1 ** t)
     if k >= 0.99:
         return mh * mh
-    return ((mh * mh - k * vh) / (1 - k)).clamp(min=0)
+    return (mh * mh - k * vh) / (1 - k)
 
 
-def reference(gs, w, lr=0.1, b1=0.9, b2=0.999, eps=1e-8, wd=0.0, adamw=False, maximize=False):
+class MuSquared:
+    """mu^2 as adaps estimates it for one parameter: this step's estimate, or (smoothed)
+    its average over v's window (beta2), bias-corrected, from the second step on."""
+
+    def __init__(self, smoothed, b2=0.999):
+        self.smoothed, self.b2, self.avg, self.n = smoothed, b2, None, 0
+
+    def __call__(self, mh, vh, b1, t):
+        est = raw_mu_squared(mh, vh, b1, t)
+        if self.smoothed and t > 1:  # (the first step has no state: v_global = v_hat)
+            self.avg = est * (1 - self.b2) if self.avg is None else \
+                self.avg * self.b2 + est * (1 - self.b2)
+            self.n += 1
+            est = self.avg / (1 - self.b2 ** self.n)
+        return est.clamp(min=0)
+
+
+def reference(gs, w, lr=0.1, b1=0.9, b2=0.999, eps=1e-8, wd=0.0, adamw=False, maximize=False,
+              smoothed=False):
     """Adam by hand with the denominator sqrt((1 - 1/w) mu^2 + v_hat / w) (capped at
     sqrt(v_hat)); returns the parameter and m, v."""
+    mu_squared = MuSquared(smoothed, b2)
     p = torch.zeros_like(gs[0], dtype=torch.float64) + 0.5
     m = torch.zeros_like(p)
     v = torch.zeros_like(p)
@@ -44,29 +63,32 @@ def reference(gs, w, lr=0.1, b1=0.9, b2=0.999, eps=1e-8, wd=0.0, adamw=False, ma
     return p, m, v
 
 
-def run_torch(opt_cls, gs, w, **kw):
+def run_torch(opt_cls, gs, w, smoothed=False, **kw):
     p = nn.Parameter(torch.full((gs[0].numel(),), 0.5))
     opt = opt_cls([p], lr=0.1, **kw)
+    store = {} if smoothed else None
     for g in gs:
         p.grad = g.clone()
-        restore = torch_moments.global_second_moment(opt, w)
+        restore = torch_moments.global_second_moment(opt, w, store)
         opt.step()
         restore()
     return p.detach(), opt.state[p]
 
 
+@pytest.mark.parametrize("smoothed", [False, True])
 @pytest.mark.parametrize("opt_cls,kw", [
     (torch.optim.Adam, {}),
     (torch.optim.Adam, {"weight_decay": 0.1}),
     (torch.optim.Adam, {"maximize": True}),
     (torch.optim.AdamW, {"weight_decay": 0.1}),
 ])
-def test_the_step_uses_the_global_estimate_and_the_state_keeps_torchs_moments(opt_cls, kw):
+def test_the_step_uses_the_global_estimate_and_the_state_keeps_torchs_moments(opt_cls, kw,
+                                                                              smoothed):
     gs = grads(1, 6)
-    p, state = run_torch(opt_cls, gs, 4, **kw)
+    p, state = run_torch(opt_cls, gs, 4, smoothed=smoothed, **kw)
     want, m, v = reference(gs, 4, wd=kw.get("weight_decay", 0.0),
                            adamw=opt_cls is torch.optim.AdamW,
-                           maximize=kw.get("maximize", False))
+                           maximize=kw.get("maximize", False), smoothed=smoothed)
     assert torch.allclose(p.double(), want, rtol=1e-5, atol=1e-6)
     # Not torch's own step (which the estimate would otherwise equal by accident) ...
     plain, plain_state = run_torch(opt_cls, gs, 1, **kw)
@@ -77,6 +99,33 @@ def test_the_step_uses_the_global_estimate_and_the_state_keeps_torchs_moments(op
     if opt_cls is torch.optim.AdamW or not kw.get("weight_decay"):  # else g depends on p
         assert torch.allclose(state["exp_avg_sq"], plain_state["exp_avg_sq"], rtol=1e-6)
         assert torch.equal(state["exp_avg"], plain_state["exp_avg"])
+
+
+def test_pure_noise_gets_the_global_batchs_step_when_mu_squared_is_averaged():
+    # Elements whose gradient is pure noise (mu = 0): DDP's Adam sees the mean of W
+    # gradients, whose variance is W times smaller, so it steps sqrt(W) = 2 times as far as
+    # one worker's own Adam. This step's estimate of mu^2 is largest when m_hat is, i.e.
+    # exactly on the steps that would move an element most, which it shortens; averaged over
+    # v's window it is about 0 and the steps are about DDP's.
+    gen = torch.Generator().manual_seed(3)
+    gs = [torch.randn(2000, generator=gen) for _ in range(200)]
+
+    def distance(w, smoothed):
+        p = nn.Parameter(torch.zeros(2000))
+        opt = torch.optim.Adam([p], lr=0.1)
+        store = {} if smoothed else None
+        total = 0.0
+        for g in gs:
+            before = p.detach().clone()
+            p.grad = g.clone()
+            restore = torch_moments.global_second_moment(opt, w, store)
+            opt.step()
+            restore()
+            total += (p.detach() - before).abs().mean().item()
+        return total
+    plain = distance(1, False)
+    instant, smoothed = distance(4, False) / plain, distance(4, True) / plain
+    assert abs(smoothed - 2.0) < 0.15 and smoothed > instant + 0.05, (instant, smoothed)
 
 
 def test_one_worker_or_another_optimizer_is_torchs_own_step():
@@ -114,10 +163,11 @@ def test_update_exchange_uses_the_global_second_moment_by_default(cluster):
 
     def mean_of_local_steps(w_est):
         # Each worker's own Adam on its own gradients, every replica the start plus the mean
-        # of the two workers' changes each step.
+        # of the two workers' changes each step (mu^2 averaged: the default).
         start = torch.full((5,), 0.5, dtype=torch.float64)
         states = [{"m": torch.zeros(5, dtype=torch.float64),
-                   "v": torch.zeros(5, dtype=torch.float64)} for _ in range(2)]
+                   "v": torch.zeros(5, dtype=torch.float64),
+                   "mu2": MuSquared(smoothed=True)} for _ in range(2)]
         p, out = start, []
         for t in range(1, 4):
             moves = []
@@ -127,7 +177,7 @@ def test_update_exchange_uses_the_global_second_moment_by_default(cluster):
                 s["m"] = 0.9 * s["m"] + 0.1 * g
                 s["v"] = 0.999 * s["v"] + 0.001 * g * g
                 mh, vh = s["m"] / (1 - 0.9 ** t), s["v"] / (1 - 0.999 ** t)
-                vg = torch.minimum((1 - 1 / w_est) * mu_squared(mh, vh, 0.9, t) + vh / w_est,
+                vg = torch.minimum((1 - 1 / w_est) * s["mu2"](mh, vh, 0.9, t) + vh / w_est,
                                    vh)
                 moves.append(-0.1 * mh / (vg.sqrt() + 1e-8))
             p = p + (moves[0] + moves[1]) / 2

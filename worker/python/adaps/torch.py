@@ -98,8 +98,9 @@ has taken 10 / (1 - beta1) steps (100 at torch's beta1 = 0.9): in Adam's first s
 element moves by about lr and AdaComp sends most of them whatever the bin, later the updates
 differ by element and a smaller bin delivers the residue sooner, at little cost in bytes
 (docs/accuracy.md; "off" keeps the declared sizes; other optimizers are not changed).
-Memory: one more copy of the trained parameters (the values before the step), and with own_updates a float32 copy of the
-residue on the host (own_updates other than "off").
+Memory: one more copy of the trained parameters (the values before the step), with own_updates a float32 copy of the
+residue on the host (own_updates other than "off"), and with second_moment="global" one more
+copy of Adam's moments' size (the averaged estimate of mu^2).
 
 Dtypes and devices: float16/bfloat16/float64 parameters are trained with their gradients
 converted to float32 at the boundary (compressed as float32; server mode keeps float32
@@ -284,6 +285,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("adaps.torch: unknown second_moment %r (global or local)"
                              % (second_moment,))
         self.second_moment = second_moment
+        # second_moment="global": each parameter's estimate of mu^2, averaged over v's window
+        # (adaps.torch_moments; not in state_dict(): a resumed run averages afresh).
+        self._mu2 = {}
         own_updates = _setting("own_updates", own_updates, "ADAPS_OWN_UPDATES", None)
         if own_updates is None:
             # Default: this worker's share for Adam/AdamW; off for the rest (SGD with
@@ -645,7 +649,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not skip:
             # Adam/AdamW: the step's denominator estimates the global batch's second moment
             # (adaps.torch_moments); torch's own v stays in the state.
-            restore = _moments.global_second_moment(self.optimizer, self.worker.live_workers) \
+            restore = _moments.global_second_moment(
+                self.optimizer, self.worker.live_workers, self._mu2) \
                 if self.second_moment == "global" else None
             try:
                 result = self.optimizer.step()
