@@ -241,6 +241,7 @@ class TopKCompressor final : public SumThenPickCompressor {
     out.values.reserve(k);
     for (size_t i = 0; i < n; ++i) {
       const float m = std::fabs(r[i]);
+      if (m == 0.0f) continue;  // a zero is never sent (fewer than k nonzero: all of them)
       if (m > threshold || (m == threshold && ties_left > 0)) {
         if (m == threshold) --ties_left;
         out.indices.push_back(static_cast<uint32_t>(i));

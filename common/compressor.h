@@ -46,7 +46,9 @@ struct CompressorOptions {
   CompressorKind kind = CompressorKind::kAdaComp;
   // AdaComp bin size T: ~50 for convolutional layers, ~500 for fully-connected/recurrent.
   uint32_t bin_size = 500;
-  // Top-k: fraction of the slice sent each step; k = max(1, round(fraction * N)).
+  // Top-k: fraction of the slice sent each step; k = max(1, round(fraction * N)), of which
+  // only the nonzero ones are sent (1: every nonzero element, exactly: a row-sparse gradient
+  // at its own size).
   double topk_fraction = 0.001;
   NonFinitePolicy non_finite = NonFinitePolicy::kReject;
 };

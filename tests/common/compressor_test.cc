@@ -61,6 +61,22 @@ TEST(TopK, BreaksTiesInIndexOrderToSendExactlyK) {
   EXPECT_THAT(u.indices, ElementsAre(0u, 1u, 2u, 3u));
 }
 
+// A zero is never sent: with fewer than k nonzero elements Top-k sends every nonzero one
+// and nothing else (so a fraction of 1 sends a row-sparse gradient exactly, at its own size).
+TEST(TopK, NeverSendsAZero) {
+  auto c = Make(CompressorKind::kTopK, 0.5);  // k = 4 of 8, three nonzero
+  SliceState state(8);
+  const std::vector<float> g = {0, 2, 0, 0, -1, 0, 0, 0.5f};
+  CompressedUpdate u;
+  ASSERT_TRUE(c->Compress(g, state, u).ok());
+  EXPECT_THAT(u.indices, ElementsAre(1u, 4u, 7u));
+  EXPECT_THAT(u.values, ElementsAre(2.0f, -1.0f, 0.5f));
+  auto all = Make(CompressorKind::kTopK, 1.0);
+  SliceState zeros(8);
+  ASSERT_TRUE(all->Compress(std::vector<float>(8, 0.0f), zeros, u).ok());
+  EXPECT_TRUE(u.indices.empty());
+}
+
 TEST(TopK, ResidueAccumulatesAcrossSteps) {
   auto c = Make(CompressorKind::kTopK, 0.25);  // k = 1 of 4
   SliceState state(4);

@@ -338,6 +338,56 @@ def test_two_optimizers_stepped_at_different_times_do_not_wait_for_each_other(cl
     assert run_ranks(address, 2, rank) == [[True] * 4] * 2
 
 
+def test_a_large_embedding_steps_on_the_exact_mean_gradient_sent_as_its_nonzeros(cluster):
+    # row_sparse="exact": an embedding of >= 4096 rows (a batch touches few) sends its
+    # gradient's nonzero elements exactly, and every worker's Adam steps on their mean, as
+    # DDP's does; the rest of the model keeps the update exchange. A small embedding does not.
+    address = mean_cluster(cluster)
+    rows = 5000
+
+    def rank(w):
+        torch.manual_seed(0)
+        m = nn.Sequential()
+        m.add_module("emb", nn.EmbeddingBag(rows, 4, mode="sum"))
+        m.add_module("small", nn.Embedding(100, 4))
+        m.add_module("head", nn.Linear(4, 3))
+        opt = adaps.torch.DistributedOptimizer(torch.optim.Adam(m.parameters(), lr=1e-2), m, w,
+                                               server_optimizer="mean", compression="adacomp")
+        flags = {e.name: e.row_sparse for e in opt._params}
+        start = m.emb.weight.detach().clone()
+        gen = torch.Generator().manual_seed(w.rank)
+        grads, after = [], []
+        for _ in range(3):
+            idx = torch.randint(0, rows, (8, 3), generator=gen)
+            opt.zero_grad()
+            out = m.head(m.emb(idx) + m.small(idx[:, 0] % 100))
+            out.pow(2).mean().backward()
+            grads.append(m.emb.weight.grad.clone())
+            opt.step()
+            after.append(m.emb.weight.detach().clone())
+        t = w.traffic("emb.weight")
+        return flags, start, grads, after, t["push_wire_bytes"], t["push_dense_bytes"]
+    r0, r1 = run_ranks(address, 2, rank)
+    assert r0[0] == {"emb.weight": True, "small.weight": False, "head.weight": False,
+                     "head.bias": False}
+    # Step 1 starts from the same model everywhere: Adam on the mean of the two gradients.
+    ref = nn.Parameter(r0[1].clone())
+    ref_opt = torch.optim.Adam([ref], lr=1e-2)
+    ref.grad = (r0[2][0] + r1[2][0]) / 2
+    ref_opt.step()
+    assert torch.allclose(r0[3][0], ref.detach(), atol=1e-6)
+    for a, b in zip(r0[3], r1[3]):  # every step, the same on both workers
+        assert torch.equal(a, b)
+    assert r0[4] * 50 < r0[5]  # its nonzeros only: 24 rows of 5000 a step
+
+
+def test_an_unknown_row_sparse_is_refused():
+    m = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="row_sparse"):
+        adaps.torch.DistributedOptimizer(torch.optim.Adam(m.parameters()), m, object(),
+                                         server_optimizer="mean", row_sparse="sometimes")
+
+
 def test_an_unknown_bin_schedule_is_refused():
     m = nn.Linear(2, 2)
     with pytest.raises(ValueError, match="bin_schedule"):

@@ -10,9 +10,10 @@ servers on 127.0.0.1, then N copies of `script.py` with this environment:
   ADAPS_SERVER_OPTIMIZER  the servers' --optimizer (adaps.torch picks its mode from it)
   ADAPS_COMPRESSION, ADAPS_PULL, ADAPS_BIN_SIZE, ADAPS_CONV_BIN_SIZE,
   ADAPS_TOPK_FRACTION, ADAPS_LR, ADAPS_EXCHANGE, ADAPS_SECOND_MOMENT, ADAPS_OWN_UPDATES,
-  ADAPS_BIN_SCHEDULE      --compression, --pull, --bin-size, --conv-bin-size,
+  ADAPS_BIN_SCHEDULE, ADAPS_ROW_SPARSE
+                          --compression, --pull, --bin-size, --conv-bin-size,
                           --topk-fraction, --lr, --exchange, --second-moment, --own-updates,
-                          --bin-schedule,
+                          --bin-schedule, --row-sparse,
                           each only when given: the defaults of
                           adaps.torch.DistributedOptimizer (an argument the script passes
                           explicitly wins, with a warning when it differs)
@@ -81,6 +82,10 @@ _TORCH_FLAGS = (
     ("--bin-schedule", "ADAPS_BIN_SCHEDULE", "Adam/AdamW in the update exchange: auto (the "
      "default: AdaComp bins 4x smaller after 10/(1-beta1) steps) or off (the declared sizes "
      "throughout)", dict(choices=("auto", "off"))),
+    ("--row-sparse", "ADAPS_ROW_SPARSE", "update exchange: exact (the default: an embedding of "
+     ">= 4096 rows sends its gradient's nonzero elements exactly and steps on their mean, as "
+     "DDP) or off (AdaComp's update exchange like every tensor)",
+     dict(choices=("exact", "off"))),
 )
 
 

@@ -63,8 +63,9 @@ local mode and with servers running plain SGD without weight decay, else "dense"
 lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see below),
 second_moment (ADAPS_SECOND_MOMENT, "global" or "local", see below), own_updates
 (ADAPS_OWN_UPDATES, "share", "all" or "off"; unset: "share" for Adam/AdamW, see below),
-bin_schedule (ADAPS_BIN_SCHEDULE, "auto" or "off", see below). An explicit argument that
-overrides a different exported value warns once.
+bin_schedule (ADAPS_BIN_SCHEDULE, "auto" or "off", see below), row_sparse (ADAPS_ROW_SPARSE,
+"exact" or "off", see below). An explicit argument that overrides a different exported value
+warns once.
 
 What local mode sends (exchange): "gradient" sends each worker's gradient, and every worker's
 torch optimizer steps on the mean (DDP's arithmetic; the default with dense pushes).
@@ -97,8 +98,13 @@ default) and Adam/AdamW, every AdaComp tensor's bin size is divided by 4 once th
 has taken 10 / (1 - beta1) steps (100 at torch's beta1 = 0.9): in Adam's first steps every
 element moves by about lr and AdaComp sends most of them whatever the bin, later the updates
 differ by element and a smaller bin delivers the residue sooner, at little cost in bytes
-(docs/accuracy.md; "off" keeps the declared sizes; other optimizers are not changed).
-Memory: one more copy of the trained parameters (the values before the step), with own_updates a float32 copy of the
+(docs/accuracy.md; "off" keeps the declared sizes; other optimizers are not changed);
+with row_sparse="exact" (the default) an nn.Embedding or nn.EmbeddingBag of at least 4096
+rows, whose gradient is zero but for the rows a batch touches, is not part of the update
+exchange: its gradient's nonzero elements go out exactly (Top-k of every nonzero element: a
+few rows' worth of bytes) and every worker's optimizer steps on their mean, as DDP's does
+(a row one worker touches moves as far as in DDP, where averaging the workers' own steps
+moved it up to W times less). Memory: one more copy of the trained parameters (the values before the step), with own_updates a float32 copy of the
 residue on the host (own_updates other than "off"), and with second_moment="global" one more
 copy of Adam's moments' size (the averaged estimate of mu^2).
 
@@ -130,6 +136,9 @@ _EXCHANGES = ("gradient", "update")
 _SECOND_MOMENTS = ("global", "local")
 _OWN_UPDATES = ("share", "all", "off")
 _BIN_SCHEDULES = ("auto", "off")
+_ROW_SPARSE = ("exact", "off")
+# row_sparse="exact": embeddings of at least this many rows (a batch touches few of them).
+_ROW_SPARSE_MIN_ROWS = 4096
 # bin_schedule="auto": after 10 / (1 - beta1) steps of Adam, AdaComp's bins are this much
 # smaller (docs/accuracy.md, "Smaller bins after Adam's first steps").
 _LATE_BIN_DIVISOR = 4
@@ -144,7 +153,7 @@ def layer_type(module):
         return "recurrent"
     if isinstance(module, torch.nn.Linear):
         return "linear"
-    if isinstance(module, torch.nn.Embedding):
+    if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
         return "embedding"
     return "other"
 
@@ -208,7 +217,7 @@ def resolve_mode(mode, server_kind):
 class _Param:
     __slots__ = ("name", "param", "kind", "bin_size", "buf", "stage", "handle", "zeros",
                  "used", "pushed_grad", "pushed_version", "snap", "velocity", "held",
-                 "compressed", "adacomp")
+                 "compressed", "adacomp", "row_sparse")
 
     def __init__(self, name, param, kind, bin_size):
         self.name = name
@@ -227,6 +236,7 @@ class _Param:
         self.held = None      # own_updates: the part of this worker's residue in the model
         self.compressed = False  # pushed with a compressor (so with error feedback)
         self.adacomp = False     # compressed with AdaComp (it has a bin size)
+        self.row_sparse = False  # a large embedding: its gradient's nonzeros sent exactly
 
 
 def _host_f32(shape, like):
@@ -252,15 +262,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
       lr: replaces every group's learning rate at construction.
       exchange: local mode only: "update" (default with a compressor) or "gradient" (default
         with dense pushes); see the module docstring.
-      momentum_correction, second_moment, own_updates, bin_schedule: see the module
-        docstring.
+      momentum_correction, second_moment, own_updates, bin_schedule, row_sparse: see the
+        module docstring.
     """
 
     def __init__(self, optimizer, model, worker=None, mode=None, compression=None,
                  bin_size=None, conv_bin_size=None, bin_sizes=None, topk_fraction=None,
                  pull=None, server_optimizer=None, lr=None, exchange=None,
                  momentum_correction=None, second_moment=None, own_updates=None,
-                 bin_schedule=None):
+                 bin_schedule=None, row_sparse=None):
         if not isinstance(optimizer, torch.optim.Optimizer) or \
                 isinstance(optimizer, DistributedOptimizer):
             raise TypeError("adaps.torch: DistributedOptimizer wraps a torch.optim.Optimizer, "
@@ -307,6 +317,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("adaps.torch: unknown bin_schedule %r (auto or off)"
                              % (bin_schedule,))
         self.bin_schedule = bin_schedule
+        row_sparse = _setting("row_sparse", row_sparse, "ADAPS_ROW_SPARSE", "exact")
+        if row_sparse not in _ROW_SPARSE:
+            raise ValueError("adaps.torch: unknown row_sparse %r (exact or off)" % (row_sparse,))
+        self.row_sparse = row_sparse
         # The step of the optimizer after which the bins shrink (None: never): Adam/AdamW
         # in the update exchange of AdaComp tensors.
         self._late_bins_at = None
@@ -352,9 +366,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for e in self._params:
             comp = compression.get(e.kind, "adacomp") if isinstance(compression, dict) \
                 else compression
+            # row_sparse="exact": in the update exchange, a large embedding sends its
+            # gradient's nonzero elements exactly (Top-k of every nonzero) and every worker's
+            # optimizer steps on their mean, as DDP's does (docs/accuracy.md).
+            e.row_sparse = e.row_sparse and self.row_sparse == "exact" and \
+                self.exchange == "update" and _compressed(comp)
+            fraction = topk_fraction
+            if e.row_sparse:
+                comp, fraction = "topk", 1.0
             e.compressed = _compressed(comp)
             e.adacomp = comp == "adacomp"
-            self._declare(e, comp, topk_fraction, self.pull)
+            self._declare(e, comp, fraction, self.pull)
         self._used = None
         if self.exchange == "gradient" and self.mode == "local" and self._params:
             self._used_name = _USED_PREFIX + str(sum(
@@ -432,12 +454,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def _collect(optimizer, model, bin_size, conv_bin_size, bin_sizes):
-        names, kinds = {}, {}
+        names, kinds, large = {}, {}, set()
         for module_name, module in model.named_modules():
             for pname, p in module.named_parameters(recurse=False):
                 if id(p) not in names:
                     names[id(p)] = module_name + "." + pname if module_name else pname
                     kinds[id(p)] = layer_type(module)
+                    if kinds[id(p)] == "embedding" and \
+                            getattr(module, "num_embeddings", 0) >= _ROW_SPARSE_MIN_ROWS:
+                        large.add(id(p))
         bin_sizes = dict(bin_sizes or {})
         out, seen = [], set()
         for gi, group in enumerate(optimizer.param_groups):
@@ -449,6 +474,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 kind = kinds.get(id(p), "other")
                 t = bin_sizes.pop(name, conv_bin_size if kind == "conv" else bin_size)
                 out.append(_Param(name, p, kind, int(t)))
+                out[-1].row_sparse = id(p) in large
         if bin_sizes:
             raise ValueError("adaps.torch: bin_sizes names parameters that are not trained "
                              "(not in the optimizer or not requiring a gradient): %s"
@@ -640,6 +666,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if state["stage"].name != "UNSCALED":
                 grad_scaler.unscale_(self)
             skip = bool(sum(v.item() for v in state["found_inf_per_device"].values()))
+        self._exchange_row_sparse(skip)  # raises before anything changed
         with torch.no_grad():
             for e in self._params:
                 if e.snap is None:
@@ -650,7 +677,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # Adam/AdamW: the step's denominator estimates the global batch's second moment
             # (adaps.torch_moments); torch's own v stays in the state.
             restore = _moments.global_second_moment(
-                self.optimizer, self.worker.live_workers, self._mu2) \
+                self.optimizer, self.worker.live_workers, self._mu2,
+                exclude={id(e.param) for e in self._params if e.row_sparse}) \
                 if self.second_moment == "global" else None
             try:
                 result = self.optimizer.step()
@@ -663,6 +691,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         own_share = 1.0 if self.own_updates == "all" else 1.0 / max(1, self.worker.live_workers)
         with torch.no_grad():
             for e in self._params:
+                if e.row_sparse:
+                    continue  # stepped on the mean gradient, the same on every worker
                 if e.stage is None:
                     e.stage = _host_f32(e.buf.shape, e.param)
                 # The local step's change, float32 on the host: what this worker sends.
@@ -673,12 +703,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     e.stage.copy_((e.param.float() - e.snap.float()).reshape(e.stage.shape))
                 e.handle = self.worker.push_pull(e.name, e.stage, e.buf)
             for e in self._params:
+                if e.handle is None:
+                    continue
                 try:
                     e.handle.wait()
                 except adaps.Error as err:
                     error = error or err
                 e.handle = None
             for e in self._params:
+                if e.row_sparse and error is None:
+                    continue
                 if error is None:
                     # Every replica: the same start plus the same mean update.
                     mean = torch.from_numpy(e.buf).view(e.param.shape)
@@ -704,6 +738,39 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if error is not None:
             raise error
         return result
+
+    def _exchange_row_sparse(self, skip):
+        # row_sparse="exact": each large embedding's gradient (its nonzero elements, exactly)
+        # goes out and its mean comes back as the gradient the torch optimizer steps on, on
+        # every worker alike (DDP's arithmetic). A skipped step (GradScaler) sends zeros:
+        # every worker sends every step.
+        entries = [e for e in self._params if e.row_sparse]
+        if not entries:
+            return
+        with torch.no_grad():
+            for e in entries:
+                if e.stage is None:
+                    e.stage = _host_f32(e.buf.shape, e.param)
+                g = e.param.grad
+                if skip or g is None:
+                    e.stage.zero_()
+                else:
+                    if g.is_sparse:
+                        g = g.to_dense()
+                    e.stage.copy_(g.reshape(e.stage.shape))
+                e.handle = self.worker.push_pull(e.name, e.stage, e.buf)
+            error = None
+            for e in entries:
+                try:
+                    e.handle.wait()
+                except adaps.Error as err:
+                    error = error or err
+                e.handle = None
+            if error is not None:
+                raise error
+            for e in entries:
+                mean = torch.from_numpy(e.buf).view(e.param.shape)
+                e.param.grad = mean.to(device=e.param.device, dtype=e.param.dtype, copy=True)
 
     def _maybe_late_bins(self):
         # bin_schedule="auto": the optimizer's own step count (restored with its state_dict)

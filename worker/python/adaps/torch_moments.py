@@ -56,12 +56,13 @@ def _effective_grad(optimizer, group, p):
     return g
 
 
-def global_second_moment(optimizer, num_workers, smoothed=None):
+def global_second_moment(optimizer, num_workers, smoothed=None, exclude=()):
     """Call just before optimizer.step(); returns the function to call just after it (it puts
     torch's own second moment back). Does nothing (returns a no-op) for one worker, another
     optimizer, or groups with amsgrad. `smoothed`: a dict this function keeps per parameter
     (the caller holds it from step to step): mu^2 is then averaged over v's window instead of
-    taken from this step's m_hat alone."""
+    taken from this step's m_hat alone. `exclude`: ids of parameters left to torch's own step
+    (their gradient is the global batch's already)."""
     saved = []
     if num_workers > 1 and supports(optimizer):
         w = float(num_workers)
@@ -71,7 +72,7 @@ def global_second_moment(optimizer, num_workers, smoothed=None):
                     continue
                 b1, b2 = group["betas"]
                 for p in group["params"]:
-                    if p.grad is None or p.grad.is_sparse:
+                    if p.grad is None or p.grad.is_sparse or id(p) in exclude:
                         continue
                     state = optimizer.state.get(p)
                     if not state or "exp_avg_sq" not in state:
