@@ -747,11 +747,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         entries = [e for e in self._params if e.row_sparse]
         if not entries:
             return
+        sparse = set()
         with torch.no_grad():
             for e in entries:
                 if e.stage is None:
                     e.stage = _host_f32(e.buf.shape, e.param)
                 g = e.param.grad
+                if g is not None and g.is_sparse:
+                    sparse.add(e.name)  # (nn.Embedding(sparse=True): SparseAdam wants one back)
                 if skip or g is None:
                     e.stage.zero_()
                 else:
@@ -770,7 +773,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 raise error
             for e in entries:
                 mean = torch.from_numpy(e.buf).view(e.param.shape)
-                e.param.grad = mean.to(device=e.param.device, dtype=e.param.dtype, copy=True)
+                grad = mean.to(device=e.param.device, dtype=e.param.dtype, copy=True)
+                e.param.grad = grad.to_sparse() if e.name in sparse else grad
 
     def _maybe_late_bins(self):
         # bin_schedule="auto": the optimizer's own step count (restored with its state_dict)
