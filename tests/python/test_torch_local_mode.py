@@ -1,5 +1,7 @@
 """adaps.torch local mode (servers --optimizer=mean): each step's mean gradient comes back and
 the torch optimizer runs. 2 ranks in threads on a real local cluster."""
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -379,6 +381,46 @@ def test_a_large_embedding_steps_on_the_exact_mean_gradient_sent_as_its_nonzeros
     for a, b in zip(r0[3], r1[3]):  # every step, the same on both workers
         assert torch.equal(a, b)
     assert r0[4] * 50 < r0[5]  # its nonzeros only: 24 rows of 5000 a step
+
+
+def test_a_large_embedding_tied_to_an_output_layer_is_not_row_sparse():
+    # A language model's output layer sharing the embedding's weight: its gradient is dense
+    # (every row gets the softmax's), so it stays in AdaComp's update exchange.
+    class TiedLM(nn.Module):
+        def __init__(self, tie):
+            super().__init__()
+            self.tok = nn.Embedding(5000, 8)
+            self.out = nn.Linear(8, 5000, bias=False)
+            if tie:
+                self.out.weight = self.tok.weight
+    for tie, want in ((True, False), (False, True)):
+        m = TiedLM(tie)
+        entries = adaps.torch.DistributedOptimizer._collect(
+            torch.optim.Adam(m.parameters()), m, 500, 50, None)
+        assert {e.name: e.row_sparse for e in entries}["tok.weight"] is want, tie
+    bag = nn.EmbeddingBag(4096, 2)
+    entries = adaps.torch.DistributedOptimizer._collect(
+        torch.optim.Adam(bag.parameters()), bag, 500, 50, None)
+    assert [(e.kind, e.row_sparse) for e in entries] == [("embedding", True)]
+
+
+def test_a_large_embedding_whose_gradient_is_dense_warns_once(cluster):
+    address = cluster(1, server_args=["--optimizer=mean"]).address
+
+    def rank(w):
+        m = nn.Sequential()
+        m.add_module("emb", nn.Embedding(5000, 2))
+        opt = adaps.torch.DistributedOptimizer(torch.optim.Adam(m.parameters()), m, w,
+                                               server_optimizer="mean", compression="adacomp")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(8):
+                opt.zero_grad()
+                m.emb(torch.arange(5000)).sum().backward()  # every row, every step
+                opt.step()
+        return [str(c.message) for c in caught if "row_sparse" in str(c.message)]
+    msgs = run_ranks(address, 1, rank)[0]
+    assert len(msgs) == 1 and "100% of them are nonzero" in msgs[0], msgs
 
 
 def test_an_unknown_row_sparse_is_refused():

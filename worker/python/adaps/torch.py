@@ -100,11 +100,12 @@ element moves by about lr and AdaComp sends most of them whatever the bin, later
 differ by element and a smaller bin delivers the residue sooner, at little cost in bytes
 (docs/accuracy.md; "off" keeps the declared sizes; other optimizers are not changed);
 with row_sparse="exact" (the default) an nn.Embedding or nn.EmbeddingBag of at least 4096
-rows, whose gradient is zero but for the rows a batch touches, is not part of the update
-exchange: its gradient's nonzero elements go out exactly (Top-k of every nonzero element: a
+rows, whose gradient is zero but for the rows a batch touches (and whose weight is not tied
+to another layer's), is not part of the update exchange: its gradient's nonzero elements go out exactly (Top-k of every nonzero element: a
 few rows' worth of bytes) and every worker's optimizer steps on their mean, as DDP's does
 (a row one worker touches moves as far as in DDP, where averaging the workers' own steps
-moved it up to W times less). Memory: one more copy of the trained parameters (the values before the step), with own_updates a float32 copy of the
+moved it up to W times less; a warning says when its gradient turns out more than 10%
+nonzero, where this costs about as much as dense). Memory: one more copy of the trained parameters (the values before the step), with own_updates a float32 copy of the
 residue on the host (own_updates other than "off"), and with second_moment="global" one more
 copy of Adam's moments' size (the averaged estimate of mu^2).
 
@@ -321,6 +322,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if row_sparse not in _ROW_SPARSE:
             raise ValueError("adaps.torch: unknown row_sparse %r (exact or off)" % (row_sparse,))
         self.row_sparse = row_sparse
+        self._row_checks, self._row_nonzero = {}, {}
         # The step of the optimizer after which the bins shrink (None: never): Adam/AdamW
         # in the update exchange of AdaComp tensors.
         self._late_bins_at = None
@@ -454,15 +456,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def _collect(optimizer, model, bin_size, conv_bin_size, bin_sizes):
-        names, kinds, large = {}, {}, set()
-        for module_name, module in model.named_modules():
+        names, kinds, large, shared = {}, {}, set(), set()
+        for module_name, module in model.named_modules(remove_duplicate=False):
             for pname, p in module.named_parameters(recurse=False):
-                if id(p) not in names:
-                    names[id(p)] = module_name + "." + pname if module_name else pname
-                    kinds[id(p)] = layer_type(module)
-                    if kinds[id(p)] == "embedding" and \
-                            getattr(module, "num_embeddings", 0) >= _ROW_SPARSE_MIN_ROWS:
-                        large.add(id(p))
+                if id(p) in names:
+                    # A weight tied to another module's (a language model's output layer
+                    # sharing the embedding): its gradient is not row-sparse.
+                    if layer_type(module) != "embedding":
+                        shared.add(id(p))
+                    continue
+                names[id(p)] = module_name + "." + pname if module_name else pname
+                kinds[id(p)] = layer_type(module)
+                if kinds[id(p)] == "embedding" and \
+                        getattr(module, "num_embeddings", 0) >= _ROW_SPARSE_MIN_ROWS:
+                    large.add(id(p))
+        large -= shared
         bin_sizes = dict(bin_sizes or {})
         out, seen = [], set()
         for gi, group in enumerate(optimizer.param_groups):
@@ -761,6 +769,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     if g.is_sparse:
                         g = g.to_dense()
                     e.stage.copy_(g.reshape(e.stage.shape))
+                    self._check_row_density(e)
                 e.handle = self.worker.push_pull(e.name, e.stage, e.buf)
             error = None
             for e in entries:
@@ -775,6 +784,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 mean = torch.from_numpy(e.buf).view(e.param.shape)
                 grad = mean.to(device=e.param.device, dtype=e.param.dtype, copy=True)
                 e.param.grad = grad.to_sparse() if e.name in sparse else grad
+
+    def _check_row_density(self, e):
+        # Sent exactly, a gradient costs about 39 bits a nonzero element: past ~10% nonzero
+        # the exact path is barely smaller than dense. Said once, after the first steps.
+        if self._row_checks.get(e.name, 0) >= 5:
+            return
+        n = self._row_checks[e.name] = self._row_checks.get(e.name, 0) + 1
+        self._row_nonzero[e.name] = max(self._row_nonzero.get(e.name, 0.0),
+                                        float(np.count_nonzero(e.stage.numpy())) / e.stage.numel())
+        if n == 5 and self._row_nonzero[e.name] > 0.1:
+            warnings.warn("adaps.torch: %s (an embedding of %d rows) is exchanged as its "
+                          "gradient's nonzero elements (row_sparse=\"exact\"), but %.0f%% of "
+                          "them are nonzero a step: that is nearly dense traffic; "
+                          "row_sparse=\"off\" sends it through AdaComp's update exchange "
+                          "instead" % (e.name, e.param.shape[0],
+                                       100 * self._row_nonzero[e.name]), stacklevel=4)
 
     def _maybe_late_bins(self):
         # bin_schedule="auto": the optimizer's own step count (restored with its state_dict)
