@@ -275,11 +275,16 @@ class SpyWorker:
         return self._w.set_bin_size(name, bin_size)
 
 
-def test_adam_bins_shrink_fourfold_after_ten_over_one_minus_beta1_steps(cluster):
-    # bin_schedule="auto": Adam/AdamW in the update exchange bin AdaComp 4x finer once the
-    # optimizer has taken 10 / (1 - beta1) steps (here beta1 = 0.8: 50); the small tensors
-    # are fused into one bucket, whose pushes then carry the new sizes and still go through.
+def test_adam_bins_shrink_as_the_learning_rate_decays_after_adams_first_steps(cluster):
+    # bin_schedule="auto": Adam/AdamW in the update exchange bin AdaComp 2x finer once the
+    # learning rate is at most half the highest it has been, 4x at a quarter, never before
+    # the optimizer has taken 10 / (1 - beta1) steps (here beta1 = 0.8: 50); back up with it.
+    # The small tensors are fused into one bucket, whose pushes then carry the new sizes and
+    # still go through.
     address = mean_cluster(cluster)
+
+    def lr_at(t):  # halved at step 20 (too early to act on), quartered at 55, back at 58
+        return 1e-2 if t < 20 or t >= 58 else (0.4e-2 if t < 55 else 0.2e-2)
 
     def rank(w):
         torch.manual_seed(0)
@@ -299,16 +304,20 @@ def test_adam_bins_shrink_fourfold_after_ten_over_one_minus_beta1_steps(cluster)
             torch.optim.SGD(m3.parameters(), lr=1e-2, momentum=0.9), m3, spies[2],
             server_optimizer="mean", compression="adacomp", bin_size=40)
         calls_after = []
-        for _ in range(52):
+        for t in range(60):
             for model, opt in ((m, adam), (m2, off), (m3, sgd)):
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(t)
                 opt.zero_grad()
                 model(torch.randn(8, 40)).pow(2).mean().backward()
                 opt.step()
             calls_after.append(len(spies[0].bin_sizes))
-        return calls_after, sorted(spies[0].bin_sizes), spies[1].bin_sizes, spies[2].bin_sizes
+        return calls_after, spies[0].bin_sizes, spies[1].bin_sizes, spies[2].bin_sizes
+    names = ["0.bias", "0.weight", "1.bias", "1.weight"]
     for calls_after, adam, off, sgd in run_ranks(address, 2, rank):
-        assert calls_after[48] == 0 and calls_after[49] == 4 and calls_after[51] == 4
-        assert adam == [("0.bias", 10), ("0.weight", 10), ("1.bias", 10), ("1.weight", 10)]
+        assert [calls_after[t] for t in (48, 49, 54, 55, 57, 58, 59)] == [0, 4, 4, 8, 8, 12, 12]
+        assert [sorted(adam[k:k + 4]) for k in (0, 4, 8)] == [
+            [(n, b) for n in names] for b in (20, 10, 40)]
         assert off == [] and sgd == []
 
 

@@ -80,7 +80,8 @@ _TORCH_FLAGS = (
      "worker's model holds: share (1/W, the default for Adam/AdamW), all, or off (the default "
      "for other optimizers; every replica identical)", dict(choices=("share", "all", "off"))),
     ("--bin-schedule", "ADAPS_BIN_SCHEDULE", "Adam/AdamW in the update exchange: auto (the "
-     "default: AdaComp bins 4x smaller after 10/(1-beta1) steps) or off (the declared sizes "
+     "default: AdaComp bins 2x smaller below half the peak learning rate, 4x below a quarter, "
+     "after 10/(1-beta1) steps) or off (the declared sizes "
      "throughout)", dict(choices=("auto", "off"))),
     ("--row-sparse", "ADAPS_ROW_SPARSE", "update exchange: exact (the default: an embedding of "
      ">= 4096 rows sends its gradient's nonzero elements exactly and steps on their mean, as "

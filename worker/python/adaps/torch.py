@@ -94,11 +94,13 @@ synchronize() and step() clips this worker's own gradient, as on one machine; a 
 without gradient on this worker is skipped by its torch optimizer (no change sent); with
 torch.cuda.amp.GradScaler a worker whose gradient has inf/NaN sends a zero update for that
 step instead of skipping it (every worker must send every step); with bin_schedule="auto" (the
-default) and Adam/AdamW, every AdaComp tensor's bin size is divided by 4 once the optimizer
-has taken 10 / (1 - beta1) steps (100 at torch's beta1 = 0.9): in Adam's first steps every
-element moves by about lr and AdaComp sends most of them whatever the bin, later the updates
-differ by element and a smaller bin delivers the residue sooner, at little cost in bytes
-(docs/accuracy.md; "off" keeps the declared sizes; other optimizers are not changed);
+default) and Adam/AdamW, every AdaComp tensor's bin size is divided by 2 while the learning
+rate is at most half the highest it has been, by 4 at a quarter (back up with it), but
+never before the optimizer has taken 10 / (1 - beta1) steps (100 at torch's beta1 = 0.9):
+as the learning rate decays, what the residues hold back is the rest of the run's progress,
+and a smaller bin delivers it sooner; at a constant rate nothing changes, so a long run
+pays the bytes only in its decay (docs/accuracy.md; "off" keeps the declared sizes; other
+optimizers are not changed);
 with row_sparse="exact" (the default) an nn.Embedding or nn.EmbeddingBag of at least 4096
 rows, whose gradient is zero but for the rows a batch touches (and whose weight is not tied
 to another layer's), is not part of the update exchange: its gradient's nonzero elements go out exactly (Top-k of every nonzero element: a
@@ -140,8 +142,8 @@ _BIN_SCHEDULES = ("auto", "off")
 _ROW_SPARSE = ("exact", "off")
 # row_sparse="exact": embeddings of at least this many rows (a batch touches few of them).
 _ROW_SPARSE_MIN_ROWS = 4096
-# bin_schedule="auto": after 10 / (1 - beta1) steps of Adam, AdaComp's bins are this much
-# smaller (docs/accuracy.md, "Smaller bins after Adam's first steps").
+# bin_schedule="auto": the most AdaComp's bins shrink as Adam's learning rate decays
+# (docs/accuracy.md, "Smaller bins as the learning rate decays").
 _LATE_BIN_DIVISOR = 4
 _USED_PREFIX = "__adaps_used__/"
 
@@ -326,6 +328,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The step of the optimizer after which the bins shrink (None: never): Adam/AdamW
         # in the update exchange of AdaComp tensors.
         self._late_bins_at = None
+        self._lr_peak, self._bin_divisor = 0.0, 1
         if bin_schedule == "auto" and self.exchange == "update" and \
                 _moments.supports(optimizer):
             beta1 = optimizer.param_groups[0].get("betas", (0.9, 0.999))[0]
@@ -802,14 +805,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                        100 * self._row_nonzero[e.name]), stacklevel=4)
 
     def _maybe_late_bins(self):
-        # bin_schedule="auto": the optimizer's own step count (restored with its state_dict)
-        # decides, so a resumed run keeps its schedule.
-        if self._late_bins_at is None or _optimizer_steps(self.optimizer) < self._late_bins_at:
+        # bin_schedule="auto": after Adam's first steps (the optimizer's own step count,
+        # restored with its state_dict), the bins shrink as the learning rate decays from
+        # the highest it has been: 2x below half of it, 4x below a quarter.
+        if self._late_bins_at is None:
             return
-        self._late_bins_at = None
+        lr = max(g["lr"] for g in self.optimizer.param_groups)
+        self._lr_peak = max(self._lr_peak, lr)
+        if _optimizer_steps(self.optimizer) < self._late_bins_at:
+            return
+        ratio = lr / self._lr_peak if self._lr_peak > 0 else 1.0
+        divisor = 1
+        while divisor < _LATE_BIN_DIVISOR and ratio <= 1.0 / (2 * divisor):
+            divisor *= 2
+        if divisor == self._bin_divisor:
+            return
+        self._bin_divisor = divisor
         for e in self._params:
             if e.adacomp:
-                self.worker.set_bin_size(e.name, max(1, e.bin_size // _LATE_BIN_DIVISOR))
+                self.worker.set_bin_size(e.name, max(1, e.bin_size // divisor))
 
     def step(self, closure=None, grad_scaler=None):
         """Server mode: the parameters after the servers' step. Local mode: the torch

@@ -25,8 +25,8 @@ over v's own window (an exponential average with beta2, bias-corrected) before t
 mu^2 and s^2 then come from the same steps, and the estimate no longer grows exactly when
 m_hat does. This step's estimate is largest on the steps where m_hat, so the step, is
 largest, and shortens precisely those; on the zoo the average took the char-LSTM from +1.7%
-to below dense and the transformer from +3.4% to +0.8% (docs/accuracy.md). Memory: one
-tensor of each parameter's size, kept by the caller.
+to below dense and the transformer from +3.4% to +0.8%, with the first bin schedule
+(docs/accuracy.md). Memory: one tensor of each parameter's size, kept by the caller.
 global_second_moment() makes the torch optimizer's step use it and keeps torch's own v in its
 state (state_dict() is torch's, unchanged in format and meaning): before the step it writes
 into exp_avg_sq the value that torch's update v = beta2 * v + (1 - beta2) g^2 turns into
