@@ -167,6 +167,18 @@ def _compressed(compression):
     return any(c != "dense" for c in names)
 
 
+def _wait_all(entries):
+    """Waits for every entry's handle (clearing it); the first adaps.Error, or None."""
+    error = None
+    for e in entries:
+        try:
+            e.handle.wait()
+        except adaps.Error as err:
+            error = error or err
+        e.handle = None
+    return error
+
+
 def _optimizer_steps(optimizer):
     """The steps a torch optimizer has taken (its state's "step" of the first parameter that
     has one; 0 before the first)."""
@@ -220,7 +232,7 @@ def resolve_mode(mode, server_kind):
 class _Param:
     __slots__ = ("name", "param", "kind", "bin_size", "buf", "stage", "handle", "zeros",
                  "used", "pushed_grad", "pushed_version", "snap", "velocity", "held",
-                 "compressed", "adacomp", "row_sparse")
+                 "compressed", "adacomp", "row_sparse", "row_steps", "row_nonzero")
 
     def __init__(self, name, param, kind, bin_size):
         self.name = name
@@ -240,6 +252,8 @@ class _Param:
         self.compressed = False  # pushed with a compressor (so with error feedback)
         self.adacomp = False     # compressed with AdaComp (it has a bin size)
         self.row_sparse = False  # a large embedding: its gradient's nonzeros sent exactly
+        self.row_steps = 0       # row_sparse: steps whose density was looked at (the first 5)
+        self.row_nonzero = 0.0   # row_sparse: the highest fraction of nonzero elements seen
 
 
 def _host_f32(shape, like):
@@ -324,7 +338,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if row_sparse not in _ROW_SPARSE:
             raise ValueError("adaps.torch: unknown row_sparse %r (exact or off)" % (row_sparse,))
         self.row_sparse = row_sparse
-        self._row_checks, self._row_nonzero = {}, {}
         # The step of the optimizer after which the bins shrink (None: never): Adam/AdamW
         # in the update exchange of AdaComp tensors.
         self._late_bins_at = None
@@ -713,14 +726,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 else:
                     e.stage.copy_((e.param.float() - e.snap.float()).reshape(e.stage.shape))
                 e.handle = self.worker.push_pull(e.name, e.stage, e.buf)
-            for e in self._params:
-                if e.handle is None:
-                    continue
-                try:
-                    e.handle.wait()
-                except adaps.Error as err:
-                    error = error or err
-                e.handle = None
+            error = _wait_all(e for e in self._params if not e.row_sparse)
             for e in self._params:
                 if e.row_sparse and error is None:
                     continue
@@ -774,13 +780,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     e.stage.copy_(g.reshape(e.stage.shape))
                     self._check_row_density(e)
                 e.handle = self.worker.push_pull(e.name, e.stage, e.buf)
-            error = None
-            for e in entries:
-                try:
-                    e.handle.wait()
-                except adaps.Error as err:
-                    error = error or err
-                e.handle = None
+            error = _wait_all(entries)
             if error is not None:
                 raise error
             for e in entries:
@@ -791,18 +791,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _check_row_density(self, e):
         # Sent exactly, a gradient costs about 39 bits a nonzero element: past ~10% nonzero
         # the exact path is barely smaller than dense. Said once, after the first steps.
-        if self._row_checks.get(e.name, 0) >= 5:
+        if e.row_steps >= 5:
             return
-        n = self._row_checks[e.name] = self._row_checks.get(e.name, 0) + 1
-        self._row_nonzero[e.name] = max(self._row_nonzero.get(e.name, 0.0),
-                                        float(np.count_nonzero(e.stage.numpy())) / e.stage.numel())
-        if n == 5 and self._row_nonzero[e.name] > 0.1:
+        e.row_steps += 1
+        e.row_nonzero = max(e.row_nonzero,
+                            float(np.count_nonzero(e.stage.numpy())) / e.stage.numel())
+        if e.row_steps == 5 and e.row_nonzero > 0.1:
             warnings.warn("adaps.torch: %s (an embedding of %d rows) is exchanged as its "
                           "gradient's nonzero elements (row_sparse=\"exact\"), but %.0f%% of "
                           "them are nonzero a step: that is nearly dense traffic; "
                           "row_sparse=\"off\" sends it through AdaComp's update exchange "
                           "instead" % (e.name, e.param.shape[0],
-                                       100 * self._row_nonzero[e.name]), stacklevel=4)
+                                       100 * e.row_nonzero), stacklevel=4)
 
     def _maybe_late_bins(self):
         # bin_schedule="auto": after Adam's first steps (the optimizer's own step count,
