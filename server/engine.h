@@ -85,6 +85,7 @@ struct DeclareWork : EngineRequest {
   bool has_init = false;
   std::vector<WireSegment> segments;  // a fusion bucket's table (DeclareSlice.segments)
   uint32_t downlink_bin_cap = 0;      // a bucket's: the server's --pull_bin_size (0: none)
+  bool sparse_pulls = false;          // declared with pull_format = Sparse (Shard::TrackSteps)
 };
 
 struct PushWork : EngineRequest {

@@ -99,6 +99,7 @@ void EngineThread::OnDeclareBucket(DeclareWork& work) {
     return ReplyError(work, st);
   }
   it->second.set_downlink_bin_cap(work.downlink_bin_cap);
+  if (work.sparse_pulls) it->second.TrackSteps();
   Ack(work);
 }
 
@@ -126,6 +127,7 @@ void EngineThread::OnDeclare(DeclareWork& work) {
                                 " and bin size ", it->second.bin_size())));
   }
   if (work.has_init) it->second.Initialize(work.payload());
+  if (work.sparse_pulls) it->second.TrackSteps();
   Ack(work);
 }
 

@@ -344,6 +344,7 @@ void Server::OnDeclare(InMessage& in) {
   // The shard's bin size is its downlink's (pushes carry their own in every update).
   work.bin_size = PullBinSize(d->bin_size(), config_.pull_bin_size);
   work.has_init = d->has_init();
+  work.sparse_pulls = d->pull_format() == msg::PullFormat::Sparse;
   if (bucket) {
     for (const msg::Segment* seg : *d->segments()) {
       work.segments.push_back(WireSegment{seg->length(), seg->bin_size()});

@@ -359,7 +359,10 @@ void Shard::CountStepWork(absl::Duration elapsed, bool completed) {
   step_work_ = absl::ZeroDuration();
 }
 
-void Shard::Hold(Pull pull) { held_.push_back(std::move(pull)); }
+void Shard::Hold(Pull pull) {
+  if (pull.format == Format::kSparse) TrackSteps();
+  held_.push_back(std::move(pull));
+}
 
 std::vector<Shard::Pull> Shard::TakeReadyPulls() {
   std::vector<Pull> ready, still;
@@ -483,8 +486,9 @@ void Shard::PublishDense() {
 absl::StatusOr<Shard::Answer> Shard::AnswerPull(const Pull& pull) {
   Answer answer;
   if (pull.format == Format::kSparse) {
-    // Steps are tracked from the first sparse pull on (earlier ones are answered dense).
-    track_touched_ = true;
+    // Steps are tracked from the declaration with sparse pulls or the first sparse pull on
+    // (untracked ones are answered dense).
+    TrackSteps();
     if (sparse_version_ != version_) ADAPS_RETURN_IF_ERROR(PublishSparse());
     answer.version = version_;
     if (pull.have_version == version_) {

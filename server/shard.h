@@ -169,6 +169,10 @@ class Shard {
   // The elements the last step changed (ascending), when sparse_step().
   absl::Span<const uint32_t> last_touched() const { return last_touched_; }
 
+  // Tracks the elements of every step from the next one on, so a sparse pull's answer is
+  // exact without the dense one: called when a worker declares the slice with sparse pulls
+  // (and by the first sparse pull held or answered, for a shard restored without that).
+  void TrackSteps() { track_touched_ = true; }
   // Keeps a pull until the version reaches its min_version.
   void Hold(Pull pull);
   // Removes and returns the held pulls the current version satisfies, in arrival order.
@@ -232,8 +236,8 @@ class Shard {
   std::vector<float> down_gmax_, down_scratch_;
   CompressedUpdate down_update_;
 
-  // Sparse pulls: tracking of the elements each step touches starts with the first sparse
-  // pull (track_touched_); step_tracked_: the step in progress is tracked from its first
+  // Sparse pulls: tracking of the elements each step touches starts with a declaration
+  // with sparse pulls or the first sparse pull (track_touched_); step_tracked_: the step in progress is tracked from its first
   // push; touched_: its elements so far (each push's, unsorted); last_touched_: the last
   // step's (ascending, distinct) when last_sparse_. mean_zero_outside_: (mean) every
   // parameter outside last_touched_ is 0, so a step need only clear those.

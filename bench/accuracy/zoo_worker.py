@@ -5,7 +5,7 @@ Trains one model of bench/accuracy/zoo_models.py with adaps.torch.DistributedOpt
 the defaults a user gets (whatever adaps.launch exported: --compression dense for the
 baseline, nothing for AdaComp), evaluates on rank 0 every --eval-every steps, and writes
 rank 0's result as JSON to --out: the metric against steps, the final metric, bytes pushed
-and pulled (wire and dense), and the training time.
+and pulled (wire and dense; the wire bytes so far after every step too), and the training time.
 """
 import argparse
 import json
@@ -40,6 +40,7 @@ def main():
                                 a.quick)
     opt = adaps.torch.DistributedOptimizer(task.optimizer, task.model, worker)
     curve = [(0, task.evaluate())] if worker.rank == 0 else []
+    wire = []  # rank 0: (step, push wire bytes, pull wire bytes) so far, after every step
     start = time.time()
     for step in range(a.steps):
         for g in opt.param_groups:
@@ -51,6 +52,9 @@ def main():
             opt.synchronize()
             torch.nn.utils.clip_grad_norm_(task.model.parameters(), task.clip)
         opt.step()
+        if worker.rank == 0:  # where the bytes go: the first steps of Adam are near-dense
+            t = opt.traffic().values()
+            wire.append((step + 1, sum(d["push_wire"] for d in t), sum(d["pull_wire"] for d in t)))
         if worker.rank == 0 and ((step + 1) % a.eval_every == 0 or step + 1 == a.steps):
             curve.append((step + 1, task.evaluate()))
             print("step %d %s %.4f (%.1f s)" % (step + 1, task.metric, curve[-1][1],
@@ -64,7 +68,7 @@ def main():
                       higher_is_better=task.higher_is_better, final=curve[-1][1],
                       curve=curve, seconds=seconds, mode=opt.mode, exchange=opt.exchange,
                       compression=opt.compression, pull=opt.pull, traffic=total,
-                      by_layer=traffic, workers=worker.num_workers)
+                      by_layer=traffic, workers=worker.num_workers, wire=wire)
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
         print("final %s %.4f  push %.1fx  pull %.1fx" % (
