@@ -78,6 +78,63 @@ def test_clipping_between_synchronize_and_step_takes_effect(cluster):
         assert torch.allclose(p, -torch.tensor([0.6, 0.8]), atol=1e-6)  # norm 1
 
 
+@pytest.mark.parametrize("how", ["no_sync", "backward_passes_per_step", "step_early"])
+def test_gradient_accumulation_pushes_the_sum_of_the_backward_passes_once(cluster, how):
+    # DDP accumulates inside model.no_sync(), Horovod with backward_passes_per_step; with
+    # the gradient exchange each pushes once a step, the sum of the passes (here 2 passes,
+    # 2 workers: the mean of the sums). "step_early": 2 of 3 expected passes, then step().
+    address = mean_cluster(cluster)
+
+    def rank(w):
+        p = nn.Parameter(torch.zeros(2))
+        m = nn.Module()
+        m.p = p
+        kw = {"backward_passes_per_step": 3 if how == "step_early" else 2} \
+            if how != "no_sync" else {}
+        opt = wrap(torch.optim.SGD([p], lr=1.0), m, w, **kw)
+        assert opt.exchange == "gradient"
+        for step in range(2):
+            opt.zero_grad()
+            if how == "no_sync":
+                with opt.no_sync():
+                    (p * torch.tensor([1.0, 2.0]) * (w.rank + 1)).sum().backward()
+            else:
+                (p * torch.tensor([1.0, 2.0]) * (w.rank + 1)).sum().backward()
+            (p * torch.tensor([10.0, 20.0])).sum().backward()
+            opt.step()
+        return p.detach().clone()
+    # A step's mean of the sums: ((1, 2) * 1.5 + (10, 20)); two steps at lr 1.
+    for p in run_ranks(address, 2, rank):
+        assert torch.allclose(p, -2 * torch.tensor([11.5, 23.0])), p
+
+
+def test_a_second_backward_pass_without_accumulation_says_how_to_accumulate(cluster):
+    address = mean_cluster(cluster)
+
+    def rank(w):
+        p = nn.Parameter(torch.zeros(2))
+        m = nn.Module()
+        m.p = p
+        opt = wrap(torch.optim.SGD([p], lr=1.0), m, w)
+        p.sum().backward()
+        with pytest.raises(adaps.Error) as bad:
+            p.sum().backward()
+        opt.step()
+        return bad.value.code, str(bad.value)
+    for code, text in run_ranks(address, 2, rank):
+        assert code == adaps.FAILED_PRECONDITION
+        assert "no_sync()" in text and "backward_passes_per_step" in text, text
+
+
+def test_a_bad_backward_passes_per_step_is_refused():
+    m = nn.Linear(2, 2)
+    for bad in (0, -1, 1.5, "2"):
+        with pytest.raises(ValueError, match="backward_passes_per_step"):
+            adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m,
+                                             object(), server_optimizer="mean",
+                                             backward_passes_per_step=bad)
+
+
 def test_a_parameter_without_gradient_is_treated_as_ddp_treats_unused_parameters(cluster):
     address = mean_cluster(cluster)
 

@@ -112,6 +112,26 @@ def test_step_lr_takes_the_wrapper_and_every_new_rate_reaches_the_servers(cluste
         assert [float(s[0]) for s in seen] == expect
 
 
+def test_gradient_accumulation_in_no_sync_reaches_the_servers_as_one_push(cluster):
+    address = sgd_cluster(cluster)
+
+    def rank(w):
+        p = nn.Parameter(torch.zeros(2))
+        m = nn.Module()
+        m.p = p
+        opt = adaps.torch.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), m, w,
+                                               server_optimizer="sgd", compression="dense")
+        for _ in range(2):
+            opt.zero_grad()
+            with opt.no_sync():
+                (p * (w.rank + 1.0)).sum().backward()
+            (p * 2.0).sum().backward()
+            opt.step()
+        return p.detach().clone()
+    for p in run_ranks(address, 2, rank):
+        assert torch.allclose(p, torch.full((2,), -2 * 3.5)), p  # mean of (1+2, 2+2), twice
+
+
 def test_state_dict_round_trip_and_zero_grad_set_to_none(cluster):
     address = cluster(2, server_args=["--optimizer=momentum"]).address
 

@@ -111,11 +111,20 @@ nonzero, where this costs about as much as dense). Memory: one more copy of the 
 residue on the host (own_updates other than "off"), and with second_moment="global" one more
 copy of Adam's moments' size (the averaged estimate of mu^2).
 
+Gradient accumulation: with the gradient exchange (server mode, and local mode with dense
+pushes) each backward pass pushes what it produced, so a second pass before step() is an
+error; accumulate as DDP does, the passes but the last inside `with opt.no_sync():`, or as
+Horovod does, with backward_passes_per_step=N (every gradient is pushed at its N-th pass,
+holding the sum of the N; step() after fewer passes pushes what was accumulated). The
+update exchange sends at step() what the optimizer did, so accumulation needs neither there
+(both are accepted and change nothing).
+
 Dtypes and devices: float16/bfloat16/float64 parameters are trained with their gradients
 converted to float32 at the boundary (compressed as float32; server mode keeps float32
 master values on the servers). CUDA tensors are staged through host memory (pinned) on the
 way out and copied back to the device on the way in.
 """
+import contextlib
 import os
 import warnings
 
@@ -232,7 +241,7 @@ def resolve_mode(mode, server_kind):
 class _Param:
     __slots__ = ("name", "param", "kind", "bin_size", "buf", "stage", "handle", "zeros",
                  "used", "pushed_grad", "pushed_version", "snap", "velocity", "held",
-                 "compressed", "adacomp", "row_sparse", "row_steps", "row_nonzero")
+                 "compressed", "adacomp", "row_sparse", "row_steps", "row_nonzero", "passes")
 
     def __init__(self, name, param, kind, bin_size):
         self.name = name
@@ -254,6 +263,7 @@ class _Param:
         self.row_sparse = False  # a large embedding: its gradient's nonzeros sent exactly
         self.row_steps = 0       # row_sparse: steps whose density was looked at (the first 5)
         self.row_nonzero = 0.0   # row_sparse: the highest fraction of nonzero elements seen
+        self.passes = 0          # gradient exchange: backward passes since the last step
 
 
 def _host_f32(shape, like):
@@ -287,7 +297,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  bin_size=None, conv_bin_size=None, bin_sizes=None, topk_fraction=None,
                  pull=None, server_optimizer=None, lr=None, exchange=None,
                  momentum_correction=None, second_moment=None, own_updates=None,
-                 bin_schedule=None, row_sparse=None):
+                 bin_schedule=None, row_sparse=None, backward_passes_per_step=1):
         if not isinstance(optimizer, torch.optim.Optimizer) or \
                 isinstance(optimizer, DistributedOptimizer):
             raise TypeError("adaps.torch: DistributedOptimizer wraps a torch.optim.Optimizer, "
@@ -334,6 +344,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("adaps.torch: unknown bin_schedule %r (auto or off)"
                              % (bin_schedule,))
         self.bin_schedule = bin_schedule
+        if isinstance(backward_passes_per_step, bool) or \
+                not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+            raise ValueError("adaps.torch: backward_passes_per_step must be an int >= 1, got %r"
+                             % (backward_passes_per_step,))
+        self.backward_passes_per_step = backward_passes_per_step
+        self._no_sync = False
         row_sparse = _setting("row_sparse", row_sparse, "ADAPS_ROW_SPARSE", "exact")
         if row_sparse not in _ROW_SPARSE:
             raise ValueError("adaps.torch: unknown row_sparse %r (exact or off)" % (row_sparse,))
@@ -533,6 +549,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         acc = e.param.expand_as(e.param).grad_fn.next_functions[0][0]
 
         def hook(*unused):
+            e.passes += 1
+            if self._no_sync or e.passes < self.backward_passes_per_step:
+                return  # accumulating: p.grad sums the passes, pushed at the last one
             self._push(e, e.param.grad)
 
         self._hooks.append((acc, acc.register_hook(hook)))
@@ -548,8 +567,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _push(self, e, grad):
         if e.handle is not None:
             raise adaps._error(
-                adaps.FAILED_PRECONDITION, "adaps.torch: gradient of %s produced twice before "
-                "step(); call step() after every backward pass" % e.name)
+                adaps.FAILED_PRECONDITION, "adaps.torch: gradient of %s produced by more "
+                "backward passes than backward_passes_per_step=%d before step(); to "
+                "accumulate gradients, run the passes but the last inside opt.no_sync() (as "
+                "DDP's model.no_sync()) or set backward_passes_per_step (as Horovod)"
+                % (e.name, self.backward_passes_per_step))
         if self.mode == "server" and not self._hyper_checked:
             # Before this worker's first push of the step: rank 0's new learning rate
             # reaches the servers before they can complete the step.
@@ -624,6 +646,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     "(the model was not updated this step); %s" % (e.name, _hyper.LOCAL_HINT))
 
     # -- the training-loop API ------------------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate into p.grad without pushing (DDP's
+        model.no_sync()); the first pass after it pushes the sum, or step() does."""
+        before, self._no_sync = self._no_sync, True
+        try:
+            yield
+        finally:
+            self._no_sync = before
+
     def synchronize(self):
         """Pushes zeros for what backward did not reach, waits for every pull and applies
         it: server mode writes the pulled parameters into the model, local mode sets each
@@ -638,7 +670,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return
         for e in self._params:
             if e.handle is None:
-                self._push_unused(e)
+                if e.passes > 0 and e.param.grad is not None:
+                    self._push(e, e.param.grad)  # accumulated over fewer passes than expected
+                else:
+                    self._push_unused(e)
+            e.passes = 0
         used_handle = None
         if self._used is not None:
             for i, e in enumerate(self._params):
@@ -846,6 +882,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._hyper_checked = False
             for e in self._params:
                 e.pushed_grad = None
+                e.passes = 0
         if self.mode == "server":
             if hasattr(self.optimizer, "_step_count"):
                 self.optimizer._step_count += 1  # a scheduler made on the torch optimizer
