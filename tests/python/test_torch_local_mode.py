@@ -119,11 +119,17 @@ def test_a_second_backward_pass_without_accumulation_says_how_to_accumulate(clus
         p.sum().backward()
         with pytest.raises(adaps.Error) as bad:
             p.sum().backward()
+        with pytest.raises(adaps.Error):  # p.grad is no longer what was pushed
+            opt.step()
+        unchanged = p.detach().clone()
+        opt.zero_grad()
+        p.sum().backward()  # the next step is a clean one
         opt.step()
-        return bad.value.code, str(bad.value)
-    for code, text in run_ranks(address, 2, rank):
+        return bad.value.code, str(bad.value), unchanged, p.detach().clone()
+    for code, text, unchanged, p in run_ranks(address, 2, rank):
         assert code == adaps.FAILED_PRECONDITION
         assert "no_sync()" in text and "backward_passes_per_step" in text, text
+        assert torch.equal(unchanged, torch.zeros(2)) and torch.equal(p, -torch.ones(2))
 
 
 def test_a_bad_backward_passes_per_step_is_refused():
@@ -133,6 +139,29 @@ def test_a_bad_backward_passes_per_step_is_refused():
             adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m,
                                              object(), server_optimizer="mean",
                                              backward_passes_per_step=bad)
+
+
+def test_clipping_right_after_backward_with_the_gradient_exchange_is_an_error(cluster):
+    # DDP clips the mean gradient after backward; here backward has pushed this worker's own
+    # gradient already and step() would overwrite the clipped one with the unclipped mean:
+    # an error that says to call synchronize() first, and the model is not changed.
+    address = mean_cluster(cluster)
+
+    def rank(w):
+        p = nn.Parameter(torch.zeros(2))
+        m = nn.Module()
+        m.p = p
+        opt = wrap(torch.optim.SGD([p], lr=1.0), m, w)
+        opt.zero_grad()
+        (p * torch.tensor([3.0, 4.0])).sum().backward()
+        torch.nn.utils.clip_grad_norm_([p], 1.0)
+        with pytest.raises(adaps.Error) as bad:
+            opt.step()
+        return bad.value.code, str(bad.value), p.detach().clone()
+    for code, text, p in run_ranks(address, 2, rank):
+        assert code == adaps.FAILED_PRECONDITION
+        assert "synchronize()" in text and "clip" in text, text
+        assert torch.equal(p, torch.zeros(2))
 
 
 def test_a_parameter_without_gradient_is_treated_as_ddp_treats_unused_parameters(cluster):

@@ -638,12 +638,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for e in self._params:
             if e.used and (e.param.grad is not e.pushed_grad or
                            e.param.grad._version != e.pushed_version):
+                if self.mode == "server":
+                    why = ("in server mode the servers step with the gradient backward "
+                           "produced, so this cannot take effect (the model was not updated "
+                           "this step); " + _hyper.LOCAL_HINT)
+                else:
+                    # The gradient exchange: the mean would overwrite the change silently
+                    # (and a GradScaler's unscale_ of this worker's own gradient would leave
+                    # the optimizer stepping on the scaled mean).
+                    why = ("with the gradient exchange, step() replaces p.grad by the mean of "
+                           "what the workers pushed, which would undo it (the model was not "
+                           "updated this step); call opt.synchronize() after backward, then "
+                           "clip or unscale the mean gradient, then step(), as Horovod does")
                 raise adaps._error(
                     adaps.FAILED_PRECONDITION,
                     "adaps.torch: the gradient of %s changed after backward pushed it (e.g. "
-                    "clip_grad_norm_ or GradScaler.unscale_); in server mode the servers "
-                    "step with the gradient backward produced, so this cannot take effect "
-                    "(the model was not updated this step); %s" % (e.name, _hyper.LOCAL_HINT))
+                    "clip_grad_norm_ or GradScaler.unscale_); %s" % (e.name, why))
 
     # -- the training-loop API ------------------------------------------------------------
     @contextlib.contextmanager
@@ -701,6 +711,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 for e in self._params:
                     e.param.copy_(torch.from_numpy(e.buf).view_as(e.param))
                 return
+            self._check_unmodified()
             for i, e in enumerate(self._params):
                 if self._used_out[i] <= 0.0:
                     continue  # no worker's backward reached it: left as it is (DDP)
