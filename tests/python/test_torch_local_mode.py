@@ -363,14 +363,14 @@ class SpyWorker:
 
 def test_adam_bins_shrink_as_the_learning_rate_decays_after_adams_first_steps(cluster):
     # bin_schedule="auto": Adam/AdamW in the update exchange bin AdaComp 2x finer once the
-    # learning rate is at most half the highest it has been, 4x at a quarter, never before
+    # learning rate is at most 3/4 of the highest it has been, 4x at 3/8, never before
     # the optimizer has taken 10 / (1 - beta1) steps (here beta1 = 0.8: 50); back up with it.
     # The small tensors are fused into one bucket, whose pushes then carry the new sizes and
     # still go through.
     address = mean_cluster(cluster)
 
-    def lr_at(t):  # halved at step 20 (too early to act on), quartered at 55, back at 58
-        return 1e-2 if t < 20 or t >= 58 else (0.4e-2 if t < 55 else 0.2e-2)
+    def lr_at(t):  # 0.6x at step 20 (too early to act on), 0.3x at 55, back at 58
+        return 1e-2 if t < 20 or t >= 58 else (0.6e-2 if t < 55 else 0.3e-2)
 
     def rank(w):
         torch.manual_seed(0)

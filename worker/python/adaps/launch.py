@@ -80,7 +80,7 @@ _TORCH_FLAGS = (
      "worker's model holds: share (1/W, the default for Adam/AdamW), all, or off (the default "
      "for other optimizers; every replica identical)", dict(choices=("share", "all", "off"))),
     ("--bin-schedule", "ADAPS_BIN_SCHEDULE", "Adam/AdamW in the update exchange: auto (the "
-     "default: AdaComp bins 2x smaller below half the peak learning rate, 4x below a quarter, "
+     "default: AdaComp bins 2x smaller at 3/4 of the peak learning rate, 4x at 3/8, "
      "after 10/(1-beta1) steps) or off (the declared sizes "
      "throughout)", dict(choices=("auto", "off"))),
     ("--row-sparse", "ADAPS_ROW_SPARSE", "update exchange: exact (the default: an embedding of "
