@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 import adaps.torch
-from torch_ranks import run_ranks
+from torch_ranks import one_parameter, run_ranks
 
 
 def mean_cluster(cluster):
@@ -62,9 +62,7 @@ def test_clipping_between_synchronize_and_step_takes_effect(cluster):
     address = mean_cluster(cluster)
 
     def rank(w):
-        p = nn.Parameter(torch.zeros(2))
-        m = nn.Module()
-        m.p = p
+        p, m = one_parameter(2)
         opt = wrap(torch.optim.SGD([p], lr=1.0), m, w)
         opt.zero_grad()
         (p * torch.tensor([3.0, 4.0]) * (w.rank + 1)).sum().backward()  # mean: 1.5*(3, 4)
@@ -86,9 +84,7 @@ def test_gradient_accumulation_pushes_the_sum_of_the_backward_passes_once(cluste
     address = mean_cluster(cluster)
 
     def rank(w):
-        p = nn.Parameter(torch.zeros(2))
-        m = nn.Module()
-        m.p = p
+        p, m = one_parameter(2)
         kw = {"backward_passes_per_step": 3 if how == "step_early" else 2} \
             if how != "no_sync" else {}
         opt = wrap(torch.optim.SGD([p], lr=1.0), m, w, **kw)
@@ -112,9 +108,7 @@ def test_a_second_backward_pass_without_accumulation_says_how_to_accumulate(clus
     address = mean_cluster(cluster)
 
     def rank(w):
-        p = nn.Parameter(torch.zeros(2))
-        m = nn.Module()
-        m.p = p
+        p, m = one_parameter(2)
         opt = wrap(torch.optim.SGD([p], lr=1.0), m, w)
         p.sum().backward()
         with pytest.raises(adaps.Error) as bad:
@@ -148,9 +142,7 @@ def test_clipping_right_after_backward_with_the_gradient_exchange_is_an_error(cl
     address = mean_cluster(cluster)
 
     def rank(w):
-        p = nn.Parameter(torch.zeros(2))
-        m = nn.Module()
-        m.p = p
+        p, m = one_parameter(2)
         opt = wrap(torch.optim.SGD([p], lr=1.0), m, w)
         opt.zero_grad()
         (p * torch.tensor([3.0, 4.0])).sum().backward()

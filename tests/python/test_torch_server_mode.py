@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 import adaps.torch
-from torch_ranks import run_ranks
+from torch_ranks import one_parameter, run_ranks
 
 
 def sgd_cluster(cluster, kind="sgd"):
@@ -88,9 +88,7 @@ def test_step_lr_takes_the_wrapper_and_every_new_rate_reaches_the_servers(cluste
     address = sgd_cluster(cluster)
 
     def rank(w):
-        p = nn.Parameter(torch.zeros(2))
-        m = nn.Module()
-        m.p = p
+        p, m = one_parameter(2)
         opt = adaps.torch.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), m, w,
                                                server_optimizer="sgd", compression="dense")
         assert isinstance(opt, torch.optim.Optimizer)
@@ -116,9 +114,7 @@ def test_gradient_accumulation_in_no_sync_reaches_the_servers_as_one_push(cluste
     address = sgd_cluster(cluster)
 
     def rank(w):
-        p = nn.Parameter(torch.zeros(2))
-        m = nn.Module()
-        m.p = p
+        p, m = one_parameter(2)
         opt = adaps.torch.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), m, w,
                                                server_optimizer="sgd", compression="dense")
         for _ in range(2):

@@ -11,6 +11,14 @@ import adaps
 torch.set_num_threads(1)
 
 
+def one_parameter(n):
+    """(p, m): a parameter of n zeros and a module that holds it as m.p."""
+    p = torch.nn.Parameter(torch.zeros(n))
+    m = torch.nn.Module()
+    m.p = p
+    return p, m
+
+
 def run_ranks(address, n, fn, timeout=60):
     """[fn(worker) for each rank], indexed by rank; re-raises the first rank's exception."""
     results = [None] * n
