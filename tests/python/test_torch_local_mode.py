@@ -427,19 +427,22 @@ def test_two_optimizers_stepped_at_different_times_do_not_wait_for_each_other(cl
     assert run_ranks(address, 2, rank) == [[True] * 4] * 2
 
 
-def test_a_large_embedding_steps_on_the_exact_mean_gradient_sent_as_its_nonzeros(cluster):
+@pytest.mark.parametrize("dim", [4, 2])
+def test_a_large_embedding_steps_on_the_exact_mean_gradient_sent_as_its_nonzeros(cluster, dim):
     # row_sparse="exact": an embedding of >= 4096 rows (a batch touches few) sends its
     # gradient's nonzero elements exactly, and every worker's Adam steps on their mean, as
     # DDP's does; the rest of the model keeps the update exchange. A small embedding does not.
+    # dim 2: a table small enough for a fusion bucket (40 KB), which it must not share with
+    # the update exchange's tensors: it is exchanged before the optimizer's step, they after.
     address = mean_cluster(cluster)
     rows = 5000
 
     def rank(w):
         torch.manual_seed(0)
         m = nn.Sequential()
-        m.add_module("emb", nn.EmbeddingBag(rows, 4, mode="sum"))
-        m.add_module("small", nn.Embedding(100, 4))
-        m.add_module("head", nn.Linear(4, 3))
+        m.add_module("emb", nn.EmbeddingBag(rows, dim, mode="sum"))
+        m.add_module("small", nn.Embedding(100, dim))
+        m.add_module("head", nn.Linear(dim, 3))
         opt = adaps.torch.DistributedOptimizer(torch.optim.Adam(m.parameters(), lr=1e-2), m, w,
                                                server_optimizer="mean", compression="adacomp")
         flags = {e.name: e.row_sparse for e in opt._params}

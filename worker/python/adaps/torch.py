@@ -542,8 +542,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         else:
             buf.zero_()  # the servers answer each step's mean gradient, not parameters
         e.buf = buf.numpy()
+        # A row_sparse table is exchanged before the optimizer's step, the update exchange's
+        # tensors after it: a fusion bucket holding both would wait for itself.
         self.worker.declare(e.name, e.buf, shape=shape, bin_size=e.bin_size,
-                            compression=compression, topk_fraction=topk_fraction, pull=pull)
+                            compression=compression, topk_fraction=topk_fraction, pull=pull,
+                            fuse=not e.row_sparse)
         if self.mode == "server":
             with torch.no_grad():
                 e.param.copy_(torch.from_numpy(e.buf).view_as(e.param))
