@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fusion of small tensors, measured on the built-in trainer: adaps-worker --mode=train on
-# loopback (1 server, WORKERS workers), with fusion on (the default, 64 KiB) and off, printing
+# loopback (1 server, WORKERS workers), with fusion on (the default, 256 KiB) and off, printing
 # each run's final line (test accuracy and the per-layer-type push compression rates).
 #   bench/fusion/run_fusion_train.sh BUILD_DIR [MODEL WORKERS TRAIN_LIMIT EPOCHS] [-- EXTRA WORKER FLAGS]
 set -euo pipefail

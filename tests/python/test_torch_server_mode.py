@@ -151,8 +151,8 @@ def test_pull_parameters_loads_the_servers_exact_parameters_behind_recompressed_
 
     def rank(w):
         torch.manual_seed(0)
-        # 20000 weights: a tensor of its own; the rest are fused (under 64 KiB).
-        m = nn.Sequential(nn.Linear(40, 50), nn.Tanh(), nn.Linear(50, 400))
+        # 70000 weights: a tensor of its own; the rest are fused (under 256 KiB).
+        m = nn.Sequential(nn.Linear(40, 50), nn.Tanh(), nn.Linear(50, 1400))
         opt = adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m, w,
                                                server_optimizer="sgd", compression="dense",
                                                pull="recompressed")

@@ -37,7 +37,7 @@ ABSL_FLAG(int, compression_threads, 1,
           "Threads that compress pushes and decode pulls (0: on the calling and I/O threads)");
 ABSL_FLAG(int, register_timeout_ms, 60000, "How long to wait for the cluster to form");
 ABSL_FLAG(int, request_timeout_ms, 30000, "Deadline of every request");
-ABSL_FLAG(uint64_t, fusion_threshold, 64 * 1024,
+ABSL_FLAG(uint64_t, fusion_threshold, 256 * 1024,
           "Tensors of fewer bytes than this travel together, one push and one pull message "
           "per step (fusion of small tensors; 0: off)");
 ABSL_FLAG(std::string, model, "mlp", "train: mlp or cnn");

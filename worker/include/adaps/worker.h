@@ -69,7 +69,7 @@ struct WorkerOptions {
   // tensor must then be given (PushPull, Push or Pull: the same for all) once per step: the
   // bucket is sent when all its members were given, and fails with kDeadlineExceeded when
   // that did not happen within request_timeout.
-  uint64_t fusion_threshold_bytes = 64 * 1024;
+  uint64_t fusion_threshold_bytes = 256 * 1024;
   std::string log_level = "info";
   std::shared_ptr<TransportContext> context;  // null: the worker makes its own
   // ZeroMQ CURVE (Z85 keys, 40 characters; see docs/reliability.md): set all three to
