@@ -54,14 +54,15 @@ sched=$(grep -oE "launch: scheduler at tcp://[0-9.]+:[0-9]+" "$out" | head -1 | 
 mapfile -t workers < <(pids_of "adaps-worker --scheduler=$sched ")
 [[ ${#workers[@]} -eq 2 ]] || fail_now "found ${#workers[@]} workers of this job, not 2"
 kill -STOP "${workers[@]}"
-# The model's checkpoint: 6 tensors, or 3 slices with fusion of small tensors (the default).
+# The model's checkpoint: 6 tensors, or 2 slices with fusion of small tensors (the default;
+# 3 with a 64 KiB threshold).
 # Under 20 s: the scheduler declares a silent worker dead after 30 s.
-before=$(grep -cE "checkpoint of (6|3) slices" "$out")
+before=$(grep -cE "checkpoint of (6|3|2) slices" "$out")
 for _ in $(seq 200); do
-  [[ $(grep -cE "checkpoint of (6|3) slices" "$out") -gt $before ]] && break
+  [[ $(grep -cE "checkpoint of (6|3|2) slices" "$out") -gt $before ]] && break
   sleep 0.1
 done
-[[ $(grep -cE "checkpoint of (6|3) slices" "$out") -gt $before ]] ||
+[[ $(grep -cE "checkpoint of (6|3|2) slices" "$out") -gt $before ]] ||
   fail_now "no checkpoint of the model within 20 s of stopping the workers"
 mapfile -t server < <(pids_of "adaps-server .*--checkpoint_dir=$dir/ckpt")
 [[ ${#server[@]} -eq 1 ]] || fail_now "found ${#server[@]} servers of this job, not 1"
