@@ -714,12 +714,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _apply(self):
         with torch.no_grad():
+            self._check_unmodified()  # both modes: before anything is written
             if self.mode == "server":
-                self._check_unmodified()
                 for e in self._params:
                     e.param.copy_(torch.from_numpy(e.buf).view_as(e.param))
                 return
-            self._check_unmodified()
             for i, e in enumerate(self._params):
                 if self._used_out[i] <= 0.0:
                     continue  # no worker's backward reached it: left as it is (DDP)
