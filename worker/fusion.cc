@@ -1,7 +1,8 @@
-// Fusion of small tensors (worker/fusion.h): declaring members into buckets, staging their
-// Runs, and encoding a bucket's push.
+// Fusion of small tensors (worker/fusion.h): declaring members into buckets and staging their
+// Runs.
 #include "worker/fusion.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -9,7 +10,6 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "worker/kinds.h"
-#include "worker/worker_impl.h"
 
 namespace adaps {
 namespace {
@@ -20,130 +20,43 @@ std::future<absl::Status> ReadyStatus(absl::Status status) {
   return p.get_future();
 }
 
-// Member `t`'s wire bytes for `grad` (its residue left pending), dense when the compressed
-// encoding would be larger than the dense one. Needs t.mu.
-// `sent` gets the elements it sends.
-absl::Status EncodeMember(Tensor& t, absl::Span<const float> grad, IndexCoding coding,
-                          bool flush, std::vector<uint8_t>* bytes, SentElements* sent)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
-  SliceState* residue = t.slices[0].residue.get();
-  const SliceInfo whole{0, static_cast<uint32_t>(grad.size()), 0};
-  *sent = SentElements();
-  if (residue == nullptr) {
-    sent->Add(nullptr, whole);
-    return EncodeDense(grad, coding, bytes);
-  }
-  if (flush) {
-    sent->Add(nullptr, whole);
-    return EncodeAllPending(*residue, grad, coding, bytes);
-  }
-  ADAPS_RETURN_IF_ERROR(t.compressor->CompressPending(grad, *residue, t.update));
-  ADAPS_RETURN_IF_ERROR(EncodeUpdate(t.update, coding, bytes));
-  // Dense encoding: 4 header bytes, the varint length, 4 bytes per value.
-  uint64_t dense = 4 + 4 * uint64_t{grad.size()};
-  for (uint64_t n = grad.size(); n >= 0x80; n >>= 7) ++dense;
-  if (bytes->size() <= dense) {
-    sent->Add(&t.update, whole);
-    return absl::OkStatus();
-  }
-  sent->Add(nullptr, whole);
-  // Send everything the residue holds and the gradient, dense; nothing is left behind.
-  return EncodeAllPending(*residue, grad, coding, bytes);
-}
-
 }  // namespace
 
-std::vector<WireSegment> SegmentTable(const FusionBucket& b) {
-  std::vector<WireSegment> table;
-  for (const FusionBucket::Member& m : b.members) {
-    table.push_back(WireSegment{m.length, m.t->spec.bin_size});
-  }
-  return table;
+FusionTable::FusionTable(const WorkerOptions& options, const RoleLog& log,
+                         Membership& membership, Runner& runner, WorkerMetrics& metrics)
+    : options_(options), log_(log), membership_(membership), runner_(runner), metrics_(metrics) {}
+
+bool FusionTable::Takes(const TensorSpec& spec, uint64_t length) const {
+  return spec.fuse && length * sizeof(float) < options_.fusion_threshold_bytes &&
+         length <= kFusionCapacity;
 }
 
-absl::StatusOr<std::vector<SharedBytes>> EncodeFusedPush(FusionBucket& b,
-                                                         absl::Span<const float> grad,
-                                                         IndexCoding coding, bool flush) {
-  std::vector<std::vector<uint8_t>> parts(b.members.size());
-  std::vector<SentElements> sent(b.members.size());
-  // The container's table says each part's own bin size: a member's SetBinSize changes it
-  // (the servers check the lengths against the declared table, whose bin sizes are the
-  // downlink's).
-  std::vector<WireSegment> table = SegmentTable(b);
-  absl::Status status;
-  for (size_t i = 0; i < b.members.size() && status.ok(); ++i) {
-    const FusionBucket::Member& m = b.members[i];
-    absl::MutexLock lock(&m.t->mu);
-    if (m.t->spec.compression == Compression::kAdaComp) {
-      table[i].bin_size = m.t->compressor->options().bin_size;
-    }
-    status = EncodeMember(*m.t, grad.subspan(m.offset, m.length), coding, flush, &parts[i],
-                          &sent[i]);
-    if (!status.ok()) {
-      status = absl::Status(status.code(), absl::StrCat("gradient of '", m.t->spec.name,
-                                                        "': ", status.message()));
-    }
-  }
-  auto bytes = std::make_shared<Bytes>();
-  if (status.ok()) {
-    std::vector<absl::Span<const uint8_t>> spans(parts.begin(), parts.end());
-    status = EncodeSegmented(table, spans, bytes.get());
-  }
-  for (size_t i = 0; i < b.members.size(); ++i) {
-    const FusionBucket::Member& m = b.members[i];
-    absl::MutexLock lock(&m.t->mu);
-    SliceState* residue = m.t->slices[0].residue.get();
-    if (!status.ok()) {
-      if (residue != nullptr) residue->Discard();
-      continue;
-    }
-    if (residue != nullptr) residue->Commit();
-    MeasureResidue(*m.t, flush);
-    m.t->last_sent = std::move(sent[i]);
-    ++m.t->traffic.pushes;
-    m.t->traffic.push_wire_bytes += parts[i].size();
-    m.t->traffic.push_dense_bytes += uint64_t{m.length} * sizeof(float);
-    b.segment_push_bytes += parts[i].size();
-  }
-  if (!status.ok()) return status;
-  return std::vector<SharedBytes>{std::move(bytes)};
+std::vector<FusionBucket*> FusionTable::Buckets() {
+  absl::MutexLock lock(&mu_);
+  std::vector<FusionBucket*> buckets;
+  for (const auto& b : buckets_) buckets.push_back(b.get());
+  return buckets;
 }
 
-TrafficCounters FusedTraffic(Tensor& member) {
-  FusionBucket& b = *member.fused_into;
-  TrafficCounters own, bucket;
-  uint32_t length = 0;
-  {
-    absl::MutexLock lock(&member.mu);
-    own = member.traffic;
-    length = static_cast<uint32_t>(member.length);
+std::vector<Tensor*> FusionTable::ResidueHolders() {
+  std::vector<Tensor*> holders;
+  for (FusionBucket* b : Buckets()) {
+    absl::MutexLock lock(&b->mu);  // (members is read-only once the bucket closed)
+    if (b->closed && std::any_of(b->members.begin(), b->members.end(), [](const auto& m) {
+          return m.t->spec.compression != Compression::kDense;
+        })) {
+      holders.push_back(&b->internal);
+    }
   }
-  uint64_t segments = 0, total = 0;
-  {
-    absl::MutexLock lock(&b.internal.mu);
-    bucket = b.internal.traffic;
-    segments = b.segment_push_bytes;
-    total = b.internal.length;
-  }
-  if (total == 0) return own;
-  const auto share = [&](uint64_t bytes) {
-    return static_cast<uint64_t>(static_cast<double>(bytes) * length / total + 0.5);
-  };
-  own.push_wire_bytes += share(bucket.push_wire_bytes - std::min(segments, bucket.push_wire_bytes));
-  own.pull_wire_bytes = share(bucket.pull_wire_bytes);
-  // (The bucket's answers are each member's: one per step.)
-  own.pulls_answered_sparse = bucket.pulls_answered_sparse;
-  own.pulls_answered_forwarded = bucket.pulls_answered_forwarded;
-  own.pulls_answered_dense = bucket.pulls_answered_dense;
-  return own;
+  return holders;
 }
 
-void Worker::Impl::CloseFusionBuckets() {
+void FusionTable::Close() {
   absl::MutexLock lock(&mu_);
   for (FusionBucket*& open : open_bucket_) open = nullptr;  // they keep their members
 }
 
-absl::StatusOr<FusionBucket*> Worker::Impl::OpenBucket(const Tensor& t) {
+absl::StatusOr<FusionBucket*> FusionTable::OpenBucket(const Tensor& t) {
   const int format = static_cast<int>(t.spec.pull);  // one open bucket per pull format
   size_t seq = 0;
   {
@@ -165,8 +78,7 @@ absl::StatusOr<FusionBucket*> Worker::Impl::OpenBucket(const Tensor& t) {
   in.bucket = b.get();
   flatbuffers::FlatBufferBuilder fbb(256);
   auto body = msg::CreateDeclareTensor(fbb, fbb.CreateString(in.spec.name), kFusionCapacity, 1);
-  ADAPS_ASSIGN_OR_RETURN(InMessage reply, Call(cluster_->scheduler_peer(), fbb, body, nullptr,
-                                               options_.request_timeout));
+  ADAPS_ASSIGN_OR_RETURN(InMessage reply, membership_.CallScheduler(fbb, body));
   const msg::TensorLayout* layout = reply.envelope()->body_as_TensorLayout();
   ADAPS_RET_CHECK(layout != nullptr && layout->slices() != nullptr &&
                       layout->length() == kFusionCapacity,
@@ -180,7 +92,7 @@ absl::StatusOr<FusionBucket*> Worker::Impl::OpenBucket(const Tensor& t) {
     return nullptr;
   }
   const msg::Slice* s = layout->slices()->Get(0);
-  ADAPS_RET_CHECK(s->server() >= 0 && s->server() < num_servers_, absl::StatusCode::kDataLoss,
+  ADAPS_RET_CHECK(s->server() >= 0 && s->server() < membership_.num_servers(), absl::StatusCode::kDataLoss,
                   "bad slice in the tensor layout");
   in.tensor_id = layout->tensor_id();
   ADAPS_ASSIGN_OR_RETURN(uint64_t key, SliceKey(in.tensor_id, 0));
@@ -189,7 +101,7 @@ absl::StatusOr<FusionBucket*> Worker::Impl::OpenBucket(const Tensor& t) {
     absl::MutexLock lock(&in.mu);
     in.slices.emplace_back();
   }
-  worker_metrics_->Attach(in);
+  metrics_.Attach(in);
   FusionBucket* raw = b.get();
   absl::MutexLock lock(&mu_);
   buckets_.push_back(std::move(b));
@@ -197,7 +109,7 @@ absl::StatusOr<FusionBucket*> Worker::Impl::OpenBucket(const Tensor& t) {
   return raw;
 }
 
-absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewMember(const TensorSpec& spec,
+absl::StatusOr<std::unique_ptr<Tensor>> FusionTable::NewMember(const TensorSpec& spec,
                                                                 uint64_t length) {
   ADAPS_ASSIGN_OR_RETURN(auto compressor, MakeTensorCompressor(spec));
   auto t = std::make_unique<Tensor>();
@@ -211,7 +123,7 @@ absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewMember(const TensorSpec
   return t;
 }
 
-absl::Status Worker::Impl::DeclareFused(Tensor& t, absl::Span<float> values, bool* fused) {
+absl::Status FusionTable::Declare(Tensor& t, absl::Span<float> values, bool* fused) {
   *fused = false;
   ADAPS_ASSIGN_OR_RETURN(FusionBucket * b, OpenBucket(t));
   if (b == nullptr) return absl::OkStatus();
@@ -222,25 +134,26 @@ absl::Status Worker::Impl::DeclareFused(Tensor& t, absl::Span<float> values, boo
   table.push_back(WireSegment{length, t.spec.bin_size});
   const SliceMeta& m = in.meta[0];
   SharedBytes init;
-  if (rank_ == 0) init = FloatsToBytes(values);
-  ADAPS_RETURN_IF_ERROR(CallServerResuming(
+  if (membership_.rank() == 0) init = FloatsToBytes(values);
+  ADAPS_RETURN_IF_ERROR(membership_.CallServerResuming(
       m.info.server,
       [&](flatbuffers::FlatBufferBuilder& fbb) {
         std::vector<msg::Segment> segs;
         for (const WireSegment& seg : table) segs.emplace_back(seg.length, seg.bin_size);
         return msg::CreateDeclareSlice(fbb, m.key, fbb.CreateString(in.spec.name),
-                                       kFusionCapacity, 1, rank_ == 0,
-                                       fbb.CreateString(Secret()),
+                                       kFusionCapacity, 1, membership_.rank() == 0,
+                                       fbb.CreateString(membership_.Secret()),
                                        fbb.CreateVectorOfStructs(segs),
                                        WirePullFormat(in.spec.pull));
       },
       init));
-  if (!rejoined_) ADAPS_RETURN_IF_ERROR(Barrier());
+  if (!membership_.rejoined()) ADAPS_RETURN_IF_ERROR(membership_.Barrier());
   uint64_t incarnation = 0;
-  const int peer = links_->Peer(m.info.server, &incarnation);
+  const int peer = membership_.links().Peer(m.info.server, &incarnation);
   flatbuffers::FlatBufferBuilder fbb(128);
   auto p = msg::CreatePullRequest(fbb, m.key, 0, 0, ReplicaFormat(in.spec.pull));
-  ADAPS_ASSIGN_OR_RETURN(InMessage r, Call(peer, fbb, p, nullptr, options_.request_timeout));
+  ADAPS_ASSIGN_OR_RETURN(InMessage r,
+                         membership_.Call(peer, fbb, p, nullptr, options_.request_timeout));
   const uint64_t end = offset + length;
   // (Another worker may have declared the next member already: the bucket is then longer.)
   ADAPS_RET_CHECK(r.envelope()->body_as_PullResponse() != nullptr &&
@@ -274,7 +187,7 @@ absl::Status Worker::Impl::DeclareFused(Tensor& t, absl::Span<float> values, boo
   return absl::OkStatus();
 }
 
-std::future<absl::Status> Worker::Impl::RunFused(Tensor& member, absl::Span<const float> grad,
+std::future<absl::Status> FusionTable::Run(Tensor& member, absl::Span<const float> grad,
                                                  absl::Span<float> out, bool push, bool pull) {
   FusionBucket& b = *member.fused_into;
   const size_t i = member.fusion_index;
@@ -322,7 +235,7 @@ std::future<absl::Status> Worker::Impl::RunFused(Tensor& member, absl::Span<cons
       each.t->traffic.pull_dense_bytes += uint64_t{each.length} * sizeof(float);
     }
   }
-  RunTensor(b.internal, batch->grad, absl::MakeSpan(batch->out), push, pull,
+  runner_.Run(b.internal, batch->grad, absl::MakeSpan(batch->out), push, pull,
             [batch, &b, pull](const absl::Status& status) {
               for (size_t k = 0; k < batch->promises.size(); ++k) {
                 if (status.ok() && pull) {
@@ -336,12 +249,8 @@ std::future<absl::Status> Worker::Impl::RunFused(Tensor& member, absl::Span<cons
   return future;
 }
 
-void Worker::Impl::ExpireFusion() {
-  std::vector<FusionBucket*> buckets;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& b : buckets_) buckets.push_back(b.get());
-  }
+void FusionTable::Expire() {
+  const std::vector<FusionBucket*> buckets = Buckets();
   const absl::Time now = absl::Now();
   for (FusionBucket* b : buckets) {
     std::shared_ptr<FusionBatch> expired;
@@ -365,13 +274,8 @@ void Worker::Impl::ExpireFusion() {
   }
 }
 
-void Worker::Impl::FailStagedFusion(const absl::Status& status) {
-  std::vector<FusionBucket*> buckets;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& b : buckets_) buckets.push_back(b.get());
-  }
-  for (FusionBucket* b : buckets) {
+void FusionTable::FailStaged(const absl::Status& status) {
+  for (FusionBucket* b : Buckets()) {
     std::shared_ptr<FusionBatch> staged;
     {
       absl::MutexLock lock(&b->mu);

@@ -17,83 +17,81 @@
 // A bucket takes members while it is open: from its first member's Declare until the first
 // Run of any member (the server lets its table grow only until it steps).
 //
-// Ownership: Worker::Impl owns its buckets for its whole life (reply callbacks hold raw
-// pointers to `internal`). Thread-safety: `mu` guards the staging, and no other lock is
-// taken while it is held; encoding takes internal.mu, then each member's Tensor::mu in turn.
-// Declare must not run concurrently with a Run of the same bucket's members (Declare is
-// collective and ordered anyway).
+// Ownership: the FusionTable owns its buckets for the worker's whole life (reply callbacks
+// hold raw pointers to `internal`). Thread-safety: a bucket's `mu` guards its staging, and no
+// other lock is taken while it is held; encoding takes internal.mu, then each member's
+// Tensor::mu in turn; the table's own `mu_` (the bucket list and the open buckets) may take a
+// bucket's `mu`. Declare must not run concurrently with a Run of the same bucket's members
+// (Declare is collective and ordered anyway).
 #ifndef ADAPS_WORKER_FUSION_H_
 #define ADAPS_WORKER_FUSION_H_
 
 #include <cstdint>
 #include <future>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/wire_codec.h"
+#include "adaps/worker.h"
+#include "common/logging.h"
+#include "worker/bucket.h"
+#include "worker/membership.h"
+#include "worker/run.h"
 #include "worker/tensor.h"
+#include "worker/worker_metrics.h"
 
 namespace adaps {
 
-// The name prefix of buckets (reserved: a trainer's tensor may not start with it).
-inline constexpr char kFusionPrefix[] = "adaps.fusion/";
-// A bucket's capacity in elements: under the scheduler's default split threshold (65536),
-// so that it is laid out as one slice.
-inline constexpr uint32_t kFusionCapacity = 65535;
+// The worker's fusion buckets: which tensors are fused, into which bucket, and how a member's
+// Run becomes its bucket's. To the runner a bucket is a tensor like any other (its internal
+// one) whose push encoder is segmented.
+class FusionTable {
+ public:
+  FusionTable(const WorkerOptions& options, const RoleLog& log, Membership& membership,
+              Runner& runner, WorkerMetrics& metrics);
+  FusionTable(const FusionTable&) = delete;
+  FusionTable& operator=(const FusionTable&) = delete;
 
-// One step of a bucket being sent: the members' promises and output buffers, the staged
-// gradients and the bucket's answer buffer. Shared by the bucket's Run and its completion.
-struct FusionBatch {
-  std::vector<std::promise<absl::Status>> promises;
-  std::vector<absl::Span<float>> outs;
-  std::vector<bool> given;
-  std::vector<float> grad, out;
+  // Whether a tensor of `spec` and `length` elements is fused (when a bucket takes it).
+  bool Takes(const TensorSpec& spec, uint64_t length) const;
+  // A member's Tensor (spec, length, compressor and residue; no layout of its own yet).
+  static absl::StatusOr<std::unique_ptr<Tensor>> NewMember(const TensorSpec& spec,
+                                                           uint64_t length);
+  // Declares member `t` into the open bucket, creating one when needed, and pulls its starting
+  // values into `values`; false in *fused when the tensor cannot be fused (fusion turned off:
+  // it is then declared as usual).
+  absl::Status Declare(Tensor& t, absl::Span<float> values, bool* fused);
+  // A member's Run: staged until every member of its bucket was given for this step.
+  std::future<absl::Status> Run(Tensor& member, absl::Span<const float> grad,
+                                absl::Span<float> out, bool push, bool pull);
+  // Worker::CloseFusionBuckets: later tensors go to new buckets.
+  void Close();
+  // I/O thread timer: fails the staged members of buckets incomplete past their deadline.
+  void Expire();
+  // Fails every staged member (Stop).
+  void FailStaged(const absl::Status& status);
+  // The internal tensors that hold residues (Worker::Leave): each bucket that stepped with a
+  // compressed member (a bucket that never ran holds nothing).
+  std::vector<Tensor*> ResidueHolders();
+
+ private:
+  absl::StatusOr<FusionBucket*> OpenBucket(const Tensor& t);
+  std::vector<FusionBucket*> Buckets();
+
+  const WorkerOptions& options_;
+  const RoleLog& log_;
+  Membership& membership_;
+  Runner& runner_;
+  WorkerMetrics& metrics_;
+  mutable absl::Mutex mu_;
+  // In declaration order; the open one per pull format.
+  std::vector<std::unique_ptr<FusionBucket>> buckets_ ABSL_GUARDED_BY(mu_);
+  FusionBucket* open_bucket_[3] ABSL_GUARDED_BY(mu_) = {nullptr, nullptr, nullptr};
+  bool fusion_off_ ABSL_GUARDED_BY(mu_) = false;  // a bucket was laid out as several slices
 };
-
-struct FusionBucket {
-  struct Member {
-    Tensor* t = nullptr;
-    uint64_t offset = 0;
-    uint32_t length = 0;
-  };
-  Tensor internal;  // the bucket as the servers see it (internal.length: the members' total)
-  absl::Mutex mu;
-  // Appended while open (Declare), read-only once closed.
-  std::vector<Member> members;
-  bool closed ABSL_GUARDED_BY(mu) = false;
-  // The step being staged (null: none).
-  std::shared_ptr<FusionBatch> staged ABSL_GUARDED_BY(mu);
-  int given ABSL_GUARDED_BY(mu) = 0;
-  bool push ABSL_GUARDED_BY(mu) = false, pull ABSL_GUARDED_BY(mu) = false;
-  absl::Time deadline ABSL_GUARDED_BY(mu);
-  // Sum of the members' segment bytes pushed (internal.mu): the rest of the bucket's push
-  // bytes is shared overhead (envelope, container header), counted to members by length.
-  uint64_t segment_push_bytes = 0;
-};
-
-// The segment table of `b`'s members.
-std::vector<WireSegment> SegmentTable(const FusionBucket& b);
-
-// The bucket's push payload: each member compressed with its own residue left pending, then
-// committed only when every member succeeded (as EncodePush). A member whose encoding would
-// be larger than its dense encoding is sent dense (residue + gradient) and its residue
-// becomes zero: exact error feedback, and no member's bytes exceed its dense bytes. Counts
-// each member's push traffic. `flush`: every member is sent dense (Worker::Leave). Needs
-// internal.mu; takes each member's mu.
-absl::StatusOr<std::vector<SharedBytes>> EncodeFusedPush(FusionBucket& b,
-                                                         absl::Span<const float> grad,
-                                                         IndexCoding coding, bool flush = false)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(b.internal.mu);
-
-// A member's traffic: its own pushes and exact segment bytes, plus its share (by length) of
-// the bucket's overhead and of the bucket's pulls.
-TrafficCounters FusedTraffic(Tensor& member);
 
 }  // namespace adaps
 

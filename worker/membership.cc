@@ -1,12 +1,11 @@
-// Worker::Impl, membership part: what the cluster means for the worker. common/cluster_client
-// registers, heartbeats, re-registers with a restarted scheduler and refuses forged views and
-// shutdowns; here the registration answer becomes rank and servers, later views become
-// servers declared dead or moved, and a shutdown fails what is in flight.
+// The worker's membership in the cluster (worker/membership.h): registration, views,
+// shutdowns, the requests every part of the worker makes, and stopping the transport.
+#include "worker/membership.h"
+
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/worker_impl.h"
 
 namespace adaps {
 namespace {
@@ -21,11 +20,9 @@ int LiveWorkersOf(const msg::ClusterView& view) {
 
 }  // namespace
 
-Worker::Impl::Impl(const WorkerOptions& options)
-    : options_(options),
-      log_("worker", options.log_level),
-      metrics_(Metrics::Disabled()),
-      worker_metrics_(std::make_unique<WorkerMetrics>(*metrics_)) {
+Membership::Membership(const WorkerOptions& options, RoleLog& log,
+                       std::function<float()> residue_norm)
+    : options_(options), log_(log) {
   TransportOptions topts;
   topts.self = Sender{msg::Role::Worker, -1};
   topts.context = options_.context;
@@ -40,7 +37,7 @@ Worker::Impl::Impl(const WorkerOptions& options)
   copts.identity = options_.identity;
   copts.register_timeout = options_.register_timeout;
   copts.scheduler_grace = options_.scheduler_grace;
-  copts.residue_norm = [this] { return ResidueNorm(); };
+  copts.residue_norm = std::move(residue_norm);
   ClusterClient::Callbacks callbacks;
   callbacks.on_view = [this](const msg::ClusterView& view) { OnView(view); };
   callbacks.on_shutdown = [this](const absl::Status& status) { OnShutdown(status); };
@@ -48,53 +45,13 @@ Worker::Impl::Impl(const WorkerOptions& options)
   links_ = std::make_unique<ServerLinks>(transport_.get(), &log_);
 }
 
-Worker::Impl::~Impl() { Stop().IgnoreError(); }
-
-absl::Status Worker::Impl::Init() {
-  ADAPS_RET_CHECK(!options_.scheduler.empty(), absl::StatusCode::kInvalidArgument,
-                  "no scheduler address");
-  ADAPS_RET_CHECK(options_.request_timeout > absl::ZeroDuration() &&
-                      options_.register_timeout > absl::ZeroDuration() &&
-                      options_.scheduler_grace > absl::ZeroDuration(),
-                  absl::StatusCode::kInvalidArgument, "timeouts must be positive");
-  ADAPS_RETURN_IF_ERROR(ValidateLogLevel(options_.log_level));
-  ADAPS_RET_CHECK(options_.compression_threads >= 0 && options_.compression_threads <= 64,
-                  absl::StatusCode::kInvalidArgument, "compression_threads must be 0 to 64");
-  ADAPS_RETURN_IF_ERROR(StartMetrics());
-  if (options_.fusion_threshold_bytes > 0) {
-    transport_->AddTimer(absl::Milliseconds(100), [this] { ExpireFusion(); });
-  }
+absl::Status Membership::Start() {
   ADAPS_RETURN_IF_ERROR(transport_->Start());
-  retries_.Start();
-  if (options_.compression_threads > 0) {
-    pool_ = std::make_unique<JobPool>(options_.compression_threads);
-    pool_->Start();
-  }
   ADAPS_ASSIGN_OR_RETURN(InMessage reply, cluster_->Register());
-  ADAPS_RETURN_IF_ERROR(ApplyRegistration(*reply.envelope()->body_as_ClusterView()));
-  worker_metrics_->Bind(rank_);
-  return absl::OkStatus();
+  return ApplyRegistration(*reply.envelope()->body_as_ClusterView());
 }
 
-// Serves /metrics from before registration on, so that probes answer while the cluster forms.
-absl::Status Worker::Impl::StartMetrics() {
-  if (options_.metrics_port < 0) return absl::OkStatus();
-  MetricsOptions mopts;
-  mopts.port = options_.metrics_port;
-  mopts.host = options_.metrics_host;
-  mopts.port_file = options_.metrics_port_file;
-  mopts.role = "worker";
-  mopts.rank = -1;  // until registered (WorkerMetrics::Bind)
-  ADAPS_ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics, Metrics::Create(mopts));
-  worker_metrics_ = std::make_unique<WorkerMetrics>(*metrics);
-  metrics_ = std::move(metrics);
-  log_.get()->info("metrics on http://{}:{}/metrics", mopts.host, metrics_->port());
-  transport_->AddTimer(absl::Milliseconds(500),
-                       [this] { worker_metrics_->Tick(transport_->stats()); });
-  return absl::OkStatus();
-}
-
-absl::Status Worker::Impl::ApplyRegistration(const msg::ClusterView& view) {
+absl::Status Membership::ApplyRegistration(const msg::ClusterView& view) {
   rank_ = view.your_rank();
   num_workers_ = view.num_workers();
   num_servers_ = view.num_servers();
@@ -111,56 +68,62 @@ absl::Status Worker::Impl::ApplyRegistration(const msg::ClusterView& view) {
   return absl::OkStatus();
 }
 
-float Worker::Impl::ResidueNorm() const {
-  double sq = 0.0;
-  absl::MutexLock lock(&mu_);  // (held briefly everywhere: never across an encode)
-  for (const auto& [name, t] : tensors_) sq += t->residue_sq.load(std::memory_order_relaxed);
-  return static_cast<float>(std::sqrt(sq));
-}
-
-absl::Status Worker::Impl::CheckRunning() {
+absl::Status Membership::CheckRunning() const {
   absl::MutexLock lock(&mu_);
   if (stopped_) return absl::FailedPreconditionError("worker stopped");
   if (shutdown_) return shutdown_status_;
   return absl::OkStatus();
 }
 
-std::string Worker::Impl::Secret() const {
+std::string Membership::Secret() const {
   absl::MutexLock lock(&mu_);
   return secret_;
 }
 
-absl::Status Worker::Impl::Stop() {
-  bool leave = false;
+bool Membership::BeginStop(bool* leave) {
   {
     absl::MutexLock lock(&mu_);
-    if (stopped_) return absl::OkStatus();
+    if (stopped_) return false;
     stopped_ = true;
-    leave = rank_ >= 0 && !shutdown_;
+    *leave = rank_ >= 0 && !shutdown_;
   }
   links_->Close();  // a retry waiting for a server gives up
-  FailStagedFusion(absl::FailedPreconditionError("the worker stopped"));
-  absl::Status status;
+  return true;
+}
+
+absl::Status Membership::Leave() {
   // As long as any request may take: a scheduler busy with many workers leaving at once on
   // a loaded machine answered 64 of them past a fixed 2 s (issue 26), failing the job after
   // its training had finished.
-  if (leave) {
-    status = cluster_->Leave(options_.request_timeout);
-    if (!status.ok()) {
-      status = absl::Status(status.code(),
-                            absl::StrCat("leaving the cluster (the scheduler finds a worker that "
-                                         "did not say goodbye by its silence): ",
-                                         status.message()));
-    }
+  absl::Status status = cluster_->Leave(options_.request_timeout);
+  if (!status.ok()) {
+    status = absl::Status(status.code(),
+                          absl::StrCat("leaving the cluster (the scheduler finds a worker that "
+                                       "did not say goodbye by its silence): ",
+                                       status.message()));
   }
-  retries_.Close();     // a retry posted from now on fails its operation at once
-  transport_->Stop();  // fails what a retry waits for
-  retries_.Stop();
-  if (pool_ != nullptr) pool_->Stop();  // queued Runs fail ("worker stopped"), decodes finish
   return status;
 }
 
-void Worker::Impl::Handle(InMessage in) {
+void Membership::StopTransport() { transport_->Stop(); }
+
+absl::Status Membership::Barrier() {
+  ADAPS_RETURN_IF_ERROR(CheckRunning());
+  flatbuffers::FlatBufferBuilder fbb(64);
+  auto body = msg::CreateBarrier(fbb, barrier_seq_.fetch_add(1));
+  // A barrier waits for the slowest worker, not for one answer: as long as joining may take
+  // (64 processes starting on 2 cores kept some workers' barrier past 30 s).
+  const absl::Duration deadline = std::max(options_.request_timeout, options_.register_timeout);
+  absl::Status st = Call(cluster_->scheduler_peer(), fbb, body, nullptr, deadline).status();
+  if (!st.ok()) {
+    st = absl::Status(st.code(), absl::StrCat("barrier (every worker must reach it within ",
+                                              absl::FormatDuration(deadline), "): ",
+                                              st.message()));
+  }
+  return st;
+}
+
+void Membership::Handle(InMessage in) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
   if (cluster_->Handle(in)) return;  // views and shutdowns (forged ones refused there)
   const msg::Envelope* env = in.envelope();
@@ -171,7 +134,7 @@ void Worker::Impl::Handle(InMessage in) {
 }
 
 // The scheduler ended the job (OK: a clean end), or was silent past the grace period.
-void Worker::Impl::OnShutdown(const absl::Status& status) {
+void Membership::OnShutdown(const absl::Status& status) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const std::string why = status.ok() ? "the cluster has shut down" : std::string(status.message());
   {
@@ -194,7 +157,7 @@ void Worker::Impl::OnShutdown(const absl::Status& status) {
 // that came back (restarted: at another address, or after being declared dead): requests
 // still queued for the old incarnation fail with kUnavailable, the server's incarnation is
 // bumped, and run.cc resends what was in flight and resynchronizes stale slices.
-void Worker::Impl::OnView(const msg::ClusterView& view) {
+void Membership::OnView(const msg::ClusterView& view) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
   if (view.secret() != nullptr && view.secret()->size() > 0) {
     absl::MutexLock lock(&mu_);

@@ -1,31 +1,16 @@
-// Worker::Impl, pushes and pulls that survive a server restart. A Run sends every slice's
-// push and/or pull; a part that fails because its server went away (kUnavailable, from a
-// server with an identity, which can come back with its rank) is not reported: the retry
-// thread waits for the server's next incarnation (the scheduler's view with its new address),
-// learns the slice's parameters from the restored shard and sends the same encoded update
-// again, for the same step: a slice's step never goes back (the restored shard goes on at
-// the workers' steps and drops a push of a step it completed before the restart, see
-// server/shard.h), so workers whose steps differed by one at the restart stay in step.
-// Bounded: the operation fails with the first error once request_timeout has passed since
-// its first failure. Residues stay as they are: the update being resent is the one they
-// were committed for.
+// The runner (worker/run.h): the stages of an operation, from the caller to its future.
+#include "worker/run.h"
+
 #include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/fusion.h"
+#include "worker/bucket.h"
 #include "worker/kinds.h"
-#include "worker/worker_impl.h"
 
 namespace adaps {
 namespace {
-
-std::future<absl::Status> Ready(absl::Status status) {
-  std::promise<absl::Status> p;
-  p.set_value(std::move(status));
-  return p.get_future();
-}
 
 void Fulfil(RunOp& op, const absl::Status& status) {
   absl::MutexLock lock(&op.mu);
@@ -34,8 +19,52 @@ void Fulfil(RunOp& op, const absl::Status& status) {
 
 }  // namespace
 
-std::vector<size_t> Worker::Impl::StaleSlices(Tensor& t) {
-  const std::vector<uint64_t> now = links_->Incarnations();
+Runner::Runner(const WorkerOptions& options, const RoleLog& log, Membership& membership,
+               WorkerMetrics& metrics)
+    : options_(options),
+      log_(log),
+      membership_(membership),
+      transport_(membership.transport()),
+      links_(membership.links()),
+      metrics_(metrics) {}
+
+void Runner::Start() {
+  retries_.Start();
+  if (options_.compression_threads > 0) {
+    pool_ = std::make_unique<JobPool>(options_.compression_threads);
+    pool_->Start();
+  }
+}
+
+void Runner::CloseRetries() { retries_.Close(); }
+
+void Runner::Stop() {
+  retries_.Stop();
+  if (pool_ != nullptr) pool_->Stop();  // queued Runs fail ("worker stopped"), decodes finish
+}
+
+// Blocking dense pulls of `slices` at their current version; called with no lock held.
+absl::StatusOr<std::vector<InMessage>> Runner::PullDense(const Tensor& t,
+                                                         const std::vector<size_t>& slices,
+                                                         const char* why,
+                                                         msg::PullFormat format) {
+  std::vector<InMessage> out;
+  for (size_t i : slices) {
+    const SliceMeta& m = t.meta[i];
+    flatbuffers::FlatBufferBuilder b(128);
+    auto p = msg::CreatePullRequest(b, m.key, 0, 0, format);
+    ADAPS_ASSIGN_OR_RETURN(InMessage r, membership_.Call(links_.Peer(m.info.server), b, p,
+                                                         nullptr, options_.request_timeout));
+    ADAPS_RET_CHECK(r.envelope()->body_as_PullResponse() != nullptr &&
+                        r.payload().size() == uint64_t{m.info.length} * sizeof(float),
+                    absl::StatusCode::kDataLoss, absl::StrCat("bad ", why));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<size_t> Runner::StaleSlices(Tensor& t) {
+  const std::vector<uint64_t> now = links_.Incarnations();
   std::vector<size_t> stale;
   absl::MutexLock lock(&t.mu);
   for (size_t i = 0; i < t.meta.size(); ++i) {
@@ -46,15 +75,15 @@ std::vector<size_t> Worker::Impl::StaleSlices(Tensor& t) {
 
 // The pulls run without t.mu (an I/O callback may need it meanwhile); the answers are
 // applied under it afterwards. A slice whose server moved again meanwhile stays stale.
-absl::Status Worker::Impl::ResyncSlices(Tensor& t, const std::vector<size_t>& slices) {
+absl::Status Runner::ResyncSlices(Tensor& t, const std::vector<size_t>& slices) {
   std::vector<uint64_t> incarnations;
   for (size_t i : slices) {
     uint64_t incarnation = 0;
-    links_->Peer(t.meta[i].info.server, &incarnation);
+    links_.Peer(t.meta[i].info.server, &incarnation);
     incarnations.push_back(incarnation);
   }
   ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls,
-                         PullAllDense(t, slices, "pull while resynchronizing",
+                         PullDense(t, slices, "pull while resynchronizing",
                                       ReplicaFormat(t.spec.pull)));
   absl::MutexLock lock(&t.mu);
   for (size_t k = 0; k < slices.size(); ++k) {
@@ -75,33 +104,18 @@ absl::Status Worker::Impl::ResyncSlices(Tensor& t, const std::vector<size_t>& sl
   return absl::OkStatus();
 }
 
-absl::Status Worker::Impl::ResyncWithin(Tensor& t, const std::vector<size_t>& slices,
+absl::Status Runner::ResyncWithin(Tensor& t, const std::vector<size_t>& slices,
                                         absl::Time deadline) {
   while (true) {
     absl::Status s = ResyncSlices(t, slices);
     if (s.code() != absl::StatusCode::kUnavailable || absl::Now() >= deadline) return s;
-    ADAPS_RETURN_IF_ERROR(CheckRunning());
+    ADAPS_RETURN_IF_ERROR(membership_.CheckRunning());
     // A server still registering (or moving again) answers kUnavailable: ask again.
     absl::SleepFor(absl::Milliseconds(50));
   }
 }
 
-std::future<absl::Status> Worker::Impl::Run(absl::string_view name, absl::Span<const float> grad,
-                                            absl::Span<float> out, bool push, bool pull) {
-  if (auto s = CheckRunning(); !s.ok()) return Ready(s);
-  auto found = Find(name);
-  if (!found.ok()) return Ready(found.status());
-  Tensor& t = **found;
-  if ((push && grad.size() != t.length) || (pull && out.size() != t.length)) {
-    return Ready(absl::InvalidArgumentError(
-        absl::StrCat("tensor '", name, "' has ", t.length, " elements; got ",
-                     push ? grad.size() : out.size())));
-  }
-  if (t.fused_into != nullptr) return RunFused(t, grad, out, push, pull);
-  return RunTensor(t, grad, out, push, pull, nullptr);
-}
-
-std::future<absl::Status> Worker::Impl::RunTensor(
+std::future<absl::Status> Runner::Run(
     Tensor& t, absl::Span<const float> grad, absl::Span<float> out, bool push, bool pull,
     std::function<void(const absl::Status&)> on_done, bool flush) {
   auto op = std::make_shared<RunOp>(&t, push, pull, out, flush);
@@ -115,12 +129,12 @@ std::future<absl::Status> Worker::Impl::RunTensor(
   return future;
 }
 
-JobPool::Job Worker::Impl::PrepareRun(const std::shared_ptr<RunOp>& op,
+JobPool::Job Runner::PrepareRun(const std::shared_ptr<RunOp>& op,
                                       absl::Span<const float> grad) {
   auto fail = [op](absl::Status s) -> JobPool::Job {
     return [op, s] { Fulfil(*op, s); };
   };
-  if (auto s = CheckRunning(); !s.ok()) return fail(s);  // queued work when Stop began
+  if (auto s = membership_.CheckRunning(); !s.ok()) return fail(s);  // queued work when Stop began
   Tensor& t = *op->t;
   // A server restarted since this tensor's last operation: learn its steps first.
   if (std::vector<size_t> stale = StaleSlices(t); !stale.empty()) {
@@ -128,7 +142,7 @@ JobPool::Job Worker::Impl::PrepareRun(const std::shared_ptr<RunOp>& op,
       return fail(s);
     }
   }
-  const absl::Time started = worker_metrics_->Now();
+  const absl::Time started = metrics_.Now();
   {
     absl::MutexLock lock(&t.mu);
     if (op->push) {
@@ -149,14 +163,14 @@ JobPool::Job Worker::Impl::PrepareRun(const std::shared_ptr<RunOp>& op,
     SendParts(op, all);
     absl::MutexLock lock(&t.mu);
     if (op->push) {
-      worker_metrics_->Pushed(t, started);
+      metrics_.Pushed(t, started);
     } else {
       t.metrics.Sync(t.traffic);
     }
   };
 }
 
-void Worker::Impl::SendParts(const std::shared_ptr<RunOp>& op, const std::vector<size_t>& slices) {
+void Runner::SendParts(const std::shared_ptr<RunOp>& op, const std::vector<size_t>& slices) {
   Tensor& t = *op->t;
   absl::MutexLock lock(&t.mu);
   struct Send {
@@ -169,7 +183,7 @@ void Worker::Impl::SendParts(const std::shared_ptr<RunOp>& op, const std::vector
   for (size_t i : slices) {
     Send& send = sends.emplace_back();
     send.slice = i;
-    send.peer = links_->Peer(t.meta[i].info.server, &send.incarnation);
+    send.peer = links_.Peer(t.meta[i].info.server, &send.incarnation);
   }
   {
     absl::MutexLock op_lock(&op->mu);
@@ -191,13 +205,12 @@ void Worker::Impl::SendParts(const std::shared_ptr<RunOp>& op, const std::vector
     }
   }
   for (const Send& send : sends) {
-    if (send.push) SendPush(op, send.slice, send.peer, send.incarnation);
-    if (op->pull) SendPull(op, send.slice, send.peer, send.incarnation);
+    if (send.push) SendPush(op, send.slice, send.peer);
+    if (op->pull) SendPull(op, send.slice, send.peer);
   }
 }
 
-void Worker::Impl::SendPush(const std::shared_ptr<RunOp>& op, size_t i, int peer,
-                            uint64_t /*incarnation*/) {
+void Runner::SendPush(const std::shared_ptr<RunOp>& op, size_t i, int peer) {
   Tensor& t = *op->t;
   const SliceMeta& m = t.meta[i];
   SliceRt& rt = t.slices[i];
@@ -218,11 +231,11 @@ void Worker::Impl::SendPush(const std::shared_ptr<RunOp>& op, size_t i, int peer
       t.bucket != nullptr ? msg::PayloadKind::Segmented
       : op->flush         ? msg::PayloadKind::Dense
                           : PayloadKindFor(CodecKind(t.spec.compression)));
-  const uint64_t id = transport_->NewRequestId();
-  OutMessage msg = FinishEnvelope(fbb, transport_->self(), body, id, 0, op->encoded[i]);
+  const uint64_t id = transport_.NewRequestId();
+  OutMessage msg = FinishEnvelope(fbb, transport_.self(), body, id, 0, op->encoded[i]);
   t.traffic.push_wire_bytes += msg.header.size() + op->encoded[i]->size();
   t.traffic.push_dense_bytes += uint64_t{m.info.length} * sizeof(float);
-  transport_->Request(peer, id, std::move(msg), absl::Now() + options_.request_timeout,
+  transport_.Request(peer, id, std::move(msg), absl::Now() + options_.request_timeout,
                       [this, op, i](absl::StatusOr<InMessage> reply) {
                         absl::Status st = reply.status();
                         if (!st.ok()) {
@@ -233,8 +246,7 @@ void Worker::Impl::SendPush(const std::shared_ptr<RunOp>& op, size_t i, int peer
                       });
 }
 
-void Worker::Impl::SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer,
-                            uint64_t /*incarnation*/) {
+void Runner::SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer) {
   Tensor& t = *op->t;
   const SliceMeta& m = t.meta[i];
   const SliceRt& rt = t.slices[i];
@@ -248,10 +260,10 @@ void Worker::Impl::SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer
   flatbuffers::FlatBufferBuilder fbb(128);
   auto body = msg::CreatePullRequest(fbb, m.key, min_version, rt.replica_version,
                                      WirePullFormat(t.spec.pull), held_push);
-  const uint64_t id = transport_->NewRequestId();
-  OutMessage msg = FinishEnvelope(fbb, transport_->self(), body, id, 0);
+  const uint64_t id = transport_.NewRequestId();
+  OutMessage msg = FinishEnvelope(fbb, transport_.self(), body, id, 0);
   const size_t request_bytes = msg.header.size();
-  transport_->Request(
+  transport_.Request(
       peer, id, std::move(msg), absl::Now() + options_.request_timeout,
       [this, op, i, request_bytes, step = min_version](absl::StatusOr<InMessage> reply) {
         // (A stopped transport fails a request on the sending thread.)
@@ -261,7 +273,7 @@ void Worker::Impl::SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer
                                        absl::StrCat("pull of '", op->t->spec.name,
                                                     "': ", reply.status().message())));
         }
-        ADAPS_DCHECK_ON_IO_THREAD(transport_);
+        ADAPS_DCHECK_ON_IO_THREAD(&transport_);
         {
           absl::MutexLock lock(&op->mu);
           if (op->finished) {  // failed already: leave `out` alone
@@ -281,7 +293,7 @@ void Worker::Impl::SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer
       });
 }
 
-void Worker::Impl::DecodePull(const std::shared_ptr<RunOp>& op, size_t i, const InMessage& reply,
+void Runner::DecodePull(const std::shared_ptr<RunOp>& op, size_t i, const InMessage& reply,
                               size_t request_bytes, uint64_t step) {
   {
     absl::MutexLock lock(&op->mu);
@@ -297,7 +309,7 @@ void Worker::Impl::DecodePull(const std::shared_ptr<RunOp>& op, size_t i, const 
                              op->encoded[i] != nullptr
                          ? op->encoded[i].get()
                          : nullptr;
-  absl::Status status = worker_metrics_->Decode(step, [&] {
+  absl::Status status = metrics_.Decode(step, [&] {
     return ApplyPull(*op->t, i, *resp, reply.payload(), reply.wire_bytes() + request_bytes,
                      op->out, own);
   });
@@ -308,19 +320,16 @@ void Worker::Impl::DecodePull(const std::shared_ptr<RunOp>& op, size_t i, const 
   PartDone(op, i, true, std::move(status));
 }
 
-bool Worker::Impl::Retryable(RunOp& op, size_t i, bool pull_part, const absl::Status& status) {
+bool Runner::Retryable(RunOp& op, size_t i, bool pull_part, const absl::Status& status) {
   const int server = op.t->meta[i].info.server;
   bool stale_step;
   {
     absl::MutexLock lock(&op.mu);
     stale_step = op.parts[i].synced_incarnation != op.parts[i].sent_incarnation;
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopped_ || shutdown_) return false;
-  }
+  if (!membership_.CheckRunning().ok()) return false;
   // The server went away, and can come back with its rank.
-  if (status.code() == absl::StatusCode::kUnavailable) return links_->Restartable(server);
+  if (status.code() == absl::StatusCode::kUnavailable) return links_.Restartable(server);
   // A recompressed pull from a replica the server's published state moved past (this worker
   // skipped pulls, joined, or retried after a restart while the others stepped on): take
   // the published replica again and ask again (Retry).
@@ -330,7 +339,7 @@ bool Worker::Impl::Retryable(RunOp& op, size_t i, bool pull_part, const absl::St
   return status.code() == absl::StatusCode::kFailedPrecondition && stale_step;
 }
 
-void Worker::Impl::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pull_part,
+void Runner::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pull_part,
                             absl::Status status) {
   // On the I/O thread, or on the sending thread when the transport has stopped.
   const bool retryable = status.ok() || Retryable(*op, i, pull_part, status);
@@ -372,7 +381,7 @@ void Worker::Impl::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pul
   if (!retries_.Post([this, op, failed] { Retry(op, failed); })) Fulfil(*op, first);
 }
 
-void Worker::Impl::Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices) {
+void Runner::Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices) {
   absl::Status why;
   absl::Time until;
   {
@@ -388,9 +397,9 @@ void Worker::Impl::Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> s
     }
     // A refused stale step needs no wait: the server is back already.
     if (part.error.code() != absl::StatusCode::kUnavailable) continue;
-    if (!links_->WaitForNewIncarnation(op->t->meta[i].info.server, part.sent_incarnation,
+    if (!links_.WaitForNewIncarnation(op->t->meta[i].info.server, part.sent_incarnation,
                                        until)) {
-      if (auto s = CheckRunning(); !s.ok()) return Fulfil(*op, s);
+      if (auto s = membership_.CheckRunning(); !s.ok()) return Fulfil(*op, s);
       return Fulfil(*op, absl::Status(why.code(),
                                       absl::StrCat(why.message(), " (the server did not come "
                                                                   "back within the request "

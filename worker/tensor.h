@@ -31,7 +31,7 @@
 #include "common/compressor.h"
 #include "common/messages.h"
 #include "common/wire_codec.h"
-#include "worker/worker_metrics.h"
+#include "worker/tensor_metrics.h"
 
 namespace adaps {
 
@@ -88,7 +88,7 @@ struct Tensor {
   // EncodePush collects a push's elements here and swaps it with last_sent on success: the
   // index buffers are reused from push to push instead of grown anew.
   SentElements sent_scratch ABSL_GUARDED_BY(mu);
-  TensorMetrics metrics ABSL_GUARDED_BY(mu);  // mirrors `traffic` (worker/worker_metrics.h)
+  TensorMetrics metrics ABSL_GUARDED_BY(mu);  // mirrors `traffic` (worker/tensor_metrics.h)
   // The squared L2 norm of the residues, measured after a push at most once a second (and
   // after every flush): read without the lock by the heartbeat (Worker::Impl, I/O thread).
   std::atomic<double> residue_sq{0.0};

@@ -1,5 +1,5 @@
-// Worker::Impl, data path: declaring tensors, pushes and pulls, resynchronizing after a
-// server restart, barriers, hyper-parameters and checkpoints.
+// Worker::Impl (worker/worker_impl.h): the parts' wiring, and the tensor table with what
+// reads or writes a tensor as a whole.
 #include "worker/worker_impl.h"
 
 #include <algorithm>
@@ -19,8 +19,86 @@
 namespace adaps {
 namespace {
 
+std::future<absl::Status> Ready(absl::Status status) {
+  std::promise<absl::Status> p;
+  p.set_value(std::move(status));
+  return p.get_future();
+}
 
 }  // namespace
+
+Worker::Impl::Impl(const WorkerOptions& options)
+    : options_(options),
+      log_("worker", options.log_level),
+      metrics_(Metrics::Disabled()),
+      worker_metrics_(std::make_unique<WorkerMetrics>(*metrics_)) {}
+
+Worker::Impl::~Impl() { Stop().IgnoreError(); }
+
+absl::Status Worker::Impl::Init() {
+  ADAPS_RET_CHECK(!options_.scheduler.empty(), absl::StatusCode::kInvalidArgument,
+                  "no scheduler address");
+  ADAPS_RET_CHECK(options_.request_timeout > absl::ZeroDuration() &&
+                      options_.register_timeout > absl::ZeroDuration() &&
+                      options_.scheduler_grace > absl::ZeroDuration(),
+                  absl::StatusCode::kInvalidArgument, "timeouts must be positive");
+  ADAPS_RETURN_IF_ERROR(ValidateLogLevel(options_.log_level));
+  ADAPS_RET_CHECK(options_.compression_threads >= 0 && options_.compression_threads <= 64,
+                  absl::StatusCode::kInvalidArgument, "compression_threads must be 0 to 64");
+  ADAPS_RETURN_IF_ERROR(StartMetrics());
+  membership_ = std::make_unique<Membership>(options_, log_, [this] { return ResidueNorm(); });
+  runner_ = std::make_unique<Runner>(options_, log_, *membership_, *worker_metrics_);
+  fusion_ = std::make_unique<FusionTable>(options_, log_, *membership_, *runner_,
+                                          *worker_metrics_);
+  Transport& transport = membership_->transport();
+  if (options_.metrics_port >= 0) {
+    transport.AddTimer(absl::Milliseconds(500),
+                       [this, &transport] { worker_metrics_->Tick(transport.stats()); });
+  }
+  if (options_.fusion_threshold_bytes > 0) {
+    transport.AddTimer(absl::Milliseconds(100), [this] { fusion_->Expire(); });
+  }
+  runner_->Start();
+  ADAPS_RETURN_IF_ERROR(membership_->Start());
+  worker_metrics_->Bind(membership_->rank());
+  return absl::OkStatus();
+}
+
+// Serves /metrics from before registration on, so that probes answer while the cluster forms.
+absl::Status Worker::Impl::StartMetrics() {
+  if (options_.metrics_port < 0) return absl::OkStatus();
+  MetricsOptions mopts;
+  mopts.port = options_.metrics_port;
+  mopts.host = options_.metrics_host;
+  mopts.port_file = options_.metrics_port_file;
+  mopts.role = "worker";
+  mopts.rank = -1;  // until registered (WorkerMetrics::Bind)
+  ADAPS_ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics, Metrics::Create(mopts));
+  worker_metrics_ = std::make_unique<WorkerMetrics>(*metrics);
+  metrics_ = std::move(metrics);
+  log_.get()->info("metrics on http://{}:{}/metrics", mopts.host, metrics_->port());
+  return absl::OkStatus();
+}
+
+absl::Status Worker::Impl::Stop() {
+  if (membership_ == nullptr) return absl::OkStatus();  // Init failed its checks
+  bool leave = false;
+  if (!membership_->BeginStop(&leave)) return absl::OkStatus();
+  fusion_->FailStaged(absl::FailedPreconditionError("the worker stopped"));
+  absl::Status status;
+  if (leave) status = membership_->Leave();
+  runner_->CloseRetries();       // a retry posted from now on fails its operation at once
+  membership_->StopTransport();  // fails what a retry waits for
+  runner_->Stop();
+  return status;
+}
+
+float Worker::Impl::ResidueNorm() const {
+  double sq = 0.0;
+  absl::MutexLock lock(&mu_);  // (held briefly everywhere: never across an encode)
+  for (const auto& [name, t] : tensors_) sq += t->residue_sq.load(std::memory_order_relaxed);
+  return static_cast<float>(std::sqrt(sq));
+}
 
 absl::StatusOr<Tensor*> Worker::Impl::Find(absl::string_view name) const {
   absl::MutexLock lock(&mu_);
@@ -31,7 +109,6 @@ absl::StatusOr<Tensor*> Worker::Impl::Find(absl::string_view name) const {
   return it->second.get();
 }
 
-// Checks the spec and asks the scheduler for the layout; the tensor is not yet published.
 absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewTensor(const TensorSpec& spec,
                                                                 uint64_t length) {
   ADAPS_ASSIGN_OR_RETURN(auto compressor, MakeTensorCompressor(spec));
@@ -41,8 +118,7 @@ absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewTensor(const TensorSpec
 
   flatbuffers::FlatBufferBuilder fbb(256);
   auto body = msg::CreateDeclareTensor(fbb, fbb.CreateString(spec.name), length, spec.bin_size);
-  ADAPS_ASSIGN_OR_RETURN(InMessage reply,
-                         Call(cluster_->scheduler_peer(), fbb, body, nullptr, options_.request_timeout));
+  ADAPS_ASSIGN_OR_RETURN(InMessage reply, membership_->CallScheduler(fbb, body));
   const msg::TensorLayout* layout = reply.envelope()->body_as_TensorLayout();
   ADAPS_RET_CHECK(layout != nullptr && layout->slices() != nullptr && layout->length() == length,
                   absl::StatusCode::kDataLoss, "bad tensor layout from the scheduler");
@@ -53,7 +129,7 @@ absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewTensor(const TensorSpec
   uint64_t covered = 0;
   for (uint32_t i = 0; i < layout->slices()->size(); ++i) {
     const msg::Slice* s = layout->slices()->Get(i);
-    ADAPS_RET_CHECK(s->offset() == covered && s->server() >= 0 && s->server() < num_servers_ &&
+    ADAPS_RET_CHECK(s->offset() == covered && s->server() >= 0 && s->server() < membership_->num_servers() &&
                         s->length() > 0,
                     absl::StatusCode::kDataLoss, "bad slice in the tensor layout");
     covered += s->length();
@@ -68,37 +144,36 @@ absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewTensor(const TensorSpec
   return tensor;
 }
 
-// Creates the slices on the servers (rank 0 sends the initial values), meets the others at
-// a barrier and pulls everyone's starting values (rank 0's, or the current ones for a worker
-// that rejoined) into `values`.
+// The starting values are rank 0's, or the current ones for a worker that rejoined.
 absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
+  const int rank = membership_->rank();
   for (const SliceMeta& m : t.meta) {
     SharedBytes init;
-    if (rank_ == 0) init = FloatsToBytes(values.subspan(m.info.offset, m.info.length));
+    if (rank == 0) init = FloatsToBytes(values.subspan(m.info.offset, m.info.length));
     // (A server still registering answers kUnavailable: it cannot check our secret yet.)
-    ADAPS_RETURN_IF_ERROR(CallServerResuming(
+    ADAPS_RETURN_IF_ERROR(membership_->CallServerResuming(
         m.info.server,
         [&](flatbuffers::FlatBufferBuilder& fbb) {
           return msg::CreateDeclareSlice(fbb, m.key, fbb.CreateString(t.spec.name),
-                                         m.info.length, t.spec.bin_size, rank_ == 0,
-                                         fbb.CreateString(Secret()), 0,
+                                         m.info.length, t.spec.bin_size, rank == 0,
+                                         fbb.CreateString(membership_->Secret()), 0,
                                          WirePullFormat(t.spec.pull));
         },
         init));
   }
   // A worker that rejoined a running cluster does not meet the others at this barrier:
   // they are training; it starts from the current parameters below.
-  if (!rejoined_) ADAPS_RETURN_IF_ERROR(Barrier());
+  if (!membership_->rejoined()) ADAPS_RETURN_IF_ERROR(membership_->Barrier());
   std::vector<size_t> all(t.meta.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   std::vector<uint64_t> incarnations;
   for (const SliceMeta& m : t.meta) {
     uint64_t incarnation = 0;
-    links_->Peer(m.info.server, &incarnation);
+    membership_->links().Peer(m.info.server, &incarnation);
     incarnations.push_back(incarnation);
   }
   ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls,
-                         PullAllDense(t, all, "initial pull", ReplicaFormat(t.spec.pull)));
+                         runner_->PullDense(t, all, "initial pull", ReplicaFormat(t.spec.pull)));
   absl::MutexLock lock(&t.mu);
   for (size_t i = 0; i < t.meta.size(); ++i) {
     const SliceInfo& info = t.meta[i].info;
@@ -114,7 +189,7 @@ absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
 }
 
 absl::Status Worker::Impl::Declare(const TensorSpec& spec, absl::Span<float> values) {
-  ADAPS_RETURN_IF_ERROR(CheckRunning());
+  ADAPS_RETURN_IF_ERROR(membership_->CheckRunning());
   ADAPS_RET_CHECK(!spec.name.empty(), absl::StatusCode::kInvalidArgument, "empty tensor name");
   ADAPS_RET_CHECK(!spec.shape.empty(), absl::StatusCode::kInvalidArgument, "empty shape");
   uint64_t length = 1;
@@ -132,10 +207,9 @@ absl::Status Worker::Impl::Declare(const TensorSpec& spec, absl::Span<float> val
                   absl::StrCat("tensor names starting with '", kFusionPrefix, "' are reserved"));
   std::unique_ptr<Tensor> tensor;
   bool fused = false;
-  if (spec.fuse && length * sizeof(float) < options_.fusion_threshold_bytes &&
-      length <= kFusionCapacity) {
-    ADAPS_ASSIGN_OR_RETURN(tensor, NewMember(spec, length));
-    ADAPS_RETURN_IF_ERROR(DeclareFused(*tensor, values, &fused));
+  if (fusion_->Takes(spec, length)) {
+    ADAPS_ASSIGN_OR_RETURN(tensor, FusionTable::NewMember(spec, length));
+    ADAPS_RETURN_IF_ERROR(fusion_->Declare(*tensor, values, &fused));
   }
   if (!fused) {
     ADAPS_ASSIGN_OR_RETURN(tensor, NewTensor(spec, length));
@@ -149,27 +223,23 @@ absl::Status Worker::Impl::Declare(const TensorSpec& spec, absl::Span<float> val
   return absl::OkStatus();
 }
 
-// Blocking dense pulls of `slices` at their current version; called with no lock held.
-absl::StatusOr<std::vector<InMessage>> Worker::Impl::PullAllDense(
-    const Tensor& t, const std::vector<size_t>& slices, const char* why,
-    msg::PullFormat format) {
-  std::vector<InMessage> out;
-  for (size_t i : slices) {
-    const SliceMeta& m = t.meta[i];
-    flatbuffers::FlatBufferBuilder b(128);
-    auto p = msg::CreatePullRequest(b, m.key, 0, 0, format);
-    ADAPS_ASSIGN_OR_RETURN(InMessage r, Call(links_->Peer(m.info.server), b, p, nullptr,
-                                             options_.request_timeout));
-    ADAPS_RET_CHECK(r.envelope()->body_as_PullResponse() != nullptr &&
-                        r.payload().size() == uint64_t{m.info.length} * sizeof(float),
-                    absl::StatusCode::kDataLoss, absl::StrCat("bad ", why));
-    out.push_back(std::move(r));
+std::future<absl::Status> Worker::Impl::Run(absl::string_view name, absl::Span<const float> grad,
+                                            absl::Span<float> out, bool push, bool pull) {
+  if (auto s = membership_->CheckRunning(); !s.ok()) return Ready(s);
+  auto found = Find(name);
+  if (!found.ok()) return Ready(found.status());
+  Tensor& t = **found;
+  if ((push && grad.size() != t.length) || (pull && out.size() != t.length)) {
+    return Ready(absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "' has ", t.length, " elements; got ",
+                     push ? grad.size() : out.size())));
   }
-  return out;
+  if (t.fused_into != nullptr) return fusion_->Run(t, grad, out, push, pull);
+  return runner_->Run(t, grad, out, push, pull, nullptr);
 }
 
 absl::Status Worker::Impl::PullParameters(absl::string_view name, absl::Span<float> out) {
-  ADAPS_RETURN_IF_ERROR(CheckRunning());
+  ADAPS_RETURN_IF_ERROR(membership_->CheckRunning());
   ADAPS_ASSIGN_OR_RETURN(Tensor * t, Find(name));
   ADAPS_RET_CHECK(out.size() == t->length, absl::StatusCode::kInvalidArgument,
                   absl::StrCat("tensor '", t->spec.name, "' has ", t->length,
@@ -181,7 +251,7 @@ absl::Status Worker::Impl::PullParameters(absl::string_view name, absl::Span<flo
   std::vector<size_t> all(src.meta.size());
   std::iota(all.begin(), all.end(), size_t{0});
   ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls,
-                         PullAllDense(src, all, "parameter pull"));
+                         runner_->PullDense(src, all, "parameter pull"));
   uint64_t wire = 0;
   for (size_t i = 0; i < src.meta.size(); ++i) {
     const SliceInfo& info = src.meta[i].info;
@@ -315,11 +385,10 @@ absl::Status Worker::Impl::SetResidue(absl::string_view name, absl::Span<const f
 }
 
 absl::Status Worker::Impl::Leave() {
-  ADAPS_RETURN_IF_ERROR(CheckRunning());
+  ADAPS_RETURN_IF_ERROR(membership_->CheckRunning());
   // What holds a residue: each compressed tensor of its own, and each bucket that stepped
-  // (its push carries every member's; a bucket that never ran holds nothing).
+  // (its push carries every member's).
   std::vector<Tensor*> targets;
-  std::vector<FusionBucket*> buckets;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [name, t] : tensors_) {
@@ -327,22 +396,14 @@ absl::Status Worker::Impl::Leave() {
         targets.push_back(t.get());
       }
     }
-    for (const auto& b : buckets_) buckets.push_back(b.get());
   }
-  for (FusionBucket* b : buckets) {
-    absl::MutexLock lock(&b->mu);  // (members is read-only once the bucket closed)
-    if (b->closed && std::any_of(b->members.begin(), b->members.end(), [](const auto& m) {
-          return m.t->spec.compression != Compression::kDense;
-        })) {
-      targets.push_back(&b->internal);
-    }
-  }
+  for (Tensor* holder : fusion_->ResidueHolders()) targets.push_back(holder);
   std::vector<std::vector<float>> zeros(targets.size());
   std::vector<std::future<absl::Status>> pushes;
   for (size_t i = 0; i < targets.size(); ++i) {
     zeros[i].assign(targets[i]->length, 0.0f);
-    pushes.push_back(RunTensor(*targets[i], zeros[i], {}, /*push=*/true, /*pull=*/false,
-                               nullptr, /*flush=*/true));
+    pushes.push_back(runner_->Run(*targets[i], zeros[i], {}, /*push=*/true, /*pull=*/false,
+                                  nullptr, /*flush=*/true));
   }
   absl::Status flushed;
   for (size_t i = 0; i < pushes.size(); ++i) {
@@ -375,41 +436,29 @@ absl::Status Worker::Impl::SetBinSize(absl::string_view name, uint32_t bin_size)
   return absl::OkStatus();
 }
 
-absl::Status Worker::Impl::Barrier() {
-  ADAPS_RETURN_IF_ERROR(CheckRunning());
-  flatbuffers::FlatBufferBuilder fbb(64);
-  auto body = msg::CreateBarrier(fbb, barrier_seq_.fetch_add(1));
-  // A barrier waits for the slowest worker, not for one answer: as long as joining may take
-  // (64 processes starting on 2 cores kept some workers' barrier past 30 s).
-  const absl::Duration deadline = std::max(options_.request_timeout, options_.register_timeout);
-  absl::Status st = Call(cluster_->scheduler_peer(), fbb, body, nullptr, deadline).status();
-  if (!st.ok()) {
-    st = absl::Status(st.code(), absl::StrCat("barrier (every worker must reach it within ",
-                                              absl::FormatDuration(deadline), "): ",
-                                              st.message()));
-  }
-  return st;
-}
+absl::Status Worker::Impl::Barrier() { return membership_->Barrier(); }
+
+void Worker::Impl::CloseFusionBuckets() { fusion_->Close(); }
 
 absl::Status Worker::Impl::SetHyper(const std::vector<std::pair<std::string, double>>& params) {
-  ADAPS_RETURN_IF_ERROR(CheckRunning());
-  for (int s = 0; s < num_servers_; ++s) {
-    ADAPS_RETURN_IF_ERROR(CallServerResuming(s, [&](flatbuffers::FlatBufferBuilder& fbb) {
+  ADAPS_RETURN_IF_ERROR(membership_->CheckRunning());
+  for (int s = 0; s < membership_->num_servers(); ++s) {
+    ADAPS_RETURN_IF_ERROR(membership_->CallServerResuming(s, [&](flatbuffers::FlatBufferBuilder& fbb) {
       std::vector<flatbuffers::Offset<msg::HyperParam>> ps;
       for (const auto& [n, v] : params) {
         ps.push_back(msg::CreateHyperParam(fbb, fbb.CreateString(n), v));
       }
-      return msg::CreateSetHyper(fbb, fbb.CreateVector(ps), fbb.CreateString(Secret()));
+      return msg::CreateSetHyper(fbb, fbb.CreateVector(ps), fbb.CreateString(membership_->Secret()));
     }));
   }
   return absl::OkStatus();
 }
 
 absl::Status Worker::Impl::Checkpoint(const std::string& directory) {
-  ADAPS_RETURN_IF_ERROR(CheckRunning());
-  for (int s = 0; s < num_servers_; ++s) {
-    ADAPS_RETURN_IF_ERROR(CallServerResuming(s, [&](flatbuffers::FlatBufferBuilder& fbb) {
-      return msg::CreateCheckpoint(fbb, fbb.CreateString(directory), fbb.CreateString(Secret()));
+  ADAPS_RETURN_IF_ERROR(membership_->CheckRunning());
+  for (int s = 0; s < membership_->num_servers(); ++s) {
+    ADAPS_RETURN_IF_ERROR(membership_->CallServerResuming(s, [&](flatbuffers::FlatBufferBuilder& fbb) {
+      return msg::CreateCheckpoint(fbb, fbb.CreateString(directory), fbb.CreateString(membership_->Secret()));
     }));
   }
   if (directory.empty()) return absl::OkStatus();
@@ -419,7 +468,7 @@ absl::Status Worker::Impl::Checkpoint(const std::string& directory) {
 }
 
 std::string Worker::Impl::ResidueCheckpointPath(const std::string& directory) const {
-  std::string who = options_.identity.empty() ? absl::StrCat("r", rank_) : options_.identity;
+  std::string who = options_.identity.empty() ? absl::StrCat("r", membership_->rank()) : options_.identity;
   for (char& c : who) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' &&
         c != '.') {

@@ -15,41 +15,7 @@ namespace {
 // forgotten past this many.
 constexpr size_t kMaxOpenSteps = 64;
 
-double Delta(uint64_t now, uint64_t before) {
-  return now >= before ? static_cast<double>(now - before) : 0.0;
-}
-
 }  // namespace
-
-TensorMetrics::TensorMetrics(Metrics& metrics, const std::string& name, uint64_t length)
-    : enabled_(metrics.enabled()), length_(length) {
-  const MetricLabels tensor = {{l::kTensor, name}};
-  pushes_ = metrics.GetCounter(n::kPushesTotal, tensor);
-  pulls_ = metrics.GetCounter(n::kPullsTotal, tensor);
-  push_bytes_ = metrics.GetCounter(n::kPushBytesTotal, tensor);
-  pull_bytes_ = metrics.GetCounter(n::kPullBytesTotal, tensor);
-  push_dense_bytes_ = metrics.GetCounter(n::kPushDenseBytesTotal, tensor);
-  pull_dense_bytes_ = metrics.GetCounter(n::kPullDenseBytesTotal, tensor);
-  ratio_ = metrics.GetGauge(n::kCompressionRatio, tensor);
-  density_ = metrics.GetGauge(n::kDensity, tensor);
-}
-
-void TensorMetrics::SyncImpl(const TrafficCounters& now) {
-  pushes_.Increment(Delta(now.pushes, seen_.pushes));
-  pulls_.Increment(Delta(now.pulls, seen_.pulls));
-  const double push_wire = Delta(now.push_wire_bytes, seen_.push_wire_bytes);
-  const double push_dense = Delta(now.push_dense_bytes, seen_.push_dense_bytes);
-  push_bytes_.Increment(push_wire);
-  push_dense_bytes_.Increment(push_dense);
-  pull_bytes_.Increment(Delta(now.pull_wire_bytes, seen_.pull_wire_bytes));
-  pull_dense_bytes_.Increment(Delta(now.pull_dense_bytes, seen_.pull_dense_bytes));
-  if (now.pushes != seen_.pushes) {
-    if (push_wire > 0) ratio_.Set(push_dense / push_wire);
-    if (length_ > 0) density_.Set(static_cast<double>(sent_) / static_cast<double>(length_));
-    sent_ = 0;
-  }
-  seen_ = now;
-}
 
 void WorkerMetrics::Bind(int rank) {
   if (!enabled()) return;
@@ -124,11 +90,11 @@ void WorkerMetrics::Tick(const TransportStats& now) {
   if (!enabled()) return;
   absl::MutexLock lock(&mu_);
   if (!bound_) return;
-  malformed_.Increment(Delta(now.dropped_invalid, last_.dropped_invalid));
-  messages_in_.Increment(Delta(now.messages_in, last_.messages_in));
-  messages_out_.Increment(Delta(now.messages_out, last_.messages_out));
-  bytes_in_.Increment(Delta(now.bytes_in, last_.bytes_in));
-  bytes_out_.Increment(Delta(now.bytes_out, last_.bytes_out));
+  malformed_.Increment(CounterDelta(now.dropped_invalid, last_.dropped_invalid));
+  messages_in_.Increment(CounterDelta(now.messages_in, last_.messages_in));
+  messages_out_.Increment(CounterDelta(now.messages_out, last_.messages_out));
+  bytes_in_.Increment(CounterDelta(now.bytes_in, last_.bytes_in));
+  bytes_out_.Increment(CounterDelta(now.bytes_out, last_.bytes_out));
   last_ = now;
 }
 

@@ -10,8 +10,8 @@
 // own compute between the pushes of one step when it pushes layer by layer).
 //
 // Ownership: Worker::Impl owns the Metrics and the WorkerMetrics; each Tensor holds its
-// TensorMetrics, guarded by Tensor::mu like its TrafficCounters. Thread-safety: WorkerMetrics
-// is thread-safe (its step table is locked); TensorMetrics is guarded by Tensor::mu. With a
+// TensorMetrics (worker/tensor_metrics.h), guarded by Tensor::mu like its TrafficCounters.
+// Thread-safety: WorkerMetrics is thread-safe (its step table is locked). With a
 // disabled Metrics every call returns after one branch and reads no clock.
 #ifndef ADAPS_WORKER_WORKER_METRICS_H_
 #define ADAPS_WORKER_WORKER_METRICS_H_
@@ -27,37 +27,11 @@
 #include "adaps/worker.h"
 #include "common/metrics.h"
 #include "common/transport.h"
+#include "worker/tensor_metrics.h"
 
 namespace adaps {
 
 struct Tensor;  // worker/tensor.h
-
-// The series of one tensor. Default: no-op.
-class TensorMetrics {
- public:
-  TensorMetrics() = default;
-  TensorMetrics(Metrics& metrics, const std::string& name, uint64_t length);
-
-  // Adds to the counters what `now` counts beyond what the last call saw; after a push also
-  // sets the compression ratio and the density (from the elements AddSent counted).
-  void Sync(const TrafficCounters& now) {
-    if (enabled_) SyncImpl(now);
-  }
-  // Elements one slice of the current push carries (SentElements of its update).
-  void AddSent(uint64_t elements) {
-    if (enabled_) sent_ += elements;
-  }
-
- private:
-  void SyncImpl(const TrafficCounters& now);
-
-  bool enabled_ = false;
-  uint64_t length_ = 0;
-  Counter pushes_, pulls_, push_bytes_, pull_bytes_, push_dense_bytes_, pull_dense_bytes_;
-  Gauge ratio_, density_;
-  TrafficCounters seen_;
-  uint64_t sent_ = 0;
-};
 
 class WorkerMetrics {
  public:
