@@ -5,7 +5,7 @@
 // (r[i] += g[i]: read 8 B, write 4 B per element, the DESIGN.md section 1 'Cost'), measured
 // in the same run, so the ratio survives a noisy, shared machine better than the raw rate.
 //
-// Input: the bench/gradient_stream.h stream with default options (Gaussian background,
+// Input: the worker/app/gradient_stream.h stream with default options (Gaussian background,
 // heavy log-normal coordinates, AR(1) rho=0.9 between steps), on which AdaComp sends about
 // 1% of the elements at T=500 and about 4% at T=50. kSteps consecutive steps are generated
 // up front and cycled; residues are warmed up before timing so the density is the steady one.
@@ -37,7 +37,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "bench/gradient_stream.h"
+#include "worker/app/gradient_stream.h"
 #include "bench/summary_reporter.h"
 #include "benchmark/benchmark.h"
 #include "common/compressor.h"
@@ -373,7 +373,7 @@ void PrintSummary(const SummaryReporter& rep) {
   const double topk = rep.Get("topk/0.1%", "items_per_second");
   std::printf("\n== Summary: %zu floats, one core, CPU time, median over repetitions ==\n",
               g_elements);
-  std::printf("AdaComp kernel: %s. Stream: bench/gradient_stream.h defaults, seed 42.\n",
+  std::printf("AdaComp kernel: %s. Stream: worker/app/gradient_stream.h defaults, seed 42.\n",
               internal::AdaCompIsaName(internal::AdaCompIsa::kAuto));
   std::printf("%-38s %8s %9s %9s %9s\n", "compress (one step)", "G el/s", "vs plain",
               "vs top-k", "density");

@@ -21,7 +21,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "bench/gradient_stream.h"
+#include "worker/app/gradient_stream.h"
 #include "common/compressor.h"
 #include "common/wire_codec.h"
 
@@ -69,7 +69,7 @@ int Run() {
   std::printf("adaps-codec-demo: AdaComp on a synthetic gradient stream, %d steps, seed %llu\n",
               steps, static_cast<unsigned long long>(seed));
   std::printf("stream: Gaussian background, %.1f%% heavy coordinates (x%.0f), log-normal "
-              "scales, AR(1) rho=%.2f between steps, per-coordinate drift (bench/gradient_stream.h)\n\n",
+              "scales, AR(1) rho=%.2f between steps, per-coordinate drift (worker/app/gradient_stream.h)\n\n",
               100.0 * bench::GradientStreamOptions().heavy_fraction,
               bench::GradientStreamOptions().heavy_multiplier, bench::GradientStreamOptions().rho);
 

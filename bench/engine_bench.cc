@@ -12,7 +12,7 @@
 // same with the two engines' steps interleaved one by one (engine_8_slices/paired), and a
 // plain pass on 1 and 2 threads: what two cores add to streaming memory alone.
 //
-// Inputs: the bench/gradient_stream.h stream (AdaComp sends about 1% at T=500), as in
+// Inputs: the worker/app/gradient_stream.h stream (AdaComp sends about 1% at T=500), as in
 // adaps-codec-bench. After Google Benchmark's own output, a summary with issue 12's targets.
 // Extra flags (mixed freely with --benchmark_* flags):
 //   --elements=N    parameters in all (default 8000000; the engine cuts them in 8 slices)
@@ -36,7 +36,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "bench/gradient_stream.h"
+#include "worker/app/gradient_stream.h"
 #include "bench/summary_reporter.h"
 #include "benchmark/benchmark.h"
 #include "common/compressor.h"

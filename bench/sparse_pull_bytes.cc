@@ -1,5 +1,5 @@
 // Bytes and engine time of a pull answer per format, on one server shard fed by W workers'
-// AdaComp pushes of a realistic gradient stream (bench/gradient_stream.h, tuned to ~1% at
+// AdaComp pushes of a realistic gradient stream (worker/app/gradient_stream.h, tuned to ~1% at
 // T=500): sparse (the merged index list with the new values, server/shard.h) of an SGD server;
 // a mean server's answer (forwarded pushes, the puller's own left out: what local mode gets),
 // recompressed and dense; and the engine's time per step (decode-adds, optimizer, encoding)
@@ -14,7 +14,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "bench/gradient_stream.h"
+#include "worker/app/gradient_stream.h"
 #include "common/compressor.h"
 #include "common/wire_codec.h"
 #include "server/shard.h"

@@ -161,7 +161,7 @@ void PutRiceIndices(const CompressedUpdate& u, bool with_signs, std::vector<uint
 }
 
 void PutPlainIndices(const CompressedUpdate& u, bool with_signs, std::vector<uint8_t>* out) {
-  for (uint32_t i : u.indices) PutU32(out, i);
+  PutWords<uint32_t>(out, u.indices);
   if (with_signs) {
     BitWriter w(out);
     for (uint8_t neg : u.negative) w.Put(neg ? 1 : 0, 1);

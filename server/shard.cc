@@ -261,7 +261,11 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
   if (pushed_.empty() && late_in_step_ == 0) {  // the step's first push (or a refused one's)
     step_tracked_ = track_touched_;
     touched_.clear();
-    touched_ends_.clear();
+    const size_t words = (size_t{length_} + 63) / 64;
+    if (step_tracked_ && (touched_pending_ || touched_bits_.size() != words)) {
+      touched_bits_.assign(words, 0);  // (a step dropped half-way, or a bucket that grew)
+    }
+    touched_pending_ = false;
     step_push_count_ = 0;
     step_push_workers_.clear();
   }
@@ -271,7 +275,13 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
                             ? DecodeAddTouched(payload, 1.0f, absl::MakeSpan(agg_), &touched_)
                             : DecodeAdd(payload, 1.0f, absl::MakeSpan(agg_)));
   if (step_tracked_) {
-    touched_ends_.push_back(touched_.size());
+    // One push's elements are ascending and distinct already (the codec refuses others):
+    // they stay the list; from the second push on, every list goes into the bitmap.
+    if (step_push_count_ > 0) {
+      for (uint32_t i : touched_) touched_bits_[i >> 6] |= uint64_t{1} << (i & 63);
+      touched_pending_ = true;
+      touched_.clear();
+    }
     if (step_push_count_ == step_pushes_.size()) step_pushes_.emplace_back();
     step_pushes_[step_push_count_++].assign(payload.begin(), payload.end());
     step_push_workers_.push_back(worker);
@@ -297,7 +307,7 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
   // a tracked step with an elementwise optimizer touches only the elements pushed to.
   const float scale = 1.0f / static_cast<float>(pushed_.size() + late_in_step_);
   if (step_tracked_ && SparseStepAllowed(optimizer).ok()) {
-    MergeTouched();
+    CollectTouched();
     if (optimizer.kind == OptimizerKind::kMean) {
       // The full pass would set every element untouched now to 0: those set before are
       // the only nonzero ones.
@@ -328,7 +338,6 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
   }
   step_push_count_ = 0;
   touched_.clear();
-  touched_ends_.clear();
   step_tracked_ = false;
   pushed_.clear();
   late_in_step_ = 0;

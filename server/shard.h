@@ -190,8 +190,9 @@ class Shard {
   absl::Status CheckLength(absl::Span<const uint8_t> payload,
                            std::vector<WireSegment>* learned) const;
   absl::Status PublishRecompressed();
-  // Makes touched_ ascending and distinct: merges its runs pairwise, log2(pushes) passes.
-  void MergeTouched();
+  // The tracked step's elements, ascending and distinct, into touched_ (a single push's list
+  // as it is; otherwise from touched_bits_, which it leaves all zero).
+  void CollectTouched();
   // Encodes the current version's sparse answer (or decides it is dense), once per version.
   absl::Status PublishSparse();
   // The forwarded answer for `pull`: without its own push when it holds that, else the
@@ -238,13 +239,18 @@ class Shard {
 
   // Sparse pulls: tracking of the elements each step touches starts with a declaration
   // with sparse pulls or the first sparse pull (track_touched_); step_tracked_: the step in progress is tracked from its first
-  // push; touched_: its elements so far (each push's, unsorted); last_touched_: the last
-  // step's (ascending, distinct) when last_sparse_. mean_zero_outside_: (mean) every
-  // parameter outside last_touched_ is 0, so a step need only clear those.
+  // push; touched_bits_: its elements so far, one bit each (a bitmap of length_ / 64 words,
+  // a 32nd of the parameters' bytes: setting a bit per element pushed and one scan at the
+  // step's end cost less than merging the pushes' index lists, 14% of a server's step at 4
+  // workers); touched_pending_: some bit may be set; touched_: the first push's elements
+  // (then each later push's, as decoded, until they go into the bitmap), then the step's
+  // (ascending, distinct); last_touched_: the last
+  // step's when last_sparse_. mean_zero_outside_: (mean) every parameter outside
+  // last_touched_ is 0, so a step need only clear those.
   bool track_touched_ = false, step_tracked_ = false, last_sparse_ = false;
-  bool mean_zero_outside_ = false;
-  std::vector<uint32_t> touched_, last_touched_, merge_scratch_;
-  std::vector<size_t> touched_ends_, merged_ends_;  // where each push's run ends in touched_
+  bool mean_zero_outside_ = false, touched_pending_ = false;
+  std::vector<uint32_t> touched_, last_touched_;
+  std::vector<uint64_t> touched_bits_;
   // The tracked step's pushes as they came (step_pushes_[0, step_push_count_), buffers kept
   // from step to step), and the last step's with the scale of its mean, when
   // last_forwardable_ (a tracked mean step): what a forwarded answer carries.

@@ -12,30 +12,21 @@
 
 namespace adaps {
 
-void Shard::MergeTouched() {
-  while (touched_ends_.size() > 1) {
-    merge_scratch_.clear();
-    merged_ends_.clear();
-    size_t begin = 0;
-    for (size_t r = 0; r < touched_ends_.size(); r += 2) {
-      const size_t mid = touched_ends_[r];
-      const size_t end = r + 1 < touched_ends_.size() ? touched_ends_[r + 1] : mid;
-      std::set_union(touched_.begin() + begin, touched_.begin() + mid, touched_.begin() + mid,
-                     touched_.begin() + end, std::back_inserter(merge_scratch_));
-      merged_ends_.push_back(merge_scratch_.size());
-      begin = end;
+void Shard::CollectTouched() {
+  if (touched_pending_) {
+    touched_.clear();
+    for (size_t w = 0; w < touched_bits_.size(); ++w) {
+      uint64_t bits = touched_bits_[w];
+      if (bits == 0) continue;
+      touched_bits_[w] = 0;
+      const uint32_t base = static_cast<uint32_t>(w * 64);
+      do {
+        touched_.push_back(base + static_cast<uint32_t>(__builtin_ctzll(bits)));
+        bits &= bits - 1;
+      } while (bits != 0);
     }
-    touched_.swap(merge_scratch_);
-    touched_ends_.swap(merged_ends_);
   }
-  touched_ends_.clear();
-  // (Every run is strictly ascending: the codec refuses indices out of order. Kept cheap
-  // insurance: the optimizer and the encoder need distinct ascending elements.)
-  if (std::adjacent_find(touched_.begin(), touched_.end(),
-                         [](uint32_t a, uint32_t b) { return a >= b; }) != touched_.end()) {
-    std::sort(touched_.begin(), touched_.end());
-    touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
-  }
+  touched_pending_ = false;
 }
 
 // The smallest exact sparse answer, kept only when smaller than the dense one: the new

@@ -52,8 +52,9 @@ absl::Status Worker::Impl::Init() {
                                           *worker_metrics_);
   Transport& transport = membership_->transport();
   if (options_.metrics_port >= 0) {
-    transport.AddTimer(absl::Milliseconds(500),
-                       [this, &transport] { worker_metrics_->Tick(transport.stats()); });
+    transport.AddTimer(absl::Milliseconds(500), [this] {
+      worker_metrics_->Tick(membership_->transport().stats());
+    });
   }
   if (options_.fusion_threshold_bytes > 0) {
     transport.AddTimer(absl::Milliseconds(100), [this] { fusion_->Expire(); });

@@ -444,5 +444,38 @@ TEST(ShardSparse, ARestoredShardAnswersDenseUntilItTrackedAStep) {
   EXPECT_EQ(Count(formats, Shard::Format::kSparse), formats.size() - 1);
 }
 
+// A restored shard drops a step half-way when the workers turn out to be past it (a later
+// step's push): what that step's pushes touched is not part of the next step's answer.
+TEST(ShardSparse, AStepDroppedHalfWayTouchesNothingOfTheNextStep) {
+  std::mt19937 rng(8);
+  const uint32_t n = 4000;
+  Shard s = *Shard::Create(7, "t", n, 50);
+  s.Initialize(Raw(Random(n, rng)));
+  std::vector<Pusher> pushers;
+  for (int w = 0; w < 3; ++w) pushers.emplace_back(std::vector<WireSegment>{{n, 50}});
+  for (uint64_t step = 0; step < 3; ++step) {
+    for (int w = 0; w < 3; ++w) ASSERT_TRUE(s.AddPush(w, step, pushers[w].Push(rng, false)).ok());
+    ASSERT_TRUE(s.CompleteStepIfReady({0, 1, 2}, Sgd()));
+  }
+  auto restored = Shard::FromRecord(s.ToRecord());
+  ASSERT_TRUE(restored.ok());
+  Shard& t = *restored;
+  t.TrackSteps();
+  // Two pushes of step 3 (each touching its own elements), then the workers are at step 4.
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE(t.AddPush(w, 3, pushers[w].Push(rng, false)).ok());
+  std::set<uint32_t> expected;
+  for (int w : {2, 0, 1}) {
+    const std::vector<uint8_t> push = pushers[w].Push(rng, false);
+    CompressedUpdate u;
+    ASSERT_TRUE(DecodeUpdate(push, &u).ok());
+    expected.insert(u.indices.begin(), u.indices.end());
+    ASSERT_TRUE(t.AddPush(w, 4, push).ok());
+  }
+  ASSERT_TRUE(t.CompleteStepIfReady({0, 1, 2}, Sgd()));
+  ASSERT_EQ(t.version(), 5u);
+  const std::vector<uint32_t> touched(t.last_touched().begin(), t.last_touched().end());
+  EXPECT_EQ(touched, std::vector<uint32_t>(expected.begin(), expected.end()));
+}
+
 }  // namespace
 }  // namespace adaps

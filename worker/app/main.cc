@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, tensors, "25M", "synthetic: total parameters (K, M, G suf
 ABSL_FLAG(int, layers, 10, "synthetic: number of tensors the parameters are split into");
 ABSL_FLAG(int, steps, 20, "synthetic: timed steps");
 ABSL_FLAG(int, warmup, 2, "synthetic: untimed steps first");
+ABSL_FLAG(std::string, gradients, "stream",
+          "synthetic: stream (realistic: heavy-tailed, shared by the workers, AdaComp sends "
+          "about 1% at bin 500) or uniform (every element alike: about 10% sent)");
 ABSL_FLAG(int, backward_ms, 0,
           "synthetic: sleep this long before each layer's push (an accelerator's backward pass)");
 ABSL_FLAG(std::string, compressor, "adacomp", "dense, adacomp, topk or sign");
@@ -137,6 +140,13 @@ absl::StatusOr<adaps::SyntheticConfig> SyntheticFromFlags(adaps::CompressorKind 
   if (synthetic.total_params < static_cast<uint64_t>(synthetic.layers)) {
     return absl::InvalidArgumentError("--tensors must give each of --layers an element");
   }
+  const std::string gradients = absl::GetFlag(FLAGS_gradients);
+  if (gradients != "stream" && gradients != "uniform") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gradients='", gradients, "': must be stream or uniform"));
+  }
+  synthetic.gradients = gradients == "stream" ? adaps::SyntheticGradients::kStream
+                                              : adaps::SyntheticGradients::kUniform;
   synthetic.steps = absl::GetFlag(FLAGS_steps);
   synthetic.warmup = absl::GetFlag(FLAGS_warmup);
   if (absl::GetFlag(FLAGS_backward_ms) < 0) {

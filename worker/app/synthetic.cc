@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/compressor.h"
 #include "common/status_macros.h"
+#include "worker/app/gradient_stream.h"
 #include "worker/kinds.h"
 
 namespace adaps {
@@ -46,29 +47,51 @@ void FillGradient(std::vector<float>& g, uint64_t seed) {
   }
 }
 
-// The synthetic model: `layers` tensors of about equal size, two gradients each (steps
-// alternate between them).
+// Steps of the realistic stream made per layer before the timed loop (taken in turn).
+constexpr int kStreamSteps = 4;
+
+// The synthetic model: `layers` tensors of about equal size, a few gradients each (steps take
+// them in turn).
 struct Layers {
   std::vector<std::string> names;
-  std::vector<std::vector<float>> params, grads_a, grads_b;
+  std::vector<std::vector<float>> params;
+  std::vector<std::vector<std::vector<float>>> grads;  // [layer][step % size]
 };
+
+// Layer `l`'s gradients on this worker (see SyntheticGradients).
+std::vector<std::vector<float>> MakeGradients(const SyntheticConfig& config, int rank, int l,
+                                              uint64_t len) {
+  std::vector<std::vector<float>> grads;
+  if (config.gradients == SyntheticGradients::kUniform) {
+    for (int k = 0; k < 2; ++k) {
+      grads.emplace_back(len);
+      FillGradient(grads.back(), config.seed * 1000 + l * 2 + k + uint64_t(rank) * 7919);
+    }
+    return grads;
+  }
+  bench::GradientStreamOptions options =
+      bench::GradientStream::Tuned1Percent(len, config.seed * 1000 + uint64_t(l) + 1);
+  options.noise_seed = config.seed * 1000003 + uint64_t(rank) * 7919 + uint64_t(l) + 1;
+  bench::GradientStream stream(options);
+  for (int k = 0; k < kStreamSteps; ++k) {
+    grads.emplace_back(len);
+    stream.Next(absl::MakeSpan(grads.back()));
+  }
+  return grads;
+}
 
 absl::StatusOr<Layers> DeclareLayers(Worker& worker, const SyntheticConfig& config) {
   const int n = config.layers;
   Layers m;
   m.params.resize(n);
-  m.grads_a.resize(n);
-  m.grads_b.resize(n);
+  m.grads.resize(n);
   for (int l = 0; l < n; ++l) {
     const uint64_t len = config.total_params / n + (uint64_t(l) < config.total_params % n ? 1 : 0);
     TensorSpec spec = config.layer;
     spec.name = absl::StrCat("layer", l);
     spec.shape = {static_cast<int64_t>(len)};
     m.params[l].assign(len, 0.0f);
-    m.grads_a[l].resize(len);
-    m.grads_b[l].resize(len);
-    FillGradient(m.grads_a[l], config.seed * 1000 + l * 2 + worker.rank() * 7919);
-    FillGradient(m.grads_b[l], config.seed * 1000 + l * 2 + 1 + worker.rank() * 7919);
+    m.grads[l] = MakeGradients(config, worker.rank(), l, len);
     ADAPS_RETURN_IF_ERROR(worker.Declare(spec, absl::MakeSpan(m.params[l])));
     m.names.push_back(spec.name);
   }
@@ -119,7 +142,7 @@ absl::StatusOr<Phases> RunStep(Worker& worker, Layers& m, int step, absl::Durati
   std::vector<std::future<absl::Status>> futures;
   for (size_t l = 0; l < m.names.size(); ++l) {
     if (backward > absl::ZeroDuration()) absl::SleepFor(backward);
-    auto& g = (step % 2 == 0) ? m.grads_a[l] : m.grads_b[l];
+    const auto& g = m.grads[l][static_cast<size_t>(step) % m.grads[l].size()];
     const absl::Time call = absl::Now();
     futures.push_back(worker.PushPull(m.names[l], g, absl::MakeSpan(m.params[l])));
     in_calls += absl::Now() - call;
@@ -140,8 +163,18 @@ absl::StatusOr<Phases> RunStep(Worker& worker, Layers& m, int step, absl::Durati
   return p;
 }
 
+// The fraction of the elements the last step's pushes sent.
+absl::StatusOr<double> LastDensity(Worker& worker, const Layers& m, uint64_t total) {
+  uint64_t sent = 0;
+  for (const auto& name : m.names) {
+    ADAPS_ASSIGN_OR_RETURN(std::vector<uint32_t> indices, worker.LastSent(name));
+    sent += indices.size();
+  }
+  return static_cast<double>(sent) / static_cast<double>(total);
+}
+
 void PrintSummary(Worker& worker, const SyntheticConfig& config, const TrafficCounters& before,
-                  const TrafficCounters& after, const Phases& timed) {
+                  const TrafficCounters& after, const Phases& timed, double density) {
   const double steps = config.steps;
   const double step_s = timed.step / 1e3 / steps;
   const double push_wire = (after.push_wire_bytes - before.push_wire_bytes) / steps;
@@ -149,7 +182,8 @@ void PrintSummary(Worker& worker, const SyntheticConfig& config, const TrafficCo
   const double push_dense = (after.push_dense_bytes - before.push_dense_bytes) / steps;
   const double pull_dense = (after.pull_dense_bytes - before.pull_dense_bytes) / steps;
   std::printf(
-      "SUMMARY compressor=%s pull=%s params=%llu layers=%d workers=%d servers=%d "
+      "SUMMARY compressor=%s pull=%s gradients=%s density=%.4f params=%llu layers=%d "
+      "workers=%d servers=%d "
       "step_ms=%.2f push_wire_bytes=%.0f pull_wire_bytes=%.0f push_rate=%.1fx "
       "total_rate=%.2fx effective_GBps=%.3f wire_GBps=%.3f cluster_effective_GBps=%.3f "
       "compress_ms=%.2f wire_server_ms=%.2f decode_ms=%.2f server_ms=%.2f in_calls_ms=%.2f "
@@ -158,6 +192,7 @@ void PrintSummary(Worker& worker, const SyntheticConfig& config, const TrafficCo
       config.layer.pull == PullFormat::kDense    ? "dense"
       : config.layer.pull == PullFormat::kSparse ? "sparse"
                                                  : "recompressed",
+      config.gradients == SyntheticGradients::kStream ? "stream" : "uniform", density,
       static_cast<unsigned long long>(config.total_params), config.layers, worker.num_workers(),
       worker.num_servers(), step_s * 1e3, push_wire, pull_wire,
       push_wire > 0 ? push_dense / push_wire : 0.0,
@@ -203,7 +238,8 @@ absl::Status RunSynthetic(Worker& worker, const SyntheticConfig& config) {
     }
   }
   ADAPS_ASSIGN_OR_RETURN(TrafficCounters after, Totals(worker, m));
-  if (print) PrintSummary(worker, config, before, after, timed);
+  ADAPS_ASSIGN_OR_RETURN(double density, LastDensity(worker, m, config.total_params));
+  if (print) PrintSummary(worker, config, before, after, timed, density);
   return absl::OkStatus();
 }
 

@@ -14,6 +14,19 @@
 
 namespace adaps {
 
+// What the synthetic mode pushes.
+enum class SyntheticGradients {
+  // A realistic stream (worker/app/gradient_stream.h, tuned so that AdaComp at bin 500 sends
+  // about 1% of the elements, as it does on the trainer's fully-connected layers): heavy-
+  // tailed per-coordinate scales and drifts shared by every worker (the same model), minibatch
+  // noise of its own per worker, correlated between steps. Four steps per layer are made
+  // before the timed loop and taken in turn.
+  kStream,
+  // Each element the sum of two uniforms, two gradients per layer in turn: every element is
+  // alike, so AdaComp sends about 10% of them (a worst case for the sparse formats).
+  kUniform,
+};
+
 struct SyntheticConfig {
   uint64_t total_params = 25'000'000;
   int layers = 10;
@@ -21,6 +34,7 @@ struct SyntheticConfig {
   int warmup = 2;  // steps not timed
   TensorSpec layer;  // template: compression, bin size, top-k fraction, pull format
   uint64_t seed = 1;
+  SyntheticGradients gradients = SyntheticGradients::kStream;
   // A stand-in for the trainer's backward pass on an accelerator (the CPU stays free): the
   // step sleeps this long before each layer's PushPull, as a backward pass produces the
   // gradients one by one. Zero: every layer is pushed at once.

@@ -1,4 +1,5 @@
-// A synthetic but realistic gradient stream for the codec benchmark and demo.
+// A synthetic but realistic gradient stream: the input of the codec and engine benchmarks and
+// the default of adaps-worker's synthetic mode (worker/app/synthetic.h).
 //
 // Model (per coordinate i, step t, all deterministic given the seed):
 //
@@ -20,8 +21,8 @@
 // Thread-safety: a GradientStream is thread-compatible. Cost: Next() is one pass with a
 // fast counter-based Gaussian generator (about 2-4 ns per element), so generate steps ahead
 // of any timed region.
-#ifndef ADAPS_BENCH_GRADIENT_STREAM_H_
-#define ADAPS_BENCH_GRADIENT_STREAM_H_
+#ifndef ADAPS_WORKER_APP_GRADIENT_STREAM_H_
+#define ADAPS_WORKER_APP_GRADIENT_STREAM_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +42,10 @@ struct GradientStreamOptions {
   float lognormal_sigma = 0.5f;   // spread of per-coordinate scales
   float rho = 0.9f;               // AR(1) correlation of consecutive steps
   float drift = 0.3f;             // per-coordinate mean, in units of the coordinate's scale
+  // Nonzero: the minibatch noise (z) comes from this seed while the per-coordinate scales and
+  // drifts come from `seed`: data-parallel workers of one model (same `seed`, each its own
+  // `noise_seed`) share which coordinates are large and where they drift.
+  uint64_t noise_seed = 0;
 };
 
 class GradientStream {
@@ -71,4 +76,4 @@ class GradientStream {
 }  // namespace bench
 }  // namespace adaps
 
-#endif  // ADAPS_BENCH_GRADIENT_STREAM_H_
+#endif  // ADAPS_WORKER_APP_GRADIENT_STREAM_H_

@@ -1,4 +1,4 @@
-#include "bench/gradient_stream.h"
+#include "worker/app/gradient_stream.h"
 
 #include <algorithm>
 #include <cmath>
@@ -82,6 +82,7 @@ GradientStream::GradientStream(const GradientStreamOptions& options)
   }
   FillNormal(rng_, drift_.data(), n);
   for (size_t i = 0; i < n; ++i) drift_[i] *= options.drift;
+  if (options.noise_seed != 0) rng_ = options.noise_seed * 0x9e3779b97f4a7c15ull + 0x7654321ull;
 }
 
 void GradientStream::Next(absl::Span<float> out) {
