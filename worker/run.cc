@@ -201,7 +201,8 @@ void Runner::SendParts(const std::shared_ptr<RunOp>& op, const std::vector<size_
       part.sent_incarnation = incarnation;
       part.synced_incarnation = t.slices[i].incarnation;
       send.push = op->push && !pushed;
-      op->outstanding += (send.push ? 1 : 0) + (op->pull ? 1 : 0);
+      part.in_flight = (send.push ? 1 : 0) + (op->pull ? 1 : 0);
+      op->outstanding += part.in_flight;
     }
   }
   for (const Send& send : sends) {
@@ -340,10 +341,11 @@ bool Runner::Retryable(RunOp& op, size_t i, bool pull_part, const absl::Status& 
 }
 
 void Runner::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pull_part,
-                            absl::Status status) {
+                      absl::Status status) {
   // On the I/O thread, or on the sending thread when the transport has stopped.
   const bool retryable = status.ok() || Retryable(*op, i, pull_part, status);
   absl::Time retry_until;
+  absl::Status slice_error;
   {
     absl::MutexLock lock(&op->mu);
     RunOp::Part& part = op->parts[i];
@@ -353,11 +355,50 @@ void Runner::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pull_part
       // Fail at once (not after the other parts' deadlines), and never touch `out` again.
       Settle(*op, status);
     }
+    --part.in_flight;
+    if (--op->outstanding > 0 && !op->finished && part.in_flight == 0 &&
+        part.error.code() == absl::StatusCode::kUnavailable) {
+      // This slice's server went away while other slices' parts are still out: it is retried
+      // now, not after them. They may be waiting for it: a pull held by another server until
+      // every worker pushed this step, while another worker waits (on this restarted server)
+      // for the push this retry sends. The retry holds one count of `outstanding` until it
+      // sent again (ReleaseHold).
+      ++op->outstanding;
+      if (op->retry_until == absl::InfiniteFuture()) {
+        op->retry_until = absl::Now() + options_.request_timeout;
+      }
+      slice_error = part.error;
+    } else {
+      if (op->outstanding > 0 || op->finished) return;
+      if (op->retry_until == absl::InfiniteFuture()) {
+        op->retry_until = absl::Now() + options_.request_timeout;
+      }
+      retry_until = op->retry_until;
+    }
+  }
+  if (!slice_error.ok()) {
+    log_.get()->warn("tensor '{}': {}; retrying its slice at {} once the server is back",
+                     op->t->spec.name, std::string(slice_error.message()),
+                     op->t->meta[i].info.offset);
+    if (!retries_.Post([this, op, i] { Retry(op, {i}, /*holds=*/true); })) {
+      Fulfil(*op, slice_error);
+    }
+    return;
+  }
+  EndAttempt(op, retry_until);
+}
+
+void Runner::ReleaseHold(const std::shared_ptr<RunOp>& op) {
+  absl::Time retry_until;
+  {
+    absl::MutexLock lock(&op->mu);
     if (--op->outstanding > 0 || op->finished) return;
-    const absl::Time now = absl::Now();
-    if (op->retry_until == absl::InfiniteFuture()) op->retry_until = now + options_.request_timeout;
     retry_until = op->retry_until;
   }
+  EndAttempt(op, retry_until);
+}
+
+void Runner::EndAttempt(const std::shared_ptr<RunOp>& op, absl::Time retry_until) {
   // Last part of an attempt in which nothing failed for good.
   std::vector<size_t> failed;
   absl::Status first;
@@ -378,10 +419,12 @@ void Runner::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pull_part
     log_.get()->warn("tensor '{}': {}; retrying {} slice(s) once the server is back",
                      op->t->spec.name, std::string(first.message()), failed.size());
   }
-  if (!retries_.Post([this, op, failed] { Retry(op, failed); })) Fulfil(*op, first);
+  if (!retries_.Post([this, op, failed] { Retry(op, failed, /*holds=*/false); })) {
+    Fulfil(*op, first);
+  }
 }
 
-void Runner::Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices) {
+void Runner::Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices, bool holds) {
   absl::Status why;
   absl::Time until;
   {
@@ -412,6 +455,7 @@ void Runner::Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices)
                      op->t->spec.name);
   }
   SendParts(op, slices);
+  if (holds) ReleaseHold(op);
 }
 
 }  // namespace adaps

@@ -102,13 +102,18 @@ class Runner {
   void DecodePull(const std::shared_ptr<RunOp>& op, size_t i, const InMessage& reply,
                   size_t request_bytes, uint64_t step);
   // One part finished (I/O thread; the sending thread once the transport stopped); the last
-  // one ends the attempt (settled, or retrying).
+  // one ends the attempt (EndAttempt: settled, or retrying). A slice whose server went away
+  // is retried as soon as its own parts finished, while other slices' parts are still out.
   void PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pull_part,
                 absl::Status status);
+  void EndAttempt(const std::shared_ptr<RunOp>& op, absl::Time retry_until);
+  // An early retry sent again: gives back the count of `outstanding` it held.
+  void ReleaseHold(const std::shared_ptr<RunOp>& op);
   bool Retryable(RunOp& op, size_t i, bool pull_part, const absl::Status& status);
   // Retrying (the retry thread): waits for the restarted servers, resynchronizes (or takes
-  // the published replica again after a refused recompressed pull), sends again.
-  void Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices);
+  // the published replica again after a refused recompressed pull), sends again. `holds`:
+  // an early retry of one slice, holding a count of `outstanding` until it sent.
+  void Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices, bool holds);
 
   const WorkerOptions& options_;
   const RoleLog& log_;

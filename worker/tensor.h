@@ -115,6 +115,7 @@ struct RunOp {
     // Its push was acknowledged by the incarnation it was sent to: an attempt to the same
     // incarnation (a pull refused for a replica that fell behind) sends only the pull.
     bool pushed = false;
+    int in_flight = 0;  // its push and pull messages of this attempt not finished yet
   };
   RunOp(Tensor* tensor, bool do_push, bool do_pull, absl::Span<float> dst, bool do_flush = false)
       : t(tensor),

@@ -50,6 +50,7 @@ expect worker bin_size "$sched" --bin_size=0
 expect worker layers "$sched" --layers=0
 expect worker steps "$sched" --steps=0
 expect worker tensors "$sched" --tensors=0
+expect worker gradients "$sched" --gradients=bogus
 expect worker request_timeout_ms "$sched" --request_timeout_ms=0
 expect worker register_timeout_ms "$sched" --register_timeout_ms=-5
 expect worker topk_fraction "$sched" --topk_fraction=2
