@@ -11,9 +11,9 @@
 // No thread waits for the order: the thread that completes the missing job runs the stages
 // that were waiting for it.
 //
-// Ownership and threads: Worker::Impl owns the pool; Start starts the threads, Stop closes
-// the queue (later posts are refused: the caller then runs or fails the job itself), lets
-// the threads finish every queued job and joins them. Thread-safe.
+// Ownership and threads: the runner (worker/run.h) owns its pools; Start starts the threads,
+// Stop closes the queue (later posts are refused: the caller then runs or fails the job
+// itself), lets the threads finish every queued job and joins them. Thread-safe.
 #ifndef ADAPS_WORKER_JOB_POOL_H_
 #define ADAPS_WORKER_JOB_POOL_H_
 

@@ -9,9 +9,11 @@
 //               (SendParts);
 //   answered  - each part's reply: a pull answer applied to the output (DecodePull, a pool
 //               thread), then PartDone on the I/O thread;
-//   retrying  - the last part of an attempt found parts that failed because their server
-//               went away (or a refused recompressed pull): the retry thread waits for the
-//               server's next incarnation, resynchronizes, and the op is sent again (Retry);
+//   retrying  - a slice whose server went away, as soon as its own push and pull finished
+//               (other slices' parts may still be out, and may be waiting for it through the
+//               other workers), or the last part of an attempt found failed parts (a refused
+//               recompressed pull, a stale step): the retry thread waits for the server's next
+//               incarnation, resynchronizes, and the slices are sent again (Retry);
 //   settled   - the future is ready (Settle, once: success, or the first error for good).
 // A part whose server went away (kUnavailable, from a server with an identity, which can
 // come back with its rank) is not reported: the retry thread learns the slice's parameters
