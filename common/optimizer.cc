@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/scatter.h"
 #include "common/status_macros.h"
 
 namespace adaps {
@@ -164,29 +165,6 @@ absl::Status SparseStepAllowed(const OptimizerConfig& c) {
   return absl::FailedPreconditionError("unknown optimizer");
 }
 
-namespace {
-
-// Calls step(i) for each element of `at` (ascending, scattered: a few percent of the slice,
-// each on its own cache line), with the gradient and parameter lines of the element
-// kPrefetchAhead further on requested in advance: the hardware prefetchers do not follow
-// irregular gaps, and the loop is otherwise a chain of cache misses.
-template <typename Step>
-void ForEachAt(absl::Span<const uint32_t> at, absl::Span<float> grad, absl::Span<float> p,
-               Step step) {
-  constexpr size_t kPrefetchAhead = 16;
-  const size_t n = at.size();
-  size_t j = 0;
-  for (; j + kPrefetchAhead < n; ++j) {
-    const uint32_t ahead = at[j + kPrefetchAhead];
-    __builtin_prefetch(grad.data() + ahead, 1);
-    __builtin_prefetch(p.data() + ahead, 1);
-    step(at[j]);
-  }
-  for (; j < n; ++j) step(at[j]);
-}
-
-}  // namespace
-
 void ApplyOptimizerAndClearAt(const OptimizerConfig& c, float grad_scale,
                               absl::Span<const uint32_t> at, absl::Span<float> grad,
                               absl::Span<float> p, OptimizerState& state) {
@@ -196,11 +174,17 @@ void ApplyOptimizerAndClearAt(const OptimizerConfig& c, float grad_scale,
   const float lr = c.learning_rate, wd = c.weight_decay;
   switch (c.kind) {
     case OptimizerKind::kSumOnly:
-      return ForEachAt(at, grad, p, [&](uint32_t i) { SumStep(g(i), p[i]); });
+      return ForEachScattered(
+          at.data(), at.size(), [&](size_t j) { SumStep(g(at[j]), p[at[j]]); }, grad.data(),
+          p.data());
     case OptimizerKind::kMean:
-      return ForEachAt(at, grad, p, [&](uint32_t i) { MeanStep(g(i), p[i]); });
+      return ForEachScattered(
+          at.data(), at.size(), [&](size_t j) { MeanStep(g(at[j]), p[at[j]]); }, grad.data(),
+          p.data());
     default:
-      return ForEachAt(at, grad, p, [&](uint32_t i) { SgdStep(lr, wd, g(i), p[i]); });
+      return ForEachScattered(
+          at.data(), at.size(), [&](size_t j) { SgdStep(lr, wd, g(at[j]), p[at[j]]); }, grad.data(),
+          p.data());
   }
 }
 

@@ -11,6 +11,7 @@
 #endif
 
 #include "absl/strings/str_cat.h"
+#include "common/scatter.h"
 #include "common/status_macros.h"
 #include "common/wire_internal.h"
 
@@ -71,20 +72,6 @@ float LoadF32(const uint8_t* p) {
   float f;
   std::memcpy(&f, p, 4);
   return f;
-}
-
-// Runs f(j) for j in [0, count), with the destination line of the element kScatterAhead
-// further on requested in advance: a sparse update's elements are scattered (a few percent of
-// the buffer, each on its own cache line, at gaps the hardware prefetchers do not follow).
-constexpr uint32_t kScatterAhead = 16;
-template <typename F>
-inline void Scatter(float* d, const uint32_t* ix, uint32_t count, F f) {
-  uint32_t j = 0;
-  for (; j + kScatterAhead < count; ++j) {
-    __builtin_prefetch(d + ix[j + kScatterAhead], 1);
-    f(j);
-  }
-  for (; j < count; ++j) f(j);
 }
 
 // Per-thread scratch of the decoders (kept between calls: a server adding push after push
@@ -355,12 +342,14 @@ absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span
       const float pos = factor * p.scale;
       const uint32_t* ix = idx.data();
       const uint8_t* ng = neg.data();
-      Scatter(d, ix, h.count, [&](uint32_t j) { d[ix[j]] += ng[j] ? -pos : pos; });
+      ForEachScattered(
+          ix, h.count, [&](size_t j) { d[ix[j]] += ng[j] ? -pos : pos; }, d);
       break;
     }
     case CompressorKind::kTopK:
-      Scatter(d, idx.data(), h.count,
-              [&](uint32_t j) { d[idx[j]] += factor * LoadF32(p.floats + 4 * j); });
+      ForEachScattered(
+          idx.data(), h.count, [&](size_t j) { d[idx[j]] += factor * LoadF32(p.floats + 4 * j); },
+          d);
       break;
     case CompressorKind::kSign: {
       const float a = factor * p.scale, b = factor * p.scale_neg;
@@ -478,7 +467,8 @@ absl::Status DecodeAssignCopy(absl::Span<const uint8_t> bytes, bool zero_rest,
   ADAPS_RETURN_IF_ERROR(Parse(bytes, &p, &idx, &neg));
   float* d = dst.data();
   if (zero_rest && !dst.empty()) std::memset(d, 0, dst.size() * sizeof(float));
-  Scatter(d, idx.data(), p.h.count, [&](uint32_t j) { d[idx[j]] = LoadF32(p.floats + 4 * j); });
+  ForEachScattered(
+      idx.data(), p.h.count, [&](size_t j) { d[idx[j]] = LoadF32(p.floats + 4 * j); }, d);
   if (!dst.empty() && copy.data() != dst.data()) {
     std::memcpy(copy.data(), d, dst.size() * sizeof(float));
   }

@@ -12,8 +12,8 @@ namespace {
 // Member `t`'s wire bytes for `grad` (its residue left pending), dense when the compressed
 // encoding would be larger than the dense one. Needs t.mu.
 // `sent` gets the elements it sends.
-absl::Status EncodeMember(Tensor& t, absl::Span<const float> grad, IndexCoding coding,
-                          bool flush, std::vector<uint8_t>* bytes, SentElements* sent)
+absl::Status EncodeMember(Tensor& t, absl::Span<const float> grad, IndexCoding coding, bool flush,
+                          std::vector<uint8_t>* bytes, SentElements* sent)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
   SliceState* residue = t.slices[0].residue.get();
   const SliceInfo whole{0, static_cast<uint32_t>(grad.size()), 0};
@@ -66,11 +66,11 @@ absl::StatusOr<std::vector<SharedBytes>> EncodeFusedPush(FusionBucket& b,
     if (m.t->spec.compression == Compression::kAdaComp) {
       table[i].bin_size = m.t->compressor->options().bin_size;
     }
-    status = EncodeMember(*m.t, grad.subspan(m.offset, m.length), coding, flush, &parts[i],
-                          &sent[i]);
+    status =
+        EncodeMember(*m.t, grad.subspan(m.offset, m.length), coding, flush, &parts[i], &sent[i]);
     if (!status.ok()) {
-      status = absl::Status(status.code(), absl::StrCat("gradient of '", m.t->spec.name,
-                                                        "': ", status.message()));
+      status = absl::Status(status.code(),
+                            absl::StrCat("gradient of '", m.t->spec.name, "': ", status.message()));
     }
   }
   auto bytes = std::make_shared<Bytes>();

@@ -12,18 +12,9 @@
 #include "worker/kinds.h"
 
 namespace adaps {
-namespace {
 
-std::future<absl::Status> ReadyStatus(absl::Status status) {
-  std::promise<absl::Status> p;
-  p.set_value(std::move(status));
-  return p.get_future();
-}
-
-}  // namespace
-
-FusionTable::FusionTable(const WorkerOptions& options, const RoleLog& log,
-                         Membership& membership, Runner& runner, WorkerMetrics& metrics)
+FusionTable::FusionTable(const WorkerOptions& options, const RoleLog& log, Membership& membership,
+                         Runner& runner, WorkerMetrics& metrics)
     : options_(options), log_(log), membership_(membership), runner_(runner), metrics_(metrics) {}
 
 bool FusionTable::Takes(const TensorSpec& spec, uint64_t length) const {
@@ -92,8 +83,8 @@ absl::StatusOr<FusionBucket*> FusionTable::OpenBucket(const Tensor& t) {
     return nullptr;
   }
   const msg::Slice* s = layout->slices()->Get(0);
-  ADAPS_RET_CHECK(s->server() >= 0 && s->server() < membership_.num_servers(), absl::StatusCode::kDataLoss,
-                  "bad slice in the tensor layout");
+  ADAPS_RET_CHECK(s->server() >= 0 && s->server() < membership_.num_servers(),
+                  absl::StatusCode::kDataLoss, "bad slice in the tensor layout");
   in.tensor_id = layout->tensor_id();
   ADAPS_ASSIGN_OR_RETURN(uint64_t key, SliceKey(in.tensor_id, 0));
   in.meta.push_back(SliceMeta{SliceInfo{0, 0, s->server()}, key});
@@ -110,7 +101,7 @@ absl::StatusOr<FusionBucket*> FusionTable::OpenBucket(const Tensor& t) {
 }
 
 absl::StatusOr<std::unique_ptr<Tensor>> FusionTable::NewMember(const TensorSpec& spec,
-                                                                uint64_t length) {
+                                                               uint64_t length) {
   ADAPS_ASSIGN_OR_RETURN(auto compressor, MakeTensorCompressor(spec));
   auto t = std::make_unique<Tensor>();
   t->spec = spec;
@@ -140,11 +131,10 @@ absl::Status FusionTable::Declare(Tensor& t, absl::Span<float> values, bool* fus
       [&](flatbuffers::FlatBufferBuilder& fbb) {
         std::vector<msg::Segment> segs;
         for (const WireSegment& seg : table) segs.emplace_back(seg.length, seg.bin_size);
-        return msg::CreateDeclareSlice(fbb, m.key, fbb.CreateString(in.spec.name),
-                                       kFusionCapacity, 1, membership_.rank() == 0,
-                                       fbb.CreateString(membership_.Secret()),
-                                       fbb.CreateVectorOfStructs(segs),
-                                       WirePullFormat(in.spec.pull));
+        return msg::CreateDeclareSlice(
+            fbb, m.key, fbb.CreateString(in.spec.name), kFusionCapacity, 1, membership_.rank() == 0,
+            fbb.CreateString(membership_.Secret()), fbb.CreateVectorOfStructs(segs),
+            WirePullFormat(in.spec.pull));
       },
       init));
   if (!membership_.rejoined()) ADAPS_RETURN_IF_ERROR(membership_.Barrier());
@@ -188,7 +178,7 @@ absl::Status FusionTable::Declare(Tensor& t, absl::Span<float> values, bool* fus
 }
 
 std::future<absl::Status> FusionTable::Run(Tensor& member, absl::Span<const float> grad,
-                                                 absl::Span<float> out, bool push, bool pull) {
+                                           absl::Span<float> out, bool push, bool pull) {
   FusionBucket& b = *member.fused_into;
   const size_t i = member.fusion_index;
   std::shared_ptr<FusionBatch> batch;
@@ -198,7 +188,7 @@ std::future<absl::Status> FusionTable::Run(Tensor& member, absl::Span<const floa
     b.closed = true;
     const FusionBucket::Member& m = b.members[i];
     if (b.given > 0 && (b.push != push || b.pull != pull)) {
-      return ReadyStatus(absl::FailedPreconditionError(absl::StrCat(
+      return ReadyFuture(absl::FailedPreconditionError(absl::StrCat(
           "tensor '", member.spec.name, "' is fused with others (bucket ", b.internal.spec.name,
           ") that were given another operation in this step: give every member the same "
           "one (PushPull, Push or Pull)")));
@@ -216,7 +206,7 @@ std::future<absl::Status> FusionTable::Run(Tensor& member, absl::Span<const floa
     }
     FusionBatch& s = *b.staged;
     if (s.given[i]) {
-      return ReadyStatus(absl::FailedPreconditionError(absl::StrCat(
+      return ReadyFuture(absl::FailedPreconditionError(absl::StrCat(
           "tensor '", member.spec.name, "' was given again before its fusion bucket ",
           b.internal.spec.name, " was complete: every member must be given once per step")));
     }
@@ -236,16 +226,16 @@ std::future<absl::Status> FusionTable::Run(Tensor& member, absl::Span<const floa
     }
   }
   runner_.Run(b.internal, batch->grad, absl::MakeSpan(batch->out), push, pull,
-            [batch, &b, pull](const absl::Status& status) {
-              for (size_t k = 0; k < batch->promises.size(); ++k) {
-                if (status.ok() && pull) {
-                  const FusionBucket::Member& each = b.members[k];
-                  std::memcpy(batch->outs[k].data(), batch->out.data() + each.offset,
-                              uint64_t{each.length} * sizeof(float));
+              [batch, &b, pull](const absl::Status& status) {
+                for (size_t k = 0; k < batch->promises.size(); ++k) {
+                  if (status.ok() && pull) {
+                    const FusionBucket::Member& each = b.members[k];
+                    std::memcpy(batch->outs[k].data(), batch->out.data() + each.offset,
+                                uint64_t{each.length} * sizeof(float));
+                  }
+                  batch->promises[k].set_value(status);
                 }
-                batch->promises[k].set_value(status);
-              }
-            });
+              });
   return future;
 }
 

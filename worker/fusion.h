@@ -58,15 +58,14 @@ class FusionTable {
   // Whether a tensor of `spec` and `length` elements is fused (when a bucket takes it).
   bool Takes(const TensorSpec& spec, uint64_t length) const;
   // A member's Tensor (spec, length, compressor and residue; no layout of its own yet).
-  static absl::StatusOr<std::unique_ptr<Tensor>> NewMember(const TensorSpec& spec,
-                                                           uint64_t length);
+  static absl::StatusOr<std::unique_ptr<Tensor>> NewMember(const TensorSpec& spec, uint64_t length);
   // Declares member `t` into the open bucket, creating one when needed, and pulls its starting
   // values into `values`; false in *fused when the tensor cannot be fused (fusion turned off:
   // it is then declared as usual).
   absl::Status Declare(Tensor& t, absl::Span<float> values, bool* fused);
   // A member's Run: staged until every member of its bucket was given for this step.
-  std::future<absl::Status> Run(Tensor& member, absl::Span<const float> grad,
-                                absl::Span<float> out, bool push, bool pull);
+  std::future<absl::Status> Run(Tensor& member, absl::Span<const float> grad, absl::Span<float> out,
+                                bool push, bool pull);
   // Worker::CloseFusionBuckets: later tensors go to new buckets.
   void Close();
   // I/O thread timer: fails the staged members of buckets incomplete past their deadline.

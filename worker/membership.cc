@@ -2,8 +2,6 @@
 // shutdowns, the requests every part of the worker makes, and stopping the transport.
 #include "worker/membership.h"
 
-#include <cmath>
-
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -117,8 +115,7 @@ absl::Status Membership::Barrier() {
   absl::Status st = Call(cluster_->scheduler_peer(), fbb, body, nullptr, deadline).status();
   if (!st.ok()) {
     st = absl::Status(st.code(), absl::StrCat("barrier (every worker must reach it within ",
-                                              absl::FormatDuration(deadline), "): ",
-                                              st.message()));
+                                              absl::FormatDuration(deadline), "): ", st.message()));
   }
   return st;
 }

@@ -37,8 +37,7 @@ namespace adaps {
 class Membership {
  public:
   // `residue_norm` (the heartbeat reports it) is called on the I/O thread.
-  Membership(const WorkerOptions& options, RoleLog& log,
-             std::function<float()> residue_norm);
+  Membership(const WorkerOptions& options, RoleLog& log, std::function<float()> residue_norm);
   Membership(const Membership&) = delete;
   Membership& operator=(const Membership&) = delete;
 
@@ -127,11 +126,10 @@ absl::StatusOr<InMessage> Membership::Call(int peer, flatbuffers::FlatBufferBuil
   const uint64_t id = transport_->NewRequestId();
   auto promise = std::make_shared<std::promise<absl::StatusOr<InMessage>>>();
   auto future = promise->get_future();
-  transport_->Request(peer, id,
-                      FinishEnvelope(fbb, transport_->self(), body, id, 0, std::move(payload)),
-                      absl::Now() + timeout, [promise](absl::StatusOr<InMessage> reply) {
-                        promise->set_value(std::move(reply));
-                      });
+  transport_->Request(
+      peer, id, FinishEnvelope(fbb, transport_->self(), body, id, 0, std::move(payload)),
+      absl::Now() + timeout,
+      [promise](absl::StatusOr<InMessage> reply) { promise->set_value(std::move(reply)); });
   // The transport answers every request by its deadline; the margin only guards a bug.
   if (future.wait_for(std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout) + 5000)) !=
       std::future_status::ready) {

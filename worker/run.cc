@@ -46,15 +46,14 @@ void Runner::Stop() {
 // Blocking dense pulls of `slices` at their current version; called with no lock held.
 absl::StatusOr<std::vector<InMessage>> Runner::PullDense(const Tensor& t,
                                                          const std::vector<size_t>& slices,
-                                                         const char* why,
-                                                         msg::PullFormat format) {
+                                                         const char* why, msg::PullFormat format) {
   std::vector<InMessage> out;
   for (size_t i : slices) {
     const SliceMeta& m = t.meta[i];
     flatbuffers::FlatBufferBuilder b(128);
     auto p = msg::CreatePullRequest(b, m.key, 0, 0, format);
-    ADAPS_ASSIGN_OR_RETURN(InMessage r, membership_.Call(links_.Peer(m.info.server), b, p,
-                                                         nullptr, options_.request_timeout));
+    ADAPS_ASSIGN_OR_RETURN(InMessage r, membership_.Call(links_.Peer(m.info.server), b, p, nullptr,
+                                                         options_.request_timeout));
     ADAPS_RET_CHECK(r.envelope()->body_as_PullResponse() != nullptr &&
                         r.payload().size() == uint64_t{m.info.length} * sizeof(float),
                     absl::StatusCode::kDataLoss, absl::StrCat("bad ", why));
@@ -82,9 +81,9 @@ absl::Status Runner::ResyncSlices(Tensor& t, const std::vector<size_t>& slices) 
     links_.Peer(t.meta[i].info.server, &incarnation);
     incarnations.push_back(incarnation);
   }
-  ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls,
-                         PullDense(t, slices, "pull while resynchronizing",
-                                      ReplicaFormat(t.spec.pull)));
+  ADAPS_ASSIGN_OR_RETURN(
+      std::vector<InMessage> pulls,
+      PullDense(t, slices, "pull while resynchronizing", ReplicaFormat(t.spec.pull)));
   absl::MutexLock lock(&t.mu);
   for (size_t k = 0; k < slices.size(); ++k) {
     SliceRt& rt = t.slices[slices[k]];
@@ -105,7 +104,7 @@ absl::Status Runner::ResyncSlices(Tensor& t, const std::vector<size_t>& slices) 
 }
 
 absl::Status Runner::ResyncWithin(Tensor& t, const std::vector<size_t>& slices,
-                                        absl::Time deadline) {
+                                  absl::Time deadline) {
   while (true) {
     absl::Status s = ResyncSlices(t, slices);
     if (s.code() != absl::StatusCode::kUnavailable || absl::Now() >= deadline) return s;
@@ -115,9 +114,10 @@ absl::Status Runner::ResyncWithin(Tensor& t, const std::vector<size_t>& slices,
   }
 }
 
-std::future<absl::Status> Runner::Run(
-    Tensor& t, absl::Span<const float> grad, absl::Span<float> out, bool push, bool pull,
-    std::function<void(const absl::Status&)> on_done, bool flush) {
+std::future<absl::Status> Runner::Run(Tensor& t, absl::Span<const float> grad,
+                                      absl::Span<float> out, bool push, bool pull,
+                                      std::function<void(const absl::Status&)> on_done,
+                                      bool flush) {
   auto op = std::make_shared<RunOp>(&t, push, pull, out, flush);
   op->on_done = std::move(on_done);
   auto future = op->promise.get_future();
@@ -129,8 +129,7 @@ std::future<absl::Status> Runner::Run(
   return future;
 }
 
-JobPool::Job Runner::PrepareRun(const std::shared_ptr<RunOp>& op,
-                                      absl::Span<const float> grad) {
+JobPool::Job Runner::PrepareRun(const std::shared_ptr<RunOp>& op, absl::Span<const float> grad) {
   auto fail = [op](absl::Status s) -> JobPool::Job {
     return [op, s] { Fulfil(*op, s); };
   };
@@ -237,14 +236,14 @@ void Runner::SendPush(const std::shared_ptr<RunOp>& op, size_t i, int peer) {
   t.traffic.push_wire_bytes += msg.header.size() + op->encoded[i]->size();
   t.traffic.push_dense_bytes += uint64_t{m.info.length} * sizeof(float);
   transport_.Request(peer, id, std::move(msg), absl::Now() + options_.request_timeout,
-                      [this, op, i](absl::StatusOr<InMessage> reply) {
-                        absl::Status st = reply.status();
-                        if (!st.ok()) {
-                          st = absl::Status(st.code(), absl::StrCat("push of '", op->t->spec.name,
-                                                                    "': ", st.message()));
-                        }
-                        PartDone(op, i, /*pull_part=*/false, st);
-                      });
+                     [this, op, i](absl::StatusOr<InMessage> reply) {
+                       absl::Status st = reply.status();
+                       if (!st.ok()) {
+                         st = absl::Status(st.code(), absl::StrCat("push of '", op->t->spec.name,
+                                                                   "': ", st.message()));
+                       }
+                       PartDone(op, i, /*pull_part=*/false, st);
+                     });
 }
 
 void Runner::SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer) {
@@ -295,7 +294,7 @@ void Runner::SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer) {
 }
 
 void Runner::DecodePull(const std::shared_ptr<RunOp>& op, size_t i, const InMessage& reply,
-                              size_t request_bytes, uint64_t step) {
+                        size_t request_bytes, uint64_t step) {
   {
     absl::MutexLock lock(&op->mu);
     // (A failure from now on leaves the promise to EndWrite.)
@@ -356,24 +355,22 @@ void Runner::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pull_part
       Settle(*op, status);
     }
     --part.in_flight;
-    if (--op->outstanding > 0 && !op->finished && part.in_flight == 0 &&
-        part.error.code() == absl::StatusCode::kUnavailable) {
-      // This slice's server went away while other slices' parts are still out: it is retried
-      // now, not after them. They may be waiting for it: a pull held by another server until
-      // every worker pushed this step, while another worker waits (on this restarted server)
-      // for the push this retry sends. The retry holds one count of `outstanding` until it
-      // sent again (ReleaseHold).
+    const bool last = --op->outstanding == 0;
+    // This slice's server went away while other slices' parts are still out: it is retried
+    // now, not after them. They may be waiting for it: a pull held by another server until
+    // every worker pushed this step, while another worker waits (on this restarted server)
+    // for the push this retry sends. The retry holds one count of `outstanding` until it
+    // sent again (ReleaseHold).
+    const bool early =
+        !last && part.in_flight == 0 && part.error.code() == absl::StatusCode::kUnavailable;
+    if (op->finished || (!last && !early)) return;
+    if (op->retry_until == absl::InfiniteFuture()) {
+      op->retry_until = absl::Now() + options_.request_timeout;
+    }
+    retry_until = op->retry_until;
+    if (early) {
       ++op->outstanding;
-      if (op->retry_until == absl::InfiniteFuture()) {
-        op->retry_until = absl::Now() + options_.request_timeout;
-      }
       slice_error = part.error;
-    } else {
-      if (op->outstanding > 0 || op->finished) return;
-      if (op->retry_until == absl::InfiniteFuture()) {
-        op->retry_until = absl::Now() + options_.request_timeout;
-      }
-      retry_until = op->retry_until;
     }
   }
   if (!slice_error.ok()) {
@@ -440,8 +437,7 @@ void Runner::Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices,
     }
     // A refused stale step needs no wait: the server is back already.
     if (part.error.code() != absl::StatusCode::kUnavailable) continue;
-    if (!links_.WaitForNewIncarnation(op->t->meta[i].info.server, part.sent_incarnation,
-                                       until)) {
+    if (!links_.WaitForNewIncarnation(op->t->meta[i].info.server, part.sent_incarnation, until)) {
       if (auto s = membership_.CheckRunning(); !s.ok()) return Fulfil(*op, s);
       return Fulfil(*op, absl::Status(why.code(),
                                       absl::StrCat(why.message(), " (the server did not come "

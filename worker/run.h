@@ -2,7 +2,7 @@
 // push and/or pull) from the caller to its future, surviving a server restart.
 //
 // Each Run is a RunOp (worker/tensor.h) that goes through these stages:
-//   queued    - posted to the compression pool in call order (RunTensor);
+//   queued    - posted to the compression pool in call order (Run);
 //   prepared  - stale slices resynchronized, the push encoded, residues committed
 //               (PrepareRun, a pool thread; the caller with no pool);
 //   sent      - every slice's push and/or pull part handed to the transport, in call order
@@ -106,8 +106,7 @@ class Runner {
   // One part finished (I/O thread; the sending thread once the transport stopped); the last
   // one ends the attempt (EndAttempt: settled, or retrying). A slice whose server went away
   // is retried as soon as its own parts finished, while other slices' parts are still out.
-  void PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pull_part,
-                absl::Status status);
+  void PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pull_part, absl::Status status);
   void EndAttempt(const std::shared_ptr<RunOp>& op, absl::Time retry_until);
   // An early retry sent again: gives back the count of `outstanding` it held.
   void ReleaseHold(const std::shared_ptr<RunOp>& op);

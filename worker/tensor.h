@@ -19,6 +19,7 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -159,6 +160,13 @@ inline void EndWrite(RunOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op.mu) {
     if (op.on_done) op.on_done(*op.deferred);
     op.deferred.reset();
   }
+}
+
+// A future that is ready with `status` (an operation refused before it started).
+inline std::future<absl::Status> ReadyFuture(absl::Status status) {
+  std::promise<absl::Status> p;
+  p.set_value(std::move(status));
+  return p.get_future();
 }
 
 // Decides the outcome of `op` (op.mu held; the first call wins): sets the promise, or

@@ -17,15 +17,6 @@
 #include "worker/residue_file.h"
 
 namespace adaps {
-namespace {
-
-std::future<absl::Status> Ready(absl::Status status) {
-  std::promise<absl::Status> p;
-  p.set_value(std::move(status));
-  return p.get_future();
-}
-
-}  // namespace
 
 Worker::Impl::Impl(const WorkerOptions& options)
     : options_(options),
@@ -48,13 +39,11 @@ absl::Status Worker::Impl::Init() {
   ADAPS_RETURN_IF_ERROR(StartMetrics());
   membership_ = std::make_unique<Membership>(options_, log_, [this] { return ResidueNorm(); });
   runner_ = std::make_unique<Runner>(options_, log_, *membership_, *worker_metrics_);
-  fusion_ = std::make_unique<FusionTable>(options_, log_, *membership_, *runner_,
-                                          *worker_metrics_);
+  fusion_ = std::make_unique<FusionTable>(options_, log_, *membership_, *runner_, *worker_metrics_);
   Transport& transport = membership_->transport();
   if (options_.metrics_port >= 0) {
-    transport.AddTimer(absl::Milliseconds(500), [this] {
-      worker_metrics_->Tick(membership_->transport().stats());
-    });
+    transport.AddTimer(absl::Milliseconds(500),
+                       [this] { worker_metrics_->Tick(membership_->transport().stats()); });
   }
   if (options_.fusion_threshold_bytes > 0) {
     transport.AddTimer(absl::Milliseconds(100), [this] { fusion_->Expire(); });
@@ -130,8 +119,8 @@ absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewTensor(const TensorSpec
   uint64_t covered = 0;
   for (uint32_t i = 0; i < layout->slices()->size(); ++i) {
     const msg::Slice* s = layout->slices()->Get(i);
-    ADAPS_RET_CHECK(s->offset() == covered && s->server() >= 0 && s->server() < membership_->num_servers() &&
-                        s->length() > 0,
+    ADAPS_RET_CHECK(s->offset() == covered && s->server() >= 0 &&
+                        s->server() < membership_->num_servers() && s->length() > 0,
                     absl::StatusCode::kDataLoss, "bad slice in the tensor layout");
     covered += s->length();
     ADAPS_ASSIGN_OR_RETURN(uint64_t key, SliceKey(tensor->tensor_id, i));
@@ -155,10 +144,9 @@ absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
     ADAPS_RETURN_IF_ERROR(membership_->CallServerResuming(
         m.info.server,
         [&](flatbuffers::FlatBufferBuilder& fbb) {
-          return msg::CreateDeclareSlice(fbb, m.key, fbb.CreateString(t.spec.name),
-                                         m.info.length, t.spec.bin_size, rank == 0,
-                                         fbb.CreateString(membership_->Secret()), 0,
-                                         WirePullFormat(t.spec.pull));
+          return msg::CreateDeclareSlice(
+              fbb, m.key, fbb.CreateString(t.spec.name), m.info.length, t.spec.bin_size, rank == 0,
+              fbb.CreateString(membership_->Secret()), 0, WirePullFormat(t.spec.pull));
         },
         init));
   }
@@ -226,14 +214,13 @@ absl::Status Worker::Impl::Declare(const TensorSpec& spec, absl::Span<float> val
 
 std::future<absl::Status> Worker::Impl::Run(absl::string_view name, absl::Span<const float> grad,
                                             absl::Span<float> out, bool push, bool pull) {
-  if (auto s = membership_->CheckRunning(); !s.ok()) return Ready(s);
+  if (auto s = membership_->CheckRunning(); !s.ok()) return ReadyFuture(s);
   auto found = Find(name);
-  if (!found.ok()) return Ready(found.status());
+  if (!found.ok()) return ReadyFuture(found.status());
   Tensor& t = **found;
   if ((push && grad.size() != t.length) || (pull && out.size() != t.length)) {
-    return Ready(absl::InvalidArgumentError(
-        absl::StrCat("tensor '", name, "' has ", t.length, " elements; got ",
-                     push ? grad.size() : out.size())));
+    return ReadyFuture(absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "' has ", t.length, " elements; got ", push ? grad.size() : out.size())));
   }
   if (t.fused_into != nullptr) return fusion_->Run(t, grad, out, push, pull);
   return runner_->Run(t, grad, out, push, pull, nullptr);
@@ -403,8 +390,8 @@ absl::Status Worker::Impl::Leave() {
   std::vector<std::future<absl::Status>> pushes;
   for (size_t i = 0; i < targets.size(); ++i) {
     zeros[i].assign(targets[i]->length, 0.0f);
-    pushes.push_back(runner_->Run(*targets[i], zeros[i], {}, /*push=*/true, /*pull=*/false,
-                                  nullptr, /*flush=*/true));
+    pushes.push_back(runner_->Run(*targets[i], zeros[i], {}, /*push=*/true, /*pull=*/false, nullptr,
+                                  /*flush=*/true));
   }
   absl::Status flushed;
   for (size_t i = 0; i < pushes.size(); ++i) {
@@ -444,13 +431,15 @@ void Worker::Impl::CloseFusionBuckets() { fusion_->Close(); }
 absl::Status Worker::Impl::SetHyper(const std::vector<std::pair<std::string, double>>& params) {
   ADAPS_RETURN_IF_ERROR(membership_->CheckRunning());
   for (int s = 0; s < membership_->num_servers(); ++s) {
-    ADAPS_RETURN_IF_ERROR(membership_->CallServerResuming(s, [&](flatbuffers::FlatBufferBuilder& fbb) {
-      std::vector<flatbuffers::Offset<msg::HyperParam>> ps;
-      for (const auto& [n, v] : params) {
-        ps.push_back(msg::CreateHyperParam(fbb, fbb.CreateString(n), v));
-      }
-      return msg::CreateSetHyper(fbb, fbb.CreateVector(ps), fbb.CreateString(membership_->Secret()));
-    }));
+    ADAPS_RETURN_IF_ERROR(
+        membership_->CallServerResuming(s, [&](flatbuffers::FlatBufferBuilder& fbb) {
+          std::vector<flatbuffers::Offset<msg::HyperParam>> ps;
+          for (const auto& [n, v] : params) {
+            ps.push_back(msg::CreateHyperParam(fbb, fbb.CreateString(n), v));
+          }
+          return msg::CreateSetHyper(fbb, fbb.CreateVector(ps),
+                                     fbb.CreateString(membership_->Secret()));
+        }));
   }
   return absl::OkStatus();
 }
@@ -458,9 +447,11 @@ absl::Status Worker::Impl::SetHyper(const std::vector<std::pair<std::string, dou
 absl::Status Worker::Impl::Checkpoint(const std::string& directory) {
   ADAPS_RETURN_IF_ERROR(membership_->CheckRunning());
   for (int s = 0; s < membership_->num_servers(); ++s) {
-    ADAPS_RETURN_IF_ERROR(membership_->CallServerResuming(s, [&](flatbuffers::FlatBufferBuilder& fbb) {
-      return msg::CreateCheckpoint(fbb, fbb.CreateString(directory), fbb.CreateString(membership_->Secret()));
-    }));
+    ADAPS_RETURN_IF_ERROR(
+        membership_->CallServerResuming(s, [&](flatbuffers::FlatBufferBuilder& fbb) {
+          return msg::CreateCheckpoint(fbb, fbb.CreateString(directory),
+                                       fbb.CreateString(membership_->Secret()));
+        }));
   }
   if (directory.empty()) return absl::OkStatus();
   std::error_code error;
@@ -469,7 +460,8 @@ absl::Status Worker::Impl::Checkpoint(const std::string& directory) {
 }
 
 std::string Worker::Impl::ResidueCheckpointPath(const std::string& directory) const {
-  std::string who = options_.identity.empty() ? absl::StrCat("r", membership_->rank()) : options_.identity;
+  std::string who =
+      options_.identity.empty() ? absl::StrCat("r", membership_->rank()) : options_.identity;
   for (char& c : who) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' &&
         c != '.') {

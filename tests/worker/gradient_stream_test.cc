@@ -69,7 +69,7 @@ TEST(GradientStream, WorkersOfOneModelShareTheirLargeCoordinates) {
   other_model.noise_seed = 12;
   const std::vector<size_t> l0 = Largest(w0, 4, k), l1 = Largest(w1, 4, k);
   const std::vector<size_t> lo = Largest(other_model, 4, k);
-  EXPECT_GT(Common(l0, l1), k / 2);  // the same model's heavy coordinates (59% here)
+  EXPECT_GT(Common(l0, l1), k / 2);   // the same model's heavy coordinates (59% here)
   EXPECT_LT(Common(l0, lo), k / 10);  // chance overlap only
 }
 

@@ -26,7 +26,7 @@ ABSL_FLAG(int, steps, 20, "synthetic: timed steps");
 ABSL_FLAG(int, warmup, 2, "synthetic: untimed steps first");
 ABSL_FLAG(std::string, gradients, "stream",
           "synthetic: stream (realistic: heavy-tailed, shared by the workers, AdaComp sends "
-          "about 1% at bin 500) or uniform (every element alike: about 10% sent)");
+          "about 1% at bin 500) or uniform (every element alike: 4.5-10% sent)");
 ABSL_FLAG(int, backward_ms, 0,
           "synthetic: sleep this long before each layer's push (an accelerator's backward pass)");
 ABSL_FLAG(std::string, compressor, "adacomp", "dense, adacomp, topk or sign");

@@ -200,8 +200,7 @@ void PrintSummary(Worker& worker, const SyntheticConfig& config, const TrafficCo
       (push_dense + pull_dense) / step_s / 1e9, (push_wire + pull_wire) / step_s / 1e9,
       (push_dense + pull_dense) * worker.num_workers() / step_s / 1e9, timed.compress / steps,
       timed.rest() / steps, timed.decode / steps, timed.server / steps, timed.calls / steps,
-      static_cast<unsigned long long>(after.pulls_answered_sparse -
-                                      before.pulls_answered_sparse),
+      static_cast<unsigned long long>(after.pulls_answered_sparse - before.pulls_answered_sparse),
       static_cast<unsigned long long>(after.pulls_answered_forwarded -
                                       before.pulls_answered_forwarded),
       static_cast<unsigned long long>(after.pulls_answered_dense - before.pulls_answered_dense));
@@ -238,8 +237,10 @@ absl::Status RunSynthetic(Worker& worker, const SyntheticConfig& config) {
     }
   }
   ADAPS_ASSIGN_OR_RETURN(TrafficCounters after, Totals(worker, m));
-  ADAPS_ASSIGN_OR_RETURN(double density, LastDensity(worker, m, config.total_params));
-  if (print) PrintSummary(worker, config, before, after, timed, density);
+  if (print) {
+    ADAPS_ASSIGN_OR_RETURN(double density, LastDensity(worker, m, config.total_params));
+    PrintSummary(worker, config, before, after, timed, density);
+  }
   return absl::OkStatus();
 }
 
