@@ -24,7 +24,7 @@ recipe() {
 server_recipe=$(recipe server)
 worker_recipe=$(recipe worker)
 echo "run-local: setting up and building (log: /tmp/adaps-build.log)"
-bash deploy/build.sh adaps-scheduler adaps-server adaps-worker adaps_python >/tmp/adaps-build.log 2>&1 || { tail -50 /tmp/adaps-build.log; exit 1; }
+bash deploy/build.sh adaps-scheduler adaps-server adaps-worker >/tmp/adaps-build.log 2>&1 || { tail -50 /tmp/adaps-build.log; exit 1; }
 # shellcheck disable=SC2086  # the recipe is words
 exec bash deploy/launch.sh --servers 2 --workers 4 --bin "${ADAPS_BUILD_DIR:-build}" \
   --scheduler-args "--log_level=warn" \
