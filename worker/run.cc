@@ -14,7 +14,7 @@ namespace {
 
 void Fulfil(RunOp& op, const absl::Status& status) {
   absl::MutexLock lock(&op.mu);
-  Settle(op, status);
+  op.Settle(status);
 }
 
 }  // namespace
@@ -154,6 +154,8 @@ JobPool::Job Runner::PrepareRun(const std::shared_ptr<RunOp>& op, absl::Span<con
       ++t.traffic.pushes;
     }
     if (op->pull) ++t.traffic.pulls;
+    absl::MutexLock op_lock(&op->mu);
+    op->Advance(RunStage::kPrepared);
   }
   return [this, op, started] {
     Tensor& t = *op->t;
@@ -186,6 +188,7 @@ void Runner::SendParts(const std::shared_ptr<RunOp>& op, const std::vector<size_
   }
   {
     absl::MutexLock op_lock(&op->mu);
+    op->Advance(RunStage::kSent);
     for (Send& send : sends) {
       const size_t i = send.slice;
       const uint64_t incarnation = send.incarnation;
@@ -276,7 +279,7 @@ void Runner::SendPull(const std::shared_ptr<RunOp>& op, size_t i, int peer) {
         ADAPS_DCHECK_ON_IO_THREAD(&transport_);
         {
           absl::MutexLock lock(&op->mu);
-          if (op->finished) {  // failed already: leave `out` alone
+          if (op->Decided()) {  // failed already: leave `out` alone
             --op->outstanding;
             return;
           }
@@ -298,7 +301,7 @@ void Runner::DecodePull(const std::shared_ptr<RunOp>& op, size_t i, const InMess
   {
     absl::MutexLock lock(&op->mu);
     // (A failure from now on leaves the promise to EndWrite.)
-    if (!BeginWrite(*op)) {  // failed meanwhile: leave `out` alone
+    if (!op->BeginWrite()) {  // failed meanwhile: leave `out` alone
       --op->outstanding;
       return;
     }
@@ -315,7 +318,7 @@ void Runner::DecodePull(const std::shared_ptr<RunOp>& op, size_t i, const InMess
   });
   {
     absl::MutexLock lock(&op->mu);
-    EndWrite(*op);
+    op->EndWrite();
   }
   PartDone(op, i, true, std::move(status));
 }
@@ -350,9 +353,9 @@ void Runner::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pull_part
     RunOp::Part& part = op->parts[i];
     if (!pull_part && status.ok()) part.pushed = true;
     if (!status.ok() && part.error.ok()) part.error = status;
-    if (!retryable && !op->finished) {
+    if (!retryable) {
       // Fail at once (not after the other parts' deadlines), and never touch `out` again.
-      Settle(*op, status);
+      op->Settle(status);
     }
     --part.in_flight;
     const bool last = --op->outstanding == 0;
@@ -363,7 +366,7 @@ void Runner::PartDone(const std::shared_ptr<RunOp>& op, size_t i, bool pull_part
     // sent again (ReleaseHold).
     const bool early =
         !last && part.in_flight == 0 && part.error.code() == absl::StatusCode::kUnavailable;
-    if (op->finished || (!last && !early)) return;
+    if (op->Decided() || (!last && !early)) return;
     if (op->retry_until == absl::InfiniteFuture()) {
       op->retry_until = absl::Now() + options_.request_timeout;
     }
@@ -389,7 +392,7 @@ void Runner::ReleaseHold(const std::shared_ptr<RunOp>& op) {
   absl::Time retry_until;
   {
     absl::MutexLock lock(&op->mu);
-    if (--op->outstanding > 0 || op->finished) return;
+    if (--op->outstanding > 0 || op->Decided()) return;
     retry_until = op->retry_until;
   }
   EndAttempt(op, retry_until);
@@ -406,9 +409,10 @@ void Runner::EndAttempt(const std::shared_ptr<RunOp>& op, absl::Time retry_until
       failed.push_back(k);
       if (first.ok()) first = op->parts[k].error;
     }
+    if (failed.empty()) return op->Settle(absl::OkStatus());
+    if (absl::Now() >= retry_until) return op->Settle(first);
+    op->Advance(RunStage::kRetrying);
   }
-  if (failed.empty()) return Fulfil(*op, absl::OkStatus());
-  if (absl::Now() >= retry_until) return Fulfil(*op, first);
   if (first.code() == absl::StatusCode::kAborted) {
     log_.get()->info("tensor '{}': {}; taking the published replica again", op->t->spec.name,
                      std::string(first.message()));

@@ -1,20 +1,22 @@
 // Internal to the worker library: the runner, the path of one operation (a Run: a tensor's
 // push and/or pull) from the caller to its future, surviving a server restart.
 //
-// Each Run is a RunOp (worker/tensor.h) that goes through these stages:
+// Each Run is a RunOp (worker/tensor.h) whose stage (RunStage, RunOp::Advance) is one of:
 //   queued    - posted to the compression pool in call order (Run);
 //   prepared  - stale slices resynchronized, the push encoded, residues committed
 //               (PrepareRun, a pool thread; the caller with no pool);
 //   sent      - every slice's push and/or pull part handed to the transport, in call order
-//               (SendParts);
-//   answered  - each part's reply: a pull answer applied to the output (DecodePull, a pool
-//               thread), then PartDone on the I/O thread;
-//   retrying  - a slice whose server went away, as soon as its own push and pull finished
-//               (other slices' parts may still be out, and may be waiting for it through the
-//               other workers), or the last part of an attempt found failed parts (a refused
+//               (SendParts). Each part's reply: a pull answer applied to the output
+//               (DecodePull, a pool thread, a writer of `out`), then PartDone on the I/O
+//               thread. A slice whose server went away is sent again as soon as its own
+//               push and pull finished, while other slices' parts are still out (they may be
+//               waiting for it through the other workers): still sent;
+//   retrying  - the last part of an attempt found failed parts (a server gone, a refused
 //               recompressed pull, a stale step): the retry thread waits for the server's next
-//               incarnation, resynchronizes, and the slices are sent again (Retry);
-//   settled   - the future is ready (Settle, once: success, or the first error for good).
+//               incarnation, resynchronizes, and sends the failed slices again (Retry): sent;
+//   decided   - the outcome is known (success, or the first error for good) while pull answers
+//               are still being written into `out`: no new write starts;
+//   settled   - the future is ready (RunOp::Settle, or the last writer's RunOp::EndWrite).
 // A part whose server went away (kUnavailable, from a server with an identity, which can
 // come back with its rank) is not reported: the retry thread learns the slice's parameters
 // from the restored shard and sends the same encoded update again, for the same step: a

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "common/transport.h"
 #include "worker/kinds.h"
 
 namespace adaps {
@@ -213,6 +214,62 @@ absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
   }
   rt.replica_version = resp.version();
   return absl::OkStatus();
+}
+
+const char* RunStageName(RunStage stage) {
+  switch (stage) {
+    case RunStage::kQueued:
+      return "queued";
+    case RunStage::kPrepared:
+      return "prepared";
+    case RunStage::kSent:
+      return "sent";
+    case RunStage::kRetrying:
+      return "retrying";
+    case RunStage::kDecided:
+      return "decided";
+    case RunStage::kSettled:
+      return "settled";
+  }
+  return "unknown";
+}
+
+void RunOp::Advance(RunStage to) {
+  if (Decided()) return;
+  const bool in_order = (stage_ == RunStage::kQueued && to == RunStage::kPrepared) ||
+                        (stage_ == RunStage::kPrepared && to == RunStage::kSent) ||
+                        (stage_ == RunStage::kSent && to == RunStage::kRetrying) ||
+                        // sent again: a retried attempt, or one slice's early retry
+                        ((stage_ == RunStage::kRetrying || stage_ == RunStage::kSent) &&
+                         to == RunStage::kSent);
+  ADAPS_DCHECK(in_order, "a Run's stage moved out of order (worker/tensor.h, RunStage)");
+  stage_ = to;
+}
+
+void RunOp::Settle(const absl::Status& status) {
+  if (Decided()) return;
+  if (writing_ > 0) {
+    stage_ = RunStage::kDecided;
+    outcome_ = status;
+  } else {
+    SetPromise(status);
+  }
+}
+
+bool RunOp::BeginWrite() {
+  if (Decided()) return false;
+  ++writing_;
+  return true;
+}
+
+void RunOp::EndWrite() {
+  if (--writing_ == 0 && stage_ == RunStage::kDecided) SetPromise(outcome_);
+}
+
+void RunOp::SetPromise(const absl::Status& status) {
+  stage_ = RunStage::kSettled;
+  promise.set_value(status);
+  if (on_done) on_done(status);
 }
 
 }  // namespace adaps

@@ -18,7 +18,6 @@
 #include <functional>
 #include <future>
 #include <memory>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -101,6 +100,13 @@ struct Tensor {
   size_t fusion_index = 0;
 };
 
+// The stages of a Run, in order (worker/run.h says what each does and which thread runs it).
+// Sent and retrying alternate while failed slices are sent again; decided and settled are
+// the end: decided while pull answers are still being written into the caller's buffer,
+// settled once the promise is set.
+enum class RunStage : uint8_t { kQueued, kPrepared, kSent, kRetrying, kDecided, kSettled };
+const char* RunStageName(RunStage stage);
+
 // One Run (push and/or pull of every slice of a tensor) that outlives a server restart.
 // Each slice has a push part and a pull part; a part that failed because its server went
 // away (kUnavailable) is sent again, once the server came back and the slice resynchronized,
@@ -126,6 +132,22 @@ struct RunOp {
         out(dst),
         parts(tensor->meta.size()) {}
 
+  // The stage (mu held). Advance moves to the next one: prepared from queued, sent from
+  // prepared, retrying or sent again; a Run decided meanwhile stays where it is (a part that
+  // failed for good may decide it while a retry is being sent), and the ends are reached
+  // only through Settle and EndWrite. A move out of order is a bug: a debug assertion.
+  RunStage stage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stage_; }
+  bool Decided() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stage_ >= RunStage::kDecided; }
+  void Advance(RunStage to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Decides the outcome (the first call wins): settles at once, or, while pull answers are
+  // being written into `out`, leaves it to the last of those writers (EndWrite), so that a
+  // ready future never sees `out` written later.
+  void Settle(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // A writer of `out` (a pull answer being applied): BeginWrite is false once the outcome is
+  // decided (leave `out` alone); EndWrite settles an outcome decided meanwhile.
+  bool BeginWrite() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void EndWrite() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
   Tensor* const t;
   const bool push, pull;
   const bool flush;  // the push sends the residues, dense (Worker::Leave)
@@ -139,47 +161,20 @@ struct RunOp {
   absl::Time retry_until ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();  // first failure + timeout
   std::vector<Part> parts ABSL_GUARDED_BY(mu);
   int outstanding ABSL_GUARDED_BY(mu) = 0;
-  // The outcome is decided (no new write into `out` starts). The promise is set then, or,
-  // while pull answers are still being written into `out` (`writing`, on the compression
-  // pool), by the last of those writers: a ready future never sees `out` written later.
-  bool finished ABSL_GUARDED_BY(mu) = false;
-  int writing ABSL_GUARDED_BY(mu) = 0;
-  std::optional<absl::Status> deferred ABSL_GUARDED_BY(mu);
-};
 
-// A writer of `out` (a pull answer being applied): BeginWrite is false when the outcome
-// is decided already (leave `out` alone); EndWrite sets a promise Settle left to it.
-inline bool BeginWrite(RunOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op.mu) {
-  if (op.finished) return false;
-  ++op.writing;
-  return true;
-}
-inline void EndWrite(RunOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op.mu) {
-  if (--op.writing == 0 && op.deferred.has_value()) {
-    op.promise.set_value(*op.deferred);
-    if (op.on_done) op.on_done(*op.deferred);
-    op.deferred.reset();
-  }
-}
+ private:
+  void SetPromise(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  RunStage stage_ ABSL_GUARDED_BY(mu) = RunStage::kQueued;
+  int writing_ ABSL_GUARDED_BY(mu) = 0;  // pull answers being written into `out`
+  absl::Status outcome_ ABSL_GUARDED_BY(mu);  // decided, not yet settled
+};
 
 // A future that is ready with `status` (an operation refused before it started).
 inline std::future<absl::Status> ReadyFuture(absl::Status status) {
   std::promise<absl::Status> p;
   p.set_value(std::move(status));
   return p.get_future();
-}
-
-// Decides the outcome of `op` (op.mu held; the first call wins): sets the promise, or
-// leaves it to the last writer still writing into `out`.
-inline void Settle(RunOp& op, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op.mu) {
-  if (op.finished) return;
-  op.finished = true;
-  if (op.writing > 0) {
-    op.deferred = status;
-  } else {
-    op.promise.set_value(status);
-    if (op.on_done) op.on_done(status);
-  }
 }
 
 // The compressor a tensor's spec asks for (kind, bin size, Top-k fraction), checked:

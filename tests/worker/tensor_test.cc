@@ -32,31 +32,70 @@ class RunOutcome : public ::testing::Test {
 
 TEST_F(RunOutcome, AFailureDuringAWriteIsReportedWhenTheWriteEnds) {
   absl::MutexLock lock(&op_->mu);
-  ASSERT_TRUE(BeginWrite(*op_));
-  Settle(*op_, absl::DataLossError("the other slice"));
+  ASSERT_TRUE(op_->BeginWrite());
+  op_->Settle(absl::DataLossError("the other slice"));
   EXPECT_FALSE(IsReady(future_));
-  EXPECT_FALSE(BeginWrite(*op_));  // no new write starts once decided
-  EndWrite(*op_);
+  EXPECT_FALSE(op_->BeginWrite());  // no new write starts once decided
+  op_->EndWrite();
   ASSERT_TRUE(IsReady(future_));
   EXPECT_EQ(future_.get().code(), absl::StatusCode::kDataLoss);
 }
 
 TEST_F(RunOutcome, WithNoWriterTheOutcomeIsSetAtOnceAndTheFirstOneWins) {
   absl::MutexLock lock(&op_->mu);
-  Settle(*op_, absl::UnavailableError("first"));
-  Settle(*op_, absl::OkStatus());
+  op_->Settle(absl::UnavailableError("first"));
+  op_->Settle(absl::OkStatus());
   ASSERT_TRUE(IsReady(future_));
   EXPECT_EQ(future_.get().code(), absl::StatusCode::kUnavailable);
 }
 
+TEST_F(RunOutcome, TheStagesGoInOrderAndEndOnlyWithTheOutcome) {
+  absl::MutexLock lock(&op_->mu);
+  EXPECT_EQ(op_->stage(), RunStage::kQueued);
+  op_->Advance(RunStage::kPrepared);
+  op_->Advance(RunStage::kSent);
+  op_->Advance(RunStage::kSent);  // one slice sent again early
+  op_->Advance(RunStage::kRetrying);
+  op_->Advance(RunStage::kSent);
+  EXPECT_EQ(op_->stage(), RunStage::kSent);
+  ASSERT_TRUE(op_->BeginWrite());
+  op_->Settle(absl::OkStatus());
+  EXPECT_EQ(op_->stage(), RunStage::kDecided);
+  op_->Advance(RunStage::kRetrying);  // a retry that lost the race: stays decided
+  EXPECT_EQ(op_->stage(), RunStage::kDecided);
+  EXPECT_FALSE(IsReady(future_));
+  op_->EndWrite();
+  EXPECT_EQ(op_->stage(), RunStage::kSettled);
+  EXPECT_TRUE(IsReady(future_));
+  EXPECT_STREQ(RunStageName(op_->stage()), "settled");
+}
+
+#if !defined(NDEBUG) || defined(ADAPS_DCHECKS)
+TEST_F(RunOutcome, AStageOutOfOrderIsABug) {
+  EXPECT_DEATH(
+      {
+        absl::MutexLock lock(&op_->mu);
+        op_->Advance(RunStage::kSent);  // never prepared
+      },
+      "out of order");
+  EXPECT_DEATH(
+      {
+        absl::MutexLock lock(&op_->mu);
+        op_->Advance(RunStage::kPrepared);
+        op_->Advance(RunStage::kRetrying);  // never sent
+      },
+      "out of order");
+}
+#endif
+
 TEST_F(RunOutcome, TheLastOfTwoWritersSetsTheDeferredOutcome) {
   absl::MutexLock lock(&op_->mu);
-  ASSERT_TRUE(BeginWrite(*op_));
-  ASSERT_TRUE(BeginWrite(*op_));
-  Settle(*op_, absl::OkStatus());
-  EndWrite(*op_);
+  ASSERT_TRUE(op_->BeginWrite());
+  ASSERT_TRUE(op_->BeginWrite());
+  op_->Settle(absl::OkStatus());
+  op_->EndWrite();
   EXPECT_FALSE(IsReady(future_));
-  EndWrite(*op_);
+  op_->EndWrite();
   EXPECT_TRUE(IsReady(future_));
 }
 
