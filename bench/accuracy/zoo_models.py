@@ -52,6 +52,8 @@ FMNIST = "/usr/share/datasets/fashion-mnist"
 LICENSES = ["GPL-3", "Apache-2.0", "LGPL-3", "MPL-2.0", "GFDL-1.3", "Artistic", "GPL-2",
             "LGPL-2.1", "MPL-1.1", "CC0-1.0"]
 LICENSE_DIR = "/usr/share/common-licenses"
+# The language models' text: the licences above, or the files given to zoo.py --text.
+TEXT_FILES = [os.path.join(LICENSE_DIR, n) for n in LICENSES]
 
 
 def _read_idx(path):
@@ -79,8 +81,8 @@ def fashion_mnist(split):
 
 def license_text():
     parts = []
-    for n in LICENSES:
-        with open(os.path.join(LICENSE_DIR, n), encoding="utf-8", errors="replace") as f:
+    for path in TEXT_FILES:
+        with open(path, encoding="utf-8", errors="replace") as f:
             parts.append(f.read())
     return "\n".join(parts)
 

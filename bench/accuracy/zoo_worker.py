@@ -30,7 +30,11 @@ def main():
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--text", default=None,
+                    help="train the language models on this UTF-8 file instead of the licences")
     a = ap.parse_args()
+    if a.text:
+        zoo_models.TEXT_FILES = [a.text]
     if "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
