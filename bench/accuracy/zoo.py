@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The accuracy zoo: dense against AdaComp at the defaults a user gets, on ten models.
+"""The accuracy zoo: dense against AdaComp at the defaults a user gets, on eleven models.
 
     bash deploy/build.sh
     /usr/bin/python3 bench/accuracy/zoo.py                  # every model, seeds 1 and 2
