@@ -242,7 +242,9 @@ void RunOp::Advance(RunStage to) {
                         // sent again: a retried attempt, or one slice's early retry
                         ((stage_ == RunStage::kRetrying || stage_ == RunStage::kSent) &&
                          to == RunStage::kSent);
-  ADAPS_DCHECK(in_order, "a Run's stage moved out of order (worker/tensor.h, RunStage)");
+  ADAPS_DCHECK(in_order, absl::StrCat("a Run's stage moved out of order: ", RunStageName(stage_),
+                                      " to ", RunStageName(to), " (worker/tensor.h, RunStage)")
+                             .c_str());
   stage_ = to;
 }
 

@@ -82,7 +82,7 @@ def fashion_mnist(split):
     return x, y
 
 
-def license_text():
+def corpus_text():
     parts = []
     for path in TEXT_FILES:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -259,7 +259,7 @@ def _lm_eval(task, valid, seq_len, sequences):
 
 
 def _chars():
-    text = license_text()
+    text = corpus_text()
     itos = sorted(set(text))
     stoi = {c: i for i, c in enumerate(itos)}
     data = torch.tensor([stoi[c] for c in text], dtype=torch.int64)
@@ -354,7 +354,7 @@ def make_task(name, rank, workers, seed, steps, quick=False):
     if name == "embed":
         return _embed_task(task, rank, seed, steps, quick)
     if name == "wordgpt":
-        words = re.findall(r"[a-z]+|[0-9]+|[^\sa-z0-9]", license_text().lower())
+        words = re.findall(r"[a-z]+|[0-9]+|[^\sa-z0-9]", corpus_text().lower())
         vocab = [w for w, _ in collections.Counter(words).most_common(1999)]
         index = {w: i + 1 for i, w in enumerate(vocab)}  # 0: any other word
         data = torch.tensor([index.get(w, 0) for w in words], dtype=torch.int64)
@@ -376,7 +376,7 @@ def _hash(*words):
 
 
 def _embed_task(task, rank, seed, steps, quick):
-    words = re.findall(r"[a-z]+|[0-9]+|[^\sa-z0-9]", license_text().lower())
+    words = re.findall(r"[a-z]+|[0-9]+|[^\sa-z0-9]", corpus_text().lower())
     vocab = [w for w, _ in collections.Counter(words).most_common(999)]
     index = {w: i + 1 for i, w in enumerate(vocab)}  # 0: any other word
     rows = 65536

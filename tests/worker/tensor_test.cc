@@ -77,14 +77,14 @@ TEST_F(RunOutcome, AStageOutOfOrderIsABug) {
         absl::MutexLock lock(&op_->mu);
         op_->Advance(RunStage::kSent);  // never prepared
       },
-      "out of order");
+      "out of order: queued to sent");
   EXPECT_DEATH(
       {
         absl::MutexLock lock(&op_->mu);
         op_->Advance(RunStage::kPrepared);
         op_->Advance(RunStage::kRetrying);  // never sent
       },
-      "out of order");
+      "out of order: prepared to retrying");
 }
 #endif
 
