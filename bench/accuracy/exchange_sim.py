@@ -4,10 +4,19 @@ comparing what local mode exchanges (the table "How it was found" in docs/accura
 
   /usr/bin/python3 bench/accuracy/exchange_sim.py --mode dense|grad|update|ef21 --L 32 [--T 500]
       [--dense-1d 1] [--warmup-dense 30] [--model lstm --opt adam --lr 5e-3 --L 48 --wd 0]
+      [--opt rmsprop|adagrad|nadam|radam] [--vfix 3: adaps.torch_moments' own estimate]
 
 Push ratios count 10 bits per sent element (an estimate; the real wire is Rice-coded)."""
 import argparse, math, os, sys, time, copy
+import importlib.util
 import torch, torch.nn as nn, torch.nn.functional as F
+
+# adaps.torch_moments from the source tree (it needs nothing of the built module).
+_spec = importlib.util.spec_from_file_location(
+    "torch_moments", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                  "worker", "python", "adaps", "torch_moments.py"))
+torch_moments = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(torch_moments)
 
 torch.set_num_threads(1)
 
@@ -124,6 +133,10 @@ def main():
     def mkopt(ps):
         if a.opt == "adamw": return torch.optim.AdamW(ps, lr=a.lr, weight_decay=a.wd)
         if a.opt == "adam": return torch.optim.Adam(ps, lr=a.lr)
+        if a.opt == "rmsprop": return torch.optim.RMSprop(ps, lr=a.lr)
+        if a.opt == "adagrad": return torch.optim.Adagrad(ps, lr=a.lr)
+        if a.opt == "nadam": return torch.optim.NAdam(ps, lr=a.lr)
+        if a.opt == "radam": return torch.optim.RAdam(ps, lr=a.lr)
         return torch.optim.SGD(ps, lr=a.lr, momentum=0.9)
     def lr_at(t):
         if a.warm and t < a.warm: f = (t + 1) / a.warm
@@ -131,6 +144,7 @@ def main():
         if a.sched == "cos": f *= 0.5 * (1 + math.cos(math.pi * t / a.steps))
         return a.lr * f
     W = a.W
+    smoothed = [dict() for _ in range(W)]  # --vfix 3: adaps.torch_moments' per-worker state
     if a.mode == "update":
         shadows = [[p.detach().clone().requires_grad_(True) for p in params] for _ in range(W)]
         opts = [mkopt(s) for s in shadows]
@@ -199,7 +213,10 @@ def main():
                 for s, g in zip(sh, grads[r]): s.grad = g
                 if a.clip: torch.nn.utils.clip_grad_norm_(sh, a.clip)
                 for gr in opts[r].param_groups: gr["lr"] = lr * a.lrmul
-                restore = second_moment_swap(opts[r], W, a.vfix == 2) if a.vfix else None
+                if a.vfix == 3:  # adaps.torch_moments itself (any optimizer it knows)
+                    restore = torch_moments.global_second_moment(opts[r], W, smoothed[r])
+                else:
+                    restore = second_moment_swap(opts[r], W, a.vfix == 2) if a.vfix else None
                 opts[r].step()
                 if restore: restore()
                 ups.append([(s.detach() - p.detach()).flatten() for s, p in zip(sh, params)])

@@ -33,6 +33,11 @@ the same batches per rank and the same schedule for every system compared.
   gpt128 a fourth check, added after the defaults: issue 23's own     held-out bits/char
          transformer (the gpt above at width 128, Adam lr 3e-3 with a
          cosine schedule and no warm-up, clipping at 1.0, batch 16)
+  lstm-rmsprop, lstm-adagrad, cnn-rmsprop, cnn-adagrad  checks of      held-out bits/char,
+         optimizers other than Adam and SGD (added with their defaults):   test accuracy
+         the lstm with RMSprop (lr 2e-3) or Adagrad (lr 2e-2), cosine,
+         clipping at 1.0; the cnn with RMSprop (lr 1e-3) or Adagrad
+         (lr 0.02), cosine
 
 Text: the licence texts of Debian's base-files (/usr/share/common-licenses: GPL-3,
 Apache-2.0, LGPL-3, MPL-2.0, GFDL-1.3, Artistic, GPL-2, LGPL-2.1, MPL-1.1, CC0-1.0; 303 KB),
@@ -268,7 +273,7 @@ def _chars():
 
 
 def _fmnist_task(task, model, rank, workers, seed, steps, batch, lr, train_size, test_size,
-                 adam=False):
+                 adam=False, adagrad=False, rmsprop=False):
     x, y = fashion_mnist("train")
     x, y = x[:train_size], y[:train_size]
     xs, ys = x[rank::workers], y[rank::workers]
@@ -277,6 +282,12 @@ def _fmnist_task(task, model, rank, workers, seed, steps, batch, lr, train_size,
     task.model = model
     if adam:
         task.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        task.lr_at = cosine(lr, steps)
+    elif adagrad:
+        task.optimizer = torch.optim.Adagrad(model.parameters(), lr=lr)
+        task.lr_at = cosine(lr, steps)
+    elif rmsprop:
+        task.optimizer = torch.optim.RMSprop(model.parameters(), lr=lr)
         task.lr_at = cosine(lr, steps)
     elif isinstance(model, TinyVit):
         task.optimizer = torch.optim.AdamW(_decay_groups(model, 0.05), lr=lr)
@@ -307,20 +318,27 @@ def _fmnist_task(task, model, rank, workers, seed, steps, batch, lr, train_size,
     task.loss = F.cross_entropy
 
 
+# The char-LSTM's optimizer and learning rate (cosine, clipping at 1.0 with each).
+_LSTM_OPTIMIZERS = {"lstm": (torch.optim.Adam, 5e-3), "lstm-rmsprop": (torch.optim.RMSprop, 2e-3),
+                    "lstm-adagrad": (torch.optim.Adagrad, 2e-2)}
+
+
 def make_task(name, rank, workers, seed, steps, quick=False):
     torch.manual_seed(seed)  # rank 0's initial values are broadcast; same on every rank
     task = Task()
     task.name = name
     task.clip = 0.0
-    if name in ("mlp", "cnn", "vit", "mlp-adam", "cnn-adam"):
-        adam = name.endswith("-adam")
+    if name in ("mlp", "cnn", "vit", "mlp-adam", "cnn-adam", "cnn-adagrad", "cnn-rmsprop"):
+        adam, adagrad = name.endswith("-adam"), name.endswith("-adagrad")
+        rmsprop = name.endswith("-rmsprop")
         model = {"mlp": Mlp, "cnn": Cnn, "vit": TinyVit}[name.split("-")[0]]()
         _fmnist_task(task, model, rank, workers, seed, steps, batch=32,
-                     lr=1e-3 if adam else {"mlp": 0.1, "cnn": 0.05, "vit": 2e-3}[name],
-                     adam=adam,
+                     lr=1e-3 if adam or rmsprop else 0.02 if adagrad else
+                     {"mlp": 0.1, "cnn": 0.05, "vit": 2e-3}[name],
+                     adam=adam, adagrad=adagrad, rmsprop=rmsprop,
                      train_size=4000 if quick else 60000, test_size=500 if quick else 2000)
         return task
-    if name in ("lstm", "gpt", "gru", "gpt128"):
+    if name in ("gpt", "gru", "gpt128") or name in _LSTM_OPTIMIZERS:
         train, valid, vocab = _chars()
         seq_len = 32 if name in ("gpt", "gpt128") else 48
         if name == "gru":
@@ -330,10 +348,11 @@ def make_task(name, rank, workers, seed, steps, quick=False):
                                                weight_decay=0.05)
             task.lr_at = cosine(4e-3, steps, warmup=max(1, steps // 20))
             task.clip = 0.5
-        elif name == "lstm":
+        elif name.startswith("lstm"):
+            opt_cls, lr = _LSTM_OPTIMIZERS[name]
             task.model = CharLstm(vocab)
-            task.optimizer = torch.optim.Adam(task.model.parameters(), lr=5e-3)
-            task.lr_at = cosine(5e-3, steps)
+            task.optimizer = opt_cls(task.model.parameters(), lr=lr)
+            task.lr_at = cosine(lr, steps)
             task.clip = 1.0
         elif name == "gpt128":
             task.model = CharGpt(vocab, d=128, ctx=seq_len)
@@ -414,4 +433,4 @@ def _embed_task(task, rank, seed, steps, quick):
 
 
 MODELS = ("mlp", "cnn", "lstm", "gpt", "embed", "gru", "vit", "wordgpt", "mlp-adam",
-          "cnn-adam", "gpt128")
+          "cnn-adam", "gpt128", "lstm-rmsprop", "cnn-adagrad", "cnn-rmsprop", "lstm-adagrad")

@@ -244,11 +244,23 @@ def test_local_mode_with_a_compressor_exchanges_updates_by_default(cluster):
         sgd = adaps.torch.DistributedOptimizer(
             torch.optim.SGD(m3.parameters(), lr=0.1, momentum=0.9), m3, w,
             server_optimizer="mean", compression="adacomp")
-        # own_updates: a share for Adam/AdamW with a compressor, off for SGD and dense pushes.
+        m4 = nn.Sequential(nn.Sequential(nn.Sequential(nn.Linear(4, 2))))
+        rms = adaps.torch.DistributedOptimizer(
+            torch.optim.RMSprop(m4.parameters(), lr=1e-3), m4, w, server_optimizer="mean",
+            compression="adacomp")
+        m5 = nn.Sequential(nn.Sequential(nn.Sequential(nn.Sequential(nn.Linear(4, 2)))))
+        adamax = adaps.torch.DistributedOptimizer(
+            torch.optim.Adamax(m5.parameters()), m5, w, server_optimizer="mean",
+            compression="adacomp")
+        # own_updates: a share for the optimizers that divide by a second moment (Adam's
+        # family, RMSprop, Adagrad: adaps.torch_moments) with a compressor, off for SGD,
+        # dense pushes and the others; their bins shrink after 100 steps (bin_schedule).
         return (compressed.exchange, dense.exchange, sgd.exchange, compressed.own_updates,
-                dense.own_updates, sgd.own_updates)
+                dense.own_updates, sgd.own_updates, rms.own_updates, adamax.own_updates,
+                compressed._late_bins_at, rms._late_bins_at, sgd._late_bins_at,
+                adamax._late_bins_at)
     assert run_ranks(address, 2, rank) == [("update", "gradient", "update", "share", "off",
-                                            "off")] * 2
+                                            "off", "share", "off", 100, 100, None, None)] * 2
 
 
 def test_update_exchange_applies_the_mean_of_each_workers_own_adam_step(cluster):

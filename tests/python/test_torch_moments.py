@@ -101,6 +101,20 @@ def test_the_step_uses_the_global_estimate_and_the_state_keeps_torchs_moments(op
         assert torch.equal(state["exp_avg"], plain_state["exp_avg"])
 
 
+def take_steps(opt, p, gs, w, store):
+    """One optimizer step per gradient of gs with the global estimate for w workers; returns
+    the sum of the steps' mean absolute moves."""
+    total = 0.0
+    for g in gs:
+        before = p.detach().clone()
+        p.grad = g.clone()
+        restore = torch_moments.global_second_moment(opt, w, store)
+        opt.step()
+        restore()
+        total += (p.detach() - before).abs().mean().item()
+    return total
+
+
 def test_pure_noise_gets_the_global_batchs_step_when_mu_squared_is_averaged():
     # Elements whose gradient is pure noise (mu = 0): DDP's Adam sees the mean of W
     # gradients, whose variance is W times smaller, so it steps sqrt(W) = 2 times as far as
@@ -112,20 +126,103 @@ def test_pure_noise_gets_the_global_batchs_step_when_mu_squared_is_averaged():
 
     def distance(w, smoothed):
         p = nn.Parameter(torch.zeros(2000))
-        opt = torch.optim.Adam([p], lr=0.1)
-        store = {} if smoothed else None
-        total = 0.0
-        for g in gs:
-            before = p.detach().clone()
-            p.grad = g.clone()
-            restore = torch_moments.global_second_moment(opt, w, store)
-            opt.step()
-            restore()
-            total += (p.detach() - before).abs().mean().item()
-        return total
+        return take_steps(torch.optim.Adam([p], lr=0.1), p, gs, w, {} if smoothed else None)
     plain = distance(1, False)
     instant, smoothed = distance(4, False) / plain, distance(4, True) / plain
     assert abs(smoothed - 2.0) < 0.15 and smoothed > instant + 0.05, (instant, smoothed)
+
+
+def rmsprop_reference(gs, w, lr=0.01, alpha=0.99, eps=1e-8, b1=0.9):
+    """RMSprop by hand dividing by sqrt(bc2 * v_global) (capped at torch's square_avg), with
+    adaps's own first moment of g; the first step is torch's (RMSprop has no state yet)."""
+    p = torch.zeros_like(gs[0], dtype=torch.float64) + 0.5
+    sq, m = torch.zeros_like(p), torch.zeros_like(p)
+    mu_squared = MuSquared(smoothed=True, b2=alpha)
+    for t, g in enumerate(gs, 1):
+        g = g.double()
+        sq = alpha * sq + (1 - alpha) * g * g
+        m = b1 * m + (1 - b1) * g
+        bc2 = 1 - alpha ** t
+        mu2 = mu_squared(m / (1 - b1 ** t), sq / bc2, b1, t)
+        want = torch.minimum(((1 - 1 / w) * mu2 + sq / bc2 / w) * bc2, sq)
+        p = p - lr * g / (want.sqrt() + eps)
+    return p, sq
+
+
+def adagrad_reference(gs, w, lr=0.1, eps=1e-10, b1=0.9, b2=0.999):
+    """Adagrad by hand dividing by the root of the global batch's sum of squares as adaps
+    estimates it: each step adds (1 - 1/w) mu^2 + g^2 / w (capped at torch's sum)."""
+    p = torch.zeros_like(gs[0], dtype=torch.float64) + 0.5
+    true_sum, total = torch.zeros_like(p), torch.zeros_like(p)
+    m, q = torch.zeros_like(p), torch.zeros_like(p)
+    avg, n = torch.zeros_like(p), 0
+    for t, g in enumerate(gs, 1):
+        g = g.double()
+        m = b1 * m + (1 - b1) * g
+        q = b2 * q + (1 - b2) * g * g
+        avg = b2 * avg + (1 - b2) * raw_mu_squared(m / (1 - b1 ** t), q / (1 - b2 ** t), b1, t)
+        n += 1
+        mu2 = (avg / (1 - b2 ** n)).clamp(min=0)
+        true_sum = true_sum + g * g
+        total = torch.minimum(total + (1 - 1 / w) * mu2 + g * g / w, true_sum)
+        p = p - lr * g / (total.sqrt() + eps)
+    return p, true_sum
+
+
+@pytest.mark.parametrize("opt_cls,reference_fn,state_key,lr", [
+    (torch.optim.RMSprop, rmsprop_reference, "square_avg", 0.01),
+    (torch.optim.Adagrad, adagrad_reference, "sum", 0.1),
+])
+def test_rmsprop_and_adagrad_step_on_the_global_estimate_and_keep_their_own_state(
+        opt_cls, reference_fn, state_key, lr):
+    gs = grads(4, 8)
+
+    def run(w):
+        p = nn.Parameter(torch.full((5,), 0.5))
+        opt = opt_cls([p], lr=lr)
+        take_steps(opt, p, gs, w, {})
+        return p.detach(), opt.state[p]
+    p, state = run(4)
+    want, true_state = reference_fn(gs, 4, lr=lr)
+    assert torch.allclose(p.double(), want, rtol=1e-5, atol=1e-6)
+    plain, plain_state = run(1)
+    assert (p - plain).abs().max() > 1e-3
+    assert torch.allclose(state[state_key].double(), true_state, rtol=1e-5)
+    assert torch.equal(state[state_key], plain_state[state_key])
+
+
+@pytest.mark.parametrize("opt_cls,kw", [
+    (torch.optim.Adam, {}),
+    (torch.optim.NAdam, {}),
+    (torch.optim.RAdam, {}),
+    (torch.optim.RMSprop, {}),
+    (torch.optim.Adagrad, {}),
+    (torch.optim.RMSprop, {"momentum": 0.9}),
+])
+def test_pure_noise_gets_the_global_batchs_step_with_every_adaptive_optimizer(opt_cls, kw):
+    # As above, for each optimizer that divides by a running second moment of g: DDP's
+    # steps on pure noise are sqrt(W) = 2 times a worker's own (Adagrad's and RMSprop's alike).
+    gen = torch.Generator().manual_seed(5)
+    gs = [torch.randn(2000, generator=gen) for _ in range(200)]
+
+    def distance(w):
+        p = nn.Parameter(torch.zeros(2000))
+        opt = opt_cls([p], lr=0.01, **kw)
+        store = {}
+        take_steps(opt, p, gs[:100], w, store)  # (the state and the averages settle)
+        return take_steps(opt, p, gs[100:], w, store)
+    ratio = distance(4) / distance(1)
+    assert abs(ratio - 2.0) < 0.2, ratio
+
+
+def test_rmsprop_centered_and_optimizers_without_a_second_moment_are_left_alone():
+    for opt in (torch.optim.RMSprop([nn.Parameter(torch.zeros(3))], lr=0.1, centered=True),
+                torch.optim.SGD([nn.Parameter(torch.zeros(3))], lr=0.1, momentum=0.9),
+                torch.optim.Adamax([nn.Parameter(torch.zeros(3))])):
+        assert not torch_moments.changes_step(opt)
+    for cls in (torch.optim.NAdam, torch.optim.RAdam, torch.optim.RMSprop, torch.optim.Adagrad):
+        opt = cls([nn.Parameter(torch.zeros(3))], lr=0.1)
+        assert torch_moments.changes_step(opt)
 
 
 def test_one_worker_or_another_optimizer_is_torchs_own_step():
@@ -134,13 +231,13 @@ def test_one_worker_or_another_optimizer_is_torchs_own_step():
     want, _, _ = reference(gs, 1)
     assert torch.allclose(p.double(), want, rtol=1e-5, atol=1e-6)
     sgd = torch.optim.SGD([nn.Parameter(torch.zeros(3))], lr=0.1)
-    assert not torch_moments.supports(sgd)
+    assert not torch_moments.changes_step(sgd)
     amsgrad = torch.optim.Adam([nn.Parameter(torch.zeros(3))], amsgrad=True)
-    assert not torch_moments.supports(amsgrad)
+    assert not torch_moments.changes_step(amsgrad)
 
     class MyAdam(torch.optim.Adam):
         pass
-    assert not torch_moments.supports(MyAdam([nn.Parameter(torch.zeros(3))]))
+    assert not torch_moments.changes_step(MyAdam([nn.Parameter(torch.zeros(3))]))
 
 
 def test_update_exchange_uses_the_global_second_moment_by_default(cluster):

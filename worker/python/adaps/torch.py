@@ -62,7 +62,7 @@ local mode and with servers running plain SGD without weight decay, else "dense"
 (ADAPS_TOPK_FRACTION, 0.001), lr (ADAPS_LR, from --lr: when set it replaces every group's
 lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see below),
 second_moment (ADAPS_SECOND_MOMENT, "global" or "local", see below), own_updates
-(ADAPS_OWN_UPDATES, "share", "all" or "off"; unset: "share" for Adam/AdamW, see below),
+(ADAPS_OWN_UPDATES, "share", "all" or "off"; unset: "share" for optimizers with a second moment, see below),
 bin_schedule (ADAPS_BIN_SCHEDULE, "auto" or "off", see below), row_sparse (ADAPS_ROW_SPARSE,
 "exact" or "off", see below). An explicit argument that overrides a different exported value
 warns once.
@@ -79,11 +79,13 @@ With SGD and momentum this is DGC's momentum correction exactly. What differs fr
 why: each worker's optimizer state (momentum, Adam's moments) is its own, fed by its own
 gradients (rank 0's state_dict() is a valid optimizer checkpoint for any rank; its "adaps"
 part, the residues, loads only into rank 0); with
-torch.optim.Adam/AdamW and second_moment="global" (the default) each step's denominator is
-the estimate of the global batch's second moment from this worker's moments, not its own
-batch's, which is up to W times larger where the gradient noise dominates (adaps.torch_moments;
-"local" keeps torch's step as it is); with own_updates="share" (the default for Adam/AdamW,
-"off" for other optimizers) each worker's model is the replica plus 1/W of this worker's own
+torch.optim.Adam, AdamW, NAdam, RAdam, RMSprop (not centered) or Adagrad and
+second_moment="global" (the default) each step's denominator is the estimate of the global
+batch's second moment from this worker's own statistics, not its own batch's, which is up to
+W times larger where the gradient noise dominates (adaps.torch_moments; torch's own moments
+stay in the optimizer's state; "local" keeps torch's step as it is; other optimizers, Adamax
+and amsgrad groups among them, take their own step); with own_updates="share" (the default for the optimizers above,
+"off" for others) each worker's model is the replica plus 1/W of this worker's own
 residue (Worker.residue: the part of its updates AdaComp has not sent yet), which is where
 the parameters would be had its own updates all been delivered, so its next gradient is
 taken there; "all" adds the whole residue (the others' residues estimated by its own: better
@@ -94,7 +96,7 @@ synchronize() and step() clips this worker's own gradient, as on one machine; a 
 without gradient on this worker is skipped by its torch optimizer (no change sent); with
 torch.cuda.amp.GradScaler a worker whose gradient has inf/NaN sends a zero update for that
 step instead of skipping it (every worker must send every step); with bin_schedule="auto" (the
-default) and Adam/AdamW, every AdaComp tensor's bin size is divided by 2 while the learning
+default) and the optimizers above, every AdaComp tensor's bin size is divided by 2 while the learning
 rate is at most 3/4 of the highest it has been, by 4 at 3/8 (back up with it), but
 never before the optimizer has taken 10 / (1 - beta1) steps (100 at torch's beta1 = 0.9):
 as the learning rate decays, what the residues hold back is the rest of the run's progress,
@@ -109,7 +111,8 @@ few rows' worth of bytes) and every worker's optimizer steps on their mean, as D
 moved it up to W times less; a warning says when its gradient turns out more than 10%
 nonzero, where this costs about as much as dense). Memory: one more copy of the trained parameters (the values before the step), with own_updates a float32 copy of the
 residue on the host (own_updates other than "off"), and with second_moment="global" one more
-copy of Adam's moments' size (the averaged estimate of mu^2).
+copy of the parameters (the averaged estimate of mu^2; RMSprop two, Adagrad four: adaps
+keeps their first moment, and Adagrad's global sum).
 
 Gradient accumulation: with the gradient exchange (server mode, and local mode with dense
 pushes) each backward pass pushes what it produced, so a second pass before step() is an
@@ -332,10 +335,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._mu2 = {}
         own_updates = _setting("own_updates", own_updates, "ADAPS_OWN_UPDATES", None)
         if own_updates is None:
-            # Default: this worker's share for Adam/AdamW; off for the rest (SGD with
-            # momentum: the residue holds velocity, and the Fashion-MNIST MLP/CNN lost 1.4/2.3
-            # pp with all of it; docs/accuracy.md).
-            own_updates = "share" if _moments.supports(optimizer) else "off"
+            # Default: this worker's share for optimizers with a second moment (Adam's
+            # family, RMSprop, Adagrad); off for the rest (SGD with momentum: the residue holds
+            # velocity, and the Fashion-MNIST MLP/CNN lost 1.4/2.3 pp with all of it;
+            # docs/accuracy.md).
+            own_updates = "share" if _moments.changes_step(optimizer) else "off"
         if own_updates not in _OWN_UPDATES:
             raise ValueError("adaps.torch: unknown own_updates %r (share, all or off)"
                              % (own_updates,))
@@ -359,12 +363,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if row_sparse not in _ROW_SPARSE:
             raise ValueError("adaps.torch: unknown row_sparse %r (exact or off)" % (row_sparse,))
         self.row_sparse = row_sparse
-        # The step of the optimizer after which the bins shrink (None: never): Adam/AdamW
-        # in the update exchange of AdaComp tensors.
+        # The step of the optimizer after which the bins shrink (None: never): optimizers
+        # with a second moment (adaps.torch_moments.changes_step) in the update exchange of
+        # AdaComp tensors; 10 / (1 - beta1) steps (100 without betas).
         self._late_bins_at = None
         self._lr_peak, self._bin_divisor = 0.0, 1
         if bin_schedule == "auto" and self.exchange == "update" and \
-                _moments.supports(optimizer):
+                _moments.changes_step(optimizer):
             beta1 = optimizer.param_groups[0].get("betas", (0.9, 0.999))[0]
             if beta1 < 1:
                 self._late_bins_at = max(1, int(round(10.0 / (1.0 - beta1))))
@@ -752,8 +757,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 e.snap.copy_(e.param)
         result = None
         if not skip:
-            # Adam/AdamW: the step's denominator estimates the global batch's second moment
-            # (adaps.torch_moments); torch's own v stays in the state.
+            # Adam, AdamW, NAdam, RAdam, RMSprop, Adagrad: the step's denominator estimates
+            # the global batch's second moment (adaps.torch_moments); torch's own v stays in
+            # the state.
             restore = _moments.global_second_moment(
                 self.optimizer, self.worker.live_workers, self._mu2,
                 exclude={id(e.param) for e in self._params if e.row_sparse}) \
