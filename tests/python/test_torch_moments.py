@@ -298,3 +298,15 @@ def test_an_unknown_second_moment_is_refused():
     with pytest.raises(ValueError, match="second_moment"):
         adaps.torch.DistributedOptimizer(torch.optim.Adam(m.parameters()), m, None,
                                          server_optimizer="mean", second_moment="shared")
+
+
+@pytest.mark.parametrize("opt_cls", [torch.optim.Adam, torch.optim.RMSprop, torch.optim.Adagrad])
+def test_a_complex_parameter_takes_torchs_own_step(opt_cls):
+    gen = torch.Generator().manual_seed(6)
+    gs = [torch.randn(4, dtype=torch.complex64, generator=gen) for _ in range(5)]
+
+    def run(w):
+        p = nn.Parameter(torch.ones(4, dtype=torch.complex64))
+        take_steps(opt_cls([p], lr=0.1), p, gs, w, {})
+        return p.detach()
+    assert torch.equal(run(4), run(1))

@@ -51,7 +51,7 @@ step 200) against DDP's arithmetic. Two more have their own estimate here:
   averages of g (beta1 = 0.9) and g^2 (beta2 = 0.999), averaged over beta2's window. Memory:
   four tensors of each parameter's size.
 These need `smoothed` (the caller's dict, kept from step to step): without it they take
-torch's own step.
+torch's own step. Complex parameters take torch's own step with every optimizer.
 """
 import torch
 
@@ -209,7 +209,8 @@ def global_second_moment(optimizer, num_workers, smoothed=None, exclude=()):
                 if not _group_applies(optimizer, group):
                     continue
                 for p in group["params"]:
-                    if p.grad is None or p.grad.is_sparse or id(p) in exclude:
+                    if p.grad is None or p.grad.is_sparse or p.is_complex() or \
+                            id(p) in exclude:
                         continue
                     if not own:
                         _adam(optimizer, group, p, smoothed, w, saved)
