@@ -37,7 +37,8 @@ the same batches per rank and the same schedule for every system compared.
          optimizers other than Adam and SGD (added with their defaults):   test accuracy
          the lstm with RMSprop (lr 2e-3) or Adagrad (lr 2e-2), cosine,
          clipping at 1.0; the cnn with RMSprop (lr 1e-3) or Adagrad
-         (lr 0.02), cosine
+         (lr 0.02), cosine; lstm-nadam, lstm-radam: the lstm with NAdam
+         or RAdam (lr 5e-3)
 
 Text: the licence texts of Debian's base-files (/usr/share/common-licenses: GPL-3,
 Apache-2.0, LGPL-3, MPL-2.0, GFDL-1.3, Artistic, GPL-2, LGPL-2.1, MPL-1.1, CC0-1.0; 303 KB),
@@ -320,7 +321,8 @@ def _fmnist_task(task, model, rank, workers, seed, steps, batch, lr, train_size,
 
 # The char-LSTM's optimizer and learning rate (cosine, clipping at 1.0 with each).
 _LSTM_OPTIMIZERS = {"lstm": (torch.optim.Adam, 5e-3), "lstm-rmsprop": (torch.optim.RMSprop, 2e-3),
-                    "lstm-adagrad": (torch.optim.Adagrad, 2e-2)}
+                    "lstm-adagrad": (torch.optim.Adagrad, 2e-2),
+                    "lstm-nadam": (torch.optim.NAdam, 5e-3), "lstm-radam": (torch.optim.RAdam, 5e-3)}
 
 
 def make_task(name, rank, workers, seed, steps, quick=False):
@@ -433,4 +435,5 @@ def _embed_task(task, rank, seed, steps, quick):
 
 
 MODELS = ("mlp", "cnn", "lstm", "gpt", "embed", "gru", "vit", "wordgpt", "mlp-adam",
-          "cnn-adam", "gpt128", "lstm-rmsprop", "cnn-adagrad", "cnn-rmsprop", "lstm-adagrad")
+          "cnn-adam", "gpt128", "lstm-rmsprop", "cnn-adagrad", "cnn-rmsprop", "lstm-adagrad",
+          "lstm-nadam", "lstm-radam")
