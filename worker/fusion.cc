@@ -136,14 +136,16 @@ absl::Status FusionTable::Declare(Tensor& t, absl::Span<float> values, bool* fus
             fbb.CreateString(membership_.Secret()), fbb.CreateVectorOfStructs(segs),
             WirePullFormat(in.spec.pull));
       },
-      init));
+      init).status());
   if (!membership_.rejoined()) ADAPS_RETURN_IF_ERROR(membership_.Barrier());
   uint64_t incarnation = 0;
-  const int peer = membership_.links().Peer(m.info.server, &incarnation);
-  flatbuffers::FlatBufferBuilder fbb(128);
-  auto p = msg::CreatePullRequest(fbb, m.key, 0, 0, ReplicaFormat(in.spec.pull));
-  ADAPS_ASSIGN_OR_RETURN(InMessage r,
-                         membership_.Call(peer, fbb, p, nullptr, options_.request_timeout));
+  membership_.links().Peer(m.info.server, &incarnation);
+  // (Asked again of a server that restarts meanwhile, as Runner::PullDense does.)
+  ADAPS_ASSIGN_OR_RETURN(InMessage r, membership_.CallServerResuming(
+                                          m.info.server, [&](flatbuffers::FlatBufferBuilder& fbb) {
+                                            return msg::CreatePullRequest(
+                                                fbb, m.key, 0, 0, ReplicaFormat(in.spec.pull));
+                                          }));
   const uint64_t end = offset + length;
   // (Another worker may have declared the next member already: the bucket is then longer.)
   ADAPS_RET_CHECK(r.envelope()->body_as_PullResponse() != nullptr &&

@@ -76,9 +76,10 @@ class Membership {
   // A blocking request to server `server`, built by `build(fbb)` (returns the body offset),
   // that survives its restart: kUnavailable is asked again (new incarnation, or a server
   // still registering) until request_timeout has passed (so a server that is gone for good
-  // fails it only then). Call it with no lock held.
+  // fails it only then). Call it with no lock held. The answer, or the last error.
   template <typename Build>
-  absl::Status CallServerResuming(int server, Build build, SharedBytes payload = nullptr);
+  absl::StatusOr<InMessage> CallServerResuming(int server, Build build,
+                                               SharedBytes payload = nullptr);
 
   // The job's next barrier: returns once every live worker reached it.
   absl::Status Barrier();
@@ -139,14 +140,17 @@ absl::StatusOr<InMessage> Membership::Call(int peer, flatbuffers::FlatBufferBuil
 }
 
 template <typename Build>
-absl::Status Membership::CallServerResuming(int server, Build build, SharedBytes payload) {
+absl::StatusOr<InMessage> Membership::CallServerResuming(int server, Build build,
+                                                         SharedBytes payload) {
   const absl::Time deadline = absl::Now() + options_.request_timeout;
   while (true) {
     uint64_t incarnation = 0;
     const int peer = links_->Peer(server, &incarnation);
     flatbuffers::FlatBufferBuilder fbb(256);
     auto body = build(fbb);
-    absl::Status st = Call(peer, fbb, body, payload, options_.request_timeout).status();
+    absl::StatusOr<InMessage> reply = Call(peer, fbb, body, payload, options_.request_timeout);
+    if (reply.ok()) return reply;
+    const absl::Status st = reply.status();
     // A worker that joined a running job may reach a server before the view that tells it
     // the new worker's secret (they travel on different connections): ask again, briefly.
     const bool unseen_secret = st.code() == absl::StatusCode::kPermissionDenied && rejoined_ &&

@@ -148,7 +148,7 @@ absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
               fbb, m.key, fbb.CreateString(t.spec.name), m.info.length, t.spec.bin_size, rank == 0,
               fbb.CreateString(membership_->Secret()), 0, WirePullFormat(t.spec.pull));
         },
-        init));
+        init).status());
   }
   // A worker that rejoined a running cluster does not meet the others at this barrier:
   // they are training; it starts from the current parameters below.
@@ -439,7 +439,7 @@ absl::Status Worker::Impl::SetHyper(const std::vector<std::pair<std::string, dou
           }
           return msg::CreateSetHyper(fbb, fbb.CreateVector(ps),
                                      fbb.CreateString(membership_->Secret()));
-        }));
+        }).status());
   }
   return absl::OkStatus();
 }
@@ -451,7 +451,7 @@ absl::Status Worker::Impl::Checkpoint(const std::string& directory) {
         membership_->CallServerResuming(s, [&](flatbuffers::FlatBufferBuilder& fbb) {
           return msg::CreateCheckpoint(fbb, fbb.CreateString(directory),
                                        fbb.CreateString(membership_->Secret()));
-        }));
+        }).status());
   }
   if (directory.empty()) return absl::OkStatus();
   std::error_code error;
