@@ -387,38 +387,60 @@ TEST(Elastic, AJoinerThatHasNotDeclaredYetHoldsUpNobodysStep) {
   EXPECT_TRUE(cluster.AllExitCleanly(absl::Seconds(10), &why)) << why;
 }
 
+// A cluster whose one server (sum, checkpointing, restartable) runs here, to be killed and
+// started again with `server_args`; workers 0 and 1 have taken 3 steps of ones and the
+// servers' state at step 3 is checkpointed.
+struct RestartableSumServer {
+  explicit RestartableSumServer(const std::vector<std::string>& scheduler_args) {
+    ClusterOptions c;
+    c.num_servers = 0;
+    c.num_workers = 2;
+    c.scheduler_args = scheduler_args;
+    cluster = std::make_unique<LocalCluster>(c);
+    if (cluster->scheduler_address().empty()) return;
+    const std::string ckpt = cluster->dir() + "/ckpt";
+    if (!std::filesystem::create_directory(ckpt)) return;
+    server_args = {"--scheduler=" + cluster->scheduler_address(), "--optimizer=sum",
+                   "--identity=s0", "--checkpoint_dir=" + ckpt, "--log_level=info",
+                   "--register_timeout_ms=20000"};
+    server = std::make_unique<Process>(ADAPS_SERVER_BIN, server_args, cluster->dir() + "/s-a.log");
+    cw.scheduler = cluster->scheduler_address();
+  }
+  // Workers 0 and 1 start, take 3 steps and checkpoint the servers.
+  void StartAndCheckpoint() {
+    ASSERT_TRUE(server) << "no cluster";
+    cw.StartTwo();
+    ASSERT_TRUE(cw.w[0] && cw.w[1]);
+    cw.Steps({0, 1}, 3);
+    ASSERT_EQ(cw.p[0][0], 6.0f);
+    ASSERT_TRUE(cw.w[0]->Checkpoint("").ok());  // the servers' state at step 3
+  }
+  void Restart() {
+    server->Kill();
+    server = std::make_unique<Process>(ADAPS_SERVER_BIN, server_args, cluster->dir() + "/s-b.log");
+  }
+  std::unique_ptr<LocalCluster> cluster;
+  std::vector<std::string> server_args;
+  std::unique_ptr<Process> server;
+  CountingWorkers cw;
+};
+
 // The same joiner across a server restart: the restarted server counts, from its first view,
 // the workers that take part in the steps, not one that registered and has not declared a
 // tensor yet (a joiner still loading its data). It counted every worker of that view, and
 // the others' steps waited for the joiner's first push (in grow_under_faults.sh, 3 s of a
 // 6-s run); here, past their 3 s deadline.
 TEST(Elastic, ARestartedServerWaitsForNoJoinerThatHasNotDeclaredYet) {
-  ClusterOptions c;
-  c.num_servers = 0;  // started here, to be killed and started again
-  c.num_workers = 2;
-  c.scheduler_args = {"--num_servers=1", "--max_workers=3"};
-  LocalCluster cluster(c);
-  ASSERT_FALSE(cluster.scheduler_address().empty());
-  const std::string ckpt = cluster.dir() + "/ckpt";
-  ASSERT_TRUE(std::filesystem::create_directory(ckpt));
-  const std::vector<std::string> server_args = {
-      "--scheduler=" + cluster.scheduler_address(), "--optimizer=sum", "--identity=s0",
-      "--checkpoint_dir=" + ckpt, "--log_level=info", "--register_timeout_ms=20000"};
-  auto server = std::make_unique<Process>(ADAPS_SERVER_BIN, server_args,
-                                          cluster.dir() + "/s-a.log");
-  CountingWorkers cw{cluster.scheduler_address()};
+  RestartableSumServer r({"--num_servers=1", "--max_workers=3"});
+  ASSERT_NO_FATAL_FAILURE(r.StartAndCheckpoint());
+  auto& cw = r.cw;
   auto& w = cw.w;
   auto& p = cw.p;
-  cw.StartTwo();
-  ASSERT_TRUE(w[0] && w[1]);
-  cw.Steps({0, 1}, 3);
-  ASSERT_EQ(p[0][0], 6.0f);
-  ASSERT_TRUE(w[0]->Checkpoint("").ok());  // the servers' state at step 3
+  auto& server = r.server;
   cw.Make(2);  // registered, live in every view, nothing declared
   ASSERT_TRUE(w[2]);
   cw.AwaitLive(3);
-  server->Kill();
-  server = std::make_unique<Process>(ADAPS_SERVER_BIN, server_args, cluster.dir() + "/s-b.log");
+  r.Restart();
   const absl::Time up = absl::Now() + absl::Seconds(10);
   while (server->Log().find("registered as server 0") == std::string::npos && absl::Now() < up) {
     absl::SleepFor(absl::Milliseconds(20));
@@ -442,35 +464,17 @@ TEST(Elastic, ARestartedServerWaitsForNoJoinerThatHasNotDeclaredYet) {
 // pulls of a step are. It failed with "server 0 restarted": in grow_under_faults.sh a joiner
 // whose server was killed just after its declaration exited 1 (one run in four or five).
 TEST(Elastic, ADensePullInFlightWhenItsServerRestartsIsAnsweredByTheRestartedServer) {
-  ClusterOptions c;
-  c.num_servers = 0;  // started here, to be stopped, killed and started again
-  c.num_workers = 2;
-  c.scheduler_args = {"--num_servers=1"};
-  LocalCluster cluster(c);
-  ASSERT_FALSE(cluster.scheduler_address().empty());
-  const std::string ckpt = cluster.dir() + "/ckpt";
-  ASSERT_TRUE(std::filesystem::create_directory(ckpt));
-  const std::vector<std::string> server_args = {
-      "--scheduler=" + cluster.scheduler_address(), "--optimizer=sum", "--identity=s0",
-      "--checkpoint_dir=" + ckpt, "--log_level=info", "--register_timeout_ms=20000"};
-  auto server = std::make_unique<Process>(ADAPS_SERVER_BIN, server_args,
-                                          cluster.dir() + "/s-a.log");
-  CountingWorkers cw{cluster.scheduler_address()};
-  auto& w = cw.w;
-  auto& p = cw.p;
-  cw.StartTwo();
-  ASSERT_TRUE(w[0] && w[1]);
-  cw.Steps({0, 1}, 3);
-  ASSERT_EQ(p[0][0], 6.0f);
-  ASSERT_TRUE(w[0]->Checkpoint("").ok());  // the servers' state at step 3
+  RestartableSumServer r({"--num_servers=1"});
+  ASSERT_NO_FATAL_FAILURE(r.StartAndCheckpoint());
+  auto& w = r.cw.w;
+  auto& server = r.server;
   // The pull reaches a server that does not answer (stopped), which then dies and comes back.
   server->Signal(SIGSTOP);
   std::vector<float> got(kCount, -1.0f);
   auto pulled = std::async(std::launch::async,
                            [&] { return w[0]->PullParameters("c", absl::MakeSpan(got)); });
   absl::SleepFor(absl::Milliseconds(300));
-  server->Kill();
-  server = std::make_unique<Process>(ADAPS_SERVER_BIN, server_args, cluster.dir() + "/s-b.log");
+  r.Restart();
   const absl::Status st = pulled.get();
   ASSERT_TRUE(st.ok()) << st << "\n" << server->Log();
   EXPECT_EQ(got[0], 6.0f);
