@@ -274,21 +274,15 @@ def _chars():
 
 
 def _fmnist_task(task, model, rank, workers, seed, steps, batch, lr, train_size, test_size,
-                 adam=False, adagrad=False, rmsprop=False):
+                 opt_cls=None):
     x, y = fashion_mnist("train")
     x, y = x[:train_size], y[:train_size]
     xs, ys = x[rank::workers], y[rank::workers]
     xt, yt = fashion_mnist("test")
     xt, yt = xt[:test_size], yt[:test_size]
     task.model = model
-    if adam:
-        task.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-        task.lr_at = cosine(lr, steps)
-    elif adagrad:
-        task.optimizer = torch.optim.Adagrad(model.parameters(), lr=lr)
-        task.lr_at = cosine(lr, steps)
-    elif rmsprop:
-        task.optimizer = torch.optim.RMSprop(model.parameters(), lr=lr)
+    if opt_cls is not None:  # the -adam, -adagrad, -rmsprop variants: that optimizer, cosine
+        task.optimizer = opt_cls(model.parameters(), lr=lr)
         task.lr_at = cosine(lr, steps)
     elif isinstance(model, TinyVit):
         task.optimizer = torch.optim.AdamW(_decay_groups(model, 0.05), lr=lr)
@@ -319,6 +313,10 @@ def _fmnist_task(task, model, rank, workers, seed, steps, batch, lr, train_size,
     task.loss = F.cross_entropy
 
 
+# The Fashion-MNIST models trained with another optimizer than their own (cosine each).
+_FMNIST_OPTIMIZERS = {"mlp-adam": (torch.optim.Adam, 1e-3), "cnn-adam": (torch.optim.Adam, 1e-3),
+                      "cnn-adagrad": (torch.optim.Adagrad, 0.02),
+                      "cnn-rmsprop": (torch.optim.RMSprop, 1e-3)}
 # The char-LSTM's optimizer and learning rate (cosine, clipping at 1.0 with each).
 _LSTM_OPTIMIZERS = {"lstm": (torch.optim.Adam, 5e-3), "lstm-rmsprop": (torch.optim.RMSprop, 2e-3),
                     "lstm-adagrad": (torch.optim.Adagrad, 2e-2),
@@ -330,14 +328,11 @@ def make_task(name, rank, workers, seed, steps, quick=False):
     task = Task()
     task.name = name
     task.clip = 0.0
-    if name in ("mlp", "cnn", "vit", "mlp-adam", "cnn-adam", "cnn-adagrad", "cnn-rmsprop"):
-        adam, adagrad = name.endswith("-adam"), name.endswith("-adagrad")
-        rmsprop = name.endswith("-rmsprop")
+    if name in ("mlp", "cnn", "vit") or name in _FMNIST_OPTIMIZERS:
+        opt_cls, lr = _FMNIST_OPTIMIZERS.get(name, (None, None))
         model = {"mlp": Mlp, "cnn": Cnn, "vit": TinyVit}[name.split("-")[0]]()
         _fmnist_task(task, model, rank, workers, seed, steps, batch=32,
-                     lr=1e-3 if adam or rmsprop else 0.02 if adagrad else
-                     {"mlp": 0.1, "cnn": 0.05, "vit": 2e-3}[name],
-                     adam=adam, adagrad=adagrad, rmsprop=rmsprop,
+                     lr=lr or {"mlp": 0.1, "cnn": 0.05, "vit": 2e-3}[name], opt_cls=opt_cls,
                      train_size=4000 if quick else 60000, test_size=500 if quick else 2000)
         return task
     if name in ("gpt", "gru", "gpt128") or name in _LSTM_OPTIMIZERS:

@@ -111,11 +111,15 @@ class _Own:
         self.total = None  # Adagrad: the global batch's sum of G^2, estimated
 
 
+def _advance_first_moment(entry, g):
+    entry.t += 1
+    entry.m.mul_(_OWN_BETA1).add_(g, alpha=1.0 - _OWN_BETA1)
+
+
 def _own_estimate(entry, g, v_hat_of, b2):
     """Advances entry's first moment with g; returns mu^2 averaged over b2's window (v_hat_of:
     the bias-corrected second moment this step)."""
-    entry.t += 1
-    entry.m.mul_(_OWN_BETA1).add_(g, alpha=1.0 - _OWN_BETA1)
+    _advance_first_moment(entry, g)
     m_hat = entry.m / (1.0 - _OWN_BETA1 ** entry.t)
     mu2 = _mu_squared(m_hat, v_hat_of(), _OWN_BETA1, entry.t)
     entry.mu2.mul_(b2).add_(mu2, alpha=1.0 - b2)
@@ -128,8 +132,7 @@ def _rmsprop(optimizer, group, p, entry, w, saved):
     state = optimizer.state.get(p)
     alpha = group["alpha"]
     if not state or "square_avg" not in state:
-        entry.t += 1  # its first step: v_hat = g^2 = m_hat^2, nothing to change
-        entry.m.mul_(_OWN_BETA1).add_(g, alpha=1.0 - _OWN_BETA1)
+        _advance_first_moment(entry, g)  # its first step: v_hat = g^2 = m_hat^2, no change
         return
     v = state["square_avg"].mul(alpha).addcmul_(g, g, value=1.0 - alpha)
     bc2 = 1.0 - alpha ** (float(state["step"]) + 1.0)
