@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/logging.h"
 #include "common/messages.h"
 #include "common/optimizer.h"
 #include "common/transport.h"
@@ -101,6 +102,12 @@ struct PullWork : EngineRequest {
   Shard::Format format = Shard::Format::kDense;
 };
 
+// A worker saw `seen_version` of the slice before its server restarted (msg::Resume).
+struct ResumeWork : EngineRequest {
+  int worker = -1;
+  uint64_t seen_version = 0;
+};
+
 // Broadcasts (queued to every thread at one point of the I/O thread's order) and hand-overs.
 struct LiveWorkersWork {
   std::set<int> live;
@@ -115,8 +122,8 @@ struct AdoptWork {
   Shard shard;
 };
 
-using EngineWork = std::variant<DeclareWork, PushWork, PullWork, LiveWorkersWork, OptimizerWork,
-                                SnapshotWork, AdoptWork>;
+using EngineWork = std::variant<DeclareWork, PushWork, PullWork, ResumeWork, LiveWorkersWork,
+                                OptimizerWork, SnapshotWork, AdoptWork>;
 
 // The request part of `work`; null for a broadcast or hand-over.
 inline EngineRequest* AsRequest(EngineWork& work) {
@@ -156,6 +163,8 @@ struct EngineOptions {
   // records and shard holdings to; must outlive the engine. Null: no checkpoints (a snapshot
   // fails at once; benchmarks).
   CheckpointReports* checkpoints = nullptr;
+  // Where engine threads log (the server's; thread-safe); null: they do not.
+  const RoleLog* log = nullptr;
 };
 
 class EngineThread;

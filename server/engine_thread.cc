@@ -48,6 +48,7 @@ void EngineThread::Handle(EngineWork& work) {
     }
     void operator()(PushWork& w) { t.OnPush(w); }
     void operator()(PullWork& w) { t.OnPull(w); }
+    void operator()(ResumeWork& w) { t.OnResume(w); }
     void operator()(LiveWorkersWork& w) { t.OnLiveWorkers(w); }
     void operator()(OptimizerWork& w) { t.optimizer_ = w.optimizer; }
     void operator()(SnapshotWork& w) { t.OnSnapshot(w); }
@@ -194,6 +195,27 @@ void EngineThread::OnPull(PullWork& work) {
   if (auto st = SendAnswer(shard, pull); !st.ok()) {
     sink_->Send(pull.route, pull.peer, MakeError(sink_->self(), pull.request_id, st));
   }
+}
+
+void EngineThread::OnResume(ResumeWork& work) {
+  ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
+  auto it = shards_.find(work.key);
+  if (it == shards_.end()) {
+    return ReplyError(work, absl::InvalidArgumentError(
+                                absl::StrCat("resume of undeclared slice ", work.key)));
+  }
+  Shard& shard = it->second;
+  const uint64_t was = shard.version();
+  if (options_.sync && shard.ResumeAt(work.seen_version)) {
+    if (options_.log != nullptr) {
+      options_.log->get()->info(
+          "slice '{}' goes on at step {}, not at the restored {}: worker {} saw it before the "
+          "restart",
+          shard.name(), shard.version(), was, work.worker);
+    }
+    AnswerHeld(shard);
+  }
+  Ack(work);
 }
 
 void EngineThread::OnLiveWorkers(LiveWorkersWork& work) {

@@ -41,6 +41,7 @@ class EngineThread {
   void OnDeclareBucket(DeclareWork& work);
   void OnPush(PushWork& work);
   void OnPull(PullWork& work);
+  void OnResume(ResumeWork& work);
   void OnLiveWorkers(LiveWorkersWork& work);
   void OnSnapshot(SnapshotWork& work);
   // A step checkpoint's record of `shard` when its version is a multiple of the interval.

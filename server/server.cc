@@ -117,6 +117,7 @@ Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context, M
   eopts.metrics = metrics_.get();
   if (!config_.checkpoint_dir.empty()) eopts.checkpoint_every_steps = config_.checkpoint_every_steps;
   eopts.checkpoints = checkpoints_->reports();
+  eopts.log = &log_;
   engine_ = std::make_unique<Engine>(eopts, sink_.get());
   // Running before Start: a restore at registration hands its slices to it.
   checkpoints_->Start();
@@ -255,6 +256,7 @@ void Server::Handle(InMessage in) {
   // the worker retries kUnavailable (a restarted server's first moments).
   if (!serving_ && (env->body_type() == msg::Body::Push ||
                     env->body_type() == msg::Body::PullRequest ||
+                    env->body_type() == msg::Body::Resume ||
                     env->body_type() == msg::Body::DeclareSlice)) {
     return ReplyError(in, absl::UnavailableError("server starting: not registered yet"));
   }
@@ -267,6 +269,9 @@ void Server::Handle(InMessage in) {
       break;
     case msg::Body::PullRequest:
       OnPull(in);
+      break;
+    case msg::Body::Resume:
+      OnResume(in);
       break;
     case msg::Body::SetHyper:
       OnSetHyper(in);
@@ -397,6 +402,26 @@ void Server::OnPush(InMessage& in) {
   work.key = p->key();
   work.worker = worker;
   work.step = p->step();
+  Route(std::move(in), owner, std::move(work));
+}
+
+void Server::OnResume(InMessage& in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
+  const msg::Envelope* env = in.envelope();
+  const msg::Resume* r = env->body_as_Resume();
+  const int owner = engine_->OwnerOf(r->key());
+  if (owner < 0) {
+    return ReplyError(in, absl::InvalidArgumentError(
+                              absl::StrCat("resume of undeclared slice ", r->key())));
+  }
+  const int worker = env->sender_rank();
+  if (env->sender_role() != msg::Role::Worker || worker < 0 || worker >= members_.num_workers()) {
+    return ReplyError(in, absl::InvalidArgumentError("resume from an unknown worker"));
+  }
+  ResumeWork work;
+  work.key = r->key();
+  work.worker = worker;
+  work.seen_version = r->seen_version();
   Route(std::move(in), owner, std::move(work));
 }
 

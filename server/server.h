@@ -149,6 +149,8 @@ class Server {
   void Route(InMessage in, int owner, EngineWork work);
   void OnPush(InMessage& in);
   void OnPull(InMessage& in);
+  // A worker's msg::Resume after this server restarted (Shard::ResumeAt on the owner).
+  void OnResume(InMessage& in);
   void OnSetHyper(InMessage& in);
   void OnCheckpoint(InMessage& in);
   // Sync: completes every step the lost workers were holding up (membership code calls it

@@ -234,12 +234,7 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
     // was applied before the restart already; acknowledged, not applied twice (its pull
     // waits for a version this shard has reached).
     if (step < version_) return absl::OkStatus();
-    std::fill(agg_.begin(), agg_.end(), 0.0f);
-    pushed_.clear();
-    late_in_step_ = 0;
-    version_ = step;
-    last_sparse_ = false;
-    last_forwardable_ = false;
+    JumpTo(step);
   }
   // A straggler's push of a step that completed without it (--backup_workers): added to
   // the step in progress, once per step and worker.
@@ -294,6 +289,21 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
   }
   if (!learned.empty()) segments_ = std::move(learned);
   return absl::OkStatus();
+}
+
+void Shard::JumpTo(uint64_t step) {
+  std::fill(agg_.begin(), agg_.end(), 0.0f);
+  pushed_.clear();
+  late_in_step_ = 0;
+  version_ = step;
+  last_sparse_ = false;
+  last_forwardable_ = false;
+}
+
+bool Shard::ResumeAt(uint64_t seen) {
+  if (!resuming_ || seen <= version_) return false;
+  JumpTo(seen);
+  return true;
 }
 
 bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig& optimizer,

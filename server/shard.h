@@ -144,6 +144,11 @@ class Shard {
   // carried is lost (kFailedPrecondition for a second push of a step the worker had pushed).
   absl::Status AddPush(int worker, uint64_t step, absl::Span<const uint8_t> payload,
                        int backup_workers = 0);
+  // Sync: a worker saw version `seen` of this slice before a restart (Resume). A restored
+  // shard that completed no step since and is behind it moves there, as a push for step
+  // `seen` would move it (the sum of the step in progress is dropped: it completed before
+  // the restart). true when it moved; false (nothing changes) otherwise.
+  bool ResumeAt(uint64_t seen);
   // Sync: when some worker pushed this step and at most `backup_workers` of `live` did not,
   // averages the sum over the pushes it holds (late ones included; not for sum-only),
   // applies `optimizer` and advances the version. true when the step completed.
@@ -215,6 +220,8 @@ class Shard {
   absl::Duration step_work_, version_work_;  // CountStepWork
   bool restored_ = false;
   bool resuming_ = false;  // restored, and no step completed since (see AddPush)
+  // Resuming: goes on at `step`, dropping the step in progress.
+  void JumpTo(uint64_t step);
   std::vector<float> params_;
   OptimizerState optimizer_;
   std::vector<float> agg_;  // sync: the step's sum; async: the push being applied

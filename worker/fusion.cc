@@ -169,8 +169,10 @@ absl::Status FusionTable::Declare(Tensor& t, absl::Span<float> values, bool* fus
     const msg::PullResponse* resp = r.envelope()->body_as_PullResponse();
     rt.replica_version = ReplicaVersion(*resp);
     rt.step = resp->version();
+    rt.seen_version = resp->version();
     rt.incarnation = incarnation;
   }
+  if (offset == 0) runner_.Track(&in);  // (the bucket's first member)
   t.tensor_id = in.tensor_id;
   t.meta.push_back(SliceMeta{SliceInfo{0, length, m.info.server}, m.key});
   t.fused_into = b;

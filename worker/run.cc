@@ -30,6 +30,9 @@ Runner::Runner(const WorkerOptions& options, const RoleLog& log, Membership& mem
 
 void Runner::Start() {
   retries_.Start();
+  // (The I/O thread calls it; the transport stops before this Runner goes.)
+  links_.SetOnRestart(
+      [this](int server) { retries_.Post([this, server] { AnnounceSeen(server); }); });
   if (options_.compression_threads > 0) {
     pool_ = std::make_unique<JobPool>(options_.compression_threads);
     pool_->Start();
@@ -37,6 +40,42 @@ void Runner::Start() {
 }
 
 void Runner::CloseRetries() { retries_.Close(); }
+
+void Runner::Track(Tensor* t) {
+  absl::MutexLock lock(&tracked_mu_);
+  tracked_.push_back(t);
+}
+
+void Runner::AnnounceSeen(int server) {
+  std::vector<Tensor*> tensors;
+  {
+    absl::MutexLock lock(&tracked_mu_);
+    tensors = tracked_;
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> seen;  // key, version
+  for (Tensor* t : tensors) {
+    absl::MutexLock lock(&t->mu);
+    for (size_t i = 0; i < t->meta.size(); ++i) {
+      if (t->meta[i].info.server != server || t->slices[i].seen_version == 0) continue;
+      seen.emplace_back(t->meta[i].key, t->slices[i].seen_version);
+    }
+  }
+  for (const auto& [key, version] : seen) {
+    if (!membership_.CheckRunning().ok()) return;
+    absl::Status st = membership_
+                          .CallServerResuming(server,
+                                              [&](flatbuffers::FlatBufferBuilder& b) {
+                                                return msg::CreateResume(b, key, version);
+                                              })
+                          .status();
+    if (!st.ok()) {
+      // (A server that restarted again is told by the next announcement.)
+      log_.get()->warn("telling restarted server {} the steps this worker saw: {}", server,
+                       st.ToString());
+      return;
+    }
+  }
+}
 
 void Runner::Stop() {
   retries_.Stop();
@@ -101,6 +140,7 @@ absl::Status Runner::ResyncSlices(Tensor& t, const std::vector<size_t>& slices) 
     rt.step = std::max(rt.step, version);
     std::memcpy(rt.replica.data(), pulls[k].payload().data(), pulls[k].payload().size());
     rt.replica_version = ReplicaVersion(*pulls[k].envelope()->body_as_PullResponse());
+    rt.seen_version = version;
     rt.incarnation = incarnations[k];
   }
   return absl::OkStatus();

@@ -75,6 +75,10 @@ class Runner {
                                                    const char* why,
                                                    msg::PullFormat format = msg::PullFormat::Dense);
 
+  // A tensor with its own slices (a bucket's internal one included), once its initial pull
+  // set their steps: AnnounceSeen tells a restarted server what this worker saw of them.
+  void Track(Tensor* t);
+
   // Stopping (Worker::Impl::Stop): closes the retry queue before the transport stops (a retry
   // posted from then on fails its operation at once); Stop after it joins the retry thread
   // and drains the pool (queued Runs fail, decodes finish).
@@ -117,6 +121,11 @@ class Runner {
   // the published replica again after a refused recompressed pull), sends again. `holds`:
   // an early retry of one slice, holding a count of `outstanding` until it sent.
   void Retry(const std::shared_ptr<RunOp>& op, std::vector<size_t> slices, bool holds);
+  // The retry thread, once server `server` came back: tells it, for every tracked slice it
+  // holds, the highest version this worker applied (msg::Resume). A slice with no operation
+  // in flight is told no other way, and a restored slice behind what a worker saw waits for
+  // that worker's push of a step it had pushed already (docs/reliability.md).
+  void AnnounceSeen(int server);
 
   const WorkerOptions& options_;
   const RoleLog& log_;
@@ -126,8 +135,10 @@ class Runner {
   WorkerMetrics& metrics_;
   // Null with compression_threads = 0. Stopped (drained) after the transport in Stop.
   std::unique_ptr<JobPool> pool_;
-  // The retry thread (Retry jobs, one at a time).
+  // The retry thread (Retry and AnnounceSeen jobs, one at a time).
   JobPool retries_{1};
+  absl::Mutex tracked_mu_;
+  std::vector<Tensor*> tracked_ ABSL_GUARDED_BY(tracked_mu_);
 };
 
 }  // namespace adaps

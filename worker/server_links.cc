@@ -105,6 +105,7 @@ void ServerLinks::ApplyView(const msg::ClusterView& view) {
     }
     log_->get()->warn("server {} restarted at {}: reconnected", r, address);
     int old;
+    std::function<void(int)> on_restart;
     {
       absl::MutexLock lock(&mu_);
       old = peer_[r];
@@ -112,10 +113,12 @@ void ServerLinks::ApplyView(const msg::ClusterView& view) {
       ++incarnation_[r];
       alive_[r] = true;
       restartable_[r] = n->identity() && n->identity()->size() > 0;
+      on_restart = on_restart_;
     }
     address_[r] = address;
     dead_[r] = false;
     transport_->FailPeer(old, absl::UnavailableError(absl::StrCat("server ", r, " restarted")));
+    if (on_restart) on_restart(r);
   }
 }
 
@@ -128,6 +131,11 @@ bool ServerLinks::WaitForNewIncarnation(int server, uint64_t old, absl::Time dea
   // (Alive in the same incarnation: it answered kUnavailable while still registering, and
   // the caller asks it again.)
   return (incarnation_[server] != old || alive_[server]) && !closed_;
+}
+
+void ServerLinks::SetOnRestart(std::function<void(int server)> on_restart) {
+  absl::MutexLock lock(&mu_);
+  on_restart_ = std::move(on_restart);
 }
 
 void ServerLinks::Close() {

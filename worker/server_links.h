@@ -13,6 +13,7 @@
 #define ADAPS_WORKER_SERVER_LINKS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,10 @@ class ServerLinks {
   // The worker stopped or the cluster shut down: wakes every WaitForNewIncarnation.
   void Close();
 
+  // Called on the I/O thread with a server's rank each time it came back (after the
+  // requests to its old incarnation failed); must not block. Any thread; null: none.
+  void SetOnRestart(std::function<void(int server)> on_restart);
+
  private:
   Transport* const transport_;
   const RoleLog* const log_;
@@ -67,6 +72,7 @@ class ServerLinks {
   // Not declared dead (false from the view saying so until it is back).
   std::vector<bool> alive_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void(int)> on_restart_ ABSL_GUARDED_BY(mu_);
   // I/O thread only (ADAPS_DCHECK_ON_IO_THREAD).
   std::vector<std::string> address_;
   std::vector<bool> dead_;

@@ -135,11 +135,13 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
   return encoded;
 }
 
-absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
-                       absl::Span<const uint8_t> payload, uint64_t wire_bytes,
-                       absl::Span<float> out, const Bytes* own_push) {
-  absl::MutexLock lock(&t.mu);
-  AddsElapsed timer(t.traffic.decode_seconds);  // ends before `lock` (t.mu held)
+namespace {
+
+absl::Status ApplyPullLocked(Tensor& t, size_t i, const msg::PullResponse& resp,
+                             absl::Span<const uint8_t> payload, uint64_t wire_bytes,
+                             absl::Span<float> out, const Bytes* own_push)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
+  AddsElapsed timer(t.traffic.decode_seconds);
   const SliceInfo& info = t.meta[i].info;
   SliceRt& rt = t.slices[i];
   t.traffic.pull_wire_bytes += wire_bytes;
@@ -214,6 +216,17 @@ absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
   }
   rt.replica_version = resp.version();
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ApplyPull(Tensor& t, size_t i, const msg::PullResponse& resp,
+                       absl::Span<const uint8_t> payload, uint64_t wire_bytes,
+                       absl::Span<float> out, const Bytes* own_push) {
+  absl::MutexLock lock(&t.mu);
+  absl::Status st = ApplyPullLocked(t, i, resp, payload, wire_bytes, out, own_push);
+  if (st.ok()) t.slices[i].seen_version = std::max(t.slices[i].seen_version, resp.version());
+  return st;
 }
 
 const char* RunStageName(RunStage stage) {

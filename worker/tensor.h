@@ -50,6 +50,9 @@ struct SliceRt {
   // The incarnation of the slice's server (ServerLinks, worker/server_links.h) that `step`
   // and `replica` were learned from; another one means resynchronize first.
   uint64_t incarnation = 0;
+  // The version of the last pull answer applied (initial, resync or a step's): what this
+  // worker tells a restarted server it saw (Runner::AnnounceSeen).
+  uint64_t seen_version = 0;
   // A resync found the server behind: a pull alone waits for this version.
   uint64_t pull_floor = UINT64_MAX;
   // The buffer of this slice's last push, written again by the next one once nobody else

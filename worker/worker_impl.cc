@@ -172,8 +172,10 @@ absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
     const msg::PullResponse* resp = pulls[i].envelope()->body_as_PullResponse();
     rt.replica_version = ReplicaVersion(*resp);
     rt.step = resp->version();
+    rt.seen_version = resp->version();
     rt.incarnation = incarnations[i];
   }
+  runner_->Track(&t);
   return absl::OkStatus();
 }
 

@@ -106,6 +106,11 @@ void Walk(const adaps::msg::Envelope* env) {
       g_sink += b->key() + b->min_version() + b->have_version() + static_cast<size_t>(b->format());
       break;
     }
+    case Body::Resume: {
+      auto* b = env->body_as_Resume();
+      g_sink += b->key() + b->seen_version();
+      break;
+    }
     case Body::PullResponse: {
       auto* b = env->body_as_PullResponse();
       g_sink += b->key() + b->version() + b->base_version() + static_cast<size_t>(b->format());

@@ -133,6 +133,10 @@ int main(int argc, char** argv) {
   }
   {
     flatbuffers::FlatBufferBuilder b;
+    Write("resume", FinishEnvelope(b, worker, msg::CreateResume(b, 0, 3), id++, 0));
+  }
+  {
+    flatbuffers::FlatBufferBuilder b;
     auto x = msg::CreatePullResponse(b, 0, 1, 0, msg::PullFormat::Dense);
     std::vector<float> v(64, 1.0f);
     Write("pull_response", FinishEnvelope(b, sched, x, 0, 5, FloatsToBytes(v)));

@@ -485,6 +485,37 @@ TEST(Elastic, ADensePullInFlightWhenItsServerRestartsIsAnsweredByTheRestartedSer
   EXPECT_EQ(server->WaitExit(absl::Seconds(10)), 0) << server->Log();
 }
 
+// A worker tells a restarted server the version it saw of every slice there, also of one
+// with no operation in flight, and a restored slice behind it goes on at that version. In
+// grow_under_faults.sh (a joiner's steps of two tensors one apart) a worker that had seen a
+// tensor's step complete waited on its other tensor, whose step needed the others' next
+// step, which waited for that worker's push of the step it had seen complete: every worker
+// waited until its retries ran out (about one run in ten). Here no operation is in flight at
+// the restart: the old code never told the server, and it stayed at the restored step.
+TEST(Elastic, ARestartedServerGoesOnAtTheVersionAnIdleWorkerSaw) {
+  RestartableSumServer r({"--num_servers=1"});
+  ASSERT_NO_FATAL_FAILURE(r.StartAndCheckpoint());
+  auto& cw = r.cw;
+  auto& server = r.server;
+  cw.Steps({0, 1}, 1);  // both saw version 4; the checkpoint holds 3
+  ASSERT_EQ(cw.p[0][0], 8.0f);
+  r.Restart();
+  const std::string told = "goes on at step 4, not at the restored 3";
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (server->Log().find(told) == std::string::npos && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_THAT(server->Log(), HasSubstr(told));
+  cw.Steps({0, 1}, 1);  // from the restored parameters (6), at step 4
+  EXPECT_EQ(cw.p[0][0], 8.0f);
+  EXPECT_EQ(cw.p[1][kCount - 1], 8.0f);
+  for (auto& x : cw.w) {
+    if (x) EXPECT_TRUE(x->Stop().ok());
+  }
+  server->Signal(SIGTERM);
+  EXPECT_EQ(server->WaitExit(absl::Seconds(10)), 0) << server->Log();
+}
+
 TEST(Elastic, CheckpointWritesTheWorkersResiduesForARestartToLoad) {
   ClusterOptions c;
   c.num_servers = 1;

@@ -385,6 +385,41 @@ TEST(Shard, RestoredShardGoesOnAtTheWorkersStepAndDropsAPushOfAStepCompletedBefo
   EXPECT_EQ(s.version(), 10u);
 }
 
+// A restored shard at step 5; worker 0 saw step 5 complete before the restart (it has no
+// operation in flight on this slice: it waits on another), worker 1's answer of step 5 was
+// lost and it pushes step 5 again. Without worker 0's word the step waits for a push worker
+// 0 made already (grow_under_faults.sh: every worker waited until the retries ran out).
+TEST(Shard, RestoredShardGoesOnAtAVersionAWorkerSawBeforeTheRestart) {
+  const OptimizerConfig sum = Kind(OptimizerKind::kSumOnly);
+  Shard s = RestoredAtStepFive();
+  ASSERT_TRUE(s.AddPush(1, 5, Dense({100, 100, 100, 100})).ok());
+  s.Hold(DensePull(6));
+  EXPECT_FALSE(s.CompleteStepIfReady({0, 1}, sum));
+  EXPECT_FALSE(s.ResumeAt(5));  // not ahead: nothing changes
+  EXPECT_EQ(s.version(), 5u);
+  EXPECT_TRUE(s.ResumeAt(6));
+  EXPECT_EQ(s.version(), 6u);
+  EXPECT_EQ(s.TakeReadyPulls().size(), 1u);  // worker 1's pull is answered
+  // Step 5's sum was dropped (that step completed before the restart); a resent push of it
+  // is acknowledged and not applied, and step 6 goes on with both workers.
+  ASSERT_TRUE(s.AddPush(1, 5, Dense({100, 100, 100, 100})).ok());
+  ASSERT_TRUE(s.AddPush(0, 6, Dense({1, 1, 1, 1})).ok());
+  ASSERT_TRUE(s.AddPush(1, 6, Dense({1, 1, 1, 1})).ok());
+  ASSERT_TRUE(s.CompleteStepIfReady({0, 1}, sum));
+  EXPECT_EQ(s.version(), 7u);
+  EXPECT_EQ(std::vector<float>(s.params().begin(), s.params().end()),
+            (std::vector<float>{7, 7, 7, 7}));  // 5 restored steps of 1, then one of 2
+  // Once a step completed, a worker's word moves nothing.
+  EXPECT_FALSE(s.ResumeAt(9));
+  EXPECT_EQ(s.version(), 7u);
+}
+
+TEST(Shard, AFreshShardNeverResumesAtAVersionAWorkerSaw) {
+  Shard s = Make();
+  EXPECT_FALSE(s.ResumeAt(3));
+  EXPECT_EQ(s.version(), 0u);
+}
+
 TEST(Shard, AFreshShardNeverJumpsToAnotherStep) {
   Shard s = Make();
   EXPECT_EQ(s.AddPush(0, 3, Dense({1, 1, 1, 1})).code(), absl::StatusCode::kFailedPrecondition);
