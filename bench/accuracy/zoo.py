@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The accuracy zoo: dense against AdaComp at the defaults a user gets, on eleven models.
+"""The accuracy zoo: dense against AdaComp at the defaults a user gets, on the models of zoo_models.py (seventeen).
 
     bash deploy/build.sh
     /usr/bin/python3 bench/accuracy/zoo.py                  # every model, seeds 1 and 2
@@ -63,11 +63,19 @@ def parse():
     ap.add_argument("--skip-existing", action="store_true",
                     help="keep the runs whose JSON is already in --out")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    ap.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                    help="an adaps.torch setting for every run, exported as ADAPS_<NAME> "
+                         "(e.g. own_updates=off): to measure an alternative to a default; "
+                         "without it every run gets the defaults a user gets, whatever the "
+                         "shell exports")
     ap.add_argument("--text", default=None,
                     help="a UTF-8 text for the language models instead of the licence texts "
                          "(a check on a corpus the defaults were not measured on; pair it "
                          "with its own --out and --doc)")
     a = ap.parse_args()
+    for kv in a.setting:
+        if "=" not in kv or not kv.split("=", 1)[0]:
+            ap.error("--setting takes NAME=VALUE, not %r" % kv)
     if a.quick:
         a.seeds, a.steps, a.eval_every = "1", 12, 6
     for m in a.models.split(","):
@@ -96,6 +104,9 @@ def run_one(a, model, system, seed):
                ADAPS_BIN_DIR=a.build, PYTHONDONTWRITEBYTECODE="1")
     for k in [k for k in env if k.startswith("ADAPS_") and k != "ADAPS_BIN_DIR"]:
         del env[k]  # the defaults a user gets, not this shell's settings
+    for kv in a.setting:
+        name, value = kv.split("=", 1)
+        env["ADAPS_" + name.upper()] = value
     argv = [sys.executable, "-m", "adaps.launch", "-n", str(a.workers), "--servers", "1"]
     argv += SYSTEMS[system]
     argv += [os.path.join(HERE, "zoo_worker.py"), "--model", model, "--seed", str(seed),

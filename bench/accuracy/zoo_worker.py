@@ -71,7 +71,9 @@ def main():
         result = dict(model=a.model, seed=a.seed, steps=a.steps, metric=task.metric,
                       higher_is_better=task.higher_is_better, final=curve[-1][1],
                       curve=curve, seconds=seconds, mode=opt.mode, exchange=opt.exchange,
-                      compression=opt.compression, pull=opt.pull, traffic=total,
+                      compression=opt.compression, pull=opt.pull,
+                      second_moment=opt.second_moment, own_updates=opt.own_updates,
+                      bin_schedule=opt.bin_schedule, traffic=total,
                       by_layer=traffic, workers=worker.num_workers, wire=wire)
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
