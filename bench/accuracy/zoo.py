@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""The accuracy zoo: dense against AdaComp at the defaults a user gets, on the models of zoo_models.py (seventeen).
+"""The accuracy zoo: dense against AdaComp at the defaults a user gets, on the seventeen
+models of zoo_models.py.
 
     bash deploy/build.sh
     /usr/bin/python3 bench/accuracy/zoo.py                  # every model, seeds 1 and 2
