@@ -60,12 +60,13 @@ void Runner::AnnounceSeen(int server) {
       seen.emplace_back(t->meta[i].key, t->slices[i].seen_version);
     }
   }
-  for (const auto& [key, version] : seen) {
+  for (const std::pair<uint64_t, uint64_t>& slice : seen) {
     if (!membership_.CheckRunning().ok()) return;
     absl::Status st = membership_
                           .CallServerResuming(server,
                                               [&](flatbuffers::FlatBufferBuilder& b) {
-                                                return msg::CreateResume(b, key, version);
+                                                return msg::CreateResume(b, slice.first,
+                                                                         slice.second);
                                               })
                           .status();
     if (!st.ok()) {
