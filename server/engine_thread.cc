@@ -132,14 +132,21 @@ void EngineThread::OnDeclare(DeclareWork& work) {
   Ack(work);
 }
 
-void EngineThread::OnPush(PushWork& work) {
+Shard* EngineThread::FindOrReply(const EngineRequest& work, const char* what) {
   ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   auto it = shards_.find(work.key);
   if (it == shards_.end()) {
-    return ReplyError(work, absl::InvalidArgumentError(
-                                absl::StrCat("push to undeclared slice ", work.key)));
+    ReplyError(work, absl::InvalidArgumentError(
+                         absl::StrCat(what, " undeclared slice ", work.key)));
+    return nullptr;
   }
-  Shard& shard = it->second;
+  return &it->second;
+}
+
+void EngineThread::OnPush(PushWork& work) {
+  Shard* found = FindOrReply(work, "push to");
+  if (found == nullptr) return;
+  Shard& shard = *found;
   ServerMetrics::Work timing = Time(shard, /*push=*/true);
   const absl::Time start = absl::Now();
   if (options_.sync) {
@@ -167,13 +174,9 @@ void EngineThread::OnPush(PushWork& work) {
 }
 
 void EngineThread::OnPull(PullWork& work) {
-  ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
-  auto it = shards_.find(work.key);
-  if (it == shards_.end()) {
-    return ReplyError(work, absl::InvalidArgumentError(
-                                absl::StrCat("pull of undeclared slice ", work.key)));
-  }
-  Shard& shard = it->second;
+  Shard* found = FindOrReply(work, "pull of");
+  if (found == nullptr) return;
+  Shard& shard = *found;
   // A worker never waits for more than the step after the current one (its push for this
   // step is in); anything further would be held forever, so a client could pile them up.
   if (options_.sync && work.min_version > shard.version() + 1) {
@@ -198,13 +201,9 @@ void EngineThread::OnPull(PullWork& work) {
 }
 
 void EngineThread::OnResume(ResumeWork& work) {
-  ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
-  auto it = shards_.find(work.key);
-  if (it == shards_.end()) {
-    return ReplyError(work, absl::InvalidArgumentError(
-                                absl::StrCat("resume of undeclared slice ", work.key)));
-  }
-  Shard& shard = it->second;
+  Shard* found = FindOrReply(work, "resume of");
+  if (found == nullptr) return;
+  Shard& shard = *found;
   const uint64_t was = shard.version();
   if (options_.sync && shard.ResumeAt(work.seen_version)) {
     if (options_.log != nullptr) {

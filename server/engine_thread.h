@@ -39,6 +39,8 @@ class EngineThread {
   void Handle(EngineWork& work);
   void OnDeclare(DeclareWork& work);
   void OnDeclareBucket(DeclareWork& work);
+  // The request's shard, or null once an error was answered ("<what> undeclared slice K").
+  Shard* FindOrReply(const EngineRequest& work, const char* what);
   void OnPush(PushWork& work);
   void OnPull(PullWork& work);
   void OnResume(ResumeWork& work);

@@ -372,6 +372,13 @@ void Server::Route(InMessage in, int owner, EngineWork work) {
   }
 }
 
+int Server::KnownWorker(const msg::Envelope& env) const {
+  const int rank = env.sender_rank();
+  const bool known = env.sender_role() == msg::Role::Worker && rank >= 0 &&
+                     rank < members_.num_workers();
+  return known ? rank : -1;
+}
+
 void Server::OnPush(InMessage& in) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const msg::Envelope* env = in.envelope();
@@ -381,8 +388,8 @@ void Server::OnPush(InMessage& in) {
     return ReplyError(in, absl::InvalidArgumentError(
                               absl::StrCat("push to undeclared slice ", p->key())));
   }
-  const int worker = env->sender_rank();
-  if (env->sender_role() != msg::Role::Worker || worker < 0 || worker >= members_.num_workers()) {
+  const int worker = KnownWorker(*env);
+  if (worker < 0) {
     return ReplyError(in, absl::InvalidArgumentError("push from an unknown worker"));
   }
   auto header = PeekHeader(in.payload());
@@ -414,8 +421,8 @@ void Server::OnResume(InMessage& in) {
     return ReplyError(in, absl::InvalidArgumentError(
                               absl::StrCat("resume of undeclared slice ", r->key())));
   }
-  const int worker = env->sender_rank();
-  if (env->sender_role() != msg::Role::Worker || worker < 0 || worker >= members_.num_workers()) {
+  const int worker = KnownWorker(*env);
+  if (worker < 0) {
     return ReplyError(in, absl::InvalidArgumentError("resume from an unknown worker"));
   }
   ResumeWork work;

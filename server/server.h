@@ -147,6 +147,8 @@ class Server {
   void OnDeclare(InMessage& in);
   // Fills the answer's address into `work`, moves the message into it, queues it to `owner`.
   void Route(InMessage in, int owner, EngineWork work);
+  // The sender's rank when it is a worker of the latest view, else -1.
+  int KnownWorker(const msg::Envelope& env) const;
   void OnPush(InMessage& in);
   void OnPull(InMessage& in);
   // A worker's msg::Resume after this server restarted (Shard::ResumeAt on the owner).

@@ -208,6 +208,8 @@ class Shard {
   uint32_t DownlinkBin(uint32_t member_bin) const;
   absl::Status PublishRecompressedSegments();
   void Grow(absl::Span<const WireSegment> table);
+  // Resuming: goes on at `step`, dropping the step in progress (AddPush, ResumeAt).
+  void JumpTo(uint64_t step);
   // `bytes` if nobody else holds it (to overwrite it in place), else a new buffer.
   static std::shared_ptr<std::vector<uint8_t>> Reusable(
       std::shared_ptr<std::vector<uint8_t>>& bytes);
@@ -220,8 +222,6 @@ class Shard {
   absl::Duration step_work_, version_work_;  // CountStepWork
   bool restored_ = false;
   bool resuming_ = false;  // restored, and no step completed since (see AddPush)
-  // Resuming: goes on at `step`, dropping the step in progress.
-  void JumpTo(uint64_t step);
   std::vector<float> params_;
   OptimizerState optimizer_;
   std::vector<float> agg_;  // sync: the step's sum; async: the push being applied

@@ -89,24 +89,38 @@ def _effective_grad(optimizer, group, p):
     return g
 
 
-def _mu_squared(m_hat, v_hat, b1, t):
+def _mu_squared(m_hat, v, v_div, b1, t):
     """This step's estimate of the true gradient's square from bias-corrected m_hat (an
-    average of g with beta1 after t steps) and v_hat (of g^2): m_hat^2 less its own noise."""
+    average of g with beta1 after t steps; squared in place) and v / v_div (the bias-corrected
+    average of g^2): m_hat^2 less its own noise."""
     k = (1.0 - b1) / (1.0 + b1) * (1.0 + b1 ** t) / (1.0 - b1 ** t)
-    mu2 = m_hat.square()
+    mu2 = m_hat.square_()
     if k < 0.99:  # (the first steps: m_hat is mostly noise, keep m_hat^2)
-        mu2.sub_(v_hat, alpha=k).div_(1.0 - k)
+        mu2.sub_(v, alpha=k / v_div).div_(1.0 - k)
     return mu2
 
 
-class _Own:
+class _Window:
+    """mu^2 averaged over the second moment's window (a `smoothed` entry)."""
+
+    def __init__(self, like):
+        self.mu2 = torch.zeros_like(like)
+        self.n = 0
+
+    def average(self, mu2, b2):
+        """Adds this step's mu2; returns the bias-corrected average (a new tensor)."""
+        self.mu2.mul_(b2).add_(mu2, alpha=1.0 - b2)
+        self.n += 1
+        return self.mu2.div(1.0 - b2 ** self.n)
+
+
+class _Own(_Window):
     """What adaps keeps for an optimizer without a first moment of g (RMSprop, Adagrad)."""
 
     def __init__(self, like):
+        super().__init__(like)
         self.t = 0
         self.m = torch.zeros_like(like)
-        self.mu2 = torch.zeros_like(like)  # mu^2 averaged over v's window
-        self.n = 0
         self.q = None  # Adagrad: an average of g^2
         self.total = None  # Adagrad: the global batch's sum of G^2, estimated
 
@@ -116,15 +130,13 @@ def _advance_first_moment(entry, g):
     entry.m.mul_(_OWN_BETA1).add_(g, alpha=1.0 - _OWN_BETA1)
 
 
-def _own_estimate(entry, g, v_hat_of, b2):
-    """Advances entry's first moment with g; returns mu^2 averaged over b2's window (v_hat_of:
+def _own_estimate(entry, g, v, v_div, b2):
+    """Advances entry's first moment with g; returns mu^2 averaged over b2's window (v / v_div:
     the bias-corrected second moment this step)."""
     _advance_first_moment(entry, g)
     m_hat = entry.m / (1.0 - _OWN_BETA1 ** entry.t)
-    mu2 = _mu_squared(m_hat, v_hat_of(), _OWN_BETA1, entry.t)
-    entry.mu2.mul_(b2).add_(mu2, alpha=1.0 - b2)
-    entry.n += 1
-    return entry.mu2.div(1.0 - b2 ** entry.n).clamp_(min=0.0)
+    mu2 = _mu_squared(m_hat, v, v_div, _OWN_BETA1, entry.t)
+    return entry.average(mu2, b2).clamp_(min=0.0)
 
 
 def _rmsprop(optimizer, group, p, entry, w, saved):
@@ -136,7 +148,7 @@ def _rmsprop(optimizer, group, p, entry, w, saved):
         return
     v = state["square_avg"].mul(alpha).addcmul_(g, g, value=1.0 - alpha)
     bc2 = 1.0 - alpha ** (float(state["step"]) + 1.0)
-    mu2 = _own_estimate(entry, g, lambda: v / bc2, alpha)
+    mu2 = _own_estimate(entry, g, v, bc2, alpha)
     # bc2 * v_global: the raw value torch's step should divide by the root of.
     want = mu2.mul_((1.0 - 1.0 / w) * bc2).add_(v, alpha=1.0 / w)
     torch.minimum(want, v, out=want)
@@ -154,7 +166,7 @@ def _adagrad(optimizer, group, p, entry, w, saved):
         entry.q = torch.zeros_like(entry.m)
         entry.total = state["sum"].clone()  # from torch's (initial_accumulator_value)
     entry.q.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-    mu2 = _own_estimate(entry, g, lambda: entry.q / (1.0 - b2 ** entry.t), b2)
+    mu2 = _own_estimate(entry, g, entry.q, 1.0 - b2 ** (entry.t + 1), b2)
     true_sum = state["sum"].addcmul(g, g)
     total = entry.total.add_(mu2.mul_(1.0 - 1.0 / w).addcmul_(g, g, value=1.0 / w))
     torch.minimum(total, true_sum, out=total)
@@ -171,19 +183,13 @@ def _adam(optimizer, group, p, smoothed, w, saved):
     g = _effective_grad(optimizer, group, p).to(state["exp_avg"].dtype)
     m = state["exp_avg"].mul(b1).add_(g, alpha=1.0 - b1)
     v = state["exp_avg_sq"].mul(b2).addcmul_(g, g, value=1.0 - b2)
-    bc1 = 1.0 - b1 ** step
     bc2 = 1.0 - b2 ** step
-    k = (1.0 - b1) / (1.0 + b1) * (1.0 + b1 ** step) / bc1
-    mu2 = m.div_(bc1).square_()
-    if k < 0.99:  # (the first steps: m_hat is mostly noise, keep m_hat^2)
-        mu2.sub_(v, alpha=k / bc2).div_(1.0 - k)
+    mu2 = _mu_squared(m.div_(1.0 - b1 ** step), v, bc2, b1, step)
     if smoothed is not None:
         entry = smoothed.get(p)
         if entry is None:
-            entry = smoothed[p] = [torch.zeros_like(mu2), 0]
-        entry[0].mul_(b2).add_(mu2, alpha=1.0 - b2)
-        entry[1] += 1
-        mu2.copy_(entry[0]).div_(1.0 - b2 ** entry[1])
+            entry = smoothed[p] = _Window(mu2)
+        mu2 = entry.average(mu2, b2)
     mu2.clamp_(min=0.0)
     # bc2 * v_global: the raw value torch's step should compute.
     want = mu2.mul_((1.0 - 1.0 / w) * bc2).add_(v, alpha=1.0 / w)
