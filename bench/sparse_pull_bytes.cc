@@ -1,7 +1,8 @@
 // Bytes and engine time of a pull answer per format, on one server shard fed by W workers'
 // AdaComp pushes of a realistic gradient stream (worker/app/gradient_stream.h, tuned to ~1% at
-// T=500): sparse (the merged index list with the new values, server/shard.h) of an SGD server;
-// a mean server's answer (forwarded pushes, the puller's own left out: what local mode gets),
+// T=500): the sparse answer of an SGD server and of a mean server (what local mode gets): the
+// step's pushes forwarded, the puller's own left out (server/shard.h; the merged index list
+// with the new values is larger for AdaComp's pushes),
 // recompressed and dense; and the engine's time per step (decode-adds, optimizer, encoding)
 // with each. Issue 24; docs/benchmarks.md and schemas/README.md "Sparse pulls".
 //
@@ -24,7 +25,7 @@ namespace {
 
 struct Figures {
   double bytes = 0, ms = 0;
-  double answers_as_asked = 0;  // sparse (SGD), forwarded (mean), recompressed: not dense
+  double answers_as_asked = 0;  // forwarded (sparse pulls), recompressed: not dense
 };
 
 // One run of `steps` steps (after 3 warm-up steps) of `workers` workers; `format` is the
@@ -76,10 +77,9 @@ Figures Run(uint32_t length, int steps, int workers, Shard::Format format, bool 
     if (step < warmup) continue;
     f.bytes += (answer->payload ? static_cast<double>(answer->payload->size()) : 0.0) / steps;
     f.ms += ms / steps;
+    // Sparse pulls of AdaComp pushes: a mean step's and an SGD step's pushes forwarded.
     const Shard::Format expect =
-        format != Shard::Format::kSparse ? format
-        : mean                           ? Shard::Format::kForwarded
-                                         : Shard::Format::kSparse;
+        format != Shard::Format::kSparse ? format : Shard::Format::kForwarded;
     f.answers_as_asked += answer->format == expect ? 1 : 0;
   }
   return f;
@@ -97,9 +97,9 @@ int main(int argc, char** argv) {
   std::printf("%u floats, %d steps, AdaComp T=500; bytes per pull answer to one worker and "
               "engine ms per step (decode-adds + optimizer + answer)\n",
               length, steps);
-  std::printf("| workers | SGD server: sparse (merged) B | mean server: forwarded, own left out "
-              "B | recompressed (SGD, lossy) B | dense B | engine ms SGD sparse | engine ms mean "
-              "forwarded | engine ms recompressed |\n");
+  std::printf("| workers | SGD server: sparse, forwarded, own left out B | mean server: forwarded, "
+              "own left out B | recompressed (SGD, lossy) B | dense B | engine ms SGD sparse | "
+              "engine ms mean forwarded | engine ms recompressed |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   using adaps::Shard;
   for (int w : workers) {
@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     const adaps::Figures m = adaps::Run(length, steps, w, Shard::Format::kSparse, true);
     const adaps::Figures r = adaps::Run(length, steps, w, Shard::Format::kRecompressed, false);
     // (An answer that was not of the expected format, e.g. dense: the counts say.)
-    std::printf("| %d | %.0f (%.0f/%d sparse) | %.0f (%.0f/%d forwarded) | %.0f | %u | %.2f | "
+    std::printf("| %d | %.0f (%.0f/%d forwarded) | %.0f (%.0f/%d forwarded) | %.0f | %u | %.2f | "
                 "%.2f | %.2f |\n",
                 w, s.bytes, s.answers_as_asked, steps, m.bytes, m.answers_as_asked, steps,
                 r.bytes, length * 4, s.ms, m.ms, r.ms);

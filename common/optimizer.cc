@@ -103,7 +103,6 @@ void ApplyAdam(const OptimizerConfig& c, G grad, absl::Span<float> p, OptimizerS
 // the pass over touched elements (ApplyOptimizerAndClearAt), so both give the same floats.
 inline void SumStep(float g, float& p) { p += g; }
 inline void MeanStep(float g, float& p) { p = g; }
-inline void SgdStep(float lr, float wd, float g, float& p) { p -= lr * (g + wd * p); }
 
 template <typename G>
 void Apply(const OptimizerConfig& c, G grad, absl::Span<float> p, OptimizerState& state) {

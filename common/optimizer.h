@@ -36,6 +36,12 @@ struct OptimizerConfig {
   float epsilon = 1e-8f;
 };
 
+// SGD's step of one element, p -= lr * (g + wd * p): the one expression of the servers' full
+// and sparse passes and of a worker replaying a forwarded SGD step (DecodeForwardedSgdCopy),
+// so all of them give the same floats. (The build turns off floating-point contraction, so
+// no call site fuses it into an FMA another does not.)
+inline void SgdStep(float lr, float wd, float g, float& p) { p -= lr * (g + wd * p); }
+
 // Sets one hyper-parameter by name (learning_rate, momentum, weight_decay, beta1, beta2,
 // epsilon). kInvalidArgument for an unknown name or a value out of range (config unchanged).
 absl::Status SetHyperParam(OptimizerConfig& config, const std::string& name, double value);

@@ -165,6 +165,22 @@ absl::Status DecodeForwardedCopy(absl::Span<const uint8_t> bytes, absl::Span<flo
                                  absl::Span<float> copy,
                                  const absl::Span<const uint8_t>* own = nullptr);
 
+// A forwarded SGD step (schemas/README.md "Sparse pulls"): a tracked step of servers running
+// SGD without weight decay, p -= lr * (agg * scale) at each element some push holds, where agg
+// is the pushes added in order from 0. Layout: u32 magic "AFS1" | u32 count | f32 scale |
+// f32 lr | the pushes as in "AFW1". kInvalidArgument as EncodeForwarded, and for a rate that
+// is not finite and >= 0.
+absl::Status EncodeForwardedSgd(float scale, float lr,
+                                absl::Span<const absl::Span<const uint8_t>> pushes,
+                                std::vector<uint8_t>* out, int own = -1);
+// The replay of a forwarded SGD step on `dst`, the replica at the version before the step:
+// the server's float operations (common/optimizer.h SgdStep) at the elements the pushes hold,
+// so the same bits; then copy = dst. Errors as DecodeForwardedCopy (a mean step's answer is
+// kDataLoss here, and an SGD step's there); on any error neither dst nor copy changes.
+absl::Status DecodeForwardedSgdCopy(absl::Span<const uint8_t> bytes, absl::Span<float> dst,
+                                    absl::Span<float> copy,
+                                    const absl::Span<const uint8_t>* own = nullptr);
+
 // Size of the encoding in bits divided by the number of elements sent (count). Infinity
 // when nothing is sent.
 double BitsPerSentElement(const CompressedUpdate& update, size_t encoded_bytes);

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/optimizer.h"
 #include "common/status_macros.h"
 #include "common/wire_codec.h"
 #include "common/wire_internal.h"
@@ -14,7 +15,8 @@
 namespace adaps {
 namespace {
 
-constexpr uint32_t kForwardedMagic = 0x31574641;  // "AFW1", little-endian
+constexpr uint32_t kForwardedMagic = 0x31574641;     // "AFW1", little-endian: a mean step
+constexpr uint32_t kForwardedSgdMagic = 0x31534641;  // "AFS1": an SGD step (and its rate)
 // More pushes than any cluster has workers: a count beyond it is damage, not a step.
 constexpr uint32_t kMaxForwardedPushes = 1u << 20;
 constexpr uint32_t kOwnPush = 0xFFFFFFFF;  // the size that says: the puller's own push
@@ -64,8 +66,12 @@ size_t ForwardedSize(absl::Span<const size_t> push_sizes) {
   return n;
 }
 
-absl::Status EncodeForwarded(float scale, absl::Span<const absl::Span<const uint8_t>> pushes,
-                             std::vector<uint8_t>* out, int own) {
+namespace {
+
+// The two layouts differ only in the magic and SGD's learning rate after the scale.
+absl::Status EncodeForwardedAny(uint32_t magic, float scale, const float* lr,
+                                absl::Span<const absl::Span<const uint8_t>> pushes,
+                                std::vector<uint8_t>* out, int own) {
   out->clear();
   if (pushes.empty() || pushes.size() > kMaxForwardedPushes) {
     return absl::InvalidArgumentError(
@@ -74,15 +80,19 @@ absl::Status EncodeForwarded(float scale, absl::Span<const absl::Span<const uint
   if (!std::isfinite(scale) || !(scale > 0.0f)) {
     return absl::InvalidArgumentError(absl::StrCat("forwarded answer with scale ", scale));
   }
-  size_t total = 12;
+  if (lr != nullptr && (!std::isfinite(*lr) || !(*lr >= 0.0f))) {
+    return absl::InvalidArgumentError(absl::StrCat("forwarded SGD step at rate ", *lr));
+  }
+  size_t total = lr != nullptr ? 16 : 12;
   for (absl::Span<const uint8_t> p : pushes) {
     if (p.size() >= kOwnPush) return absl::InvalidArgumentError("a forwarded push over 4 GiB");
     total += 4 + p.size();
   }
   out->reserve(total);
-  wire_internal::PutU32(out, kForwardedMagic);
+  wire_internal::PutU32(out, magic);
   wire_internal::PutU32(out, static_cast<uint32_t>(pushes.size()));
   wire_internal::PutF32(out, scale);
+  if (lr != nullptr) wire_internal::PutF32(out, *lr);
   for (size_t i = 0; i < pushes.size(); ++i) {
     if (static_cast<int>(i) == own) {
       wire_internal::PutU32(out, kOwnPush);
@@ -94,29 +104,45 @@ absl::Status EncodeForwarded(float scale, absl::Span<const absl::Span<const uint
   return absl::OkStatus();
 }
 
-absl::Status DecodeForwardedCopy(absl::Span<const uint8_t> bytes, absl::Span<float> dst,
-                                 absl::Span<float> copy, const absl::Span<const uint8_t>* own) {
-  if (copy.size() != dst.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("copy of ", copy.size(), " elements for ",
-                                                   dst.size()));
-  }
-  wire_internal::ByteReader r(bytes);
-  uint32_t magic = 0, count = 0;
+// A forwarded answer read and every push in it decoded (so checked) for a slice of `n`
+// elements, before anything is written: the pushes in order (the puller's own where the
+// answer left it out), their parts in `parts[0, used)`, `sparse` false when a part is dense
+// or sign.
+struct Forwarded {
   float scale = 0.0f;
-  ADAPS_RETURN_IF_ERROR(r.U32(&magic));
-  if (magic != kForwardedMagic) return absl::DataLossError("not a forwarded pull answer");
-  ADAPS_RETURN_IF_ERROR(r.U32(&count));
-  ADAPS_RETURN_IF_ERROR(r.F32(&scale));
-  if (count == 0 || count > kMaxForwardedPushes || !std::isfinite(scale) || !(scale > 0.0f)) {
-    return absl::DataLossError(
-        absl::StrCat("forwarded answer of ", count, " pushes with scale ", scale));
-  }
-  // Every push is decoded (and so checked) before anything is written, then replayed.
+  float lr = 0.0f;  // (SGD)
   std::vector<absl::Span<const uint8_t>> pushes;
-  pushes.reserve(count);
-  thread_local std::vector<Part> parts;
   size_t used = 0;
   bool sparse = true;
+};
+
+absl::Status ParseForwarded(absl::Span<const uint8_t> bytes, size_t n, bool sgd,
+                            const absl::Span<const uint8_t>* own, std::vector<Part>& parts,
+                            Forwarded* f) {
+  wire_internal::ByteReader r(bytes);
+  uint32_t magic = 0, count = 0;
+  ADAPS_RETURN_IF_ERROR(r.U32(&magic));
+  if (magic != (sgd ? kForwardedSgdMagic : kForwardedMagic)) {
+    if (magic == kForwardedMagic || magic == kForwardedSgdMagic) {
+      return absl::DataLossError(sgd ? "a forwarded mean step where an SGD step was expected"
+                                     : "a forwarded SGD step where a mean step was expected");
+    }
+    return absl::DataLossError("not a forwarded pull answer");
+  }
+  ADAPS_RETURN_IF_ERROR(r.U32(&count));
+  ADAPS_RETURN_IF_ERROR(r.F32(&f->scale));
+  if (count == 0 || count > kMaxForwardedPushes || !std::isfinite(f->scale) ||
+      !(f->scale > 0.0f)) {
+    return absl::DataLossError(
+        absl::StrCat("forwarded answer of ", count, " pushes with scale ", f->scale));
+  }
+  if (sgd) {
+    ADAPS_RETURN_IF_ERROR(r.F32(&f->lr));
+    if (!std::isfinite(f->lr) || !(f->lr >= 0.0f)) {
+      return absl::DataLossError(absl::StrCat("forwarded SGD step at rate ", f->lr));
+    }
+  }
+  f->pushes.reserve(count);
   bool own_used = false;
   for (uint32_t i = 0; i < count; ++i) {
     uint32_t size = 0;
@@ -128,28 +154,56 @@ absl::Status DecodeForwardedCopy(absl::Span<const uint8_t> bytes, absl::Span<flo
                      : "a forwarded answer leaves out the puller's push, which it does not hold");
       }
       own_used = true;
-      pushes.push_back(*own);
-      ADAPS_RETURN_IF_ERROR(DecodePush(pushes.back(), dst.size(), parts, &used, &sparse));
+      f->pushes.push_back(*own);
+      ADAPS_RETURN_IF_ERROR(DecodePush(f->pushes.back(), n, parts, &f->used, &f->sparse));
       continue;
     }
     if (size > r.remaining()) {
       return absl::DataLossError(absl::StrCat("forwarded push ", i, " of ", size,
                                               " bytes, ", r.remaining(), " left"));
     }
-    pushes.push_back(bytes.subspan(r.pos(), size));
-    ADAPS_RETURN_IF_ERROR(DecodePush(pushes.back(), dst.size(), parts, &used, &sparse));
+    f->pushes.push_back(bytes.subspan(r.pos(), size));
+    ADAPS_RETURN_IF_ERROR(DecodePush(f->pushes.back(), n, parts, &f->used, &f->sparse));
     ADAPS_RETURN_IF_ERROR(r.Skip(size));
   }
   if (r.remaining() != 0) {
     return absl::DataLossError(absl::StrCat(r.remaining(), " bytes after the forwarded pushes"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EncodeForwarded(float scale, absl::Span<const absl::Span<const uint8_t>> pushes,
+                             std::vector<uint8_t>* out, int own) {
+  return EncodeForwardedAny(kForwardedMagic, scale, nullptr, pushes, out, own);
+}
+
+absl::Status EncodeForwardedSgd(float scale, float lr,
+                                absl::Span<const absl::Span<const uint8_t>> pushes,
+                                std::vector<uint8_t>* out, int own) {
+  return EncodeForwardedAny(kForwardedSgdMagic, scale, &lr, pushes, out, own);
+}
+
+absl::Status DecodeForwardedCopy(absl::Span<const uint8_t> bytes, absl::Span<float> dst,
+                                 absl::Span<float> copy, const absl::Span<const uint8_t>* own) {
+  if (copy.size() != dst.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("copy of ", copy.size(), " elements for ",
+                                                   dst.size()));
+  }
+  thread_local std::vector<Part> parts;
+  Forwarded f;
+  ADAPS_RETURN_IF_ERROR(ParseForwarded(bytes, dst.size(), /*sgd=*/false, own, parts, &f));
+  const std::vector<absl::Span<const uint8_t>>& pushes = f.pushes;
+  const size_t used = f.used;
+  const float scale = f.scale;
   // The server's step: agg = 0; agg += push (in its arrival order); params = agg * scale
   // (common/optimizer.cc, MeanStep on Grad<true>): the same float operations on each
   // element in the same order, so the same bits.
   float* d = dst.data();
   float* c = copy.data();
   const size_t n = dst.size();
-  if (!sparse) {  // a dense or sign part: every element, as DecodeAdd adds it
+  if (!f.sparse) {  // a dense or sign part: every element, as DecodeAdd adds it
     if (n != 0) std::memset(d, 0, n * sizeof(float));
     for (absl::Span<const uint8_t> p : pushes) ADAPS_RETURN_IF_ERROR(DecodeAdd(p, 1.0f, dst));
     for (size_t j = 0; j < n; ++j) c[j] = d[j] = d[j] * scale;
@@ -181,6 +235,66 @@ absl::Status DecodeForwardedCopy(absl::Span<const uint8_t> bytes, absl::Span<flo
     }
     for (size_t j = b; j < e; ++j) c[j] = d[j] = d[j] * scale;
   }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeForwardedSgdCopy(absl::Span<const uint8_t> bytes, absl::Span<float> dst,
+                                    absl::Span<float> copy,
+                                    const absl::Span<const uint8_t>* own) {
+  if (copy.size() != dst.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("copy of ", copy.size(), " elements for ",
+                                                   dst.size()));
+  }
+  const size_t n = dst.size();
+  thread_local std::vector<Part> parts;
+  Forwarded f;
+  ADAPS_RETURN_IF_ERROR(ParseForwarded(bytes, n, /*sgd=*/true, own, parts, &f));
+  // The server's step (server/shard.cc, a tracked SGD step): agg += push for each push in
+  // its arrival order (DecodeAdd, factor 1, from 0), then at each element some push holds,
+  // SgdStep(lr, 0, agg * scale, p) once. agg is kept zero between calls and cleared where
+  // it was written; `seen` marks the elements stepped.
+  thread_local std::vector<float> agg;
+  thread_local std::vector<uint64_t> seen;
+  thread_local std::vector<uint32_t> touched;
+  if (agg.size() < n) agg.resize(n, 0.0f);
+  if (seen.size() < (n + 63) / 64) seen.resize((n + 63) / 64, 0);
+  touched.clear();
+  const absl::Span<float> sum = absl::MakeSpan(agg.data(), n);
+  if (!f.sparse) {
+    for (absl::Span<const uint8_t> p : f.pushes) {
+      // (Decoded once already: it cannot fail now. If it did, agg is left zero.)
+      absl::Status st = DecodeAddTouched(p, 1.0f, sum, &touched);
+      if (!st.ok()) {
+        for (uint32_t i : touched) agg[i] = 0.0f;
+        return st;
+      }
+    }
+  } else {
+    for (size_t k = 0; k < f.used; ++k) {
+      const CompressedUpdate& u = parts[k].update;
+      float* base = agg.data() + parts[k].offset;
+      const size_t sent = u.indices.size();
+      if (u.kind == CompressorKind::kAdaComp) {
+        const float pos = 1.0f * u.scale;  // DecodeAdd's factor * scale
+        for (size_t j = 0; j < sent; ++j) base[u.indices[j]] += u.negative[j] ? -pos : pos;
+      } else {
+        for (size_t j = 0; j < sent; ++j) base[u.indices[j]] += 1.0f * u.values[j];
+      }
+      for (size_t j = 0; j < sent; ++j) touched.push_back(parts[k].offset + u.indices[j]);
+    }
+  }
+  float* d = dst.data();
+  for (uint32_t i : touched) {
+    const uint64_t bit = uint64_t{1} << (i & 63);
+    if (seen[i >> 6] & bit) continue;
+    seen[i >> 6] |= bit;
+    SgdStep(f.lr, 0.0f, agg[i] * f.scale, d[i]);
+  }
+  for (uint32_t i : touched) {
+    agg[i] = 0.0f;
+    seen[i >> 6] = 0;
+  }
+  if (n != 0) std::memcpy(copy.data(), d, n * sizeof(float));
   return absl::OkStatus();
 }
 

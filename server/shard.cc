@@ -332,9 +332,14 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
                              absl::MakeSpan(params_), optimizer_);
     last_touched_.swap(touched_);
     last_sparse_ = true;
-    // agg_ started at 0 and took the pushes in this order; the mean is agg_ * scale: a
-    // worker that replays exactly this gets the same floats (DecodeForwardedCopy).
-    last_forwardable_ = optimizer.kind == OptimizerKind::kMean;
+    // agg_ started at 0 and took the pushes in this order; the mean is agg_ * scale, and
+    // SGD's step (no weight decay here: SparseStepAllowed) SgdStep(lr, 0, agg_ * scale) at
+    // the touched elements: a worker that replays exactly this gets the same floats
+    // (DecodeForwardedCopy, DecodeForwardedSgdCopy).
+    last_sgd_ = optimizer.kind == OptimizerKind::kSgd;
+    last_lr_ = optimizer.learning_rate;
+    last_forwardable_ = optimizer.kind == OptimizerKind::kMean ||
+                        (last_sgd_ && std::isfinite(last_lr_) && last_lr_ >= 0.0f);
     last_pushes_.swap(step_pushes_);
     last_push_workers_.swap(step_push_workers_);
     last_push_count_ = step_push_count_;

@@ -203,6 +203,9 @@ class Shard {
   // The forwarded answer for `pull`: without its own push when it holds that, else the
   // one for everybody.
   PayloadBytes ForwardedFor(const Pull& pull);
+  // The last step's pushes forwarded (a mean's, or an SGD step's with its rate).
+  absl::Status EncodeForwardedFor(absl::Span<const absl::Span<const uint8_t>> pushes,
+                                  std::vector<uint8_t>* out, int own) const;
   // The dense answer's bytes at the current version, encoded once.
   void PublishDense();
   uint32_t DownlinkBin(uint32_t member_bin) const;
@@ -260,14 +263,15 @@ class Shard {
   std::vector<uint64_t> touched_bits_;
   // The tracked step's pushes as they came (step_pushes_[0, step_push_count_), buffers kept
   // from step to step), and the last step's with the scale of its mean, when
-  // last_forwardable_ (a tracked mean step): what a forwarded answer carries.
+  // last_forwardable_ (a tracked mean step, or SGD's: last_sgd_, at rate last_lr_): what a
+  // forwarded answer carries.
   std::vector<std::vector<uint8_t>> step_pushes_, last_pushes_;
   std::vector<int> step_push_workers_, last_push_workers_;  // who sent each
   size_t step_push_count_ = 0, last_push_count_ = 0;
   // This version's forwarded answers without one worker's own push, made on first ask.
   std::vector<std::pair<int, std::shared_ptr<std::vector<uint8_t>>>> forwarded_without_;
-  float last_scale_ = 1.0f;
-  bool last_forwardable_ = false;
+  float last_scale_ = 1.0f, last_lr_ = 0.0f;
+  bool last_forwardable_ = false, last_sgd_ = false;
   // The current version's sparse answer: its bytes (null: the dense one is no larger) at
   // sparse_version_, forwarded pushes (sparse_forwarded_) or the merged list.
   std::shared_ptr<std::vector<uint8_t>> sparse_bytes_, sparse_spare_;

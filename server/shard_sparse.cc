@@ -32,9 +32,10 @@ void Shard::CollectTouched() {
 // The smallest exact sparse answer, kept only when smaller than the dense one: the new
 // values at the elements the step touched, as one Top-k encoding (one merged ascending index
 // list, Rice-coded gaps, float32 values; exact whatever the optimizer's rounding, since the
-// worker assigns the server's own floats), or, for a mean step, the step's pushes forwarded
-// as they came (their sign bits against 32-bit values: about W times smaller at AdaComp's
-// densities; exact because the worker replays the same float additions in the same order).
+// worker assigns the server's own floats), or, for a mean or SGD step, the step's pushes
+// forwarded as they came (their sign bits against 32-bit values: about W times smaller at
+// AdaComp's densities; exact because the worker replays the same float operations in the
+// same order, an SGD step's with the rate the server used).
 absl::Status Shard::PublishSparse() {
   sparse_version_ = version_;
   sparse_forwarded_ = false;
@@ -44,7 +45,7 @@ absl::Status Shard::PublishSparse() {
   if (!last_sparse_) return absl::OkStatus();
   const uint64_t dense = uint64_t{length_} * sizeof(float);
   uint64_t forwarded = UINT64_MAX;
-  if (last_forwardable_ && mean_zero_outside_ && last_push_count_ > 0) {
+  if (last_forwardable_ && (last_sgd_ || mean_zero_outside_) && last_push_count_ > 0) {
     forwarded = 12;
     for (size_t i = 0; i < last_push_count_; ++i) forwarded += 4 + last_pushes_[i].size();
   }
@@ -69,7 +70,7 @@ absl::Status Shard::PublishSparse() {
   if (forwarded < dense) {
     std::vector<absl::Span<const uint8_t>> pushes(last_pushes_.begin(),
                                                   last_pushes_.begin() + last_push_count_);
-    if (EncodeForwarded(last_scale_, pushes, bytes.get()).ok()) {
+    if (EncodeForwardedFor(pushes, bytes.get(), -1).ok()) {
       sparse_bytes_ = std::move(bytes);
       sparse_forwarded_ = true;
       return absl::OkStatus();
@@ -77,6 +78,12 @@ absl::Status Shard::PublishSparse() {
   }
   sparse_spare_ = std::move(bytes);
   return absl::OkStatus();
+}
+
+absl::Status Shard::EncodeForwardedFor(absl::Span<const absl::Span<const uint8_t>> pushes,
+                                       std::vector<uint8_t>* out, int own) const {
+  return last_sgd_ ? EncodeForwardedSgd(last_scale_, last_lr_, pushes, out, own)
+                   : EncodeForwarded(last_scale_, pushes, out, own);
 }
 
 Shard::PayloadBytes Shard::ForwardedFor(const Pull& pull) {
@@ -89,8 +96,7 @@ Shard::PayloadBytes Shard::ForwardedFor(const Pull& pull) {
   std::vector<absl::Span<const uint8_t>> pushes(last_pushes_.begin(),
                                                 last_pushes_.begin() + last_push_count_);
   auto bytes = std::make_shared<std::vector<uint8_t>>();
-  if (!EncodeForwarded(last_scale_, pushes, bytes.get(),
-                       static_cast<int>(own - last_push_workers_.begin()))
+  if (!EncodeForwardedFor(pushes, bytes.get(), static_cast<int>(own - last_push_workers_.begin()))
            .ok()) {
     return sparse_bytes_;  // (encoded once already: cannot fail)
   }

@@ -182,18 +182,20 @@ absl::Status ApplyPullLocked(Tensor& t, size_t i, const msg::PullResponse& resp,
                                               " but replica is at ", rt.replica_version));
     }
     // replica = the answer's values at its elements (the rest kept, or 0 for a mean), or
-    // the mean replayed from the forwarded pushes; and the output = replica; nothing changes
-    // if the answer is damaged.
+    // the mean replayed from the forwarded pushes (a whole mean: zero_base), or the SGD step
+    // replayed on the replica at the version before; and the output = replica; nothing
+    // changes if the answer is damaged.
     const absl::Span<const uint8_t> own =
         own_push != nullptr ? absl::MakeConstSpan(*own_push) : absl::Span<const uint8_t>();
+    const absl::Span<const uint8_t>* held = own_push != nullptr ? &own : nullptr;
+    const absl::Span<float> out_slice = absl::MakeSpan(dst, rt.replica.size());
     absl::Status st =
-        forwarded ? (resp.zero_base()
-                         ? DecodeForwardedCopy(payload, absl::MakeSpan(rt.replica),
-                                               absl::MakeSpan(dst, rt.replica.size()),
-                                               own_push != nullptr ? &own : nullptr)
-                         : absl::DataLossError("a forwarded answer is a whole mean"))
-                  : DecodeAssignCopy(payload, resp.zero_base(), absl::MakeSpan(rt.replica),
-                                     absl::MakeSpan(dst, rt.replica.size()));
+        !forwarded        ? DecodeAssignCopy(payload, resp.zero_base(),
+                                             absl::MakeSpan(rt.replica), out_slice)
+        : resp.zero_base() ? DecodeForwardedCopy(payload, absl::MakeSpan(rt.replica), out_slice,
+                                                 held)
+                           : DecodeForwardedSgdCopy(payload, absl::MakeSpan(rt.replica),
+                                                    out_slice, held);
     if (!st.ok()) {
       return absl::DataLossError(
           absl::StrCat("sparse pull of '", t.spec.name, "': ", st.message()));

@@ -1,5 +1,6 @@
 #include "common/wire_codec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/optimizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -16,6 +18,7 @@ namespace adaps {
 namespace {
 
 using ::testing::Each;
+using ::testing::HasSubstr;
 
 // An AdaComp update with about `density` of `n` elements sent, spread at random.
 CompressedUpdate RandomAdaComp(std::mt19937& rng, uint32_t n, double density) {
@@ -775,6 +778,145 @@ TEST(WireCodecForwarded, ADamagedAnswerChangesNothing) {
       ASSERT_THAT(c, Each(-1.0f)) << trial;
     }
   }
+}
+
+// A forwarded SGD step (DecodeForwardedSgdCopy) is the server's tracked SGD step replayed
+// on the replica at the version before: agg = 0, agg += each push in order, then at each
+// element some push holds p -= lr * (agg * scale) (common/optimizer.cc's sparse pass), bit
+// for bit, for plain, segmented and dense members, across the decoder's blocks.
+TEST(WireCodecForwarded, ReplaysTheServersSgdStepBitForBit) {
+  constexpr uint32_t kN = 100000;
+  const std::vector<WireSegment> table = {{30000, 50}, {3, 1}, {69997, 500}};
+  std::vector<std::vector<uint8_t>> pushes;
+  for (uint32_t seed : {21u, 22u, 23u, 24u}) {
+    std::vector<uint8_t> bytes;
+    if (seed == 24) {  // a segmented push: AdaComp, a dense member, Top-k
+      std::vector<std::vector<uint8_t>> parts(3);
+      ASSERT_TRUE(EncodeUpdate(Compressed(CompressorKind::kAdaComp, 30000, seed),
+                               IndexCoding::kRice, &parts[0]).ok());
+      ASSERT_TRUE(EncodeUpdate(Compressed(CompressorKind::kDense, 3, seed), IndexCoding::kRice,
+                               &parts[1]).ok());
+      ASSERT_TRUE(EncodeUpdate(Compressed(CompressorKind::kTopK, 69997, seed),
+                               IndexCoding::kRice, &parts[2]).ok());
+      ASSERT_TRUE(EncodeSegmented(table, {parts[0], parts[1], parts[2]}, &bytes).ok());
+    } else {
+      ASSERT_TRUE(EncodeUpdate(Compressed(seed == 22 ? CompressorKind::kTopK
+                                                     : CompressorKind::kAdaComp,
+                                          kN, seed),
+                               IndexCoding::kRice, &bytes).ok());
+    }
+    pushes.push_back(bytes);
+  }
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> replica(kN);
+  for (float& x : replica) x = normal(rng);
+  replica[7] = -0.0f;  // signed zeros and a huge value stay as the server leaves them
+  replica[8] = 3e38f;
+  for (size_t take : {size_t{3}, size_t{4}}) {  // without and with the dense member
+    for (float lr : {0.1f, 0.0371f, 0.0f}) {
+      const float scale = 1.0f / static_cast<float>(take);
+      // The server: DecodeAddTouched per push into agg (from 0), then its sparse SGD pass.
+      std::vector<float> agg(kN, 0.0f), want = replica;
+      std::vector<uint32_t> touched;
+      std::vector<absl::Span<const uint8_t>> spans;
+      for (size_t k = 0; k < take; ++k) {
+        ASSERT_TRUE(DecodeAddTouched(pushes[k], 1.0f, absl::MakeSpan(agg), &touched).ok());
+        spans.push_back(pushes[k]);
+      }
+      std::sort(touched.begin(), touched.end());
+      touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+      OptimizerConfig sgd;
+      sgd.kind = OptimizerKind::kSgd;
+      sgd.learning_rate = lr;
+      sgd.weight_decay = 0.0f;
+      OptimizerState state;
+      ApplyOptimizerAndClearAt(sgd, scale, touched, absl::MakeSpan(agg), absl::MakeSpan(want),
+                               state);
+      std::vector<uint8_t> bytes;
+      ASSERT_TRUE(EncodeForwardedSgd(scale, lr, spans, &bytes, 1).ok());
+      const absl::Span<const uint8_t> own = pushes[1];
+      std::vector<float> dst = replica, copy(kN, 9.0f);
+      ASSERT_TRUE(
+          DecodeForwardedSgdCopy(bytes, absl::MakeSpan(dst), absl::MakeSpan(copy), &own).ok());
+      EXPECT_EQ(0, std::memcmp(dst.data(), want.data(), kN * sizeof(float))) << take << lr;
+      EXPECT_EQ(0, std::memcmp(copy.data(), want.data(), kN * sizeof(float))) << take << lr;
+      if (lr > 0.0f) EXPECT_NE(dst, replica);
+      // Twice in a row from the same replica: the decoder's scratch is clean between calls.
+      dst = replica;
+      ASSERT_TRUE(
+          DecodeForwardedSgdCopy(bytes, absl::MakeSpan(dst), absl::MakeSpan(copy), &own).ok());
+      EXPECT_EQ(0, std::memcmp(dst.data(), want.data(), kN * sizeof(float))) << take << lr;
+    }
+  }
+}
+
+TEST(WireCodecForwarded, AnSgdAnswerAndAMeanAnswerAreNotTakenForEachOther) {
+  const std::vector<std::vector<uint8_t>> pushes = ForwardedPushes();
+  const std::vector<absl::Span<const uint8_t>> spans(pushes.begin(), pushes.end());
+  std::vector<uint8_t> mean, sgd;
+  ASSERT_TRUE(EncodeForwarded(0.25f, spans, &mean).ok());
+  ASSERT_TRUE(EncodeForwardedSgd(0.25f, 0.5f, spans, &sgd).ok());
+  EXPECT_EQ(sgd.size(), mean.size() + 4);  // the rate
+  std::vector<float> dst(1000, 2.0f), copy(1000, -1.0f);
+  absl::Status st = DecodeForwardedSgdCopy(mean, absl::MakeSpan(dst), absl::MakeSpan(copy));
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("mean step"));
+  st = DecodeForwardedCopy(sgd, absl::MakeSpan(dst), absl::MakeSpan(copy));
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("SGD step"));
+  EXPECT_THAT(dst, Each(2.0f));
+  EXPECT_THAT(copy, Each(-1.0f));
+  for (float bad : {-1.0f, std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN()}) {
+    std::vector<uint8_t> out;
+    EXPECT_EQ(EncodeForwardedSgd(0.25f, bad, spans, &out).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(WireCodecForwarded, ADamagedSgdAnswerChangesNothing) {
+  const std::vector<std::vector<uint8_t>> pushes = ForwardedPushes();
+  std::vector<uint8_t> bytes;
+  ASSERT_TRUE(EncodeForwardedSgd(0.25f, 0.1f, {pushes[0], pushes[1], pushes[2]}, &bytes).ok());
+  auto expect_rejected = [](const std::vector<uint8_t>& b, const std::string& what) {
+    std::vector<float> dst(1000, 2.0f), copy(1000, -1.0f);
+    absl::Status st = DecodeForwardedSgdCopy(b, absl::MakeSpan(dst), absl::MakeSpan(copy));
+    EXPECT_FALSE(st.ok()) << what;
+    EXPECT_THAT(dst, Each(2.0f)) << what;
+    EXPECT_THAT(copy, Each(-1.0f)) << what;
+  };
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    expect_rejected(std::vector<uint8_t>(bytes.begin(), bytes.begin() + len),
+                    absl::StrCat("cut at ", len));
+  }
+  auto with = [&](size_t at, uint32_t word) {
+    std::vector<uint8_t> b = bytes;
+    for (int i = 0; i < 4; ++i) b[at + i] = static_cast<uint8_t>(word >> (8 * i));
+    return b;
+  };
+  expect_rejected(with(12, 0xbf800000u), "rate -1");
+  expect_rejected(with(12, 0x7fc00000u), "rate NaN");
+  expect_rejected(with(12, 0x7f800000u), "rate Inf");
+  std::mt19937 rng(12);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::vector<uint8_t> b = bytes;
+    b[rng() % b.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+    std::vector<float> d(1000, 2.0f), c(1000, -1.0f);
+    if (!DecodeForwardedSgdCopy(b, absl::MakeSpan(d), absl::MakeSpan(c)).ok()) {
+      ASSERT_THAT(d, Each(2.0f)) << trial;
+      ASSERT_THAT(c, Each(-1.0f)) << trial;
+    }
+  }
+  // After all those, a good answer still replays from a clean scratch.
+  std::vector<float> d1(1000, 1.0f), c1(1000), d2(1000, 1.0f), c2(1000);
+  ASSERT_TRUE(DecodeForwardedSgdCopy(bytes, absl::MakeSpan(d1), absl::MakeSpan(c1)).ok());
+  std::vector<float> agg(1000, 0.0f);
+  for (const auto& p : pushes) ASSERT_TRUE(DecodeAdd(p, 1.0f, absl::MakeSpan(agg)).ok());
+  for (size_t j = 0; j < 1000; ++j) {
+    if (agg[j] != 0.0f) SgdStep(0.1f, 0.0f, agg[j] * 0.25f, d2[j]);
+  }
+  for (size_t j = 0; j < 1000; ++j) ASSERT_EQ(d1[j], d2[j]) << j;
 }
 
 }  // namespace

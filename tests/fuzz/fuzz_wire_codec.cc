@@ -48,25 +48,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (assigned.ok() && std::memcmp(&replica[i], &copy[i], sizeof(float)) != 0) std::abort();
     }
   }
-  // A forwarded pull answer: the input itself, and the input forwarded twice (the second
-  // time left out as the puller's own push). A failure writes neither buffer; the wrapped
-  // form replays iff the input is a push DecodeAdd takes for this length.
-  for (int form = 0; form < 2; ++form) {
+  // A forwarded pull answer, a mean step's and an SGD step's: the input itself, and the
+  // input forwarded twice (the second time left out as the puller's own push). A failure
+  // writes neither buffer; the wrapped form replays iff the input is a push DecodeAdd takes
+  // for this length.
+  for (int form = 0; form < 4; ++form) {
+    const bool sgd = form >= 2;
     std::vector<uint8_t> wrapped;
     absl::Span<const uint8_t> answer = bytes;
-    if (form == 1) {
-      if (!adaps::EncodeForwarded(0.5f, {bytes, bytes}, &wrapped, 1).ok()) std::abort();
+    if (form % 2 == 1) {
+      if (!(sgd ? adaps::EncodeForwardedSgd(0.5f, 0.25f, {bytes, bytes}, &wrapped, 1)
+                : adaps::EncodeForwarded(0.5f, {bytes, bytes}, &wrapped, 1))
+               .ok()) {
+        std::abort();
+      }
       answer = wrapped;
     }
     std::vector<float> replica(n + 2, 3.0f), copy(n + 2, 5.0f);
-    const absl::Status replayed = adaps::DecodeForwardedCopy(
-        answer, absl::MakeSpan(replica.data() + 1, n), absl::MakeSpan(copy.data() + 1, n),
-        &bytes);
+    const absl::Span<float> r = absl::MakeSpan(replica.data() + 1, n);
+    const absl::Span<float> c = absl::MakeSpan(copy.data() + 1, n);
+    const absl::Status replayed = sgd ? adaps::DecodeForwardedSgdCopy(answer, r, c, &bytes)
+                                      : adaps::DecodeForwardedCopy(answer, r, c, &bytes);
     if (replica.front() != 3.0f || replica.back() != 3.0f || copy.front() != 5.0f ||
         copy.back() != 5.0f) {
       std::abort();
     }
-    if (form == 1 && replayed.ok() != added.ok()) std::abort();
+    if (form % 2 == 1 && replayed.ok() != added.ok()) std::abort();
     for (size_t i = 1; i <= n; ++i) {
       if (!replayed.ok() && (replica[i] != 3.0f || copy[i] != 5.0f)) std::abort();
       if (replayed.ok() && std::memcmp(&replica[i], &copy[i], sizeof(float)) != 0) std::abort();

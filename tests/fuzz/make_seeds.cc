@@ -46,5 +46,21 @@ int main(int argc, char** argv) {
   if (!adaps::EncodeSegmented(table, spans, &bytes).ok()) return 1;
   std::ofstream(std::string(argv[1]) + "/segmented_rice", std::ios::binary)
       .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  // Forwarded pull answers of a mean step and of an SGD step: the AdaComp push as two
+  // workers' pushes.
+  const absl::Span<const uint8_t> adacomp = parts[1];
+  for (bool sgd : {false, true}) {
+    std::vector<uint8_t> answer;
+    const std::vector<absl::Span<const uint8_t>> two = {adacomp, adacomp};
+    if (!(sgd ? adaps::EncodeForwardedSgd(0.5f, 0.1f, two, &answer)
+              : adaps::EncodeForwarded(0.5f, two, &answer))
+             .ok()) {
+      return 1;
+    }
+    std::ofstream(std::string(argv[1]) + (sgd ? "/forwarded_sgd" : "/forwarded_mean"),
+                  std::ios::binary)
+        .write(reinterpret_cast<const char*>(answer.data()),
+               static_cast<std::streamsize>(answer.size()));
+  }
   return 0;
 }

@@ -2,7 +2,8 @@
 // worker's replica bit for bit equal to the parameters over many steps (SGD, mean, a fusion
 // bucket, a worker that dies mid-step, a restored shard), the answer is whichever of sparse
 // and dense is smaller at every density, and it is dense whenever sparse could not be exact.
-// The worker's side is the codec's DecodeAssignCopy, as worker/tensor.cc applies it.
+// The worker's side is the codec's DecodeAssignCopy and the forwarded answers' replays
+// (DecodeForwardedCopy, DecodeForwardedSgdCopy), as worker/tensor.cc applies them.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -89,13 +90,18 @@ struct Replica {
       return true;
     }
     if (a.format == Shard::Format::kForwarded) {
+      // A mean step's pushes (the whole mean), or an SGD step's (on the version before).
       std::vector<float> copy(values.size());
-      if (a.payload == nullptr || !a.zero_base ||
-          !DecodeForwardedCopy(*a.payload, absl::MakeSpan(values), absl::MakeSpan(copy)).ok()) {
+      if (a.payload == nullptr || (!a.zero_base && a.base != version)) return false;
+      if (!(a.zero_base ? DecodeForwardedCopy(*a.payload, absl::MakeSpan(values),
+                                              absl::MakeSpan(copy))
+                        : DecodeForwardedSgdCopy(*a.payload, absl::MakeSpan(values),
+                                                 absl::MakeSpan(copy)))
+               .ok()) {
         return false;
       }
       version = a.version;
-      return values == copy;
+      return std::memcmp(values.data(), copy.data(), values.size() * sizeof(float)) == 0;
     }
     if (a.format != Shard::Format::kSparse) return false;
     if (a.payload == nullptr) return a.version == version;
@@ -197,9 +203,10 @@ size_t Count(const std::vector<Shard::Format>& formats, Shard::Format f) {
 
 TEST(ShardSparse, SgdAnswersKeepTheReplicaBitForBitTheParameters) {
   const auto formats = ExpectReplicaFollowsTheParameters(Scenario{});
-  // The first step was not tracked yet (no sparse pull had come): dense; then sparse.
+  // The first step was not tracked yet (no sparse pull had come): dense; then the pushes
+  // forwarded (AdaComp's sign bits against the merged list's floats), replayed exactly.
   EXPECT_EQ(formats.front(), Shard::Format::kDense);
-  EXPECT_EQ(Count(formats, Shard::Format::kSparse), formats.size() - 1);
+  EXPECT_EQ(Count(formats, Shard::Format::kForwarded), formats.size() - 1);
 }
 
 TEST(ShardSparse, MeanAnswersAreTheStepsMeanWithZerosWhereNoWorkerSent) {
@@ -214,7 +221,7 @@ TEST(ShardSparse, ABucketsAnswersKeepEveryMemberBitForBit) {
   Scenario run;
   run.bucket = true;
   const auto formats = ExpectReplicaFollowsTheParameters(run);
-  EXPECT_GT(Count(formats, Shard::Format::kSparse), 0u);
+  EXPECT_GT(Count(formats, Shard::Format::kForwarded), 0u);
   run.optimizer = Mean();
   ExpectReplicaFollowsTheParameters(run);
 }
@@ -357,20 +364,41 @@ TEST(ShardSparse, AMeanStepAnswersTheSmallestOfMergedForwardedAndDense) {
   }
 }
 
-// An SGD step is never forwarded: its replay would need the learning rate, the replica and
-// the server's rounding of lr * g; the merged list of new values is exact by construction.
-TEST(ShardSparse, AnSgdStepIsNeverForwarded) {
+// An SGD step's answer is its pushes forwarded with the step's learning rate (it changes
+// from step to step): on the replica at the version before, the replay is the parameters
+// bit for bit; the puller's own push is left out when it holds it.
+TEST(ShardSparse, AnSgdStepIsForwardedWithItsRate) {
   std::mt19937 rng(8);
   Shard s = *Shard::Create(7, "t", 4000, 50);
   ASSERT_TRUE(s.AnswerPull(SparsePull(0)).ok());
   std::vector<Pusher> pushers;
   for (int w = 0; w < 4; ++w) pushers.emplace_back(std::vector<WireSegment>{{4000, 50}});
+  std::vector<float> replica(s.params().begin(), s.params().end());
   for (uint64_t step = 0; step < 3; ++step) {
-    for (int w = 0; w < 4; ++w) ASSERT_TRUE(s.AddPush(w, step, pushers[w].Push(rng, false)).ok());
-    ASSERT_TRUE(s.CompleteStepIfReady({0, 1, 2, 3}, Sgd()));
-    auto a = s.AnswerPull(SparsePull(step));
+    const float lr = 0.1f / static_cast<float>(step + 1);
+    std::vector<std::vector<uint8_t>> sent;
+    for (int w : {3, 1, 0, 2}) {
+      sent.push_back(pushers[w].Push(rng, false));
+      ASSERT_TRUE(s.AddPush(w, step, sent.back()).ok());
+    }
+    ASSERT_TRUE(s.CompleteStepIfReady({0, 1, 2, 3}, Sgd(lr)));
+    Shard::Pull mine = SparsePull(step);
+    mine.worker = 1;  // arrived second, holds its push of this step
+    mine.held_push = step + 1;
+    auto a = s.AnswerPull(mine);
     ASSERT_TRUE(a.ok());
-    EXPECT_EQ(a->format, Shard::Format::kSparse) << step;
+    ASSERT_EQ(a->format, Shard::Format::kForwarded) << step;
+    EXPECT_FALSE(a->zero_base);
+    EXPECT_EQ(a->base, step);
+    std::vector<uint8_t> want;
+    ASSERT_TRUE(EncodeForwardedSgd(0.25f, lr, {sent[0], sent[1], sent[2], sent[3]}, &want, 1)
+                    .ok());
+    EXPECT_EQ(*a->payload, want);
+    const absl::Span<const uint8_t> held = sent[1];
+    std::vector<float> copy(4000);
+    ASSERT_TRUE(DecodeForwardedSgdCopy(*a->payload, absl::MakeSpan(replica),
+                                       absl::MakeSpan(copy), &held).ok());
+    ExpectSameFloats(replica, s.params(), static_cast<int>(step));
   }
 }
 
@@ -383,7 +411,7 @@ TEST(ShardSparse, AReplicaNotAtTheVersionBeforeGetsTheDenseParameters) {
     ASSERT_TRUE(s.AddPush(0, step, p.Push(rng, false)).ok());
     ASSERT_TRUE(s.CompleteStepIfReady({0}, Sgd()));
   }
-  EXPECT_EQ(s.AnswerPull(SparsePull(2))->format, Shard::Format::kSparse);
+  EXPECT_EQ(s.AnswerPull(SparsePull(2))->format, Shard::Format::kForwarded);
   auto behind = s.AnswerPull(SparsePull(1));
   ASSERT_TRUE(behind.ok());
   EXPECT_EQ(behind->format, Shard::Format::kDense);
@@ -407,7 +435,7 @@ TEST(ShardSparse, AStepWithADenseOptimizerIsAnsweredDense) {
     ASSERT_TRUE(s.CompleteStepIfReady({0}, step == 2 ? decayed : Sgd()));
     auto a = s.AnswerPull(SparsePull(r.version));
     ASSERT_TRUE(a.ok());
-    EXPECT_EQ(a->format, step == 2 ? Shard::Format::kDense : Shard::Format::kSparse) << step;
+    EXPECT_EQ(a->format, step == 2 ? Shard::Format::kDense : Shard::Format::kForwarded) << step;
     ASSERT_TRUE(r.Apply(*a));
     ExpectSameFloats(r.values, s.params(), static_cast<int>(step));
   }
@@ -441,7 +469,7 @@ TEST(ShardSparse, ARestoredShardAnswersDenseUntilItTrackedAStep) {
     ExpectSameFloats(r.values, t.params(), static_cast<int>(step));
   }
   EXPECT_EQ(formats[0], Shard::Format::kDense);  // its first step was not tracked
-  EXPECT_EQ(Count(formats, Shard::Format::kSparse), formats.size() - 1);
+  EXPECT_EQ(Count(formats, Shard::Format::kForwarded), formats.size() - 1);
 }
 
 // A restored shard drops a step half-way when the workers turn out to be past it (a later

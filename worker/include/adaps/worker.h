@@ -127,7 +127,7 @@ struct TrafficCounters {
   // reported it in their answers (decode-adds, optimizer, encoding), summed over slices.
   double server_seconds = 0;
   // Sparse pulls: the slice answers the servers sent sparse (the merged list of new values),
-  // forwarded (a mean step's pushes, replayed) and dense (no larger, or the only exact
+  // forwarded (a mean or SGD step's pushes, replayed) and dense (no larger, or the only exact
   // answer), per slice per step.
   uint64_t pulls_answered_sparse = 0;
   uint64_t pulls_answered_forwarded = 0;
