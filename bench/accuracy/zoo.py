@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The accuracy zoo: dense against AdaComp at the defaults a user gets, on the seventeen
+"""The accuracy zoo: dense against AdaComp at the defaults a user gets, on the nineteen
 models of zoo_models.py.
 
     bash deploy/build.sh
@@ -195,8 +195,12 @@ def plot(results, path):
     models = [m for m in zoo_models.MODELS if any(k[0] == m for k in results)]
     if not models:
         return
-    fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.2), squeeze=False)
-    for ax, model in zip(axes[0], models):
+    cols = min(5, len(models))  # a grid, five models a row
+    rows = (len(models) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
+    for ax in axes.flat[len(models):]:
+        ax.set_visible(False)
+    for ax, model in zip(axes.flat, models):
         metric = ""
         for system in SYSTEMS:
             rs = results.get((model, system))

@@ -211,6 +211,62 @@ class TinyVit(nn.Module):
         return self.head(self.ln(h[:, 0]))
 
 
+class ResBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                      nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = self.b2(self.c2(F.relu(self.b1(self.c1(x)))))
+        return F.relu(y + (x if self.down is None else self.down(x)))
+
+
+class ResNet(nn.Module):
+    """A small ResNet (a 16-channel stem, three basic blocks of 16, 32, 64 channels, global
+    average pooling): the CIFAR recipe's layout at Fashion-MNIST's size."""
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16))
+        self.blocks = nn.Sequential(ResBlock(16, 16, 1), ResBlock(16, 32, 2),
+                                    ResBlock(32, 64, 2))
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = self.blocks(F.relu(self.stem(x)))
+        return self.fc(x.mean((2, 3)))
+
+
+class AutoEncoder(nn.Module):
+    """784-256-32-256-784: reconstruction of the (normalized) image, a regression loss."""
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(784, 256), nn.GELU(), nn.Linear(256, 32))
+        self.dec = nn.Sequential(nn.Linear(32, 256), nn.GELU(), nn.Linear(256, 784))
+
+    def forward(self, x):
+        return self.dec(self.enc(x.flatten(1)))
+
+
+def one_cycle(lr, steps, warm=0.3):
+    """OneCycleLR's shape: lr / 25 rising linearly to lr over the first 30%, then a cosine
+    to lr / 1e4."""
+    up = max(1, int(steps * warm))
+
+    def at(step):
+        if step < up:
+            return lr / 25 + (lr - lr / 25) * step / up
+        t = (step - up) / max(1, steps - up)
+        return lr / 1e4 + (lr - lr / 1e4) * 0.5 * (1.0 + math.cos(math.pi * t))
+    return at
+
+
 def _decay_groups(model, weight_decay):
     """Weight decay on matrices only (biases, norms, embeddings of positions: none), as
     most transformer recipes do: two param groups."""
@@ -328,6 +384,32 @@ def make_task(name, rank, workers, seed, steps, quick=False):
     task = Task()
     task.name = name
     task.clip = 0.0
+    if name == "resnet":
+        _fmnist_task(task, ResNet(), rank, workers, seed, steps, batch=32, lr=0.1,
+                     train_size=4000 if quick else 60000, test_size=500 if quick else 2000)
+        task.optimizer = torch.optim.SGD(task.model.parameters(), lr=0.1, momentum=0.9,
+                                         nesterov=True, weight_decay=5e-4)
+        task.lr_at = one_cycle(0.1, steps)
+        task.loss = lambda logits, y: F.cross_entropy(logits, y, label_smoothing=0.1)
+        return task
+    if name == "ae":
+        _fmnist_task(task, AutoEncoder(), rank, workers, seed, steps, batch=32, lr=2e-3,
+                     train_size=4000 if quick else 60000, test_size=500 if quick else 2000,
+                     opt_cls=torch.optim.Adam)
+        xt = fashion_mnist("test")[0][:500 if quick else 2000]
+
+        def evaluate():
+            task.model.eval()
+            with torch.no_grad():
+                mse = F.mse_loss(task.model(xt), xt.flatten(1)).item()
+            task.model.train()
+            return mse
+        images = task.batch
+        task.batch = lambda step: (lambda x: (x, x.flatten(1)))(images(step)[0])
+        task.evaluate = evaluate
+        task.loss = F.mse_loss
+        task.higher_is_better, task.metric = False, "mse"
+        return task
     if name in ("mlp", "cnn", "vit") or name in _FMNIST_OPTIMIZERS:
         opt_cls, lr = _FMNIST_OPTIMIZERS.get(name, (None, None))
         model = {"mlp": Mlp, "cnn": Cnn, "vit": TinyVit}[name.split("-")[0]]()
@@ -431,4 +513,4 @@ def _embed_task(task, rank, seed, steps, quick):
 
 MODELS = ("mlp", "cnn", "lstm", "gpt", "embed", "gru", "vit", "wordgpt", "mlp-adam",
           "cnn-adam", "gpt128", "lstm-rmsprop", "cnn-adagrad", "cnn-rmsprop", "lstm-adagrad",
-          "lstm-nadam", "lstm-radam")
+          "lstm-nadam", "lstm-radam", "resnet", "ae")
