@@ -251,50 +251,65 @@ absl::Status DecodeForwardedSgdCopy(absl::Span<const uint8_t> bytes, absl::Span<
   ADAPS_RETURN_IF_ERROR(ParseForwarded(bytes, n, /*sgd=*/true, own, parts, &f));
   // The server's step (server/shard.cc, a tracked SGD step): agg += push for each push in
   // its arrival order (DecodeAdd, factor 1, from 0), then at each element some push holds,
-  // SgdStep(lr, 0, agg * scale, p) once. agg is kept zero between calls and cleared where
-  // it was written; `seen` marks the elements stepped.
-  thread_local std::vector<float> agg;
-  thread_local std::vector<uint64_t> seen;
-  thread_local std::vector<uint32_t> touched;
-  if (agg.size() < n) agg.resize(n, 0.0f);
-  if (seen.size() < (n + 63) / 64) seen.resize((n + 63) / 64, 0);
-  touched.clear();
-  const absl::Span<float> sum = absl::MakeSpan(agg.data(), n);
-  if (!f.sparse) {
+  // SgdStep(lr, 0, agg * scale, p) once.
+  float* d = dst.data();
+  float* c = copy.data();
+  if (!f.sparse) {  // a dense or sign member (rare): the server's own decode, whole slice
+    std::vector<float> agg(n, 0.0f);
+    std::vector<uint32_t> touched;
     for (absl::Span<const uint8_t> p : f.pushes) {
-      // (Decoded once already: it cannot fail now. If it did, agg is left zero.)
-      absl::Status st = DecodeAddTouched(p, 1.0f, sum, &touched);
-      if (!st.ok()) {
-        for (uint32_t i : touched) agg[i] = 0.0f;
-        return st;
-      }
+      // (Decoded once already: it cannot fail now.)
+      ADAPS_RETURN_IF_ERROR(DecodeAddTouched(p, 1.0f, absl::MakeSpan(agg), &touched));
     }
-  } else {
+    std::vector<uint64_t> seen((n + 63) / 64, 0);
+    for (uint32_t i : touched) {
+      const uint64_t bit = uint64_t{1} << (i & 63);
+      if (seen[i >> 6] & bit) continue;
+      seen[i >> 6] |= bit;
+      SgdStep(f.lr, 0.0f, agg[i] * f.scale, d[i]);
+    }
+    if (n != 0) std::memcpy(c, d, n * sizeof(float));
+    return absl::OkStatus();
+  }
+  // Blocked, as DecodeForwardedCopy: each block's sums are made in a block-sized scratch
+  // (zero between blocks), the block's touched elements stepped once each, and the block
+  // copied while it is in cache; no scratch of the slice's size.
+  constexpr size_t kBlock = 16384;
+  thread_local std::vector<float> acc;
+  thread_local std::vector<uint8_t> hit;
+  thread_local std::vector<uint32_t> local;
+  thread_local std::vector<size_t> cursor;
+  if (acc.size() != kBlock) acc.assign(kBlock, 0.0f);
+  if (hit.size() != kBlock) hit.assign(kBlock, 0);
+  cursor.assign(f.used, 0);
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t e = std::min(n, b + kBlock);
+    local.clear();
     for (size_t k = 0; k < f.used; ++k) {
       const CompressedUpdate& u = parts[k].update;
-      float* base = agg.data() + parts[k].offset;
+      const size_t offset = parts[k].offset;
+      const size_t end = e - std::min<size_t>(e, offset);  // this block, part-relative
+      size_t j = cursor[k];
       const size_t sent = u.indices.size();
-      if (u.kind == CompressorKind::kAdaComp) {
-        const float pos = 1.0f * u.scale;  // DecodeAdd's factor * scale
-        for (size_t j = 0; j < sent; ++j) base[u.indices[j]] += u.negative[j] ? -pos : pos;
-      } else {
-        for (size_t j = 0; j < sent; ++j) base[u.indices[j]] += 1.0f * u.values[j];
+      const float pos = 1.0f * u.scale;  // DecodeAdd's factor * scale
+      for (; j < sent && u.indices[j] < end; ++j) {
+        const size_t at = offset + u.indices[j] - b;
+        acc[at] += u.kind == CompressorKind::kAdaComp ? (u.negative[j] ? -pos : pos)
+                                                      : 1.0f * u.values[j];
+        if (!hit[at]) {
+          hit[at] = 1;
+          local.push_back(static_cast<uint32_t>(at));
+        }
       }
-      for (size_t j = 0; j < sent; ++j) touched.push_back(parts[k].offset + u.indices[j]);
+      cursor[k] = j;
     }
+    for (uint32_t at : local) {
+      SgdStep(f.lr, 0.0f, acc[at] * f.scale, d[b + at]);
+      acc[at] = 0.0f;
+      hit[at] = 0;
+    }
+    std::memcpy(c + b, d + b, (e - b) * sizeof(float));
   }
-  float* d = dst.data();
-  for (uint32_t i : touched) {
-    const uint64_t bit = uint64_t{1} << (i & 63);
-    if (seen[i >> 6] & bit) continue;
-    seen[i >> 6] |= bit;
-    SgdStep(f.lr, 0.0f, agg[i] * f.scale, d[i]);
-  }
-  for (uint32_t i : touched) {
-    agg[i] = 0.0f;
-    seen[i >> 6] = 0;
-  }
-  if (n != 0) std::memcpy(copy.data(), d, n * sizeof(float));
   return absl::OkStatus();
 }
 
