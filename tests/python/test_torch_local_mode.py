@@ -558,6 +558,20 @@ def test_update_exchange_clips_each_workers_own_gradient(cluster):
         assert torch.allclose(p, -torch.tensor([0.6, 0.8]), atol=1e-6)  # both clipped to 1
 
 
+def test_nesterov_with_compression_in_local_mode_warns_and_plain_momentum_does_not():
+    m = nn.Linear(2, 1)
+    for nesterov, compression, expect in ((True, "adacomp", True), (False, "adacomp", False),
+                                          (True, "dense", False)):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with pytest.raises(Exception):  # worker=object(): fails at the first collective
+                adaps.torch.DistributedOptimizer(
+                    torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, nesterov=nesterov),
+                    m, worker=object(), server_optimizer="mean", compression=compression)
+        said = [str(w.message) for w in seen if "nesterov" in str(w.message)]
+        assert bool(said) == expect, (nesterov, compression, said)
+
+
 def test_update_exchange_is_refused_in_server_mode():
     m = nn.Linear(2, 1)
     with pytest.raises(ValueError, match="local mode"):

@@ -382,6 +382,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              "only; recompressed pulls need server mode (--server-optimizer "
                              "sgd/momentum/nesterov/adam)")
         self.compression = compression
+        if self.exchange == "update" and _compressed(compression) and \
+                any(g.get("nesterov") and g.get("momentum", 0) for g in optimizer.param_groups):
+            # Not refused (it trains, as plain momentum does), but not what DDP gives either.
+            warnings.warn("adaps.torch: SGD with nesterov=True in local mode with compression: "
+                          "AdaComp delivers each element's updates in bursts, over which "
+                          "Nesterov's lookahead cancels out, so the run trains as plain momentum "
+                          "does (a ResNet measured 0.9 pp below dense with Nesterov, 0.7 pp "
+                          "above dense with plain momentum; docs/accuracy.md \"Two recipes added "
+                          "last\"); nesterov=False, or compression=\"dense\", avoids the "
+                          "difference", stacklevel=2)
         if lr is not None:
             for g in optimizer.param_groups:
                 g["lr"] = lr
