@@ -291,11 +291,19 @@ absl::Status DecodeForwardedSgdCopy(absl::Span<const uint8_t> bytes, absl::Span<
       const size_t end = e - std::min<size_t>(e, offset);  // this block, part-relative
       size_t j = cursor[k];
       const size_t sent = u.indices.size();
-      const float pos = 1.0f * u.scale;  // DecodeAdd's factor * scale
-      for (; j < sent && u.indices[j] < end; ++j) {
-        const size_t at = offset + u.indices[j] - b;
-        acc[at] += u.kind == CompressorKind::kAdaComp ? (u.negative[j] ? -pos : pos)
-                                                      : 1.0f * u.values[j];
+      const size_t from = j;
+      if (u.kind == CompressorKind::kAdaComp) {
+        const float pos = 1.0f * u.scale;  // DecodeAdd's factor * scale
+        for (; j < sent && u.indices[j] < end; ++j) {
+          acc[offset + u.indices[j] - b] += u.negative[j] ? -pos : pos;
+        }
+      } else {
+        for (; j < sent && u.indices[j] < end; ++j) {
+          acc[offset + u.indices[j] - b] += 1.0f * u.values[j];
+        }
+      }
+      for (size_t i = from; i < j; ++i) {
+        const size_t at = offset + u.indices[i] - b;
         if (!hit[at]) {
           hit[at] = 1;
           local.push_back(static_cast<uint32_t>(at));

@@ -676,29 +676,38 @@ TEST(WireCodecForwarded, TheOwnPushLeftOutIsReplayedFromThePullersCopy) {
 
 // Slices longer than the decoder's block (16,384 floats), segmented pushes across block
 // borders, and a dense member among them: still the server's arithmetic, bit for bit.
-TEST(WireCodecForwarded, LongSlicesAndMixedKindsReplayBitForBit) {
-  constexpr uint32_t kN = 100000;
+// Four pushes of a 100,000-element slice (longer than the decoders' 16,384-float block) from
+// seeds first .. first + 3: AdaComp, Top-k, AdaComp, and a segmented push of an AdaComp
+// member, a dense member and a Top-k member across block borders.
+constexpr uint32_t kLongN = 100000;
+
+std::vector<std::vector<uint8_t>> LongMixedPushes(uint32_t first) {
   const std::vector<WireSegment> table = {{30000, 50}, {3, 1}, {69997, 500}};
-  std::vector<std::vector<uint8_t>> pushes;
-  for (uint32_t seed : {11u, 12u, 13u, 14u}) {
-    std::vector<uint8_t> bytes;
-    if (seed == 14) {  // a segmented push: AdaComp, a dense member, Top-k
+  std::vector<std::vector<uint8_t>> pushes(4);
+  for (uint32_t k = 0; k < 4; ++k) {
+    const uint32_t seed = first + k;
+    if (k == 3) {
       std::vector<std::vector<uint8_t>> parts(3);
-      ASSERT_TRUE(EncodeUpdate(Compressed(CompressorKind::kAdaComp, 30000, seed),
+      EXPECT_TRUE(EncodeUpdate(Compressed(CompressorKind::kAdaComp, 30000, seed),
                                IndexCoding::kRice, &parts[0]).ok());
-      ASSERT_TRUE(EncodeUpdate(Compressed(CompressorKind::kDense, 3, seed), IndexCoding::kRice,
+      EXPECT_TRUE(EncodeUpdate(Compressed(CompressorKind::kDense, 3, seed), IndexCoding::kRice,
                                &parts[1]).ok());
-      ASSERT_TRUE(EncodeUpdate(Compressed(CompressorKind::kTopK, 69997, seed),
+      EXPECT_TRUE(EncodeUpdate(Compressed(CompressorKind::kTopK, 69997, seed),
                                IndexCoding::kRice, &parts[2]).ok());
-      ASSERT_TRUE(EncodeSegmented(table, {parts[0], parts[1], parts[2]}, &bytes).ok());
+      EXPECT_TRUE(EncodeSegmented(table, {parts[0], parts[1], parts[2]}, &pushes[k]).ok());
     } else {
-      ASSERT_TRUE(EncodeUpdate(Compressed(seed == 12 ? CompressorKind::kTopK
-                                                     : CompressorKind::kAdaComp,
-                                          kN, seed),
-                               IndexCoding::kRice, &bytes).ok());
+      EXPECT_TRUE(EncodeUpdate(Compressed(k == 1 ? CompressorKind::kTopK
+                                                 : CompressorKind::kAdaComp,
+                                          kLongN, seed),
+                               IndexCoding::kRice, &pushes[k]).ok());
     }
-    pushes.push_back(bytes);
   }
+  return pushes;
+}
+
+TEST(WireCodecForwarded, LongSlicesAndMixedKindsReplayBitForBit) {
+  constexpr uint32_t kN = kLongN;
+  const std::vector<std::vector<uint8_t>> pushes = LongMixedPushes(11);
   for (size_t take : {size_t{3}, size_t{4}}) {  // without and with the dense member
     const float scale = 1.0f / static_cast<float>(take);
     std::vector<float> agg(kN, 0.0f);
@@ -785,28 +794,8 @@ TEST(WireCodecForwarded, ADamagedAnswerChangesNothing) {
 // element some push holds p -= lr * (agg * scale) (common/optimizer.cc's sparse pass), bit
 // for bit, for plain, segmented and dense members, across the decoder's blocks.
 TEST(WireCodecForwarded, ReplaysTheServersSgdStepBitForBit) {
-  constexpr uint32_t kN = 100000;
-  const std::vector<WireSegment> table = {{30000, 50}, {3, 1}, {69997, 500}};
-  std::vector<std::vector<uint8_t>> pushes;
-  for (uint32_t seed : {21u, 22u, 23u, 24u}) {
-    std::vector<uint8_t> bytes;
-    if (seed == 24) {  // a segmented push: AdaComp, a dense member, Top-k
-      std::vector<std::vector<uint8_t>> parts(3);
-      ASSERT_TRUE(EncodeUpdate(Compressed(CompressorKind::kAdaComp, 30000, seed),
-                               IndexCoding::kRice, &parts[0]).ok());
-      ASSERT_TRUE(EncodeUpdate(Compressed(CompressorKind::kDense, 3, seed), IndexCoding::kRice,
-                               &parts[1]).ok());
-      ASSERT_TRUE(EncodeUpdate(Compressed(CompressorKind::kTopK, 69997, seed),
-                               IndexCoding::kRice, &parts[2]).ok());
-      ASSERT_TRUE(EncodeSegmented(table, {parts[0], parts[1], parts[2]}, &bytes).ok());
-    } else {
-      ASSERT_TRUE(EncodeUpdate(Compressed(seed == 22 ? CompressorKind::kTopK
-                                                     : CompressorKind::kAdaComp,
-                                          kN, seed),
-                               IndexCoding::kRice, &bytes).ok());
-    }
-    pushes.push_back(bytes);
-  }
+  constexpr uint32_t kN = kLongN;
+  const std::vector<std::vector<uint8_t>> pushes = LongMixedPushes(21);
   std::mt19937 rng(4);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> replica(kN);
