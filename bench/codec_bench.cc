@@ -306,6 +306,50 @@ void BM_DecodeAdd(benchmark::State& state, uint32_t t, IndexCoding coding) {
   SetCodecCounters(state, d, pb, bytes.size());
 }
 
+// A worker's replay of a forwarded SGD step (a sparse pull with servers running SGD): four
+// workers' pushes (the representative update's indices rotated by a quarter of the slice
+// each, so about four times its density in all), in place (TensorSpec::pull_in_place) or
+// with the copy into the trainer's buffer.
+void BM_ForwardedSgdReplay(benchmark::State& state, uint32_t t, bool in_place) {
+  Data& d = GetData();
+  const Data::PerBin& pb = d.per_bin[t];
+  std::vector<std::vector<uint8_t>> pushes(4);
+  std::vector<absl::Span<const uint8_t>> spans;
+  for (size_t k = 0; k < pushes.size(); ++k) {
+    CompressedUpdate u = pb.update;
+    std::vector<std::pair<uint32_t, uint8_t>> moved;
+    for (size_t j = 0; j < u.indices.size(); ++j) {
+      moved.emplace_back(static_cast<uint32_t>((u.indices[j] + k * d.n / 4) % d.n),
+                         u.negative[j]);
+    }
+    std::sort(moved.begin(), moved.end());
+    for (size_t j = 0; j < moved.size(); ++j) {
+      u.indices[j] = moved[j].first;
+      u.negative[j] = moved[j].second;
+    }
+    if (!EncodeUpdate(u, IndexCoding::kRice, &pushes[k]).ok()) {
+      state.SkipWithError("encode failed");
+      return;
+    }
+    spans.push_back(pushes[k]);
+  }
+  std::vector<uint8_t> bytes;
+  if (!EncodeForwardedSgd(0.25f, 1e-3f, spans, &bytes).ok()) {
+    state.SkipWithError("forwarded encode failed");
+    return;
+  }
+  std::vector<float> replica(d.n, 0.5f), out(d.n);
+  for (auto _ : state) {
+    const absl::Status s = DecodeForwardedSgdCopy(
+        bytes, absl::MakeSpan(replica), in_place ? absl::MakeSpan(replica) : absl::MakeSpan(out));
+    if (!s.ok()) {
+      state.SkipWithError(s.ToString().c_str());
+      return;
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(d.n));
+}
 
 // The worker's push of one slice: Compress, then the wire encoding; `prescan` adds the
 // AllFinite pass over the gradient that the worker ran before every push until issue 11.
@@ -357,6 +401,13 @@ void RegisterAll() {
         ->Unit(benchmark::kMillisecond);
   }
   benchmark::RegisterBenchmark("topk/0.1%", BM_TopK)->Unit(benchmark::kMillisecond);
+  for (bool in_place : {false, true}) {
+    benchmark::RegisterBenchmark(
+        absl::StrCat("forwarded_sgd_replay_4_pushes", in_place ? "_in_place" : "_copy", "/T:500")
+            .c_str(),
+        BM_ForwardedSgdReplay, 500u, in_place)
+        ->Unit(benchmark::kMillisecond);
+  }
   for (uint32_t t : kBinSizes) {
     for (IndexCoding c : {IndexCoding::kRice, IndexCoding::kPlain32}) {
       const std::string suffix = absl::StrCat("_", CodingName(c), "/T:", t);

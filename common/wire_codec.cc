@@ -421,6 +421,8 @@ absl::Status DecodeAddCopy(absl::Span<const uint8_t> bytes, float factor, absl::
     return absl::InvalidArgumentError(absl::StrCat("copy of ", copy.size(), " elements for ",
                                                    dst.size()));
   }
+  // In place (the caller's buffer is the replica): only the elements the update names.
+  if (copy.data() == dst.data()) return DecodeAdd(bytes, factor, dst);
   ADAPS_ASSIGN_OR_RETURN(WireHeader head, PeekHeader(bytes));
   if (head.segments != 0 || head.kind != CompressorKind::kAdaComp || head.length != dst.size()) {
     ADAPS_RETURN_IF_ERROR(DecodeAdd(bytes, factor, dst));

@@ -133,6 +133,9 @@ absl::Status DecodeAddTouched(absl::Span<const uint8_t> bytes, float factor,
 // update, parameters = replica). A single AdaComp update takes one pass over dst: each block
 // gets its additions while it is in cache and is copied at once. On any error neither dst
 // nor copy changes. kInvalidArgument when copy.size() differs from dst.size().
+// For this and the other ...Copy decoders below, `copy` may be `dst` itself (the same
+// data: a replica that is the caller's buffer, TensorSpec::pull_in_place): then nothing is
+// copied, and a sparse update touches only its elements.
 absl::Status DecodeAddCopy(absl::Span<const uint8_t> bytes, float factor, absl::Span<float> dst,
                            absl::Span<float> copy);
 

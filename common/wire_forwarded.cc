@@ -206,7 +206,7 @@ absl::Status DecodeForwardedCopy(absl::Span<const uint8_t> bytes, absl::Span<flo
   if (!f.sparse) {  // a dense or sign part: every element, as DecodeAdd adds it
     if (n != 0) std::memset(d, 0, n * sizeof(float));
     for (absl::Span<const uint8_t> p : pushes) ADAPS_RETURN_IF_ERROR(DecodeAdd(p, 1.0f, dst));
-    for (size_t j = 0; j < n; ++j) c[j] = d[j] = d[j] * scale;
+    for (size_t j = 0; j < n; ++j) c[j] = d[j] = d[j] * scale;  // (c may be d)
     return absl::OkStatus();
   }
   // Blocked: each block of dst is zeroed, gets every part's additions (in push order) and is
@@ -268,7 +268,7 @@ absl::Status DecodeForwardedSgdCopy(absl::Span<const uint8_t> bytes, absl::Span<
       seen[i >> 6] |= bit;
       SgdStep(f.lr, 0.0f, agg[i] * f.scale, d[i]);
     }
-    if (n != 0) std::memcpy(c, d, n * sizeof(float));
+    if (n != 0 && c != d) std::memcpy(c, d, n * sizeof(float));
     return absl::OkStatus();
   }
   // Blocked, as DecodeForwardedCopy: each block's sums are made in a block-sized scratch
@@ -307,6 +307,9 @@ absl::Status DecodeForwardedSgdCopy(absl::Span<const uint8_t> bytes, absl::Span<
         if (!hit[at]) {
           hit[at] = 1;
           local.push_back(static_cast<uint32_t>(at));
+          // The step below reads and writes d there: start the line's load now (in place,
+          // d's block is not streamed through the cache by the copy).
+          __builtin_prefetch(d + b + at, 1, 3);
         }
       }
       cursor[k] = j;
@@ -316,7 +319,7 @@ absl::Status DecodeForwardedSgdCopy(absl::Span<const uint8_t> bytes, absl::Span<
       acc[at] = 0.0f;
       hit[at] = 0;
     }
-    std::memcpy(c + b, d + b, (e - b) * sizeof(float));
+    if (c != d) std::memcpy(c + b, d + b, (e - b) * sizeof(float));
   }
   return absl::OkStatus();
 }

@@ -18,7 +18,8 @@ FusionTable::FusionTable(const WorkerOptions& options, const RoleLog& log, Membe
     : options_(options), log_(log), membership_(membership), runner_(runner), metrics_(metrics) {}
 
 bool FusionTable::Takes(const TensorSpec& spec, uint64_t length) const {
-  return spec.fuse && length * sizeof(float) < options_.fusion_threshold_bytes &&
+  return spec.fuse && !spec.pull_in_place &&
+         length * sizeof(float) < options_.fusion_threshold_bytes &&
          length <= kFusionCapacity;
 }
 
@@ -164,7 +165,7 @@ absl::Status FusionTable::Declare(Tensor& t, absl::Span<float> values, bool* fus
     in.spec.shape = {static_cast<int64_t>(end)};
     in.meta[0].info.length = static_cast<uint32_t>(end);
     SliceRt& rt = in.slices[0];
-    rt.replica.resize(end);
+    rt.SetReplica(end);
     std::memcpy(rt.replica.data(), r.payload().data(), end * sizeof(float));
     const msg::PullResponse* resp = r.envelope()->body_as_PullResponse();
     rt.replica_version = ReplicaVersion(*resp);

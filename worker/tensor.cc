@@ -156,7 +156,7 @@ absl::Status ApplyPullLocked(Tensor& t, size_t i, const msg::PullResponse& resp,
     }
     std::memcpy(dst, payload.data(), payload.size());
     if (sparse) {  // the server chose dense: the replica the next sparse answers change
-      std::memcpy(rt.replica.data(), payload.data(), payload.size());
+      if (rt.replica.data() != dst) std::memcpy(rt.replica.data(), payload.data(), payload.size());
       rt.replica_version = resp.version();
       ++t.traffic.pulls_answered_dense;
     }
@@ -174,7 +174,9 @@ absl::Status ApplyPullLocked(Tensor& t, size_t i, const msg::PullResponse& resp,
                                                 resp.version(), " but replica is at ",
                                                 rt.replica_version));
       }
-      std::memcpy(dst, rt.replica.data(), rt.replica.size() * sizeof(float));
+      if (rt.replica.data() != dst) {
+        std::memcpy(dst, rt.replica.data(), rt.replica.size() * sizeof(float));
+      }
       return absl::OkStatus();
     }
     if (!resp.zero_base() && resp.base_version() != rt.replica_version) {
@@ -183,8 +185,8 @@ absl::Status ApplyPullLocked(Tensor& t, size_t i, const msg::PullResponse& resp,
     }
     // replica = the answer's values at its elements (the rest kept, or 0 for a mean), or
     // the mean replayed from the forwarded pushes (a whole mean: zero_base), or the SGD step
-    // replayed on the replica at the version before; and the output = replica; nothing
-    // changes if the answer is damaged.
+    // replayed on the replica at the version before; and the output = replica (no copy when
+    // the output is the replica: pull_in_place); nothing changes if the answer is damaged.
     const absl::Span<const uint8_t> own =
         own_push != nullptr ? absl::MakeConstSpan(*own_push) : absl::Span<const uint8_t>();
     const absl::Span<const uint8_t>* held = own_push != nullptr ? &own : nullptr;
@@ -213,7 +215,7 @@ absl::Status ApplyPullLocked(Tensor& t, size_t i, const msg::PullResponse& resp,
     // replica += update and the parameters = replica, in one pass
     ADAPS_RETURN_IF_ERROR(DecodeAddCopy(payload, 1.0f, absl::MakeSpan(rt.replica),
                                         absl::MakeSpan(dst, rt.replica.size())));
-  } else {
+  } else if (rt.replica.data() != dst) {
     std::memcpy(dst, rt.replica.data(), rt.replica.size() * sizeof(float));
   }
   rt.replica_version = resp.version();

@@ -44,7 +44,10 @@ struct SliceMeta {
 // What changes: the error feedback, the step, and the replica of recompressed pulls.
 struct SliceRt {
   std::unique_ptr<SliceState> residue;  // null for dense tensors (no error feedback)
-  std::vector<float> replica;           // recompressed pulls: what the server published
+  // Recompressed and sparse pulls: what the server published. Its elements are
+  // `replica_own`'s, or the caller's buffer itself (TensorSpec::pull_in_place).
+  absl::Span<float> replica;
+  std::vector<float> replica_own;
   uint64_t replica_version = 0;
   uint64_t step = 0;  // the step this slice pushes next (the server's version)
   // The incarnation of the slice's server (ServerLinks, worker/server_links.h) that `step`
@@ -59,6 +62,17 @@ struct SliceRt {
   // holds it (the transport sent it and no RunOp keeps it for a retry): no allocation and
   // no page faults per step for a dense slice of megabytes.
   std::shared_ptr<Bytes> push_bytes;
+
+  // `replica` = `n` elements of its own (zeros), or `in_place` (the caller's, kept as is).
+  void SetReplica(size_t n, float* in_place = nullptr) {
+    if (in_place != nullptr) {
+      replica_own = {};
+      replica = absl::MakeSpan(in_place, n);
+    } else {
+      replica_own.assign(n, 0.0f);
+      replica = absl::MakeSpan(replica_own);
+    }
+  }
 };
 
 struct FusionBucket;  // worker/fusion.h
@@ -85,6 +99,8 @@ struct Tensor {
   absl::Mutex mu;
   std::unique_ptr<Compressor> compressor ABSL_GUARDED_BY(mu);  // its scratch space changes
   std::vector<SliceRt> slices ABSL_GUARDED_BY(mu);
+  // TensorSpec::pull_in_place: the caller's buffer, the slices' replicas; else null.
+  float* in_place = nullptr;
   CompressedUpdate update ABSL_GUARDED_BY(mu);
   TrafficCounters traffic ABSL_GUARDED_BY(mu);
   SentElements last_sent ABSL_GUARDED_BY(mu);  // by the last successful push

@@ -168,7 +168,12 @@ absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
     const SliceInfo& info = t.meta[i].info;
     SliceRt& rt = t.slices[i];
     std::memcpy(values.data() + info.offset, pulls[i].payload().data(), pulls[i].payload().size());
-    rt.replica.assign(values.begin() + info.offset, values.begin() + info.offset + info.length);
+    if (t.in_place != nullptr) {
+      rt.SetReplica(info.length, values.data() + info.offset);
+    } else {
+      rt.SetReplica(info.length);
+      std::memcpy(rt.replica.data(), values.data() + info.offset, info.length * sizeof(float));
+    }
     const msg::PullResponse* resp = pulls[i].envelope()->body_as_PullResponse();
     rt.replica_version = ReplicaVersion(*resp);
     rt.step = resp->version();
@@ -204,6 +209,7 @@ absl::Status Worker::Impl::Declare(const TensorSpec& spec, absl::Span<float> val
   }
   if (!fused) {
     ADAPS_ASSIGN_OR_RETURN(tensor, NewTensor(spec, length));
+    if (spec.pull_in_place) tensor->in_place = values.data();
     ADAPS_RETURN_IF_ERROR(DeclareSlices(*tensor, values));
     worker_metrics_->Attach(*tensor);
   }
@@ -224,6 +230,11 @@ std::future<absl::Status> Worker::Impl::Run(absl::string_view name, absl::Span<c
     return ReadyFuture(absl::InvalidArgumentError(absl::StrCat(
         "tensor '", name, "' has ", t.length, " elements; got ", push ? grad.size() : out.size())));
   }
+  if (pull && t.in_place != nullptr && out.data() != t.in_place) {
+    return ReadyFuture(absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "' pulls in place (TensorSpec::pull_in_place): `out` must be the "
+        "buffer given to Declare")));
+  }
   if (t.fused_into != nullptr) return fusion_->Run(t, grad, out, push, pull);
   return runner_->Run(t, grad, out, push, pull, nullptr);
 }
@@ -234,6 +245,10 @@ absl::Status Worker::Impl::PullParameters(absl::string_view name, absl::Span<flo
   ADAPS_RET_CHECK(out.size() == t->length, absl::StatusCode::kInvalidArgument,
                   absl::StrCat("tensor '", t->spec.name, "' has ", t->length,
                                " elements, the buffer ", out.size()));
+  ADAPS_RET_CHECK(t->in_place == nullptr || out.data() != t->in_place,
+                  absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("tensor '", t->spec.name, "' pulls in place into this buffer (its "
+                               "replica): PullParameters needs another one"));
   // A fused tensor is a segment of its bucket's one slice: the bucket is pulled.
   Tensor& src = t->fused_into != nullptr ? t->fused_into->internal : *t;
   const uint64_t at =

@@ -465,6 +465,10 @@ TEST(WireCodec, DecodeAddCopyIsDecodeAddThenCopy) {
       ASSERT_TRUE(DecodeAddCopy(bytes, 0.5f, absl::MakeSpan(dst), absl::MakeSpan(copy)).ok());
       EXPECT_EQ(dst, want) << CompressorKindName(kind) << " " << n;
       EXPECT_EQ(copy, want) << CompressorKindName(kind) << " " << n;
+      // In place (the copy is dst itself: TensorSpec::pull_in_place): the same values.
+      std::vector<float> same = base;
+      ASSERT_TRUE(DecodeAddCopy(bytes, 0.5f, absl::MakeSpan(same), absl::MakeSpan(same)).ok());
+      EXPECT_EQ(same, want) << "in place: " << CompressorKindName(kind) << " " << n;
       // Damaged: the last byte cut off. Nothing changes.
       std::vector<float> dst2 = base, copy2(n, -1.0f);
       const std::vector<uint8_t> cut(bytes.begin(), bytes.end() - 1);
@@ -725,6 +729,10 @@ TEST(WireCodecForwarded, LongSlicesAndMixedKindsReplayBitForBit) {
         DecodeForwardedCopy(bytes, absl::MakeSpan(dst), absl::MakeSpan(copy), &own).ok());
     EXPECT_EQ(0, std::memcmp(dst.data(), agg.data(), kN * sizeof(float))) << take;
     EXPECT_EQ(0, std::memcmp(copy.data(), agg.data(), kN * sizeof(float))) << take;
+    std::vector<float> same(kN, 5.0f);  // in place: the copy is dst itself
+    ASSERT_TRUE(
+        DecodeForwardedCopy(bytes, absl::MakeSpan(same), absl::MakeSpan(same), &own).ok());
+    EXPECT_EQ(0, std::memcmp(same.data(), agg.data(), kN * sizeof(float))) << "in place " << take;
   }
 }
 
@@ -831,6 +839,11 @@ TEST(WireCodecForwarded, ReplaysTheServersSgdStepBitForBit) {
       EXPECT_EQ(0, std::memcmp(dst.data(), want.data(), kN * sizeof(float))) << take << lr;
       EXPECT_EQ(0, std::memcmp(copy.data(), want.data(), kN * sizeof(float))) << take << lr;
       if (lr > 0.0f) EXPECT_NE(dst, replica);
+      std::vector<float> same = replica;  // in place: the copy is dst itself
+      ASSERT_TRUE(
+          DecodeForwardedSgdCopy(bytes, absl::MakeSpan(same), absl::MakeSpan(same), &own).ok());
+      EXPECT_EQ(0, std::memcmp(same.data(), want.data(), kN * sizeof(float)))
+          << "in place " << take << lr;
       // Twice in a row from the same replica: the decoder's scratch is clean between calls.
       dst = replica;
       ASSERT_TRUE(

@@ -82,8 +82,9 @@ void RunCluster(const OptimizerConfig& optimizer, const std::function<void(Worke
 }
 
 // kSteps steps of every tensor pulled sparse; after each, every output is compared with
-// the servers' exact parameters (PullParameters) bit for bit.
-void ExpectOutputsAreTheParameters(const OptimizerConfig& optimizer) {
+// the servers' exact parameters (PullParameters) bit for bit. `in_place`: every tensor
+// declared with TensorSpec::pull_in_place (its output buffer is its replica).
+void ExpectOutputsAreTheParameters(const OptimizerConfig& optimizer, bool in_place = false) {
   constexpr int kSteps = 25;
   std::map<std::string, std::vector<float>> first;  // worker rank 0's final outputs
   std::mutex mu;
@@ -97,9 +98,9 @@ void ExpectOutputsAreTheParameters(const OptimizerConfig& optimizer) {
       v.resize(m.length);
       std::mt19937 init_rng(7);
       for (float& x : v) x = normal(init_rng);
-      ASSERT_TRUE(w.Declare({m.name, {m.length}, m.bin, m.compression, 0.01, PullFormat::kSparse},
-                            absl::MakeSpan(v))
-                      .ok());
+      TensorSpec spec{m.name, {m.length}, m.bin, m.compression, 0.01, PullFormat::kSparse};
+      spec.pull_in_place = in_place;
+      ASSERT_TRUE(w.Declare(spec, absl::MakeSpan(v)).ok());
       grad[m.name].resize(m.length);
     }
     uint64_t wire = 0, dense = 0;  // of the PushPulls of "big" (PullParameters is dense)
@@ -121,6 +122,16 @@ void ExpectOutputsAreTheParameters(const OptimizerConfig& optimizer) {
             << m.name << " at step " << step << " on worker " << w.rank();
       }
       ASSERT_TRUE(w.Barrier().ok());  // nobody steps on before every check is done
+    }
+    if (in_place) {  // the replica is that buffer: no other is taken, none pulled into it
+      std::vector<float> other(kTensors[0].length);
+      const std::vector<float> before = out["big"];
+      absl::Status st = w.Pull("big", absl::MakeSpan(other)).get();
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+      EXPECT_TRUE(absl::StrContains(st.message(), "pull_in_place")) << st;
+      st = w.PullParameters("big", absl::MakeSpan(out["big"]));
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+      EXPECT_EQ(out["big"], before);
     }
     std::lock_guard<std::mutex> lock(mu);
     if (w.rank() == 0) {
@@ -154,6 +165,19 @@ TEST(SparsePulls, EveryOutputIsBitForBitTheMeanServersMeanAfterEveryStep) {
   OptimizerConfig mean;
   mean.kind = OptimizerKind::kMean;
   ExpectOutputsAreTheParameters(mean);
+}
+
+// TensorSpec::pull_in_place: the answers are applied to the caller's buffer itself (no
+// replica of the worker's own, no copy): the same bits after every step.
+TEST(SparsePulls, InPlaceOutputsAreBitForBitTheServersParametersAfterEveryStep) {
+  OptimizerConfig sgd;
+  sgd.kind = OptimizerKind::kSgd;
+  sgd.learning_rate = 0.1f;
+  sgd.weight_decay = 0.0f;
+  ExpectOutputsAreTheParameters(sgd, /*in_place=*/true);
+  OptimizerConfig mean;
+  mean.kind = OptimizerKind::kMean;
+  ExpectOutputsAreTheParameters(mean, /*in_place=*/true);
 }
 
 void ExpectDeclareRefused(const OptimizerConfig& optimizer, const std::string& reason) {

@@ -35,6 +35,9 @@ ABSL_FLAG(double, topk_fraction, 0.001, "Top-k: fraction of elements sent");
 ABSL_FLAG(std::string, pull, "dense",
           "dense, recompressed or sparse pulls (sparse: servers --optimizer=mean, sum, or sgd "
           "without weight decay)");
+ABSL_FLAG(bool, pull_in_place, false,
+          "synthetic: each layer's parameters are its pulls' replica (TensorSpec::pull_in_place): "
+          "sparse and recompressed answers change only the elements they name, no copy a step");
 ABSL_FLAG(bool, compact_indices, true, "Rice-coded indices (false: plain 32-bit)");
 ABSL_FLAG(int, compression_threads, 1,
           "Threads that compress pushes and decode pulls (0: on the calling and I/O threads)");
@@ -157,6 +160,7 @@ absl::StatusOr<adaps::SyntheticConfig> SyntheticFromFlags(adaps::CompressorKind 
   synthetic.layer.bin_size = static_cast<uint32_t>(absl::GetFlag(FLAGS_bin_size));
   synthetic.layer.topk_fraction = absl::GetFlag(FLAGS_topk_fraction);
   synthetic.layer.pull = Pull();
+  synthetic.layer.pull_in_place = absl::GetFlag(FLAGS_pull_in_place);
   return synthetic;
 }
 

@@ -108,6 +108,16 @@ struct TensorSpec {
   // fusion_threshold_bytes). false for a tensor not given every step, e.g. one only declared
   // to broadcast rank 0's values: a bucket waits for all its members.
   bool fuse = true;
+  // Zero-copy pulls (ps-lite's ZPull): the buffer given to Declare becomes the replica the
+  // pull answers change, so a sparse or recompressed answer writes only the elements it
+  // names and the tensor is not copied each step (a dense answer is copied in as always).
+  // Every PushPull/Pull of the tensor must then pass that buffer as `out` (any other is
+  // kInvalidArgument), and the caller keeps it alive while the Worker lives and never
+  // writes it; it reads it between steps, as any `out`. For a trainer that only reads the
+  // parameters it pulls (servers running the optimizer); not for one that steps them itself
+  // (local mode: the replica would be the trainer's own step, not the servers'). Such a
+  // tensor is never fused (`fuse` is ignored); PullParameters needs another buffer.
+  bool pull_in_place = false;
 };
 
 // Traffic of one tensor since it was declared. Wire bytes count every frame (FlatBuffers
