@@ -180,6 +180,26 @@ class CharGpt(nn.Module):
         return self.head(self.ln(h))
 
 
+class CharTcn(nn.Module):
+    """A temporal convolutional network: dilated causal Conv1d blocks (kernel 3, dilations
+    1, 2, 4, 8), each pre-normed per position (LayerNorm: nothing of the future) with a
+    residual connection, over character embeddings."""
+
+    def __init__(self, vocab, d=96, dilations=(1, 2, 4, 8)):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.convs = nn.ModuleList(nn.Conv1d(d, d, 3, dilation=k) for k in dilations)
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in dilations)
+        self.ln, self.out = nn.LayerNorm(d), nn.Linear(d, vocab)
+
+    def forward(self, x):
+        h = self.embed(x)  # (batch, time, d)
+        for conv, norm in zip(self.convs, self.norms):
+            pad = 2 * conv.dilation[0]  # causal: only the past
+            h = h + F.gelu(conv(F.pad(norm(h).transpose(1, 2), (pad, 0)))).transpose(1, 2)
+        return self.out(self.ln(h))
+
+
 class WordGpt(CharGpt):
     """CharGpt with its output layer tied to the token embedding (no bias)."""
 
@@ -209,6 +229,34 @@ class TinyVit(nn.Module):
         for b in self.blocks:
             h = b(h, None)
         return self.head(self.ln(h[:, 0]))
+
+
+class Mixer(nn.Module):
+    """MLP-Mixer: 4x4 patches (49 tokens), 3 blocks of a token-mixing MLP (across patches)
+    and a channel-mixing MLP, pre-norm, width 64, mean pooling."""
+
+    def __init__(self, d=64, layers=3, patch=4):
+        super().__init__()
+        self.patch, tokens = patch, (28 // patch) ** 2
+        self.embed = nn.Linear(patch * patch, d)
+        self.norms1 = nn.ModuleList(nn.LayerNorm(d) for _ in range(layers))
+        self.norms2 = nn.ModuleList(nn.LayerNorm(d) for _ in range(layers))
+        self.tokens = nn.ModuleList(
+            nn.Sequential(nn.Linear(tokens, 2 * tokens), nn.GELU(), nn.Linear(2 * tokens, tokens))
+            for _ in range(layers))
+        self.channels = nn.ModuleList(
+            nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+            for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, 10)
+
+    def forward(self, x):
+        p = self.patch
+        x = x.view(-1, 28 // p, p, 28 // p, p).permute(0, 1, 3, 2, 4).flatten(3).flatten(1, 2)
+        h = self.embed(x)  # (batch, tokens, d)
+        for n1, tok, n2, ch in zip(self.norms1, self.tokens, self.norms2, self.channels):
+            h = h + tok(n1(h).transpose(1, 2)).transpose(1, 2)
+            h = h + ch(n2(h))
+        return self.head(self.ln(h).mean(1))
 
 
 class ResBlock(nn.Module):
@@ -340,7 +388,7 @@ def _fmnist_task(task, model, rank, workers, seed, steps, batch, lr, train_size,
     if opt_cls is not None:  # the -adam, -adagrad, -rmsprop variants: that optimizer, cosine
         task.optimizer = opt_cls(model.parameters(), lr=lr)
         task.lr_at = cosine(lr, steps)
-    elif isinstance(model, TinyVit):
+    elif isinstance(model, (TinyVit, Mixer)):
         task.optimizer = torch.optim.AdamW(_decay_groups(model, 0.05), lr=lr)
         task.lr_at = cosine(lr, steps, warmup=max(1, steps // 10))
         task.clip = 1.0
@@ -410,17 +458,28 @@ def make_task(name, rank, workers, seed, steps, quick=False):
         task.loss = F.mse_loss
         task.higher_is_better, task.metric = False, "mse"
         return task
-    if name in ("mlp", "cnn", "vit") or name in _FMNIST_OPTIMIZERS:
+    if name in ("mlp", "cnn", "vit", "mixer") or name in _FMNIST_OPTIMIZERS:
         opt_cls, lr = _FMNIST_OPTIMIZERS.get(name, (None, None))
-        model = {"mlp": Mlp, "cnn": Cnn, "vit": TinyVit}[name.split("-")[0]]()
+        model = {"mlp": Mlp, "cnn": Cnn, "vit": TinyVit, "mixer": Mixer}[name.split("-")[0]]()
         _fmnist_task(task, model, rank, workers, seed, steps, batch=32,
-                     lr=lr or {"mlp": 0.1, "cnn": 0.05, "vit": 2e-3}[name], opt_cls=opt_cls,
+                     lr=lr or {"mlp": 0.1, "cnn": 0.05, "vit": 2e-3, "mixer": 2e-3}[name],
+                     opt_cls=opt_cls,
                      train_size=4000 if quick else 60000, test_size=500 if quick else 2000)
         return task
-    if name in ("gpt", "gru", "gpt128") or name in _LSTM_OPTIMIZERS:
+    if name in ("gpt", "gru", "gpt128", "tcn") or name in _LSTM_OPTIMIZERS:
         train, valid, vocab = _chars()
         seq_len = 32 if name in ("gpt", "gpt128") else 48
-        if name == "gru":
+        if name == "tcn":
+            # Debian's torch 1.13 (oneDNN) returns infinite gradients for these dilated
+            # Conv1d layers on some batches; the reference kernels do not.
+            torch.backends.mkldnn.enabled = False
+            seq_len = 64
+            task.model = CharTcn(vocab)
+            task.optimizer = torch.optim.AdamW(task.model.parameters(), lr=2e-3,
+                                               weight_decay=0.01)
+            task.lr_at = cosine(2e-3, steps, warmup=max(1, steps // 20))
+            task.clip = 1.0
+        elif name == "gru":
             seq_len = 40
             task.model = CharGru(vocab)
             task.optimizer = torch.optim.AdamW(task.model.parameters(), lr=4e-3,
@@ -513,4 +572,4 @@ def _embed_task(task, rank, seed, steps, quick):
 
 MODELS = ("mlp", "cnn", "lstm", "gpt", "embed", "gru", "vit", "wordgpt", "mlp-adam",
           "cnn-adam", "gpt128", "lstm-rmsprop", "cnn-adagrad", "cnn-rmsprop", "lstm-adagrad",
-          "lstm-nadam", "lstm-radam", "resnet", "ae")
+          "lstm-nadam", "lstm-radam", "resnet", "ae", "tcn", "mixer")
