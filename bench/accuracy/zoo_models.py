@@ -427,6 +427,14 @@ _LSTM_OPTIMIZERS = {"lstm": (torch.optim.Adam, 5e-3), "lstm-rmsprop": (torch.opt
                     "lstm-nadam": (torch.optim.NAdam, 5e-3), "lstm-radam": (torch.optim.RAdam, 5e-3)}
 
 
+def _adamw_recipe(task, model, steps, lr, weight_decay, warm, clip):
+    """AdamW on every parameter, a linear warm-up over steps / warm then cosine, clipping."""
+    task.model = model
+    task.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    task.lr_at = cosine(lr, steps, warmup=max(1, steps // warm))
+    task.clip = clip
+
+
 def make_task(name, rank, workers, seed, steps, quick=False):
     torch.manual_seed(seed)  # rank 0's initial values are broadcast; same on every rank
     task = Task()
@@ -474,18 +482,12 @@ def make_task(name, rank, workers, seed, steps, quick=False):
             # Conv1d layers on some batches; the reference kernels do not.
             torch.backends.mkldnn.enabled = False
             seq_len = 64
-            task.model = CharTcn(vocab)
-            task.optimizer = torch.optim.AdamW(task.model.parameters(), lr=2e-3,
-                                               weight_decay=0.01)
-            task.lr_at = cosine(2e-3, steps, warmup=max(1, steps // 20))
-            task.clip = 1.0
+            _adamw_recipe(task, CharTcn(vocab), steps, lr=2e-3, weight_decay=0.01, warm=20,
+                          clip=1.0)
         elif name == "gru":
             seq_len = 40
-            task.model = CharGru(vocab)
-            task.optimizer = torch.optim.AdamW(task.model.parameters(), lr=4e-3,
-                                               weight_decay=0.05)
-            task.lr_at = cosine(4e-3, steps, warmup=max(1, steps // 20))
-            task.clip = 0.5
+            _adamw_recipe(task, CharGru(vocab), steps, lr=4e-3, weight_decay=0.05, warm=20,
+                          clip=0.5)
         elif name.startswith("lstm"):
             opt_cls, lr = _LSTM_OPTIMIZERS[name]
             task.model = CharLstm(vocab)
@@ -498,11 +500,8 @@ def make_task(name, rank, workers, seed, steps, quick=False):
             task.lr_at = cosine(3e-3, steps)
             task.clip = 1.0
         else:
-            task.model = CharGpt(vocab, ctx=seq_len)
-            task.optimizer = torch.optim.AdamW(task.model.parameters(), lr=3e-3,
-                                               weight_decay=0.01)
-            task.lr_at = cosine(3e-3, steps, warmup=max(1, steps // 10))
-            task.clip = 1.0
+            _adamw_recipe(task, CharGpt(vocab, ctx=seq_len), steps, lr=3e-3, weight_decay=0.01,
+                          warm=10, clip=1.0)
         task.metric = "bits/char"
         _lm_batches(task, train, seq_len, 16, rank, seed)
         _lm_eval(task, valid, seq_len, 16 if quick else 64)
