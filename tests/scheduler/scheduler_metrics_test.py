@@ -47,9 +47,10 @@ def wait_for(port, name, expected, timeout=20, **labels):
     deadline = time.time() + timeout
     got = None
     while time.time() < deadline:
-        got = value(scrape(port), name, **labels)
+        samples = scrape(port)
+        got = value(samples, name, **labels)
         if got == expected:
-            return
+            return samples
         time.sleep(0.1)
     pytest.fail(f"{name}{labels} = {got}, want {expected}")
 
@@ -91,8 +92,12 @@ def test_scheduler_metrics_follow_the_cluster(procs, tmp_path):
     assert value(s, "adaps_nodes", node_role="server", state="live") == 0
 
     sched_addr = f"tcp://127.0.0.1:{port}"
-    servers = [subprocess.Popen([SERVER, f"--scheduler={sched_addr}", "--log_level=warn"])
-               for _ in range(2)]
+    # With identities the servers are restartable: the worker waits for a killed one to come
+    # back (up to its request timeout) instead of failing at once, which would end the job
+    # (every worker gone) and take the metrics endpoint down before the checks below.
+    servers = [subprocess.Popen([SERVER, f"--scheduler={sched_addr}", "--log_level=warn",
+                                 f"--identity=metrics-test-server-{i}"])
+               for i in range(2)]
     procs.extend(servers)
     wait_for(mport, "adaps_nodes", 2, node_role="server", state="live")
     assert value(scrape(mport), "adaps_registrations_total", node_role="server") == 2
@@ -120,7 +125,9 @@ def test_scheduler_metrics_follow_the_cluster(procs, tmp_path):
     assert value(s, "adaps_transport_messages_total", direction="in") > 0
 
     servers[1].send_signal(signal.SIGKILL)
-    wait_for(mport, "adaps_nodes", 1, node_role="server", state="dead")
+    s = wait_for(mport, "adaps_nodes", 1, node_role="server", state="dead")
+    assert value(s, "adaps_nodes", node_role="server", state="live") == 1
+    assert worker.poll() is None, "the worker must wait for the killed server, not exit"
     assert value(scrape(mport), "adaps_nodes", node_role="server", state="live") == 1
 
 
