@@ -149,6 +149,8 @@ absl::Status ApplyPullLocked(Tensor& t, size_t i, const msg::PullResponse& resp,
   t.traffic.server_seconds += static_cast<double>(resp.server_us()) * 1e-6;
   t.metrics.Sync(t.traffic);
   float* dst = out.data() + info.offset;
+  // TensorSpec::pull_in_place: the output is the replica, nothing to copy between them.
+  const bool in_place = rt.replica.data() == dst;
   const bool sparse = t.spec.pull == PullFormat::kSparse;
   if (resp.format() == msg::PullFormat::Dense) {
     if (payload.size() != uint64_t{info.length} * sizeof(float)) {
@@ -156,7 +158,7 @@ absl::Status ApplyPullLocked(Tensor& t, size_t i, const msg::PullResponse& resp,
     }
     std::memcpy(dst, payload.data(), payload.size());
     if (sparse) {  // the server chose dense: the replica the next sparse answers change
-      if (rt.replica.data() != dst) std::memcpy(rt.replica.data(), payload.data(), payload.size());
+      if (!in_place) std::memcpy(rt.replica.data(), payload.data(), payload.size());
       rt.replica_version = resp.version();
       ++t.traffic.pulls_answered_dense;
     }
@@ -174,9 +176,7 @@ absl::Status ApplyPullLocked(Tensor& t, size_t i, const msg::PullResponse& resp,
                                                 resp.version(), " but replica is at ",
                                                 rt.replica_version));
       }
-      if (rt.replica.data() != dst) {
-        std::memcpy(dst, rt.replica.data(), rt.replica.size() * sizeof(float));
-      }
+      if (!in_place) std::memcpy(dst, rt.replica.data(), rt.replica.size() * sizeof(float));
       return absl::OkStatus();
     }
     if (!resp.zero_base() && resp.base_version() != rt.replica_version) {
@@ -215,7 +215,7 @@ absl::Status ApplyPullLocked(Tensor& t, size_t i, const msg::PullResponse& resp,
     // replica += update and the parameters = replica, in one pass
     ADAPS_RETURN_IF_ERROR(DecodeAddCopy(payload, 1.0f, absl::MakeSpan(rt.replica),
                                         absl::MakeSpan(dst, rt.replica.size())));
-  } else if (rt.replica.data() != dst) {
+  } else if (!in_place) {
     std::memcpy(dst, rt.replica.data(), rt.replica.size() * sizeof(float));
   }
   rt.replica_version = resp.version();

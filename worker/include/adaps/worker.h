@@ -43,9 +43,9 @@ class TransportContext;  // common/transport.h; only for in-process (inproc://) 
 enum class Compression { kDense = 0, kAdaComp = 1, kTopK = 2, kSign = 3 };
 // kDense: the servers' parameters. kRecompressed: AdaComp over their change, with a
 // downlink residue (the replica trails the parameters by it). kSparse: the step's exact
-// change, as the new values at the elements some worker sent (schemas/README.md "Sparse
-// pulls"), or the dense parameters when that is smaller: the output is bit for bit a dense
-// pull's. Only for servers whose step changes just those elements (--optimizer=mean, sum,
+// change, as the step's pushes forwarded for the worker to replay (a mean or SGD step), the
+// new values at the elements some worker sent, or the dense parameters, whichever is
+// smallest (schemas/README.md "Sparse pulls"): the output is bit for bit a dense pull's. Only for servers whose step changes just those elements (--optimizer=mean, sum,
 // or sgd without weight decay, sync mode); Declare fails with kFailedPrecondition otherwise.
 // With --optimizer=mean the output is the step's mean gradient, 0 where no worker sent.
 enum class PullFormat { kDense = 0, kRecompressed = 1, kSparse = 2 };
