@@ -664,3 +664,60 @@ def test_state_dict_carries_each_workers_residues_and_restores_them(cluster):
     assert len(not_loaded) == 2, not_loaded
     assert "of rank 0 is not loaded into rank 1" in not_loaded[0], not_loaded
     assert "of rank 1 is not loaded into rank 0" in not_loaded[1], not_loaded
+
+
+@pytest.mark.parametrize("compression", ["dense", "adacomp"])
+def test_step_with_a_closure_evaluates_it_once_and_returns_its_loss(cluster, compression):
+    # torch.optim's step(closure) (and Horovod's): the closure recomputes the loss and its
+    # gradient, the step then runs on it; the same parameters as without a closure.
+    address = mean_cluster(cluster)
+
+    def rank(w):
+        p, m = one_parameter(2)
+        opt = wrap(torch.optim.SGD([p], lr=1.0), m, w, compression=compression)
+        calls = []
+
+        def closure():
+            calls.append(1)
+            opt.zero_grad()
+            loss = (p * torch.tensor([2.0, 4.0]) * (w.rank + 1)).sum()  # mean: 1.5*(2, 4)
+            loss.backward()
+            return loss
+        loss = opt.step(closure)
+        return len(calls), loss.item(), p.detach().clone()
+    for calls, loss, p in run_ranks(address, 2, rank):
+        assert calls == 1 and loss == 0.0
+        assert torch.equal(p, -torch.tensor([3.0, 6.0]))
+
+
+def test_lbfgs_is_refused_at_construction_with_the_reason():
+    p, m = one_parameter(2)
+    with pytest.raises(ValueError, match="LBFGS"):
+        adaps.torch.DistributedOptimizer(torch.optim.LBFGS([p]), m, worker=object(),
+                                         server_optimizer="mean")
+
+
+@pytest.mark.parametrize("inner", ["sgd", "sparse_adam"])
+def test_an_embedding_with_sparse_gradients_gets_the_mean_as_a_sparse_gradient(cluster, inner):
+    # nn.Embedding(sparse=True) with the gradient exchange (dense pushes): the mean comes
+    # back as a sparse gradient, which SparseAdam requires (DDP does the same).
+    address = mean_cluster(cluster)
+
+    def rank(w):
+        m = nn.Embedding(6, 2, sparse=True)
+        with torch.no_grad():
+            m.weight.zero_()
+        opt = torch.optim.SGD(m.parameters(), lr=1.0) if inner == "sgd" else \
+            torch.optim.SparseAdam(list(m.parameters()), lr=0.5)
+        opt = wrap(opt, m, w)
+        opt.zero_grad()
+        m(torch.tensor([w.rank + 1])).sum().backward()  # rank 0 row 1, rank 1 row 2
+        opt.step()
+        return m.weight.grad.is_sparse, m.weight.grad.to_dense(), m.weight.detach().clone()
+    for is_sparse, grad, weight in run_ranks(address, 2, rank):
+        assert is_sparse
+        expected = torch.zeros(6, 2)
+        expected[1] = expected[2] = 0.5
+        assert torch.equal(grad, expected)
+        moved = weight.abs().sum(1) > 0
+        assert moved.tolist() == [False, True, True, False, False, False]

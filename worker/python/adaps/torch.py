@@ -310,6 +310,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 isinstance(optimizer, DistributedOptimizer):
             raise TypeError("adaps.torch: DistributedOptimizer wraps a torch.optim.Optimizer, "
                             "got %s" % type(optimizer).__name__)
+        if isinstance(optimizer, torch.optim.LBFGS):
+            # Its step evaluates the closure several times (line search), each a backward
+            # pass over this worker's batch; a step of adaps exchanges one gradient or update.
+            raise ValueError("adaps.torch: torch.optim.LBFGS is not supported: its step "
+                             "evaluates the closure several times (a line search), and each "
+                             "evaluation would be a step of its own for the other workers; "
+                             "use an optimizer that takes one gradient a step")
         self._ready = False
         server_kind = _setting("server_optimizer", server_optimizer,
                                "ADAPS_SERVER_OPTIMIZER", None)
@@ -741,6 +748,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if e.param.grad is None:
                     e.param.grad = mean.to(device=e.param.device, dtype=e.param.dtype,
                                            copy=True)
+                elif e.param.grad.is_sparse:
+                    # nn.Embedding(sparse=True): the mean goes back sparse (SparseAdam takes
+                    # nothing else), over the same sparse dimensions (rows for an embedding).
+                    e.param.grad = mean.to(device=e.param.device, dtype=e.param.dtype,
+                                           copy=True).to_sparse(e.param.grad.sparse_dim())
                 else:
                     e.param.grad.copy_(mean)
 
@@ -834,14 +846,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         entries = [e for e in self._params if e.row_sparse]
         if not entries:
             return
-        sparse = set()
+        sparse = {}
         with torch.no_grad():
             for e in entries:
                 if e.stage is None:
                     e.stage = _host_f32(e.buf.shape, e.param)
                 g = e.param.grad
                 if g is not None and g.is_sparse:
-                    sparse.add(e.name)  # (nn.Embedding(sparse=True): SparseAdam wants one back)
+                    # (nn.Embedding(sparse=True): SparseAdam wants one back, rows sparse)
+                    sparse[e.name] = g.sparse_dim()
                 if skip or g is None:
                     e.stage.zero_()
                 else:
@@ -856,7 +869,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for e in entries:
                 mean = torch.from_numpy(e.buf).view(e.param.shape)
                 grad = mean.to(device=e.param.device, dtype=e.param.dtype, copy=True)
-                e.param.grad = grad.to_sparse() if e.name in sparse else grad
+                e.param.grad = grad.to_sparse(sparse[e.name]) if e.name in sparse else grad
 
     def _check_row_density(self, e):
         # Sent exactly, a gradient costs about 39 bits a nonzero element: past ~10% nonzero
@@ -897,14 +910,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None, grad_scaler=None):
         """Server mode: the parameters after the servers' step. Local mode: the torch
-        optimizer's step over the averaged gradients. Raises adaps.Error when the cluster
-        fails (the parameters are then left as they were)."""
+        optimizer's step over the averaged gradients. A closure (torch's step(closure)) is
+        evaluated once first, with gradients enabled, and its loss returned. Raises
+        adaps.Error when the cluster fails (the parameters are then left as they were)."""
+        loss = None
         if closure is not None:
-            raise ValueError("adaps.torch.DistributedOptimizer.step: closures are not "
-                             "supported")
+            # As torch's optimizers (and Horovod's) do: the closure recomputes the loss and
+            # its gradient once (its backward pushes as any other), then the step runs.
+            with torch.enable_grad():
+                loss = closure()
         if self.exchange == "update":
             self._synchronized = False
-            return self._step_update(grad_scaler)
+            result = self._step_update(grad_scaler)
+            return loss if closure is not None else result
         try:
             if not self._synchronized:
                 self.synchronize()
@@ -920,8 +938,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self.mode == "server":
             if hasattr(self.optimizer, "_step_count"):
                 self.optimizer._step_count += 1  # a scheduler made on the torch optimizer
-            return None
-        return self.optimizer.step()
+            return loss
+        result = self.optimizer.step()
+        return loss if closure is not None else result
 
     def pull_parameters(self):
         """Server mode: loads the servers' parameters as of their last completed step into
