@@ -2,12 +2,12 @@
 """Data-parallel CNN training on Fashion-MNIST through adaps (AdaComp by default).
 
     /usr/bin/python3 -m adaps.launch -n 2 examples/pytorch/train_fashion_mnist.py
-    /usr/bin/python3 -m adaps.launch -n 2 --server-optimizer mean \\
+    /usr/bin/python3 -m adaps.launch -n 2 --server-optimizer sgd \\
         examples/pytorch/train_fashion_mnist.py --epochs 3 --train-size 60000
 
 Each worker trains on its share (every num_workers-th image) of the first --train-size
-training images, the servers (or, with --server-optimizer mean, the local torch optimizer)
-apply SGD. Prints the loss as it goes, test accuracy per epoch, and the compression per
+training images; each worker's torch optimizer (local mode, the launcher's default) or,
+with --server-optimizer sgd, the servers apply SGD. Prints the loss as it goes, test accuracy per epoch, and the compression per
 layer type from the worker's traffic counters. Data: Debian's dataset-fashion-mnist
 (/usr/share/datasets/fashion-mnist, gzipped IDX files).
 """
@@ -97,7 +97,8 @@ def main():
     ap.add_argument("--batch-size", type=int, default=32, help="per worker")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--momentum", type=float, default=0.0,
-                    help="needs --server-optimizer momentum (or mean) on the launcher")
+                    help="local mode (the launcher's default), or servers running sgd "
+                         "(the workers' momentum correction) or momentum")
     ap.add_argument("--compression", default=None,
                     help="default: adaps.launch --compression, else adacomp")
     ap.add_argument("--conv-bin-size", type=int, default=None, help="default 50")

@@ -1,12 +1,17 @@
 """Run by test_torch.py under adaps.launch: a script that reads no environment itself.
-Prints what DistributedOptimizer took from the launcher's flags and what one step pushed."""
+Prints what DistributedOptimizer took from the launcher's flags and what one step pushed.
+With the argument "adamw" it trains with torch.optim.AdamW instead of SGD."""
+import sys
+
 import torch
 import torch.nn as nn
 
 import adaps.torch
 
 model = nn.Linear(200, 5)
-opt = adaps.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model)
+inner = torch.optim.AdamW(model.parameters(), lr=0.01) if sys.argv[1:] == ["adamw"] else \
+    torch.optim.SGD(model.parameters(), lr=0.01)
+opt = adaps.torch.DistributedOptimizer(inner, model)
 opt.zero_grad()
 model(torch.randn(8, 200)).sum().backward()
 opt.step()

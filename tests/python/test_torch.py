@@ -52,6 +52,15 @@ def test_launch_stops_everything_when_a_worker_fails():
     assert "exited with 3, stopping everything" in out, out
 
 
+def test_launch_without_a_server_optimizer_runs_local_mode_so_any_torch_optimizer_trains():
+    # As with DDP or Horovod, AdamW (which the servers cannot run) trains at the defaults.
+    code, out = run_launch(["-n", "2", os.path.join(HERE, "launch_flags_worker.py"), "adamw"],
+                           timeout=60)
+    assert code == 0, out
+    assert out.count("FLAGS mode=local compression=adacomp pull=sparse lr=0.01 dense_push=0 "
+                     "servers=1 moment=global own=share") == 2, out
+
+
 def test_launch_flags_reach_the_optimizer_of_a_script_that_reads_no_environment():
     code, out = run_launch(["-n", "2", "--server-optimizer", "sgd", "--compression", "dense",
                             "--pull", "recompressed", "--lr", "0.5",
