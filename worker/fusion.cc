@@ -165,8 +165,12 @@ absl::Status FusionTable::Declare(Tensor& t, absl::Span<float> values, bool* fus
     in.spec.shape = {static_cast<int64_t>(end)};
     in.meta[0].info.length = static_cast<uint32_t>(end);
     SliceRt& rt = in.slices[0];
-    rt.SetReplica(end);
-    std::memcpy(rt.replica.data(), r.payload().data(), end * sizeof(float));
+    if (KeepsReplica(in.spec.pull)) {
+      rt.SetReplica(end);
+      std::memcpy(rt.replica.data(), r.payload().data(), end * sizeof(float));
+    } else {
+      rt.SetReplica(0);
+    }
     const msg::PullResponse* resp = r.envelope()->body_as_PullResponse();
     rt.replica_version = ReplicaVersion(*resp);
     rt.step = resp->version();

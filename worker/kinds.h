@@ -42,6 +42,10 @@ inline msg::PullFormat WirePullFormat(PullFormat p) {
 inline msg::PullFormat ReplicaFormat(PullFormat p) {
   return p == PullFormat::kRecompressed ? msg::PullFormat::Replica : msg::PullFormat::Dense;
 }
+// Whether a tensor pulled this way keeps a replica: recompressed and sparse answers are
+// changes applied to it; a dense answer is the whole value, and a replica would be a copy
+// of the tensor that nothing reads.
+inline bool KeepsReplica(PullFormat p) { return p != PullFormat::kDense; }
 // The version of the replica such an answer holds (a Replica answer's `version` is the
 // slice's step).
 inline uint64_t ReplicaVersion(const msg::PullResponse& r) {

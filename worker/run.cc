@@ -139,7 +139,9 @@ absl::Status Runner::ResyncSlices(Tensor& t, const std::vector<size_t>& slices) 
     // the next push keeps this slice's step. A pull alone takes the restored parameters.
     if (version < rt.step) rt.pull_floor = version;
     rt.step = std::max(rt.step, version);
-    std::memcpy(rt.replica.data(), pulls[k].payload().data(), pulls[k].payload().size());
+    if (!rt.replica.empty()) {  // (a tensor with dense pulls keeps none)
+      std::memcpy(rt.replica.data(), pulls[k].payload().data(), pulls[k].payload().size());
+    }
     rt.replica_version = ReplicaVersion(*pulls[k].envelope()->body_as_PullResponse());
     rt.seen_version = version;
     rt.incarnation = incarnations[k];

@@ -44,8 +44,8 @@ struct SliceMeta {
 // What changes: the error feedback, the step, and the replica of recompressed pulls.
 struct SliceRt {
   std::unique_ptr<SliceState> residue;  // null for dense tensors (no error feedback)
-  // Recompressed and sparse pulls: what the server published. Its elements are
-  // `replica_own`'s, or the caller's buffer itself (TensorSpec::pull_in_place).
+  // Recompressed and sparse pulls: what the server published (empty for dense pulls). Its
+  // elements are `replica_own`'s, or the caller's buffer itself (TensorSpec::pull_in_place).
   absl::Span<float> replica;
   std::vector<float> replica_own;
   uint64_t replica_version = 0;
@@ -64,6 +64,7 @@ struct SliceRt {
   std::shared_ptr<Bytes> push_bytes;
 
   // `replica` = `n` elements of its own (zeros), or `in_place` (the caller's, kept as is).
+  // (A tensor with dense pulls keeps none: n = 0, kinds.h KeepsReplica.)
   void SetReplica(size_t n, float* in_place = nullptr) {
     if (in_place != nullptr) {
       replica_own = {};

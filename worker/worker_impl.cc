@@ -170,9 +170,11 @@ absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
     std::memcpy(values.data() + info.offset, pulls[i].payload().data(), pulls[i].payload().size());
     if (t.in_place != nullptr) {
       rt.SetReplica(info.length, values.data() + info.offset);
-    } else {
+    } else if (KeepsReplica(t.spec.pull)) {
       rt.SetReplica(info.length);
       std::memcpy(rt.replica.data(), values.data() + info.offset, info.length * sizeof(float));
+    } else {
+      rt.SetReplica(0);
     }
     const msg::PullResponse* resp = pulls[i].envelope()->body_as_PullResponse();
     rt.replica_version = ReplicaVersion(*resp);
