@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/optimizer.h"
+#include "common/scatter.h"
 #include "common/status_macros.h"
 #include "common/wire_codec.h"
 #include "common/wire_internal.h"
@@ -314,11 +315,18 @@ absl::Status DecodeForwardedSgdCopy(absl::Span<const uint8_t> bytes, absl::Span<
       }
       cursor[k] = j;
     }
-    for (uint32_t at : local) {
-      SgdStep(f.lr, 0.0f, acc[at] * f.scale, d[b + at]);
-      acc[at] = 0.0f;
-      hit[at] = 0;
-    }
+    // In the order marked (each part ascending), the lines of d requested ahead as well:
+    // the prefetch above has not always landed by now.
+    float* db = d + b;
+    ForEachScattered(
+        local.data(), local.size(),
+        [&](size_t i) {
+          const uint32_t at = local[i];
+          SgdStep(f.lr, 0.0f, acc[at] * f.scale, db[at]);
+          acc[at] = 0.0f;
+          hit[at] = 0;
+        },
+        db);
     if (c != d) std::memcpy(c + b, d + b, (e - b) * sizeof(float));
   }
   return absl::OkStatus();
