@@ -66,7 +66,8 @@ Figures Run(uint32_t length, int steps, int workers, Shard::Format format, bool 
     }
     const absl::Time start = absl::Now();
     for (int w = 0; w < workers; ++w) {
-      if (!shard.AddPush(w, step, pushes[w]).ok()) std::abort();
+      // As the engine: SGD (no weight decay) steps a tracked step push by push.
+      if (!shard.AddPush(w, step, pushes[w], 0, /*step_each_push=*/!mean).ok()) std::abort();
     }
     if (!shard.CompleteStepIfReady(live, sgd)) std::abort();
     pull.have_version = shard.version() - 1;

@@ -37,9 +37,10 @@ struct OptimizerConfig {
 };
 
 // SGD's step of one element, p -= lr * (g + wd * p): the one expression of the servers' full
-// and sparse passes and of a worker replaying a forwarded SGD step (DecodeForwardedSgdCopy),
-// so all of them give the same floats. (The build turns off floating-point contraction, so
-// no call site fuses it into an FMA another does not.)
+// and sparse passes and of the tracked step push by push that a worker replays
+// (ApplySgdParts, DecodeForwardedSgdCopy), so the server and the replay give the same floats.
+// (The build turns off floating-point contraction, so no call site fuses it into an FMA
+// another does not.)
 inline void SgdStep(float lr, float wd, float g, float& p) { p -= lr * (g + wd * p); }
 
 // Sets one hyper-parameter by name (learning_rate, momentum, weight_decay, beta1, beta2,

@@ -168,17 +168,38 @@ absl::Status DecodeForwardedCopy(absl::Span<const uint8_t> bytes, absl::Span<flo
                                  absl::Span<float> copy,
                                  const absl::Span<const uint8_t>* own = nullptr);
 
+// A push decoded once: one part, or a segmented push's segments, each at its offset in the
+// slice (the buffers are reused from call to call).
+struct DecodedPart {
+  uint32_t offset = 0;
+  CompressedUpdate update;
+};
+// Decodes (so checks) `bytes`, a push of `length` elements as DecodeAdd accepts it, into
+// parts[*used, ...) (parts grows as needed; *used advances). `*sparse` becomes false for a
+// dense or sign part (every element). kDataLoss / the codec's error otherwise, and then
+// *used is where it was.
+absl::Status DecodePushParts(absl::Span<const uint8_t> bytes, size_t length,
+                             std::vector<DecodedPart>& parts, size_t* used, bool* sparse);
+// The servers' tracked SGD step (no weight decay) over the step's pushes, decoded, in the
+// order the server took them: for each part in order, at each element it carries,
+// SgdStep(lr, 0, value * scale, p[element]), value the one DecodeAdd adds (factor 1). One
+// push at a time: no sum of the slice's size. Blocked over p (each block gets every part's
+// steps while it is in cache), the lines of the elements ahead requested. The parts must
+// lie within p (DecodePushParts for p.size() elements). `copy` (p.size() elements, or null,
+// or p itself: nothing copied): each block copied there once stepped.
+void ApplySgdParts(absl::Span<const DecodedPart> parts, float scale, float lr,
+                   absl::Span<float> p, float* copy = nullptr);
+
 // A forwarded SGD step (schemas/README.md "Sparse pulls"): a tracked step of servers running
-// SGD without weight decay, p -= lr * (agg * scale) at each element some push holds, where agg
-// is the pushes added in order from 0. Layout: u32 magic "AFS1" | u32 count | f32 scale |
-// f32 lr | the pushes as in "AFW1". kInvalidArgument as EncodeForwarded, and for a rate that
-// is not finite and >= 0.
+// SGD without weight decay, ApplySgdParts over the pushes in order. Layout: u32 magic "AFS2" |
+// u32 count | f32 scale | f32 lr | the pushes as in "AFW1". kInvalidArgument as
+// EncodeForwarded, and for a rate that is not finite and >= 0.
 absl::Status EncodeForwardedSgd(float scale, float lr,
                                 absl::Span<const absl::Span<const uint8_t>> pushes,
                                 std::vector<uint8_t>* out, int own = -1);
 // The replay of a forwarded SGD step on `dst`, the replica at the version before the step:
-// the server's float operations (common/optimizer.h SgdStep) at the elements the pushes hold,
-// so the same bits; then copy = dst. Errors as DecodeForwardedCopy (a mean step's answer is
+// the server's float operations (ApplySgdParts, as the server's step) so the same bits; then
+// copy = dst. Errors as DecodeForwardedCopy (a mean step's answer is
 // kDataLoss here, and an SGD step's there); on any error neither dst nor copy changes.
 absl::Status DecodeForwardedSgdCopy(absl::Span<const uint8_t> bytes, absl::Span<float> dst,
                                     absl::Span<float> copy,

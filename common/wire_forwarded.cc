@@ -17,49 +17,113 @@ namespace adaps {
 namespace {
 
 constexpr uint32_t kForwardedMagic = 0x31574641;     // "AFW1", little-endian: a mean step
-constexpr uint32_t kForwardedSgdMagic = 0x31534641;  // "AFS1": an SGD step (and its rate)
+// "AFS2": an SGD step (and its rate), each push stepped in turn (ApplySgdParts). ("AFS1",
+// until 2026-12-04, stepped once on the pushes' sum; a worker meeting one says so.)
+constexpr uint32_t kForwardedSgdMagic = 0x32534641;
+constexpr uint32_t kForwardedSgdMagicV1 = 0x31534641;
 // More pushes than any cluster has workers: a count beyond it is damage, not a step.
 constexpr uint32_t kMaxForwardedPushes = 1u << 20;
 constexpr uint32_t kOwnPush = 0xFFFFFFFF;  // the size that says: the puller's own push
 
-// One decoded push, or one segment of a segmented push, at its offset in the slice.
-struct Part {
-  uint32_t offset = 0;
-  CompressedUpdate update;
-};
+}  // namespace
 
-// Decodes `bytes`, a push of `length` elements (what DecodeAdd accepts), into parts[*used...]
-// (grown as needed, reused from call to call). `sparse` becomes false for a dense or sign
-// part (every element). Writes nothing else.
-absl::Status DecodePush(absl::Span<const uint8_t> bytes, size_t length, std::vector<Part>& parts,
-                        size_t* used, bool* sparse) {
-  ADAPS_ASSIGN_OR_RETURN(WireHeader head, PeekHeader(bytes));
-  if (head.length != length) {
-    return absl::DataLossError(
-        absl::StrCat("forwarded push of ", head.length, " elements for ", length));
-  }
-  auto add = [&](absl::Span<const uint8_t> part, uint32_t offset) -> absl::Status {
-    if (*used == parts.size()) parts.emplace_back();
-    Part& p = parts[(*used)++];
-    p.offset = offset;
-    ADAPS_RETURN_IF_ERROR(DecodeUpdate(part, &p.update));
-    if (p.update.kind != CompressorKind::kAdaComp && p.update.kind != CompressorKind::kTopK) {
-      *sparse = false;
+absl::Status DecodePushParts(absl::Span<const uint8_t> bytes, size_t length,
+                             std::vector<DecodedPart>& parts, size_t* used, bool* sparse) {
+  const size_t start = *used;
+  absl::Status st = [&]() -> absl::Status {
+    ADAPS_ASSIGN_OR_RETURN(WireHeader head, PeekHeader(bytes));
+    if (head.length != length) {
+      return absl::DataLossError(
+          absl::StrCat("forwarded push of ", head.length, " elements for ", length));
     }
+    auto add = [&](absl::Span<const uint8_t> part, uint32_t offset) -> absl::Status {
+      if (*used == parts.size()) parts.emplace_back();
+      DecodedPart& p = parts[(*used)++];
+      p.offset = offset;
+      ADAPS_RETURN_IF_ERROR(DecodeUpdate(part, &p.update));
+      if (p.update.kind != CompressorKind::kAdaComp &&
+          p.update.kind != CompressorKind::kTopK) {
+        *sparse = false;
+      }
+      return absl::OkStatus();
+    };
+    if (head.segments == 0) return add(bytes, 0);
+    ADAPS_ASSIGN_OR_RETURN(std::vector<SegmentView> views, SplitSegmented(bytes));
+    uint64_t at = 0;
+    for (const SegmentView& v : views) {
+      ADAPS_RETURN_IF_ERROR(add(v.bytes, static_cast<uint32_t>(at)));
+      at += v.segment.length;
+    }
+    if (at != length) return absl::DataLossError("segments do not cover the forwarded push");
     return absl::OkStatus();
-  };
-  if (head.segments == 0) return add(bytes, 0);
-  ADAPS_ASSIGN_OR_RETURN(std::vector<SegmentView> views, SplitSegmented(bytes));
-  uint64_t at = 0;
-  for (const SegmentView& v : views) {
-    ADAPS_RETURN_IF_ERROR(add(v.bytes, static_cast<uint32_t>(at)));
-    at += v.segment.length;
-  }
-  if (at != length) return absl::DataLossError("segments do not cover the forwarded push");
-  return absl::OkStatus();
+  }();
+  if (!st.ok()) *used = start;
+  return st;
 }
 
-}  // namespace
+void ApplySgdParts(absl::Span<const DecodedPart> parts, float scale, float lr,
+                   absl::Span<float> p, float* copy) {
+  const size_t n = p.size();
+  float* d = p.data();
+  // Blocked: each block of p takes every part's steps (in part order, so each element's in
+  // push order) while it is in cache; within a block a part's elements are ascending.
+  constexpr size_t kBlock = 16384;  // 64 KiB of floats
+  thread_local std::vector<size_t> cursor;
+  cursor.assign(parts.size(), 0);
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t e = std::min(n, b + kBlock);
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const CompressedUpdate& u = parts[k].update;
+      const size_t offset = parts[k].offset;
+      if (offset >= e || offset + u.length <= b) continue;  // nothing of this part here
+      float* base = d + offset;
+      const size_t lo = std::max(b, offset) - offset, hi = std::min(e, offset + u.length) - offset;
+      switch (u.kind) {
+        case CompressorKind::kAdaComp: {
+          const float pos = 1.0f * u.scale;  // DecodeAdd's factor * scale
+          const size_t from = cursor[k];
+          size_t to = from;
+          while (to < u.indices.size() && u.indices[to] < hi) ++to;
+          ForEachScattered(
+              u.indices.data() + from, to - from,
+              [&](size_t j) {
+                const size_t i = from + j;
+                SgdStep(lr, 0.0f, (u.negative[i] ? -pos : pos) * scale, base[u.indices[i]]);
+              },
+              base);
+          cursor[k] = to;
+          break;
+        }
+        case CompressorKind::kTopK: {
+          const size_t from = cursor[k];
+          size_t to = from;
+          while (to < u.indices.size() && u.indices[to] < hi) ++to;
+          ForEachScattered(
+              u.indices.data() + from, to - from,
+              [&](size_t j) {
+                const size_t i = from + j;
+                SgdStep(lr, 0.0f, (1.0f * u.values[i]) * scale, base[u.indices[i]]);
+              },
+              base);
+          cursor[k] = to;
+          break;
+        }
+        case CompressorKind::kDense:
+          for (size_t i = lo; i < hi; ++i) SgdStep(lr, 0.0f, (1.0f * u.values[i]) * scale, base[i]);
+          break;
+        case CompressorKind::kSign: {
+          const float a = 1.0f * u.scale, c = 1.0f * u.scale_neg;
+          for (size_t i = lo; i < hi; ++i) {
+            const bool set = (u.sign_bits[i / 64] >> (i % 64)) & 1;
+            SgdStep(lr, 0.0f, (set ? c : a) * scale, base[i]);
+          }
+          break;
+        }
+      }
+    }
+    if (copy != nullptr && copy != d) std::memcpy(copy + b, d + b, (e - b) * sizeof(float));
+  }
+}
 
 size_t ForwardedSize(absl::Span<const size_t> push_sizes) {
   size_t n = 12;
@@ -118,8 +182,8 @@ struct Forwarded {
 };
 
 absl::Status ParseForwarded(absl::Span<const uint8_t> bytes, size_t n, bool sgd,
-                            const absl::Span<const uint8_t>* own, std::vector<Part>& parts,
-                            Forwarded* f) {
+                            const absl::Span<const uint8_t>* own,
+                            std::vector<DecodedPart>& parts, Forwarded* f) {
   wire_internal::ByteReader r(bytes);
   uint32_t magic = 0, count = 0;
   ADAPS_RETURN_IF_ERROR(r.U32(&magic));
@@ -127,6 +191,11 @@ absl::Status ParseForwarded(absl::Span<const uint8_t> bytes, size_t n, bool sgd,
     if (magic == kForwardedMagic || magic == kForwardedSgdMagic) {
       return absl::DataLossError(sgd ? "a forwarded mean step where an SGD step was expected"
                                      : "a forwarded SGD step where a mean step was expected");
+    }
+    if (magic == kForwardedSgdMagicV1) {
+      return absl::DataLossError(
+          "a forwarded SGD step of the layout before 2026-12-04 (AFS1: the step on the "
+          "pushes' sum), from a server of an older build");
     }
     return absl::DataLossError("not a forwarded pull answer");
   }
@@ -156,7 +225,7 @@ absl::Status ParseForwarded(absl::Span<const uint8_t> bytes, size_t n, bool sgd,
       }
       own_used = true;
       f->pushes.push_back(*own);
-      ADAPS_RETURN_IF_ERROR(DecodePush(f->pushes.back(), n, parts, &f->used, &f->sparse));
+      ADAPS_RETURN_IF_ERROR(DecodePushParts(f->pushes.back(), n, parts, &f->used, &f->sparse));
       continue;
     }
     if (size > r.remaining()) {
@@ -164,7 +233,7 @@ absl::Status ParseForwarded(absl::Span<const uint8_t> bytes, size_t n, bool sgd,
                                               " bytes, ", r.remaining(), " left"));
     }
     f->pushes.push_back(bytes.subspan(r.pos(), size));
-    ADAPS_RETURN_IF_ERROR(DecodePush(f->pushes.back(), n, parts, &f->used, &f->sparse));
+    ADAPS_RETURN_IF_ERROR(DecodePushParts(f->pushes.back(), n, parts, &f->used, &f->sparse));
     ADAPS_RETURN_IF_ERROR(r.Skip(size));
   }
   if (r.remaining() != 0) {
@@ -192,7 +261,7 @@ absl::Status DecodeForwardedCopy(absl::Span<const uint8_t> bytes, absl::Span<flo
     return absl::InvalidArgumentError(absl::StrCat("copy of ", copy.size(), " elements for ",
                                                    dst.size()));
   }
-  thread_local std::vector<Part> parts;
+  thread_local std::vector<DecodedPart> parts;
   Forwarded f;
   ADAPS_RETURN_IF_ERROR(ParseForwarded(bytes, dst.size(), /*sgd=*/false, own, parts, &f));
   const std::vector<absl::Span<const uint8_t>>& pushes = f.pushes;
@@ -246,89 +315,13 @@ absl::Status DecodeForwardedSgdCopy(absl::Span<const uint8_t> bytes, absl::Span<
     return absl::InvalidArgumentError(absl::StrCat("copy of ", copy.size(), " elements for ",
                                                    dst.size()));
   }
-  const size_t n = dst.size();
-  thread_local std::vector<Part> parts;
+  thread_local std::vector<DecodedPart> parts;
   Forwarded f;
-  ADAPS_RETURN_IF_ERROR(ParseForwarded(bytes, n, /*sgd=*/true, own, parts, &f));
-  // The server's step (server/shard.cc, a tracked SGD step): agg += push for each push in
-  // its arrival order (DecodeAdd, factor 1, from 0), then at each element some push holds,
-  // SgdStep(lr, 0, agg * scale, p) once.
-  float* d = dst.data();
-  float* c = copy.data();
-  if (!f.sparse) {  // a dense or sign member (rare): the server's own decode, whole slice
-    std::vector<float> agg(n, 0.0f);
-    std::vector<uint32_t> touched;
-    for (absl::Span<const uint8_t> p : f.pushes) {
-      // (Decoded once already: it cannot fail now.)
-      ADAPS_RETURN_IF_ERROR(DecodeAddTouched(p, 1.0f, absl::MakeSpan(agg), &touched));
-    }
-    std::vector<uint64_t> seen((n + 63) / 64, 0);
-    for (uint32_t i : touched) {
-      const uint64_t bit = uint64_t{1} << (i & 63);
-      if (seen[i >> 6] & bit) continue;
-      seen[i >> 6] |= bit;
-      SgdStep(f.lr, 0.0f, agg[i] * f.scale, d[i]);
-    }
-    if (n != 0 && c != d) std::memcpy(c, d, n * sizeof(float));
-    return absl::OkStatus();
-  }
-  // Blocked, as DecodeForwardedCopy: each block's sums are made in a block-sized scratch
-  // (zero between blocks), the block's touched elements stepped once each, and the block
-  // copied while it is in cache; no scratch of the slice's size.
-  constexpr size_t kBlock = 16384;
-  thread_local std::vector<float> acc;
-  thread_local std::vector<uint8_t> hit;
-  thread_local std::vector<uint32_t> local;
-  thread_local std::vector<size_t> cursor;
-  if (acc.size() != kBlock) acc.assign(kBlock, 0.0f);
-  if (hit.size() != kBlock) hit.assign(kBlock, 0);
-  cursor.assign(f.used, 0);
-  for (size_t b = 0; b < n; b += kBlock) {
-    const size_t e = std::min(n, b + kBlock);
-    local.clear();
-    for (size_t k = 0; k < f.used; ++k) {
-      const CompressedUpdate& u = parts[k].update;
-      const size_t offset = parts[k].offset;
-      const size_t end = e - std::min<size_t>(e, offset);  // this block, part-relative
-      size_t j = cursor[k];
-      const size_t sent = u.indices.size();
-      const size_t from = j;
-      if (u.kind == CompressorKind::kAdaComp) {
-        const float pos = 1.0f * u.scale;  // DecodeAdd's factor * scale
-        for (; j < sent && u.indices[j] < end; ++j) {
-          acc[offset + u.indices[j] - b] += u.negative[j] ? -pos : pos;
-        }
-      } else {
-        for (; j < sent && u.indices[j] < end; ++j) {
-          acc[offset + u.indices[j] - b] += 1.0f * u.values[j];
-        }
-      }
-      for (size_t i = from; i < j; ++i) {
-        const size_t at = offset + u.indices[i] - b;
-        if (!hit[at]) {
-          hit[at] = 1;
-          local.push_back(static_cast<uint32_t>(at));
-          // The step below reads and writes d there: start the line's load now (in place,
-          // d's block is not streamed through the cache by the copy).
-          __builtin_prefetch(d + b + at, 1, 3);
-        }
-      }
-      cursor[k] = j;
-    }
-    // In the order marked (each part ascending), the lines of d requested ahead as well:
-    // the prefetch above has not always landed by now.
-    float* db = d + b;
-    ForEachScattered(
-        local.data(), local.size(),
-        [&](size_t i) {
-          const uint32_t at = local[i];
-          SgdStep(f.lr, 0.0f, acc[at] * f.scale, db[at]);
-          acc[at] = 0.0f;
-          hit[at] = 0;
-        },
-        db);
-    if (c != d) std::memcpy(c + b, d + b, (e - b) * sizeof(float));
-  }
+  ADAPS_RETURN_IF_ERROR(ParseForwarded(bytes, dst.size(), /*sgd=*/true, own, parts, &f));
+  // The server's step (server/shard.cc, a tracked SGD step): each push in its arrival order
+  // stepped at its elements, ApplySgdParts on both sides.
+  // The copy of each block is made while the block is in cache.
+  ApplySgdParts(absl::MakeConstSpan(parts.data(), f.used), f.scale, f.lr, dst, copy.data());
   return absl::OkStatus();
 }
 

@@ -151,7 +151,12 @@ void EngineThread::OnPush(PushWork& work) {
   const absl::Time start = absl::Now();
   if (options_.sync) {
     const uint64_t version = shard.version();
-    if (auto st = shard.AddPush(work.worker, work.step, work.payload(), options_.backup_workers);
+    // SGD that a sparse step allows: a tracked step's pushes are kept and stepped one by
+    // one at its end (Shard::AddPush).
+    const bool each_push =
+        optimizer_.kind == OptimizerKind::kSgd && SparseStepAllowed(optimizer_).ok();
+    if (auto st = shard.AddPush(work.worker, work.step, work.payload(), options_.backup_workers,
+                                each_push);
         !st.ok()) {
       return ReplyError(work, st);
     }

@@ -224,7 +224,7 @@ absl::Status Shard::CheckLength(absl::Span<const uint8_t> payload,
 }
 
 absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t> payload,
-                            int backup_workers) {
+                            int backup_workers, bool step_each_push) {
   std::vector<WireSegment> learned;
   ADAPS_RETURN_IF_ERROR(CheckLength(payload, &learned));
   if (step != version_ && resuming_) {
@@ -263,12 +263,31 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
     touched_pending_ = false;
     step_push_count_ = 0;
     step_push_workers_.clear();
+    step_by_push_ = step_tracked_ && step_each_push;
+    step_parts_used_ = 0;
   }
   // A tracked step takes the elements each push touched from the decode that adds it (one
-  // parse); on an error neither agg_ nor touched_ changed.
-  ADAPS_RETURN_IF_ERROR(step_tracked_
-                            ? DecodeAddTouched(payload, 1.0f, absl::MakeSpan(agg_), &touched_)
-                            : DecodeAdd(payload, 1.0f, absl::MakeSpan(agg_)));
+  // parse), or, stepped push by push, from the push decoded and kept; on an error neither
+  // agg_ nor touched_ changed.
+  if (step_by_push_) {
+    const size_t first = step_parts_used_;
+    bool sparse = true;
+    ADAPS_RETURN_IF_ERROR(DecodePushParts(payload, length_, step_parts_, &step_parts_used_,
+                                          &sparse));
+    for (size_t k = first; k < step_parts_used_; ++k) {
+      const DecodedPart& part = step_parts_[k];
+      const CompressedUpdate& u = part.update;
+      if (u.kind == CompressorKind::kAdaComp || u.kind == CompressorKind::kTopK) {
+        for (uint32_t i : u.indices) touched_.push_back(part.offset + i);
+      } else {
+        for (uint32_t i = 0; i < u.length; ++i) touched_.push_back(part.offset + i);
+      }
+    }
+  } else {
+    ADAPS_RETURN_IF_ERROR(step_tracked_
+                              ? DecodeAddTouched(payload, 1.0f, absl::MakeSpan(agg_), &touched_)
+                              : DecodeAdd(payload, 1.0f, absl::MakeSpan(agg_)));
+  }
   if (step_tracked_) {
     // One push's elements are ascending and distinct already (the codec refuses others):
     // they stay the list; from the second push on, every list goes into the bitmap.
@@ -289,6 +308,13 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
   }
   if (!learned.empty()) segments_ = std::move(learned);
   return absl::OkStatus();
+}
+
+void Shard::AddKeptPushes() {
+  // Each was decoded once already (AddPush): adding it cannot fail now.
+  for (size_t k = 0; k < step_push_count_; ++k) {
+    (void)DecodeAdd(step_pushes_[k], 1.0f, absl::MakeSpan(agg_));
+  }
 }
 
 void Shard::JumpTo(uint64_t step) {
@@ -328,15 +354,23 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
       }
       mean_zero_outside_ = true;
     }
-    ApplyOptimizerAndClearAt(optimizer, scale, touched_, absl::MakeSpan(agg_),
-                             absl::MakeSpan(params_), optimizer_);
+    // SGD stepped push by push (no weight decay here: SparseStepAllowed): each push in
+    // arrival order at its elements, ApplySgdParts, which a worker's replay of the forwarded
+    // pushes repeats (DecodeForwardedSgdCopy). Otherwise agg_ started at 0 and took the
+    // pushes in this order, and the step is the optimizer's at the touched elements; the
+    // mean is agg_ * scale, which DecodeForwardedCopy repeats.
+    const bool by_push = step_by_push_ && optimizer.kind == OptimizerKind::kSgd;
+    if (by_push) {
+      ApplySgdParts(absl::MakeConstSpan(step_parts_.data(), step_parts_used_), scale,
+                    optimizer.learning_rate, absl::MakeSpan(params_));
+    } else {
+      if (step_by_push_) AddKeptPushes();
+      ApplyOptimizerAndClearAt(optimizer, scale, touched_, absl::MakeSpan(agg_),
+                               absl::MakeSpan(params_), optimizer_);
+    }
     last_touched_.swap(touched_);
     last_sparse_ = true;
-    // agg_ started at 0 and took the pushes in this order; the mean is agg_ * scale, and
-    // SGD's step (no weight decay here: SparseStepAllowed) SgdStep(lr, 0, agg_ * scale) at
-    // the touched elements: a worker that replays exactly this gets the same floats
-    // (DecodeForwardedCopy, DecodeForwardedSgdCopy).
-    last_sgd_ = optimizer.kind == OptimizerKind::kSgd;
+    last_sgd_ = by_push;
     last_lr_ = optimizer.learning_rate;
     last_forwardable_ = optimizer.kind == OptimizerKind::kMean ||
                         (last_sgd_ && std::isfinite(last_lr_) && last_lr_ >= 0.0f);
@@ -345,6 +379,7 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
     last_push_count_ = step_push_count_;
     last_scale_ = scale;
   } else {
+    if (step_by_push_) AddKeptPushes();  // (an optimizer set mid-step that needs the sum)
     ApplyOptimizerAndClear(optimizer, scale, absl::MakeSpan(agg_), absl::MakeSpan(params_),
                            optimizer_);
     last_sparse_ = false;
@@ -352,6 +387,8 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
     mean_zero_outside_ = false;
   }
   step_push_count_ = 0;
+  step_parts_used_ = 0;
+  step_by_push_ = false;
   touched_.clear();
   step_tracked_ = false;
   pushed_.clear();

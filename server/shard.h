@@ -142,8 +142,12 @@ class Shard {
   // With `backup_workers` > 0 (--backup_workers), a push for a step that completed without
   // it (a straggler's) is not refused: it is added to the step in progress, so nothing it
   // carried is lost (kFailedPrecondition for a second push of a step the worker had pushed).
+  // `step_each_push` (the engine: servers running SGD that a sparse step allows): a tracked
+  // step keeps its pushes decoded instead of adding them into the sum, and its completion
+  // steps the parameters with each in turn (ApplySgdParts, common/wire_codec.h): no pass over
+  // a sum of the slice's size, and the step a forwarded SGD answer replays.
   absl::Status AddPush(int worker, uint64_t step, absl::Span<const uint8_t> payload,
-                       int backup_workers = 0);
+                       int backup_workers = 0, bool step_each_push = false);
   // Sync: a worker saw version `seen` of this slice before a restart (Resume). A restored
   // shard that completed no step since and is behind it moves there, as a push for step
   // `seen` would move it (the sum of the step in progress is dropped: it completed before
@@ -211,6 +215,9 @@ class Shard {
   uint32_t DownlinkBin(uint32_t member_bin) const;
   absl::Status PublishRecompressedSegments();
   void Grow(absl::Span<const WireSegment> table);
+  // A step kept push by push whose completion needs the sum after all (an optimizer that
+  // the sparse step does not allow, or not SGD): the kept pushes added into agg_.
+  void AddKeptPushes();
   // Resuming: goes on at `step`, dropping the step in progress (AddPush, ResumeAt).
   void JumpTo(uint64_t step);
   // `bytes` if nobody else holds it (to overwrite it in place), else a new buffer.
@@ -266,6 +273,11 @@ class Shard {
   // last_forwardable_ (a tracked mean step, or SGD's: last_sgd_, at rate last_lr_): what a
   // forwarded answer carries.
   std::vector<std::vector<uint8_t>> step_pushes_, last_pushes_;
+  // A tracked step stepped push by push (AddPush's step_each_push, decided at its first
+  // push): its pushes decoded, step_parts_[0, step_parts_used_); agg_ stays 0 for it.
+  bool step_by_push_ = false;
+  std::vector<DecodedPart> step_parts_;
+  size_t step_parts_used_ = 0;
   std::vector<int> step_push_workers_, last_push_workers_;  // who sent each
   size_t step_push_count_ = 0, last_push_count_ = 0;
   // This version's forwarded answers without one worker's own push, made on first ask.

@@ -797,10 +797,50 @@ TEST(WireCodecForwarded, ADamagedAnswerChangesNothing) {
   }
 }
 
+// The servers' tracked SGD step written plainly, unblocked: each push in order, each
+// element it carries stepped with the value DecodeAdd would add (factor 1) times `scale`.
+void PlainSgdPushes(const std::vector<absl::Span<const uint8_t>>& pushes, float scale, float lr,
+                    std::vector<float>& p) {
+  for (absl::Span<const uint8_t> push : pushes) {
+    std::vector<DecodedPart> parts;
+    size_t used = 0;
+    bool sparse = true;
+    ASSERT_TRUE(DecodePushParts(push, p.size(), parts, &used, &sparse).ok());
+    for (size_t k = 0; k < used; ++k) {
+      const CompressedUpdate& u = parts[k].update;
+      float* base = p.data() + parts[k].offset;
+      switch (u.kind) {
+        case CompressorKind::kAdaComp:
+          for (size_t j = 0; j < u.indices.size(); ++j) {
+            const float v = u.negative[j] ? -(1.0f * u.scale) : 1.0f * u.scale;
+            SgdStep(lr, 0.0f, v * scale, base[u.indices[j]]);
+          }
+          break;
+        case CompressorKind::kTopK:
+          for (size_t j = 0; j < u.indices.size(); ++j) {
+            SgdStep(lr, 0.0f, (1.0f * u.values[j]) * scale, base[u.indices[j]]);
+          }
+          break;
+        case CompressorKind::kDense:
+          for (uint32_t i = 0; i < u.length; ++i) {
+            SgdStep(lr, 0.0f, (1.0f * u.values[i]) * scale, base[i]);
+          }
+          break;
+        case CompressorKind::kSign:
+          for (uint32_t i = 0; i < u.length; ++i) {
+            const bool set = (u.sign_bits[i / 64] >> (i % 64)) & 1;
+            SgdStep(lr, 0.0f, (set ? 1.0f * u.scale_neg : 1.0f * u.scale) * scale, base[i]);
+          }
+          break;
+      }
+    }
+  }
+}
+
 // A forwarded SGD step (DecodeForwardedSgdCopy) is the server's tracked SGD step replayed
-// on the replica at the version before: agg = 0, agg += each push in order, then at each
-// element some push holds p -= lr * (agg * scale) (common/optimizer.cc's sparse pass), bit
-// for bit, for plain, segmented and dense members, across the decoder's blocks.
+// on the replica at the version before: each push in order stepped at its elements,
+// p -= lr * (value * scale) (ApplySgdParts, as server/shard.cc steps), bit for bit, for
+// plain, segmented and dense members, across the decoder's blocks.
 TEST(WireCodecForwarded, ReplaysTheServersSgdStepBitForBit) {
   constexpr uint32_t kN = kLongN;
   const std::vector<std::vector<uint8_t>> pushes = LongMixedPushes(21);
@@ -813,23 +853,11 @@ TEST(WireCodecForwarded, ReplaysTheServersSgdStepBitForBit) {
   for (size_t take : {size_t{3}, size_t{4}}) {  // without and with the dense member
     for (float lr : {0.1f, 0.0371f, 0.0f}) {
       const float scale = 1.0f / static_cast<float>(take);
-      // The server: DecodeAddTouched per push into agg (from 0), then its sparse SGD pass.
-      std::vector<float> agg(kN, 0.0f), want = replica;
-      std::vector<uint32_t> touched;
+      // The server's step, written plainly.
+      std::vector<float> want = replica;
       std::vector<absl::Span<const uint8_t>> spans;
-      for (size_t k = 0; k < take; ++k) {
-        ASSERT_TRUE(DecodeAddTouched(pushes[k], 1.0f, absl::MakeSpan(agg), &touched).ok());
-        spans.push_back(pushes[k]);
-      }
-      std::sort(touched.begin(), touched.end());
-      touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
-      OptimizerConfig sgd;
-      sgd.kind = OptimizerKind::kSgd;
-      sgd.learning_rate = lr;
-      sgd.weight_decay = 0.0f;
-      OptimizerState state;
-      ApplyOptimizerAndClearAt(sgd, scale, touched, absl::MakeSpan(agg), absl::MakeSpan(want),
-                               state);
+      for (size_t k = 0; k < take; ++k) spans.push_back(pushes[k]);
+      PlainSgdPushes(spans, scale, lr, want);
       std::vector<uint8_t> bytes;
       ASSERT_TRUE(EncodeForwardedSgd(scale, lr, spans, &bytes, 1).ok());
       const absl::Span<const uint8_t> own = pushes[1];
@@ -913,11 +941,7 @@ TEST(WireCodecForwarded, ADamagedSgdAnswerChangesNothing) {
   // After all those, a good answer still replays from a clean scratch.
   std::vector<float> d1(1000, 1.0f), c1(1000), d2(1000, 1.0f), c2(1000);
   ASSERT_TRUE(DecodeForwardedSgdCopy(bytes, absl::MakeSpan(d1), absl::MakeSpan(c1)).ok());
-  std::vector<float> agg(1000, 0.0f);
-  for (const auto& p : pushes) ASSERT_TRUE(DecodeAdd(p, 1.0f, absl::MakeSpan(agg)).ok());
-  for (size_t j = 0; j < 1000; ++j) {
-    if (agg[j] != 0.0f) SgdStep(0.1f, 0.0f, agg[j] * 0.25f, d2[j]);
-  }
+  PlainSgdPushes({pushes[0], pushes[1], pushes[2]}, 0.25f, 0.1f, d2);
   for (size_t j = 0; j < 1000; ++j) ASSERT_EQ(d1[j], d2[j]) << j;
 }
 
