@@ -78,38 +78,32 @@ void ApplySgdParts(absl::Span<const DecodedPart> parts, float scale, float lr,
       if (offset >= e || offset + u.length <= b) continue;  // nothing of this part here
       float* base = d + offset;
       const size_t lo = std::max(b, offset) - offset, hi = std::min(e, offset + u.length) - offset;
+      // A sparse part's elements in this block (from its cursor on), stepped with value(i).
+      auto step_sparse = [&](auto value) {
+        const size_t from = cursor[k];
+        size_t to = from;
+        while (to < u.indices.size() && u.indices[to] < hi) ++to;
+        ForEachScattered(
+            u.indices.data() + from, to - from,
+            [&](size_t j) {
+              SgdStep(lr, 0.0f, value(from + j) * scale, base[u.indices[from + j]]);
+            },
+            base);
+        cursor[k] = to;
+      };
       switch (u.kind) {
         case CompressorKind::kAdaComp: {
           const float pos = 1.0f * u.scale;  // DecodeAdd's factor * scale
-          const size_t from = cursor[k];
-          size_t to = from;
-          while (to < u.indices.size() && u.indices[to] < hi) ++to;
-          ForEachScattered(
-              u.indices.data() + from, to - from,
-              [&](size_t j) {
-                const size_t i = from + j;
-                SgdStep(lr, 0.0f, (u.negative[i] ? -pos : pos) * scale, base[u.indices[i]]);
-              },
-              base);
-          cursor[k] = to;
+          step_sparse([&](size_t i) { return u.negative[i] ? -pos : pos; });
           break;
         }
-        case CompressorKind::kTopK: {
-          const size_t from = cursor[k];
-          size_t to = from;
-          while (to < u.indices.size() && u.indices[to] < hi) ++to;
-          ForEachScattered(
-              u.indices.data() + from, to - from,
-              [&](size_t j) {
-                const size_t i = from + j;
-                SgdStep(lr, 0.0f, (1.0f * u.values[i]) * scale, base[u.indices[i]]);
-              },
-              base);
-          cursor[k] = to;
+        case CompressorKind::kTopK:
+          step_sparse([&](size_t i) { return 1.0f * u.values[i]; });
           break;
-        }
         case CompressorKind::kDense:
-          for (size_t i = lo; i < hi; ++i) SgdStep(lr, 0.0f, (1.0f * u.values[i]) * scale, base[i]);
+          for (size_t i = lo; i < hi; ++i) {
+            SgdStep(lr, 0.0f, (1.0f * u.values[i]) * scale, base[i]);
+          }
           break;
         case CompressorKind::kSign: {
           const float a = 1.0f * u.scale, c = 1.0f * u.scale_neg;
