@@ -91,7 +91,7 @@ def test_local_mode_refuses_recompressed_pulls_before_anything_collective():
     import torch.nn as nn
     import adaps.torch
     m = nn.Linear(2, 1)
-    with pytest.raises(ValueError, match="dense pulls only"):
+    with pytest.raises(ValueError, match="recompressed pulls need server mode"):
         adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m,
                                          worker=None, server_optimizer="mean",
                                          pull="recompressed")

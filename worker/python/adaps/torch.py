@@ -386,8 +386,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # workers' replicas: right for parameters, which move a little each step, wrong for
             # local mode's per-step mean gradient (stale gradients come back each step, and a
             # run with momentum diverges). Refused until the downlink compresses gradients.
-            raise ValueError("adaps.torch: local mode (servers running mean) takes dense pulls "
-                             "only; recompressed pulls need server mode (--server-optimizer "
+            raise ValueError("adaps.torch: local mode (servers running mean) takes sparse "
+                             "(the default: each step's exact mean) or dense pulls; "
+                             "recompressed pulls need server mode (--server-optimizer "
                              "sgd/momentum/nesterov/adam)")
         self.compression = compression
         if self.exchange == "update" and _compressed(compression) and \
