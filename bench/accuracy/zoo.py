@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The accuracy zoo: dense against AdaComp at the defaults a user gets, on the nineteen
+"""The accuracy zoo: dense against AdaComp at the defaults a user gets, on the
 models of zoo_models.py.
 
     bash deploy/build.sh

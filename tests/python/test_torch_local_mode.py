@@ -596,6 +596,21 @@ def test_nesterov_with_compression_in_local_mode_warns_and_plain_momentum_does_n
         assert bool(said) == expect, (nesterov, compression, said)
 
 
+def test_plain_sgd_with_adacomp_in_local_mode_warns_and_momentum_or_topk_does_not():
+    m = nn.Linear(2, 1)
+    for momentum, compression, expect in ((0.0, "adacomp", True), (0.9, "adacomp", False),
+                                          (0.0, "topk", False), (0.0, "dense", False),
+                                          (0.0, {"linear": "adacomp"}, True)):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with pytest.raises(Exception):  # worker=object(): fails at the first collective
+                adaps.torch.DistributedOptimizer(
+                    torch.optim.SGD(m.parameters(), lr=0.1, momentum=momentum),
+                    m, worker=object(), server_optimizer="mean", compression=compression)
+        said = [str(w.message) for w in seen if "plain SGD" in str(w.message)]
+        assert bool(said) == expect, (momentum, compression, said)
+
+
 def test_update_exchange_is_refused_in_server_mode():
     m = nn.Linear(2, 1)
     with pytest.raises(ValueError, match="local mode"):

@@ -179,6 +179,12 @@ def layer_type(module):
     return "other"
 
 
+def _uses_adacomp(compression):
+    """Whether any layer type's compression (a name or a dict of names) is AdaComp."""
+    names = compression.values() if isinstance(compression, dict) else [compression]
+    return any(c == "adacomp" for c in names)
+
+
 def _compressed(compression):
     """Whether any layer type's compression (a name or a dict of names) is not dense."""
     names = compression.values() if isinstance(compression, dict) else [compression]
@@ -401,6 +407,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
                           "above dense with plain momentum; docs/accuracy.md \"Two recipes added "
                           "last\"); nesterov=False, or compression=\"dense\", avoids the "
                           "difference", stacklevel=2)
+        if self.exchange == "update" and _uses_adacomp(compression) and \
+                isinstance(optimizer, torch.optim.SGD) and \
+                any(not g.get("momentum", 0) for g in optimizer.param_groups):
+            # Not refused (it trains), but measured below DDP on the one such recipe tried.
+            warnings.warn("adaps.torch: plain SGD (momentum=0) in local mode with AdaComp: "
+                          "each slice's selected elements go out at one scale, and an update "
+                          "that neither momentum nor a second moment evens out can be held back "
+                          "by it (PyTorch's word-language-model example measured 7.9% above "
+                          "dense held-out loss; docs/accuracy.md \"Two more blind checks\"); "
+                          "compression=\"topk\", which sends exact values, trained it as well as "
+                          "dense, and compression=\"dense\" is DDP's arithmetic", stacklevel=2)
         if lr is not None:
             for g in optimizer.param_groups:
                 g["lr"] = lr
