@@ -5,6 +5,7 @@ by DESIGN.md section 1, against variants of what a selected element is sent as.
 
     /usr/bin/python3 bench/accuracy/scale_sim.py --variant adacomp --steps 150
     /usr/bin/python3 bench/accuracy/scale_sim.py --variant group:10   # a scale per 10 bins
+    /usr/bin/python3 bench/accuracy/scale_sim.py --model mlp --no-momentum --variant adacomp
 
 Variants (the selection is DESIGN.md's in every one; only the value sent differs):
   dense     no compression
@@ -15,8 +16,8 @@ Variants (the selection is DESIGN.md's in every one; only the value sent differs
   exact     the residue's value itself
 
 For the word-language-model blind check (docs/accuracy.md, "Two more blind checks"); only
-models whose optimizer is plain SGD without momentum (wordlstm) are supported: the update is
--lr * gradient.
+recipes whose optimizer is plain SGD without momentum or weight decay are supported (wordlstm;
+an SGD recipe with --no-momentum): the update is -lr * gradient.
 """
 import argparse
 import os
@@ -68,9 +69,14 @@ def main():
     ap.add_argument("--bin-size", type=int, default=500)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--no-momentum", action="store_true",
+                    help="set an SGD recipe's momentum (and Nesterov) to 0: plain SGD")
     a = ap.parse_args()
     task = zoo_models.make_task(a.model, 0, 4, a.seed, a.steps, False)
     opt = task.optimizer
+    if a.no_momentum:
+        for g in opt.param_groups:
+            g["momentum"], g["nesterov"] = 0, False
     if not isinstance(opt, torch.optim.SGD) or any(
             g.get("momentum", 0) or g.get("weight_decay", 0) for g in opt.param_groups):
         raise SystemExit("scale_sim: %s does not train with plain SGD" % a.model)

@@ -596,19 +596,41 @@ def test_nesterov_with_compression_in_local_mode_warns_and_plain_momentum_does_n
         assert bool(said) == expect, (nesterov, compression, said)
 
 
-def test_plain_sgd_with_adacomp_in_local_mode_warns_and_momentum_or_topk_does_not():
-    m = nn.Linear(2, 1)
-    for momentum, compression, expect in ((0.0, "adacomp", True), (0.9, "adacomp", False),
-                                          (0.0, "topk", False), (0.0, "dense", False),
-                                          (0.0, {"linear": "adacomp"}, True)):
+def test_an_embedding_under_plain_sgd_with_adacomp_warns_and_momentum_topk_or_an_mlp_do_not():
+    class Lm(nn.Module):
+        def __init__(self, rows):
+            super().__init__()
+            self.embed = nn.Embedding(rows, 4)
+            self.out = nn.Linear(4, 3)
+
+    def said(model, groups, compression):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             with pytest.raises(Exception):  # worker=object(): fails at the first collective
                 adaps.torch.DistributedOptimizer(
-                    torch.optim.SGD(m.parameters(), lr=0.1, momentum=momentum),
-                    m, worker=object(), server_optimizer="mean", compression=compression)
-        said = [str(w.message) for w in seen if "plain SGD" in str(w.message)]
-        assert bool(said) == expect, (momentum, compression, said)
+                    torch.optim.SGD(groups(model), lr=0.1), model, worker=object(),
+                    server_optimizer="mean", compression=compression)
+        return [str(w.message) for w in seen if "plain SGD" in str(w.message)]
+
+    def plain(m):
+        return m.parameters()
+
+    def momentum_on_embedding(m):
+        return [{"params": m.embed.parameters(), "momentum": 0.9},
+                {"params": m.out.parameters()}]
+    cases = [(Lm(100), plain, "adacomp", True),
+             (Lm(100), plain, {"linear": "topk"}, True),
+             (Lm(100), momentum_on_embedding, "adacomp", False),
+             (Lm(100), plain, "topk", False),
+             (Lm(100), plain, "dense", False),
+             (Lm(100), plain, {"embedding": "topk"}, False),
+             (Lm(5000), plain, "adacomp", False),  # row_sparse="exact": its rows sent exactly
+             (nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2)), plain, "adacomp", False)]
+    for model, groups, compression, expect in cases:
+        msgs = said(model, groups, compression)
+        assert bool(msgs) == expect, (model, groups.__name__, compression, msgs)
+        if expect:
+            assert "embed.weight" in msgs[0] and "topk" in msgs[0], msgs
 
 
 def test_update_exchange_is_refused_in_server_mode():

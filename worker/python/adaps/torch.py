@@ -179,12 +179,6 @@ def layer_type(module):
     return "other"
 
 
-def _uses_adacomp(compression):
-    """Whether any layer type's compression (a name or a dict of names) is AdaComp."""
-    names = compression.values() if isinstance(compression, dict) else [compression]
-    return any(c == "adacomp" for c in names)
-
-
 def _compressed(compression):
     """Whether any layer type's compression (a name or a dict of names) is not dense."""
     names = compression.values() if isinstance(compression, dict) else [compression]
@@ -407,23 +401,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
                           "above dense with plain momentum; docs/accuracy.md \"Two recipes added "
                           "last\"); nesterov=False, or compression=\"dense\", avoids the "
                           "difference", stacklevel=2)
-        if self.exchange == "update" and _uses_adacomp(compression) and \
-                isinstance(optimizer, torch.optim.SGD) and \
-                any(not g.get("momentum", 0) for g in optimizer.param_groups):
-            # Not refused (it trains), but measured below DDP on the one such recipe tried.
-            warnings.warn("adaps.torch: plain SGD (momentum=0) in local mode with AdaComp: "
-                          "each slice's selected elements go out at one scale, and an update "
-                          "that neither momentum nor a second moment evens out can be held back "
-                          "by it (PyTorch's word-language-model example measured 7.9% above "
-                          "dense held-out loss; docs/accuracy.md \"Two more blind checks\"); "
-                          "compression=\"topk\", which sends exact values, trained it as well as "
-                          "dense, and compression=\"dense\" is DDP's arithmetic", stacklevel=2)
         if lr is not None:
             for g in optimizer.param_groups:
                 g["lr"] = lr
         self.optimizer = optimizer
         self._params = self._collect(optimizer, model, bin_size, conv_bin_size, bin_sizes)
         self._trained_ids = {id(e.param) for e in self._params}
+        self._warn_plain_sgd_embedding(optimizer, compression)
         self.momentum_correction = False
         if self.mode == "server":
             self.momentum_correction = self._resolve_correction(momentum_correction,
@@ -474,6 +458,30 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._ready = True
 
     # -- set-up ---------------------------------------------------------------------------
+    def _warn_plain_sgd_embedding(self, optimizer, compression):
+        """Warns when an embedding's weight goes through AdaComp's update exchange under plain
+        SGD: not refused (it trains), but measured below DDP (docs/accuracy.md)."""
+        if self.exchange != "update" or not isinstance(optimizer, torch.optim.SGD):
+            return
+        plain = {id(p) for g in optimizer.param_groups if not g.get("momentum", 0)
+                 for p in g["params"]}
+        for e in self._params:
+            comp = compression.get(e.kind, "adacomp") if isinstance(compression, dict) \
+                else compression
+            row_sparse = e.row_sparse and self.row_sparse == "exact"
+            if e.kind == "embedding" and comp == "adacomp" and not row_sparse and \
+                    id(e.param) in plain:
+                warnings.warn(
+                    "adaps.torch: %s (an embedding) is trained by plain SGD (momentum=0) and "
+                    "sent by AdaComp in local mode: each slice's selected elements go out at "
+                    "one scale, which overshoots the rarer rows' elements every step "
+                    "(PyTorch's word-language-model example, a tied embedding at lr 20, "
+                    "measured 7.9%% above dense held-out loss; docs/accuracy.md \"Two more "
+                    "blind checks\"); compression=\"topk\", which sends exact values, trained "
+                    "it as well as dense, and compression=\"dense\" is DDP's arithmetic"
+                    % e.name, stacklevel=3)
+                return
+
     def _resolve_exchange(self, exchange, compression):
         if exchange is None:
             # Local mode with a compressor sends each worker's update (its own optimizer's
