@@ -633,6 +633,28 @@ def test_an_embedding_under_plain_sgd_with_adacomp_warns_and_momentum_topk_or_an
             assert "embed.weight" in msgs[0] and "topk" in msgs[0], msgs
 
 
+def test_a_compression_dict_compresses_the_kinds_it_leaves_out_and_picks_the_exchange_by_them(
+        cluster):
+    # {"linear": "dense"}: linear layers dense, every other kind AdaComp (the default for a
+    # kind left out). A model with an embedding then compresses it, so local mode exchanges
+    # updates (the default with a compressor); a model of linear layers only sends nothing
+    # compressed, so it exchanges gradients (DDP's arithmetic), as compression="dense" does.
+    address = mean_cluster(cluster)
+
+    def rank(w):
+        lm = nn.ModuleDict({"embed": nn.Embedding(10, 4), "out": nn.Linear(4, 3)})
+        mlp = nn.ModuleDict({"fc1": nn.Linear(4, 3), "fc2": nn.Linear(3, 2)})
+        got = []
+        for m in (lm, mlp):
+            opt = adaps.torch.DistributedOptimizer(
+                torch.optim.Adam(m.parameters(), lr=0.01), m, w, server_optimizer="mean",
+                compression={"linear": "dense"})
+            got.append((opt.exchange, opt.own_updates))
+        return got
+    for got in run_ranks(address, 2, rank):
+        assert got == [("update", "share"), ("gradient", "off")], got
+
+
 def test_update_exchange_is_refused_in_server_mode():
     m = nn.Linear(2, 1)
     with pytest.raises(ValueError, match="local mode"):

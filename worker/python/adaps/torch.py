@@ -179,6 +179,11 @@ def layer_type(module):
     return "other"
 
 
+def _kind_compression(compression, kind):
+    """The compression of a layer type: a name for every kind, or a dict (adacomp if missing)."""
+    return compression.get(kind, "adacomp") if isinstance(compression, dict) else compression
+
+
 def _compressed(compression):
     """Whether any layer type's compression (a name or a dict of names) is not dense."""
     names = compression.values() if isinstance(compression, dict) else [compression]
@@ -296,8 +301,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
       bin_size, conv_bin_size: AdaComp bin sizes; bin_sizes: {param name: bin size}.
       topk_fraction: for compression="topk". pull: "sparse", "dense" or "recompressed".
       lr: replaces every group's learning rate at construction.
-      exchange: local mode only: "update" (default with a compressor) or "gradient" (default
-        with dense pushes); see the module docstring.
+      exchange: local mode only: "update" (default when some trained tensor is compressed)
+        or "gradient" (default when every one is pushed dense); see the module docstring.
       momentum_correction, second_moment, own_updates, bin_schedule, row_sparse: see the
         module docstring.
     """
@@ -333,7 +338,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         second_moment = _setting("second_moment", second_moment, "ADAPS_SECOND_MOMENT",
                                  "global")
         self._check_names(compression, pull)
-        self.exchange = self._resolve_exchange(exchange, compression)
+        self._params = self._collect(optimizer, model, bin_size, conv_bin_size, bin_sizes)
+        # Whether anything trained is pushed with a compressor (a kind a dict leaves out is
+        # AdaComp's): the defaults below follow what is sent, not the names given.
+        compressing = any(_compressed(_kind_compression(compression, e.kind))
+                          for e in self._params)
+        self.exchange = self._resolve_exchange(exchange, compressing)
         if second_moment not in _SECOND_MOMENTS:
             raise ValueError("adaps.torch: unknown second_moment %r (global or local)"
                              % (second_moment,))
@@ -353,7 +363,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              % (own_updates,))
         # The model holds this worker's residue only where there is one: the update
         # exchange of a compressor with error feedback.
-        if self.exchange != "update" or not _compressed(compression):
+        if self.exchange != "update" or not compressing:
             own_updates = "off"
         self.own_updates = own_updates
         bin_schedule = _setting("bin_schedule", bin_schedule, "ADAPS_BIN_SCHEDULE", "auto")
@@ -391,7 +401,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              "recompressed pulls need server mode (--server-optimizer "
                              "sgd/momentum/nesterov/adam)")
         self.compression = compression
-        if self.exchange == "update" and _compressed(compression) and \
+        if self.exchange == "update" and compressing and \
                 any(g.get("nesterov") and g.get("momentum", 0) for g in optimizer.param_groups):
             # Not refused (it trains, as plain momentum does), but not what DDP gives either.
             warnings.warn("adaps.torch: SGD with nesterov=True in local mode with compression: "
@@ -405,13 +415,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for g in optimizer.param_groups:
                 g["lr"] = lr
         self.optimizer = optimizer
-        self._params = self._collect(optimizer, model, bin_size, conv_bin_size, bin_sizes)
         self._trained_ids = {id(e.param) for e in self._params}
         self._warn_plain_sgd_embedding(optimizer, compression)
         self.momentum_correction = False
         if self.mode == "server":
             self.momentum_correction = self._resolve_correction(momentum_correction,
-                                                                compression)
+                                                                compressing)
             self._server_settings()  # raises before anything collective happened
         self.pull = pull if pull is not None else self._default_pull()
         # Every check is done: from here on the calls are collective.
@@ -428,8 +437,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # two optimizers at different times (a GAN) must not have one wait for the other's.
         self.worker.close_fusion_buckets()
         for e in self._params:
-            comp = compression.get(e.kind, "adacomp") if isinstance(compression, dict) \
-                else compression
+            comp = _kind_compression(compression, e.kind)
             # row_sparse="exact": in the update exchange, a large embedding sends its
             # gradient's nonzero elements exactly (Top-k of every nonzero) and every worker's
             # optimizer steps on their mean, as DDP's does (docs/accuracy.md).
@@ -466,8 +474,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         plain = {id(p) for g in optimizer.param_groups if not g.get("momentum", 0)
                  for p in g["params"]}
         for e in self._params:
-            comp = compression.get(e.kind, "adacomp") if isinstance(compression, dict) \
-                else compression
+            comp = _kind_compression(compression, e.kind)
             row_sparse = e.row_sparse and self.row_sparse == "exact"
             if e.kind == "embedding" and comp == "adacomp" and not row_sparse and \
                     id(e.param) in plain:
@@ -482,13 +489,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     % e.name, stacklevel=3)
                 return
 
-    def _resolve_exchange(self, exchange, compression):
+    def _resolve_exchange(self, exchange, compressing):
         if exchange is None:
             # Local mode with a compressor sends each worker's update (its own optimizer's
             # step), with error feedback on the update; dense pushes send the gradient, which
             # is then exact DDP. Server mode: the servers run the optimizer on gradients.
-            return "update" if self.mode == "local" and _compressed(compression) \
-                else "gradient"
+            return "update" if self.mode == "local" and compressing else "gradient"
         if exchange not in _EXCHANGES:
             raise ValueError("adaps.torch: unknown exchange %r (gradient or update)"
                              % (exchange,))
@@ -498,7 +504,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              "server mode the servers run the optimizer on the gradients")
         return exchange
 
-    def _resolve_correction(self, wanted, compression):
+    def _resolve_correction(self, wanted, compressing):
         # DGC's momentum correction: with a compressor, each worker keeps the velocity
         # u = momentum * u + (gradient + weight_decay * p) and pushes u, and the servers run
         # plain SGD on the mean velocity. With dense pushes that is the servers' momentum
@@ -510,7 +516,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         can = (type(self.optimizer) is torch.optim.SGD and settings.get("momentum", 0) > 0
                and not settings.get("nesterov") and not settings.get("dampening", 0))
         if wanted is None:
-            return can and _compressed(compression)
+            return can and compressing
         if wanted and not can:
             raise ValueError("adaps.torch: momentum_correction needs server mode with "
                              "torch.optim.SGD with momentum > 0, no Nesterov, no dampening")
