@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -68,6 +69,29 @@ class Process {
   // Sends `sig` (SIGSTOP, SIGCONT) to a process still running.
   void Signal(int sig) {
     if (pid_ > 0 && !exited_) ::kill(pid_, sig);
+  }
+  // Waits until every thread of the process is stopped (a SIGSTOP takes effect after kill()
+  // returns: a busy process may still answer a request sent just after it). False at the
+  // deadline.
+  bool WaitStopped(absl::Duration timeout) {
+    const absl::Time end = absl::Now() + timeout;
+    const std::string tasks = absl::StrCat("/proc/", pid_, "/task");
+    while (absl::Now() < end) {
+      bool all = true, any = false;
+      std::error_code ec;
+      for (const auto& t : std::filesystem::directory_iterator(tasks, ec)) {
+        std::ifstream in(t.path() / "stat");
+        std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        const size_t close = stat.rfind(')');  // the state follows "(comm) "
+        const char state = close != std::string::npos && close + 2 < stat.size()
+                               ? stat[close + 2] : '?';
+        any = true;
+        all = all && (state == 'T' || state == 't');
+      }
+      if (!ec && any && all) return true;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    return false;
   }
   void Kill() {
     if (pid_ > 0 && !exited_) {

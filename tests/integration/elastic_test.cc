@@ -470,6 +470,9 @@ TEST(Elastic, ADensePullInFlightWhenItsServerRestartsIsAnsweredByTheRestartedSer
   auto& server = r.server;
   // The pull reaches a server that does not answer (stopped), which then dies and comes back.
   server->Signal(SIGSTOP);
+  // Else, under load, the stopping server may answer the pull itself before it stops, and
+  // the SIGTERM below reaches the restarted one before it handles signals (exit 143).
+  ASSERT_TRUE(server->WaitStopped(absl::Seconds(10)));
   std::vector<float> got(kCount, -1.0f);
   auto pulled = std::async(std::launch::async,
                            [&] { return w[0]->PullParameters("c", absl::MakeSpan(got)); });
