@@ -6,6 +6,7 @@ by DESIGN.md section 1, against variants of what a selected element is sent as.
     /usr/bin/python3 bench/accuracy/scale_sim.py --variant adacomp --steps 150
     /usr/bin/python3 bench/accuracy/scale_sim.py --variant group:10   # a scale per 10 bins
     /usr/bin/python3 bench/accuracy/scale_sim.py --model mlp --no-momentum --variant adacomp
+    /usr/bin/python3 bench/accuracy/scale_sim.py --variant bins --only encoder --stats 20,100
 
 Variants (the selection is DESIGN.md's in every one; only the value sent differs):
   dense     no compression
@@ -30,7 +31,8 @@ import zoo_models  # noqa: E402
 
 
 def compress(G, u, T, variant):
-    """Adds u to the residue G, returns what is sent (dense) and its count of elements."""
+    """Adds u to the residue G; returns what is sent (dense), its count of elements, the
+    scale s and the median of the bins' maxima."""
     G += u
     H = G + u
     n = G.numel()
@@ -57,7 +59,8 @@ def compress(G, u, T, variant):
     out = torch.where(sel, val, Gb.new_zeros(()))
     Gb -= out
     G.copy_(Gb.flatten()[:n].view_as(G))
-    return out.flatten()[:n].view_as(G), int(sel.sum())
+    return out.flatten()[:n].view_as(G), int(sel.sum()), float(gmax.sum() / nb), \
+        float(gmax.median())
 
 
 def main():
@@ -69,6 +72,15 @@ def main():
     ap.add_argument("--bin-size", type=int, default=500)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--only", default=None, metavar="NAME",
+                    help="the variant for parameters whose name contains NAME, AdaComp "
+                         "(the contract) for the others")
+    ap.add_argument("--except", dest="skip", default=None, metavar="NAME",
+                    help="AdaComp for parameters whose name contains NAME, the variant "
+                         "for the others")
+    ap.add_argument("--stats", default="", metavar="STEPS",
+                    help="comma-separated steps at which to print each tensor's scale s "
+                         "against the median of its bins' maxima")
     ap.add_argument("--no-momentum", action="store_true",
                     help="set an SGD recipe's momentum (and Nesterov) to 0: plain SGD")
     a = ap.parse_args()
@@ -80,7 +92,8 @@ def main():
     if not isinstance(opt, torch.optim.SGD) or any(
             g.get("momentum", 0) or g.get("weight_decay", 0) for g in opt.param_groups):
         raise SystemExit("scale_sim: %s does not train with plain SGD" % a.model)
-    params = list(task.model.parameters())
+    names, params = zip(*task.model.named_parameters())
+    stats_at = {int(x) for x in a.stats.split(",") if x}
     residues = [torch.zeros_like(p) for p in params]
     sent = total = 0
     for step in range(a.steps):
@@ -91,14 +104,20 @@ def main():
         if task.clip:
             torch.nn.utils.clip_grad_norm_(params, task.clip)
         with torch.no_grad():
-            for p, G in zip(params, residues):
+            for name, p, G in zip(names, params, residues):
                 u = -lr * p.grad
                 if a.variant == "dense":
                     p += u
-                else:
-                    out, k = compress(G, u, a.bin_size, a.variant)
-                    p += out
-                    sent, total = sent + k, total + u.numel()
+                    continue
+                variant = a.variant
+                if (a.only and a.only not in name) or (a.skip and a.skip in name):
+                    variant = "adacomp"
+                out, k, scale, median = compress(G, u, a.bin_size, variant)
+                p += out
+                sent, total = sent + k, total + u.numel()
+                if step + 1 in stats_at:
+                    print("step %d %s: s %.5f, median bin maximum %.5f (%.2fx)"
+                          % (step + 1, name, scale, median, scale / max(median, 1e-30)))
         if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
             print("%s step %d %s %.4f%s" % (
                 a.variant, step + 1, task.metric, task.evaluate(),

@@ -416,6 +416,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 g["lr"] = lr
         self.optimizer = optimizer
         self._trained_ids = {id(e.param) for e in self._params}
+        for e in self._params:
+            # row_sparse="exact": in the update exchange, a large embedding sends its
+            # gradient's nonzero elements exactly (Top-k of every nonzero) and every worker's
+            # optimizer steps on their mean, as DDP's does (docs/accuracy.md).
+            e.row_sparse = e.row_sparse and self.row_sparse == "exact" and \
+                self.exchange == "update" and _compressed(_kind_compression(compression, e.kind))
         self._warn_plain_sgd_embedding(optimizer, compression)
         self.momentum_correction = False
         if self.mode == "server":
@@ -438,11 +444,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.worker.close_fusion_buckets()
         for e in self._params:
             comp = _kind_compression(compression, e.kind)
-            # row_sparse="exact": in the update exchange, a large embedding sends its
-            # gradient's nonzero elements exactly (Top-k of every nonzero) and every worker's
-            # optimizer steps on their mean, as DDP's does (docs/accuracy.md).
-            e.row_sparse = e.row_sparse and self.row_sparse == "exact" and \
-                self.exchange == "update" and _compressed(comp)
             fraction = topk_fraction
             if e.row_sparse:
                 comp, fraction = "topk", 1.0
@@ -474,10 +475,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         plain = {id(p) for g in optimizer.param_groups if not g.get("momentum", 0)
                  for p in g["params"]}
         for e in self._params:
-            comp = _kind_compression(compression, e.kind)
-            row_sparse = e.row_sparse and self.row_sparse == "exact"
-            if e.kind == "embedding" and comp == "adacomp" and not row_sparse and \
-                    id(e.param) in plain:
+            if e.kind == "embedding" and not e.row_sparse and id(e.param) in plain and \
+                    _kind_compression(compression, e.kind) == "adacomp":
                 warnings.warn(
                     "adaps.torch: %s (an embedding) is trained by plain SGD (momentum=0) and "
                     "sent by AdaComp in local mode: each slice's selected elements go out at "
