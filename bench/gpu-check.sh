@@ -7,7 +7,7 @@
 # oracle, the device-resident path, streams; at most 150 s), a short compute-sanitizer memcheck
 # pass over the CUDA tests (at most 45 s; skipped, and said so, where compute-sanitizer is not
 # installed) and the GPU
-# benchmark (compress at T = 500 and 50 on 25M and 250k elements against a device-to-device copy
+# benchmark (compress at T = 500 and 50 on 25M, 100M and 250k elements against a device-to-device copy
 # of the same bytes, decompress-add, the dense baseline; each figure the median of 5 samples,
 # the GPU kept busy for 1 s before the reference copy; at most 90 s). Every step runs under
 # `timeout -k` (killed 10 s after its limit if it ignores the TERM).
@@ -15,7 +15,7 @@
 #   bash bench/gpu-check.sh            # from the repository root (or anywhere)
 #
 # Environment: ADAPS_GPU_CARRY (default .gpu), OUT (default gpu-check-out; the device tool sets
-# it), ADAPS_GPU_BENCH_ARGS (default "--n=25000000,250000 --reps=50 --bins=500,50 --samples=5
+# it), ADAPS_GPU_BENCH_ARGS (default "--n=25000000,100000000,250000 --reps=50 --bins=500,50 --samples=5
 # --warm_s=1"), COMPUTE_SANITIZER (the compute-sanitizer binary; default: PATH, then the usual
 # CUDA install folders).
 # Writes $OUT/gpu-figures.txt (the GPU, the test totals, the sanitizer's verdict, the
@@ -30,7 +30,7 @@ cd "$(dirname "$0")/.."
 START=$(date +%s)
 CARRY=${ADAPS_GPU_CARRY:-.gpu}
 OUT=${OUT:-gpu-check-out}
-BENCH_ARGS=${ADAPS_GPU_BENCH_ARGS:---n=25000000,250000 --reps=50 --bins=500,50 --samples=5 --warm_s=1}
+BENCH_ARGS=${ADAPS_GPU_BENCH_ARGS:---n=25000000,100000000,250000 --reps=50 --bins=500,50 --samples=5 --warm_s=1}
 KILL_AFTER=10  # timeout -k: SIGKILL this long after the TERM of a step that ignores it
 mkdir -p "$OUT"
 FIG="$OUT/gpu-figures.txt"

@@ -4,7 +4,8 @@
 // The AdaComp pass reads the residue and the gradient and writes the residue: 8 bytes read and
 // 4 written per element. The reference is the time cudaMemcpy (device to device) takes to move
 // that many bytes: 12 bytes per element at the copy's bandwidth (bytes read + bytes written per
-// second). "fraction" = reference time / compress time; the target is >= 0.60. The fraction is
+// second). "fraction" = reference time / compress time; the targets are >= 0.60 at T = 500 and
+// >= 0.50 at T = 50, on 25M elements (TargetFor). The fraction is
 // given only for slices of at least kRooflineMin elements: smaller ones sit in L2 and are bound
 // by launch time, not by memory bandwidth.
 //
@@ -40,7 +41,11 @@ using adaps::cuda::CudaCompressor;
 using adaps::cuda::CudaSliceState;
 using adaps::cuda::DeviceBuffer;
 
-constexpr double kTarget = 0.60;
+// Issue 27's targets, judged on 25M-element slices (kTargetN): >= 60% of the copy at T = 500
+// (and any T above 50), >= 50% at T <= 50. Other sizes of at least kRooflineMin show their
+// fraction for reference.
+constexpr size_t kTargetN = 25'000'000;
+double TargetFor(uint32_t t) { return t <= 50 ? 0.50 : 0.60; }
 constexpr size_t kRooflineMin = 10'000'000;  // the target is set on 25M-element slices
 int g_samples = 5;
 
@@ -167,15 +172,22 @@ bool RunSize(size_t n, int reps, double warm_s, const std::vector<uint32_t>& bin
                         : "compress, device-resident (eager fix-up)",
                   t, tc * 1e6, n / tc / 1e9, fraction(tc).c_str(), density);
       if (defer) {
-        const bool met = frac >= kTarget;
-        if (roofline) all_met = all_met && met;
+        const bool judged = n == kTargetN;
+        const bool met = frac >= TargetFor(t);
+        if (judged) all_met = all_met && met;
         char line[192];
         if (roofline) {
+          char verdict[64];
+          if (judged) {
+            std::snprintf(verdict, sizeof verdict, " -> %s the %.0f%% target",
+                          met ? "meets" : "BELOW", 100.0 * TargetFor(t));
+          } else {
+            std::snprintf(verdict, sizeof verdict, " (for reference)");
+          }
           std::snprintf(line, sizeof line,
                         "n=%zu T=%u: %.2f G elements/s = %.0f%% of the D2D copy of the same "
-                        "bytes -> %s",
-                        n, t, n / tc / 1e9, 100.0 * frac,
-                        met ? "target met" : "BELOW the 60% target");
+                        "bytes%s",
+                        n, t, n / tc / 1e9, 100.0 * frac, verdict);
         } else {
           std::snprintf(line, sizeof line,
                         "n=%zu T=%u: %.2f G elements/s (L2-resident: not against the copy)", n, t,
@@ -282,8 +294,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> verdicts;
   bool all_met = true;
   for (size_t n : sizes) all_met = RunSize(n, reps, warm_s, bins, verdicts) && all_met;
-  std::printf("\nSUMMARY (target >= 60%% of the copy at 25M elements; smaller slices for "
-              "reference):\n");
+  std::printf("\nSUMMARY (targets at 25M elements: >= 60%% of the copy at T = 500, >= 50%% at "
+              "T = 50; other sizes for reference):\n");
   for (const std::string& v : verdicts) std::printf("  %s\n", v.c_str());
   std::printf("  overall: %s\n", all_met ? "TARGET MET" : "TARGET NOT MET");
   return 0;

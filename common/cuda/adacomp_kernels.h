@@ -43,13 +43,12 @@ struct Header {
   unsigned int overflow;      // residue + gradient not finite somewhere
   unsigned int count;         // number of selected elements (0 when the step failed)
   float scale;                // s
-  unsigned int tile_counter;  // dynamic tile ids (decoupled look-back needs launch order)
-  unsigned int done_counter;  // last-block detection
-  unsigned int ok;            // AdaComp: 1 when the step succeeded (written by the last block)
-  unsigned int pad;
+  unsigned int out_set;       // the residue/bitmask set the pass wrote (FinalizeKernel)
+  unsigned int ok;            // AdaComp: 1 when the step succeeded (FinalizeKernel)
+  unsigned int pad[2];
 };
 
-// The end of a pass, run by one thread of the last block (and by host tests of these
+// The end of a pass, run by one thread of FinalizeKernel (and by host tests of these
 // transitions): `a` the set the pass read, `failed` whether any block flagged a NaN/Inf or an
 // overflow, `s` and `count` the step's scale and selection size. A failed pass changes neither
 // set and stages nothing; a successful one records its fix-up scale for set a ^ 1 and makes
@@ -82,8 +81,9 @@ __host__ __device__ inline void CommitStaged(SliceCtl* ctl) {
 }
 __host__ __device__ inline void DiscardStaged(SliceCtl* ctl) { ctl->staged = 0u; }
 
-// Thread `first`'s share of the last block's sum (the scale's documented fixed order): the sum
-// of load(j) over j = first, first + kBlock, first + 2 kBlock, ... < n, added one after the
+// Thread `first`'s share of FinalizeKernel's sum (the scale's documented fixed order): the sum
+// of load(j) over j = first, first + S, first + 2 S, ... < n (S = kStride, the number of threads
+// summing; kBlock by default), added one after the
 // other from 0.0 in that order, with kSumUnroll loads issued before their adds (the ~12.5k tile
 // sums of a 25M-element slice would otherwise be as many L2 round trips one after the other).
 // The result is bit for bit that of the plain strided loop. Loads past the end read element
@@ -94,19 +94,19 @@ constexpr int kSumUnroll = 8;
 #else
 #define ADAPS_CUDA_UNROLL
 #endif
-template <typename Load>
+template <int kStride = kBlock, typename Load>
 __host__ __device__ inline double StridedSum(uint32_t first, uint32_t n, Load load) {
   double acc = 0.0;
-  for (uint32_t j = first; j < n; j += kSumUnroll * kBlock) {
+  for (uint32_t j = first; j < n; j += kSumUnroll * kStride) {
     double x[kSumUnroll];
     ADAPS_CUDA_UNROLL
     for (int u = 0; u < kSumUnroll; ++u) {
-      const uint32_t i = j + u * kBlock;
+      const uint32_t i = j + u * kStride;
       x[u] = load(i < n ? i : n - 1);
     }
     ADAPS_CUDA_UNROLL
     for (int u = 0; u < kSumUnroll; ++u) {
-      if (j + u * kBlock < n) acc += x[u];
+      if (j + u * kStride < n) acc += x[u];
     }
   }
   return acc;
@@ -137,8 +137,9 @@ struct PassArgs {
   uint32_t bin_size;
   Layout layout;
   Header* header;
-  unsigned long long* status;  // num_tiles words, zeroed
+  uint32_t* counts;            // num_tiles: each tile's selection count, then its offset
   double* tile_sums;           // num_tiles (fused)
+  uint32_t* neg_bits;          // layout.bit_words(): selected and negative, as the bitmask
   unsigned int* gmax;          // num_bins (general path), float bits, zeroed
   uint32_t* out_indices;       // capacity n
   uint8_t* out_negative;       // capacity n

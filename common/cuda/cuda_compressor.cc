@@ -97,7 +97,7 @@ struct DecompressScratch {
   }
 };
 
-// Scratch shared by both kinds: the header (+ look-back status words and tile sums), the state
+// Scratch shared by both kinds: the header (+ the tiles' counts and sums), the state
 // of the last Enqueue, and decompression scratch.
 class CudaCompressorBase : public CudaCompressor {
  public:
@@ -215,15 +215,18 @@ class CudaAdaComp final : public CudaCompressorBase {
     const uint32_t t = options_.base.bin_size;
     const k::Layout layout = k::MakeLayout(static_cast<uint32_t>(n), t);
     ADAPS_RETURN_IF_ERROR(st.PrepareForPass(layout, stream_));
+    // Header, then per tile a count (8 bytes apart, so that the tile sums stay aligned) and a
+    // tile sum; every tile writes its own, so only the header is zeroed.
     const size_t status_bytes = static_cast<size_t>(layout.num_tiles) * sizeof(uint64_t);
     ADAPS_RETURN_IF_ERROR(EnsureCapacity(scratch_, kHeaderBytes + 2 * status_bytes, stream_));
     ADAPS_RETURN_IF_ERROR(EnsureCapacity(indices_, n * sizeof(uint32_t), stream_));
     ADAPS_RETURN_IF_ERROR(EnsureCapacity(negative_, n, stream_));
+    ADAPS_RETURN_IF_ERROR(EnsureCapacity(neg_bits_, layout.bit_words() * sizeof(uint32_t), stream_));
     if (!layout.fused) {
       ADAPS_RETURN_IF_ERROR(EnsureCapacity(gmax_, layout.num_bins * sizeof(uint32_t), stream_));
     }
     char* base = static_cast<char*>(scratch_.data());
-    ADAPS_CUDA_CALL(cudaMemsetAsync(base, 0, kHeaderBytes + status_bytes, stream_),
+    ADAPS_CUDA_CALL(cudaMemsetAsync(base, 0, kHeaderBytes, stream_),
                     "cudaMemsetAsync");
     if (!layout.fused) {
       ADAPS_CUDA_CALL(cudaMemsetAsync(gmax_.data(), 0, layout.num_bins * sizeof(uint32_t),
@@ -239,11 +242,12 @@ class CudaAdaComp final : public CudaCompressorBase {
     a.bin_size = t;
     a.layout = layout;
     a.header = header();
-    a.status = reinterpret_cast<unsigned long long*>(base + kHeaderBytes);
+    a.counts = reinterpret_cast<uint32_t*>(base + kHeaderBytes);
     a.tile_sums = reinterpret_cast<double*>(base + kHeaderBytes + status_bytes);
     a.gmax = static_cast<unsigned int*>(gmax_.data());
     a.out_indices = static_cast<uint32_t*>(indices_.data());
     a.out_negative = static_cast<uint8_t*>(negative_.data());
+    a.neg_bits = static_cast<uint32_t*>(neg_bits_.data());
     a.two_phase = two_phase;
     ADAPS_CUDA_CALL(k::LaunchAdaCompPass(a, stream_), "AdaComp pass kernel launch");
     st.maybe_staged = two_phase;  // the pass replaced a staged set, or staged its own
@@ -272,7 +276,7 @@ class CudaAdaComp final : public CudaCompressorBase {
   }
 
  private:
-  DeviceBuffer indices_, negative_, gmax_;
+  DeviceBuffer indices_, negative_, gmax_, neg_bits_;
 };
 
 // The dense baseline: the "compressed" update is a copy of the gradient.

@@ -508,6 +508,36 @@ TYPED_TEST_P(AdaCompConformance, APushOfSeveralSlicesCommitsAllOrNone) {
   }
 }
 
+// Slices of over a million elements (over 512 tiles in every GPU layout: the GPU scans their
+// output offsets in a kernel of its own, smaller ones in the scatter; common/cuda) on every
+// kernel path (T = 1, fused, T > 2048), both fix-up modes: plain steps, a NaN, and a push of two
+// slices that fails on the small one and must leave the large one's residue alone.
+TYPED_TEST_P(AdaCompConformance, SlicesOfOverAMillionElementsMatchOnEveryPath) {
+  const size_t n = (size_t{1} << 20) + 4099;
+  for (uint32_t t : {1u, 500u, 5000u}) {
+    for (bool defer : {true, false}) {
+      SCOPED_TRACE(absl::StrCat("T ", t, defer ? " deferred" : " eager"));
+      Checked<TypeParam> c(ConformanceOptions(t), defer);
+      ASSERT_TRUE(c.ok());
+      const size_t big = c.AddSlice(n);
+      const size_t small = c.AddSlice(777);
+      ASSERT_EQ(c.Step(big, NormalVector(n, 1.0f, 200 + t), "step 0", false),
+                absl::StatusCode::kOk);
+      std::vector<float> g = NormalVector(n, 1.0f, 201 + t);
+      g[n - 1] = std::numeric_limits<float>::quiet_NaN();
+      EXPECT_EQ(c.Step(big, g, "NaN in the last element"), absl::StatusCode::kInvalidArgument);
+      ASSERT_EQ(c.Step(big, NormalVector(n, 1.0f, 202 + t), "step 2"), absl::StatusCode::kOk);
+      std::vector<std::vector<float>> both = {NormalVector(n, 1.0f, 203 + t),
+                                              NormalVector(777, 1.0f, 204 + t)};
+      both[1][5] = std::numeric_limits<float>::infinity();
+      EXPECT_EQ(c.Push({big, small}, both, "Inf in the small slice"),
+                absl::StatusCode::kInvalidArgument);
+      both[1][5] = 0.5f;
+      ASSERT_EQ(c.Push({big, small}, both, "push"), absl::StatusCode::kOk);
+    }
+  }
+}
+
 REGISTER_TYPED_TEST_SUITE_P(AdaCompConformance, MatchesTheOracleOnRandomGradientsOverSteps,
                             MatchesTheOracleOnAdversarialGradients,
                             MatchesTheOracleOnASliceOfMoreThan16MElements,
@@ -517,7 +547,8 @@ REGISTER_TYPED_TEST_SUITE_P(AdaCompConformance, MatchesTheOracleOnRandomGradient
                             OverflowIsOutOfRangeAndLaterStepsStillMatch,
                             TwoSlicesOnOneCompressorStayIndependent, HandMadeInputsMatch,
                             ResetZeroesTheResidueAndDropsThePendingFixup,
-                            APushOfSeveralSlicesCommitsAllOrNone);
+                            APushOfSeveralSlicesCommitsAllOrNone,
+                            SlicesOfOverAMillionElementsMatchOnEveryPath);
 
 }  // namespace adaps::testing
 

@@ -209,12 +209,21 @@ TEST(CudaAdaComp, AllZeroBinsSendNothing) {
   for (size_t b = 0; b < 20; b += 2) {
     for (size_t i = b * t; i < (b + 1) * t; ++i) g[i] = 0.0f;
   }
+  // Bins 0, 2, ..., 18 are zero; the odd ones and the short last bin (20, elements 1000-1006)
+  // are not. (The first run on a GPU, 2026-12-04, failed here on indices 1001 and 1004 of that
+  // last bin: the test took every even bin for a zero one.)
+  const auto zero_bin = [&](uint32_t i) { return i / t < 20 && (i / t) % 2 == 0; };
   Pair pair(n, AdaCompOptions(t));
   ASSERT_TRUE(pair.Step(g, "one step").ok());
-  for (uint32_t i : pair.gpu_out().indices) EXPECT_EQ((i / t) % 2, 1u) << "index " << i;
+  size_t sent = 0;
+  for (uint32_t i : pair.gpu_out().indices) {
+    EXPECT_FALSE(zero_bin(i)) << "index " << i;
+    ++sent;
+  }
+  EXPECT_GT(sent, 0u);  // the non-zero bins send something
   // The same bins zero again: the residue there is still zero, so still nothing is sent.
   ASSERT_TRUE(pair.Step(g, "second step").ok());
-  for (uint32_t i : pair.gpu_out().indices) EXPECT_EQ((i / t) % 2, 1u) << "index " << i;
+  for (uint32_t i : pair.gpu_out().indices) EXPECT_FALSE(zero_bin(i)) << "index " << i;
 }
 
 TEST(CudaAdaComp, SignsFollowTheResidue) {
