@@ -16,9 +16,10 @@ Variants (the selection is DESIGN.md's in every one; only the value sent differs
   bins      sign * the bin's own maximum
   exact     the residue's value itself
 
-For the word-language-model blind check (docs/accuracy.md, "Two more blind checks"); only
-recipes whose optimizer is plain SGD without momentum or weight decay are supported (wordlstm;
-an SGD recipe with --no-momentum): the update is -lr * gradient.
+For the word-language-model blind check (docs/accuracy.md, "Two more blind checks"). With plain
+SGD (wordlstm; an SGD recipe with --no-momentum) the update is -lr * gradient; with any other
+optimizer it is the change the recipe's own optimizer makes on this worker's gradient (local
+mode's exchange="update"), so every zoo model runs.
 """
 import argparse
 import os
@@ -81,43 +82,70 @@ def main():
     ap.add_argument("--stats", default="", metavar="STEPS",
                     help="comma-separated steps at which to print each tensor's scale s "
                          "against the median of its bins' maxima")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="plain SGD only: N workers, each with its own batch (rank 0..N-1 of N), "
+                         "gradient clipping and residue; every replica adds the mean of what "
+                         "they send (local mode)")
     ap.add_argument("--no-momentum", action="store_true",
                     help="set an SGD recipe's momentum (and Nesterov) to 0: plain SGD")
     a = ap.parse_args()
-    task = zoo_models.make_task(a.model, 0, 4, a.seed, a.steps, False)
+    task = zoo_models.make_task(a.model, 0, max(4, a.workers), a.seed, a.steps, False)
+    ranks = [task] + [zoo_models.make_task(a.model, r, max(4, a.workers), a.seed, a.steps, False)
+                      for r in range(1, a.workers)]
     opt = task.optimizer
     if a.no_momentum:
         for g in opt.param_groups:
             g["momentum"], g["nesterov"] = 0, False
-    if not isinstance(opt, torch.optim.SGD) or any(
-            g.get("momentum", 0) or g.get("weight_decay", 0) for g in opt.param_groups):
-        raise SystemExit("scale_sim: %s does not train with plain SGD" % a.model)
+    # Plain SGD: the update is -lr * gradient. Any other recipe: the update is the change its
+    # own optimizer makes (local mode's exchange="update": the worker's optimizer steps on its
+    # own gradient and its state stays its own), taken by stepping it and restoring the
+    # parameters.
+    plain = isinstance(opt, torch.optim.SGD) and not any(
+        g.get("momentum", 0) or g.get("weight_decay", 0) for g in opt.param_groups)
+    if a.workers > 1 and not plain:
+        raise SystemExit("scale_sim: --workers needs a plain-SGD recipe")
     names, params = zip(*task.model.named_parameters())
     stats_at = {int(x) for x in a.stats.split(",") if x}
-    residues = [torch.zeros_like(p) for p in params]
+    residues = [[torch.zeros_like(p) for p in params] for _ in ranks]
     sent = total = 0
     for step in range(a.steps):
         lr = task.lr_at(step)
-        x, y = task.batch(step)
-        task.model.zero_grad()
-        task.loss(task.model(x), y).backward()
-        if task.clip:
-            torch.nn.utils.clip_grad_norm_(params, task.clip)
+        sums = [torch.zeros_like(p) for p in params]
+        for r, rt in enumerate(ranks):
+            x, y = rt.batch(step)
+            task.model.zero_grad()
+            task.loss(task.model(x), y).backward()
+            if task.clip:
+                torch.nn.utils.clip_grad_norm_(params, task.clip)
+            if plain:
+                updates = [-lr * p.grad for p in params]
+            else:
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                with torch.no_grad():
+                    before = [p.detach().clone() for p in params]
+                opt.step()
+                with torch.no_grad():
+                    updates = [p - b for p, b in zip(params, before)]
+                    for p, b in zip(params, before):
+                        p.copy_(b)
+            with torch.no_grad():
+                for i, (name, G, u) in enumerate(zip(names, residues[r], updates)):
+                    variant = a.variant
+                    if (a.only and a.only not in name) or (a.skip and a.skip in name):
+                        variant = "adacomp"
+                    if variant == "dense":
+                        sums[i] += u
+                        continue
+                    out, k, scale, median = compress(G, u, a.bin_size, variant)
+                    sums[i] += out
+                    sent, total = sent + k, total + u.numel()
+                    if r == 0 and step + 1 in stats_at:
+                        print("step %d %s: s %.5f, median bin maximum %.5f (%.2fx)"
+                              % (step + 1, name, scale, median, scale / max(median, 1e-30)))
         with torch.no_grad():
-            for name, p, G in zip(names, params, residues):
-                u = -lr * p.grad
-                if a.variant == "dense":
-                    p += u
-                    continue
-                variant = a.variant
-                if (a.only and a.only not in name) or (a.skip and a.skip in name):
-                    variant = "adacomp"
-                out, k, scale, median = compress(G, u, a.bin_size, variant)
-                p += out
-                sent, total = sent + k, total + u.numel()
-                if step + 1 in stats_at:
-                    print("step %d %s: s %.5f, median bin maximum %.5f (%.2fx)"
-                          % (step + 1, name, scale, median, scale / max(median, 1e-30)))
+            for p, s_ in zip(params, sums):
+                p += s_ / len(ranks)
         if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
             print("%s step %d %s %.4f%s" % (
                 a.variant, step + 1, task.metric, task.evaluate(),
