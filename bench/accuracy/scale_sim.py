@@ -83,9 +83,9 @@ def main():
                     help="comma-separated steps at which to print each tensor's scale s "
                          "against the median of its bins' maxima")
     ap.add_argument("--workers", type=int, default=1,
-                    help="plain SGD only: N workers, each with its own batch (rank 0..N-1 of N), "
-                         "gradient clipping and residue; every replica adds the mean of what "
-                         "they send (local mode)")
+                    help="N workers, each with its own batch (rank 0..N-1 of N), gradient "
+                         "clipping, optimizer state and residue; every replica adds the mean of "
+                         "what they send (local mode)")
     ap.add_argument("--no-momentum", action="store_true",
                     help="set an SGD recipe's momentum (and Nesterov) to 0: plain SGD")
     a = ap.parse_args()
@@ -102,9 +102,13 @@ def main():
     # parameters.
     plain = isinstance(opt, torch.optim.SGD) and not any(
         g.get("momentum", 0) or g.get("weight_decay", 0) for g in opt.param_groups)
-    if a.workers > 1 and not plain:
-        raise SystemExit("scale_sim: --workers needs a plain-SGD recipe")
     names, params = zip(*task.model.named_parameters())
+    # Each worker's own optimizer state (local mode): worker 0 has the recipe's optimizer, the
+    # others a fresh one of its class, param groups and settings on the same parameters.
+    opts = [opt]
+    for _ in range(1, a.workers):
+        groups = [dict(g) for g in opt.param_groups]  # the same tensors, each group's settings
+        opts.append(type(opt)(groups, **opt.defaults))
     stats_at = {int(x) for x in a.stats.split(",") if x}
     residues = [[torch.zeros_like(p) for p in params] for _ in ranks]
     sent = total = 0
@@ -120,11 +124,11 @@ def main():
             if plain:
                 updates = [-lr * p.grad for p in params]
             else:
-                for g in opt.param_groups:
+                for g in opts[r].param_groups:
                     g["lr"] = lr
                 with torch.no_grad():
                     before = [p.detach().clone() for p in params]
-                opt.step()
+                opts[r].step()
                 with torch.no_grad():
                     updates = [p - b for p, b in zip(params, before)]
                     for p, b in zip(params, before):
