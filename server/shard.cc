@@ -1,7 +1,6 @@
 #include "server/shard.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <utility>

@@ -4,10 +4,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstring>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/wire_codec.h"
 #include "server/shard.h"

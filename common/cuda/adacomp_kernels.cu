@@ -82,6 +82,29 @@ __device__ double BlockSumFixedOrder(double x, double* s_red) {
   return total;
 }
 
+// The inclusive prefix sum of x over the lanes of a warp (every lane must call it).
+__device__ __forceinline__ uint32_t WarpInclusiveScan(uint32_t x) {
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const uint32_t t = __shfl_up_sync(kFull, x, off);
+    if ((threadIdx.x & 31) >= static_cast<unsigned>(off)) x += t;
+  }
+  return x;
+}
+
+// Thread `tid`'s share of the scale (StridedSum with kStride threads): the tiles' sums of bin
+// maxima (fused), or the bins' maxima themselves (general path).
+template <int kStride, bool kFused>
+__device__ __forceinline__ double ScaleShare(const PassArgs& p, uint32_t tid) {
+  if constexpr (kFused) {
+    return StridedSum<kStride>(tid, p.layout.num_tiles, [&](uint32_t j) { return p.tile_sums[j]; });
+  } else {
+    return StridedSum<kStride>(tid, p.layout.num_bins, [&](uint32_t j) {
+      return static_cast<double>(__uint_as_float(p.gmax[j]));
+    });
+  }
+}
+
 // cnt - first, or 0 when first >= cnt: of a tile of cnt elements, how many lie at or after
 // element `first`.
 __device__ __forceinline__ uint32_t RowsLeft(uint32_t cnt, uint32_t first) {
@@ -298,20 +321,13 @@ __global__ void __launch_bounds__(kFinalBlock) FinalizeKernel(KernelArgs ka) {
   __shared__ double s_red[kFinalBlock / 32];
   __shared__ uint32_t s_warp[kFinalBlock / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const unsigned a = p.ctl->active & 1u;
+  const unsigned a = (p.header->out_set & 1u) ^ 1u;  // the set the pass read
   const uint32_t nt = p.layout.num_tiles;
 
   // The scale: thread t adds the terms t, t + kFinalBlock, ... in order (StridedSum), then a
   // shuffle tree in each warp, then thread 0 the warps' sums in warp order. Fixed, so the
   // scale is the same bits run to run.
-  double acc;
-  if constexpr (kFused) {
-    acc = StridedSum<kFinalBlock>(tid, nt, [&](uint32_t j) { return p.tile_sums[j]; });
-  } else {
-    acc = StridedSum<kFinalBlock>(tid, p.layout.num_bins, [&](uint32_t j) {
-      return static_cast<double>(__uint_as_float(p.gmax[j]));
-    });
-  }
+  double acc = ScaleShare<kFinalBlock, kFused>(p, tid);
   // The counts of tiles [first, last), issued 8 at a time (L2 round trips).
   const uint32_t per = (nt + kFinalBlock - 1) / kFinalBlock;
   const uint32_t first = min(nt, tid * per), last = min(nt, first + per);
@@ -324,12 +340,7 @@ __global__ void __launch_bounds__(kFinalBlock) FinalizeKernel(KernelArgs ka) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) mine += x[u];
   }
-  uint32_t incl = mine;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const uint32_t t = __shfl_up_sync(kFull, incl, off);
-    if (lane >= off) incl += t;
-  }
+  const uint32_t incl = WarpInclusiveScan(mine);
   if (lane == 31) s_warp[warp] = incl;
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_down_sync(kFull, acc, off);
@@ -380,14 +391,7 @@ __global__ void __launch_bounds__(kBlock) ScatterKernel(KernelArgs ka) {
     if (blockIdx.x == 0) {
       __shared__ double s_red[kWarps];
       __shared__ uint32_t s_cnt[kWarps];
-      double acc;
-      if constexpr (kFused) {
-        acc = StridedSum(tid, nt, [&](uint32_t j) { return p.tile_sums[j]; });
-      } else {
-        acc = StridedSum(tid, p.layout.num_bins, [&](uint32_t j) {
-          return static_cast<double>(__uint_as_float(p.gmax[j]));
-        });
-      }
+      const double acc = ScaleShare<kBlock, kFused>(p, tid);
       uint32_t c = 0u;
       for (uint32_t j = tid; j < nt; j += kBlock) c += p.counts[j];
       c = __reduce_add_sync(kFull, c);
@@ -433,12 +437,7 @@ __global__ void __launch_bounds__(kBlock) ScatterKernel(KernelArgs ka) {
     uint32_t w = wv[i];
     const uint32_t nw = nv[i];
     const uint32_t c = __popc(w);
-    uint32_t incl = c;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const uint32_t t = __shfl_up_sync(kFull, incl, off);
-      if (lane >= off) incl += t;
-    }
+    const uint32_t incl = WarpInclusiveScan(c);
     uint32_t pos = base + incl - c;
     while (w != 0u) {
       const int b = __ffs(w) - 1;
@@ -480,6 +479,19 @@ __global__ void __launch_bounds__(kBlock, 4) UpdateMaxKernel(KernelArgs ka) {
     const unsigned mag = valid ? __float_as_uint(fabsf(v[k])) : 0u;
     RowMax(p.gmax, b, b0, mag, T);
   }
+}
+
+// After the pass kernel(s) of `grid` tiles: the end and the scatter, or for small slices the
+// scatter alone, which ends the pass itself (kSmallTiles).
+template <bool kFused>
+void LaunchEnd(const KernelArgs& ka, unsigned grid, cudaStream_t stream) {
+  const unsigned scatter_grid = (grid + kWarps - 1) / kWarps;
+  if (grid <= kSmallTiles) {
+    ScatterKernel<true, kFused><<<scatter_grid, kBlock, 0, stream>>>(ka);
+    return;
+  }
+  FinalizeKernel<kFused><<<1, kFinalBlock, 0, stream>>>(ka);
+  ScatterKernel<false><<<scatter_grid, kBlock, 0, stream>>>(ka);
 }
 
 unsigned Gcd(unsigned a, unsigned b) {
@@ -542,16 +554,10 @@ cudaError_t LaunchAdaCompPass(const PassArgs& args, cudaStream_t stream) {
   ka.bin_magic = args.bin_size <= 1u ? 0u
       : static_cast<uint32_t>(((uint64_t{1} << 32) + args.bin_size - 1) / args.bin_size);
   const unsigned grid = args.layout.num_tiles;
-  const bool small = grid <= kSmallTiles;
-  const unsigned scatter_grid = (grid + kWarps - 1) / kWarps;
   if (!args.layout.fused) {
     UpdateMaxKernel<<<grid, kBlock, 0, stream>>>(ka);
     PassKernel<false, kRows><<<grid, kBlock, 0, stream>>>(ka);
-    if (small) {
-      ScatterKernel<true, false><<<scatter_grid, kBlock, 0, stream>>>(ka);
-      return cudaGetLastError();
-    }
-    FinalizeKernel<false><<<1, kFinalBlock, 0, stream>>>(ka);
+    LaunchEnd<false>(ka, grid, stream);
   } else {
     if (args.layout.rows == 16u) {
       PassKernel<true, 16><<<grid, kBlock, 0, stream>>>(ka);
@@ -562,13 +568,8 @@ cudaError_t LaunchAdaCompPass(const PassArgs& args, cudaStream_t stream) {
     } else {
       PassKernel<true, kRows><<<grid, kBlock, 0, stream>>>(ka);
     }
-    if (small) {
-      ScatterKernel<true, true><<<scatter_grid, kBlock, 0, stream>>>(ka);
-      return cudaGetLastError();
-    }
-    FinalizeKernel<true><<<1, kFinalBlock, 0, stream>>>(ka);
+    LaunchEnd<true>(ka, grid, stream);
   }
-  ScatterKernel<false><<<scatter_grid, kBlock, 0, stream>>>(ka);
   return cudaGetLastError();
 }
 

@@ -215,12 +215,8 @@ TEST(CudaAdaComp, AllZeroBinsSendNothing) {
   const auto zero_bin = [&](uint32_t i) { return i / t < 20 && (i / t) % 2 == 0; };
   Pair pair(n, AdaCompOptions(t));
   ASSERT_TRUE(pair.Step(g, "one step").ok());
-  size_t sent = 0;
-  for (uint32_t i : pair.gpu_out().indices) {
-    EXPECT_FALSE(zero_bin(i)) << "index " << i;
-    ++sent;
-  }
-  EXPECT_GT(sent, 0u);  // the non-zero bins send something
+  EXPECT_FALSE(pair.gpu_out().indices.empty());  // the non-zero bins send something
+  for (uint32_t i : pair.gpu_out().indices) EXPECT_FALSE(zero_bin(i)) << "index " << i;
   // The same bins zero again: the residue there is still zero, so still nothing is sent.
   ASSERT_TRUE(pair.Step(g, "second step").ok());
   for (uint32_t i : pair.gpu_out().indices) EXPECT_FALSE(zero_bin(i)) << "index " << i;
