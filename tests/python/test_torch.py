@@ -75,6 +75,16 @@ def test_launch_flags_reach_the_optimizer_of_a_script_that_reads_no_environment(
     # Local mode's default pull is sparse (the servers answer dense when that is smaller).
     assert out.count("FLAGS mode=local compression=dense pull=sparse lr=0.5 "
                      "dense_push=1 servers=1") == 2, out
+    # The dict form per layer type: the linear layers dense, so nothing is compressed.
+    code, out = run_launch(["-n", "2", "--server-optimizer", "mean", "--compression",
+                            "linear:dense", os.path.join(HERE, "launch_flags_worker.py")],
+                           timeout=60)
+    assert code == 0, out
+    assert out.count("FLAGS mode=local compression={'linear': 'dense'} pull=sparse lr=0.01 "
+                     "dense_push=1 servers=1") == 2, out
+    for bad in ("linear:zip", "rnn:dense", "zip"):
+        code, out = run_launch(["-n", "2", "--compression", bad, "x.py"], timeout=30)
+        assert code == 2 and "TYPE:NAME" in out, (bad, out)
     # --colocate: one server per worker (BytePS-style); refused beside --servers.
     code, out = run_launch(["-n", "3", "--colocate", "--server-optimizer", "mean",
                             "--second-moment", "local", "--own-updates", "all",

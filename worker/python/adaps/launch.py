@@ -57,10 +57,27 @@ import threading
 import time
 
 
+def _compression_arg(text):
+    """--compression: a compressor's name, or TYPE:NAME,... per layer type."""
+    names, types = ("dense", "adacomp", "topk", "sign"), \
+        ("conv", "linear", "recurrent", "embedding", "other")
+    items = [i.partition(":") for i in text.split(",")] if ":" in text else [("", "", text)]
+    seen = set()
+    for kind, sep, name in items:
+        if name not in names or (sep and (kind not in types or kind in seen)):
+            raise argparse.ArgumentTypeError(
+                "%r: give one of %s, or TYPE:NAME,... with TYPE one of %s"
+                % (text, ", ".join(names), ", ".join(types)))
+        seen.add(kind)
+    return text
+
+
 # Flags that reach adaps.torch.DistributedOptimizer's defaults through the environment.
 _TORCH_FLAGS = (
-    ("--compression", "ADAPS_COMPRESSION", "dense, adacomp, topk or sign (default adacomp)",
-     dict(choices=("dense", "adacomp", "topk", "sign"))),
+    ("--compression", "ADAPS_COMPRESSION", "dense, adacomp, topk or sign, or per layer type "
+     "as TYPE:NAME,... (types conv, linear, recurrent, embedding, other; adacomp for a type "
+     "left out) (default adacomp; an embedding under plain SGD: topk)",
+     dict(type=_compression_arg)),
     ("--pull", "ADAPS_PULL", "sparse, dense or recompressed (default: sparse where the "
      "servers' step allows it, else dense)", dict(choices=("sparse", "dense", "recompressed"))),
     ("--bin-size", "ADAPS_BIN_SIZE", "AdaComp bin size of non-conv layers (default 500)",

@@ -56,7 +56,8 @@ hand is not pushed.
 Settings and their precedence (explicit arguments win, then what adaps.launch exported, then
 the defaults): server_optimizer (ADAPS_SERVER_OPTIMIZER, from --server-optimizer; mean ->
 local mode, sgd/momentum/nesterov/adam -> server mode, checked against the torch optimizer;
-sum is refused), compression (ADAPS_COMPRESSION, "adacomp"), pull (ADAPS_PULL: "sparse" in
+sum is refused), compression (ADAPS_COMPRESSION, "adacomp"; the dict form there as
+"TYPE:NAME,...", e.g. "embedding:topk,conv:dense"), pull (ADAPS_PULL: "sparse" in
 local mode and with servers running plain SGD without weight decay, else "dense"), bin_size
 (ADAPS_BIN_SIZE, 500), conv_bin_size (ADAPS_CONV_BIN_SIZE, 50), topk_fraction
 (ADAPS_TOPK_FRACTION, 0.001), lr (ADAPS_LR, from --lr: when set it replaces every group's
@@ -110,7 +111,11 @@ to another layer's), is not part of the update exchange: its gradient's nonzero 
 few rows' worth of bytes) and every worker's optimizer steps on their mean, as DDP's does
 (a row one worker touches moves as far as in DDP, where averaging the workers' own steps
 moved it up to W times less; a warning says when its gradient turns out more than 10%
-nonzero, where this costs about as much as dense). Memory: one more copy of the trained parameters (the values before the step), with own_updates a float32 copy of the
+nonzero, where this costs about as much as dense); an embedding's weight trained by plain
+SGD (torch.optim.SGD, momentum 0) whose compression is not named (compression left to the
+default, or a dict without "embedding") goes by Top-k at topk_fraction rather than AdaComp,
+whose one value per slice overshoots its rarer rows every step (docs/accuracy.md "Plain SGD";
+AdaComp named for it warns). Memory: one more copy of the trained parameters (the values before the step), with own_updates a float32 copy of the
 residue on the host (own_updates other than "off"), and with second_moment="global" one more
 copy of the parameters (the averaged estimate of mu^2; RMSprop two, Adagrad four: adaps
 keeps their first moment, and Adagrad's global sum).
@@ -177,6 +182,23 @@ def layer_type(module):
     if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
         return "embedding"
     return "other"
+
+
+_LAYER_TYPES = ("conv", "linear", "recurrent", "embedding", "other")
+
+
+def _parse_compression(text):
+    """ADAPS_COMPRESSION: a name, or "TYPE:NAME,..." (the dict form; adacomp for a layer type
+    left out). ValueError for a malformed entry or an unknown layer type."""
+    if ":" not in text:
+        return text
+    out = {}
+    for item in text.split(","):
+        kind, sep, name = item.strip().partition(":")
+        if not sep or kind not in _LAYER_TYPES or kind in out:
+            raise ValueError(item)
+        out[kind] = name
+    return out
 
 
 def _kind_compression(compression, kind):
@@ -255,7 +277,8 @@ def resolve_mode(mode, server_kind):
 class _Param:
     __slots__ = ("name", "param", "kind", "bin_size", "buf", "stage", "handle", "zeros",
                  "used", "pushed_grad", "pushed_version", "snap", "velocity", "held",
-                 "compressed", "adacomp", "row_sparse", "row_steps", "row_nonzero", "passes")
+                 "compressed", "adacomp", "row_sparse", "row_steps", "row_nonzero", "passes",
+                 "compression", "topk_fraction")
 
     def __init__(self, name, param, kind, bin_size):
         self.name = name
@@ -275,6 +298,8 @@ class _Param:
         self.compressed = False  # pushed with a compressor (so with error feedback)
         self.adacomp = False     # compressed with AdaComp (it has a bin size)
         self.row_sparse = False  # a large embedding: its gradient's nonzeros sent exactly
+        self.compression = "adacomp"  # what it is pushed with ("adacomp", "topk", ...)
+        self.topk_fraction = None     # for compression "topk"
         self.row_steps = 0       # row_sparse: steps whose density was looked at (the first 5)
         self.row_nonzero = 0.0   # row_sparse: the highest fraction of nonzero elements seen
         self.passes = 0          # gradient exchange: backward passes since the last step
@@ -327,8 +352,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         server_kind = _setting("server_optimizer", server_optimizer,
                                "ADAPS_SERVER_OPTIMIZER", None)
         self.mode, self.server_kind = resolve_mode(mode, server_kind)
-        compression = _setting("compression", compression, "ADAPS_COMPRESSION", "adacomp")
+        compression_named = compression is not None or \
+            bool(os.environ.get("ADAPS_COMPRESSION"))
+        compression = _setting("compression", compression, "ADAPS_COMPRESSION", "adacomp",
+                               _parse_compression)
         pull = _setting("pull", pull, "ADAPS_PULL", None)
+        bin_size_named = bin_size is not None or bool(os.environ.get("ADAPS_BIN_SIZE"))
         bin_size = _setting("bin_size", bin_size, "ADAPS_BIN_SIZE", 500, int)
         conv_bin_size = _setting("conv_bin_size", conv_bin_size, "ADAPS_CONV_BIN_SIZE", 50, int)
         topk_fraction = _setting("topk_fraction", topk_fraction, "ADAPS_TOPK_FRACTION", 0.001,
@@ -338,7 +367,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         second_moment = _setting("second_moment", second_moment, "ADAPS_SECOND_MOMENT",
                                  "global")
         self._check_names(compression, pull)
-        self._params = self._collect(optimizer, model, bin_size, conv_bin_size, bin_sizes)
+        self._params = self._collect(optimizer, model, bin_size, conv_bin_size, bin_sizes,
+                                     bin_size_named)
         # Whether anything trained is pushed with a compressor (a kind a dict leaves out is
         # AdaComp's): the defaults below follow what is sent, not the names given.
         compressing = any(_compressed(_kind_compression(compression, e.kind))
@@ -422,7 +452,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # optimizer steps on their mean, as DDP's does (docs/accuracy.md).
             e.row_sparse = e.row_sparse and self.row_sparse == "exact" and \
                 self.exchange == "update" and _compressed(_kind_compression(compression, e.kind))
-        self._warn_plain_sgd_embedding(optimizer, compression)
+        self._choose_compression(optimizer, compression, compression_named, topk_fraction)
         self.momentum_correction = False
         if self.mode == "server":
             self.momentum_correction = self._resolve_correction(momentum_correction,
@@ -443,13 +473,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # two optimizers at different times (a GAN) must not have one wait for the other's.
         self.worker.close_fusion_buckets()
         for e in self._params:
-            comp = _kind_compression(compression, e.kind)
-            fraction = topk_fraction
-            if e.row_sparse:
-                comp, fraction = "topk", 1.0
-            e.compressed = _compressed(comp)
-            e.adacomp = comp == "adacomp"
-            self._declare(e, comp, fraction, self.pull)
+            self._declare(e, e.compression, e.topk_fraction, self.pull)
         self._used = None
         if self.exchange == "gradient" and self.mode == "local" and self._params:
             self._used_name = _USED_PREFIX + str(sum(
@@ -467,26 +491,42 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._ready = True
 
     # -- set-up ---------------------------------------------------------------------------
-    def _warn_plain_sgd_embedding(self, optimizer, compression):
-        """Warns when an embedding's weight goes through AdaComp's update exchange under plain
-        SGD: not refused (it trains), but measured below DDP (docs/accuracy.md)."""
-        if self.exchange != "update" or not isinstance(optimizer, torch.optim.SGD):
-            return
-        plain = {id(p) for g in optimizer.param_groups if not g.get("momentum", 0)
-                 for p in g["params"]}
+    def _choose_compression(self, optimizer, compression, named, topk_fraction):
+        """Sets each trained tensor's compression (e.compression, e.topk_fraction,
+        e.compressed, e.adacomp). The one named for its layer type, except:
+          - row_sparse: a large embedding sends its gradient's nonzero elements exactly
+            (Top-k of every nonzero);
+          - an embedding's weight trained by plain SGD (torch.optim.SGD with momentum 0)
+            whose compression is left to the default goes by Top-k at topk_fraction, not
+            AdaComp: each AdaComp slice's selected elements go out at one scale, which
+            overshoots the rarer rows' elements every step (docs/accuracy.md "Plain SGD").
+            Named AdaComp for it warns instead."""
+        plain = set()
+        if isinstance(optimizer, torch.optim.SGD):
+            plain = {id(p) for g in optimizer.param_groups if not g.get("momentum", 0)
+                     for p in g["params"]}
+        default = not named or (isinstance(compression, dict) and "embedding" not in compression)
         for e in self._params:
-            if e.kind == "embedding" and not e.row_sparse and id(e.param) in plain and \
-                    _kind_compression(compression, e.kind) == "adacomp":
-                warnings.warn(
-                    "adaps.torch: %s (an embedding) is trained by plain SGD (momentum=0) and "
-                    "sent by AdaComp in local mode: each slice's selected elements go out at "
-                    "one scale, which overshoots the rarer rows' elements every step "
-                    "(PyTorch's word-language-model example, a tied embedding at lr 20, "
-                    "measured 7.9%% above dense held-out loss; docs/accuracy.md \"Two more "
-                    "blind checks\"); compression=\"topk\", which sends exact values, trained "
-                    "it as well as dense, and compression=\"dense\" is DDP's arithmetic"
-                    % e.name, stacklevel=3)
-                return
+            e.compression = _kind_compression(compression, e.kind)
+            e.topk_fraction = topk_fraction
+            if e.row_sparse:
+                e.compression, e.topk_fraction = "topk", 1.0
+            elif e.kind == "embedding" and id(e.param) in plain and \
+                    e.compression == "adacomp":
+                if default:
+                    e.compression = "topk"
+                else:
+                    warnings.warn(
+                        "adaps.torch: %s (an embedding) is trained by plain SGD (momentum=0) "
+                        "and compression=\"adacomp\" was asked for it: each slice's selected "
+                        "elements go out at one scale, which overshoots the rarer rows' "
+                        "elements every step (PyTorch's word-language-model example, a tied "
+                        "embedding at lr 20, measured 7.9%% above dense held-out loss; "
+                        "docs/accuracy.md \"Plain SGD\"); the default for it, "
+                        "compression=\"topk\", sends exact values and trained it as well as "
+                        "dense" % e.name, stacklevel=3)
+            e.compressed = _compressed(e.compression)
+            e.adacomp = e.compression == "adacomp"
 
     def _resolve_exchange(self, exchange, compressing):
         if exchange is None:
@@ -546,7 +586,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return "dense"
 
     @staticmethod
-    def _collect(optimizer, model, bin_size, conv_bin_size, bin_sizes):
+    def _collect(optimizer, model, bin_size, conv_bin_size, bin_sizes, bin_size_named=False):
+        plain_sgd = isinstance(optimizer, torch.optim.SGD)
         names, kinds, large, shared = {}, {}, set(), set()
         for module_name, module in model.named_modules(remove_duplicate=False):
             for pname, p in module.named_parameters(recurse=False):
@@ -571,7 +612,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 seen.add(id(p))
                 name = names.get(id(p), "__group%d.param%d" % (gi, pi))
                 kind = kinds.get(id(p), "other")
-                t = bin_sizes.pop(name, conv_bin_size if kind == "conv" else bin_size)
+                t = conv_bin_size if kind == "conv" else bin_size
+                if kind == "recurrent" and not bin_size_named and plain_sgd and \
+                        not group.get("momentum", 0):
+                    # Plain SGD's recurrent weights: the small bin (docs/accuracy.md "Plain
+                    # SGD": the char-LSTM with plain SGD +5.5% at 500, +1.7% at 50).
+                    t = conv_bin_size
+                t = bin_sizes.pop(name, t)
                 out.append(_Param(name, p, kind, int(t)))
                 out[-1].row_sparse = id(p) in large
         if bin_sizes:
