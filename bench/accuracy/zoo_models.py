@@ -39,6 +39,11 @@ the same batches per rank and the same schedule for every system compared.
          clipping at 1.0; the cnn with RMSprop (lr 1e-3) or Adagrad
          (lr 0.02), cosine; lstm-nadam, lstm-radam: the lstm with NAdam
          or RAdam (lr 5e-3)
+  mlp-sgd, cnn-sgd, lstm-sgd  plain-SGD checks: the mlp, cnn and lstm     test accuracy,
+         with torch.optim.SGD and no momentum (lr 0.3, 0.2, 1.0), cosine,  held-out bits/char
+         the lstm clipped at 1.0 (docs/accuracy.md "Plain SGD"); gru-sgd: a
+         blind check added after those defaults, the gru with plain SGD
+         (lr 1.0, 5% warm-up then cosine, clipping at 0.5)
 
 Text: the licence texts of Debian's base-files (/usr/share/common-licenses: GPL-3,
 Apache-2.0, LGPL-3, MPL-2.0, GFDL-1.3, Artistic, GPL-2, LGPL-2.1, MPL-1.1, CC0-1.0; 303 KB),
@@ -458,11 +463,13 @@ def _fmnist_task(task, model, rank, workers, seed, steps, batch, lr, train_size,
 # The Fashion-MNIST models trained with another optimizer than their own (cosine each).
 _FMNIST_OPTIMIZERS = {"mlp-adam": (torch.optim.Adam, 1e-3), "cnn-adam": (torch.optim.Adam, 1e-3),
                       "cnn-adagrad": (torch.optim.Adagrad, 0.02),
-                      "cnn-rmsprop": (torch.optim.RMSprop, 1e-3)}
+                      "cnn-rmsprop": (torch.optim.RMSprop, 1e-3),
+                      "mlp-sgd": (torch.optim.SGD, 0.3), "cnn-sgd": (torch.optim.SGD, 0.2)}
 # The char-LSTM's optimizer and learning rate (cosine, clipping at 1.0 with each).
 _LSTM_OPTIMIZERS = {"lstm": (torch.optim.Adam, 5e-3), "lstm-rmsprop": (torch.optim.RMSprop, 2e-3),
                     "lstm-adagrad": (torch.optim.Adagrad, 2e-2),
-                    "lstm-nadam": (torch.optim.NAdam, 5e-3), "lstm-radam": (torch.optim.RAdam, 5e-3)}
+                    "lstm-nadam": (torch.optim.NAdam, 5e-3), "lstm-radam": (torch.optim.RAdam, 5e-3),
+                    "lstm-sgd": (torch.optim.SGD, 1.0)}
 
 
 def _adamw_recipe(task, model, steps, lr, weight_decay, warm, clip):
@@ -522,7 +529,7 @@ def make_task(name, rank, workers, seed, steps, quick=False):
                      opt_cls=opt_cls,
                      train_size=4000 if quick else 60000, test_size=500 if quick else 2000)
         return task
-    if name in ("gpt", "gru", "gpt128", "tcn") or name in _LSTM_OPTIMIZERS:
+    if name in ("gpt", "gru", "gru-sgd", "gpt128", "tcn") or name in _LSTM_OPTIMIZERS:
         train, valid, vocab = _chars()
         seq_len = 32 if name in ("gpt", "gpt128") else 48
         if name == "tcn":
@@ -536,6 +543,14 @@ def make_task(name, rank, workers, seed, steps, quick=False):
             seq_len = 40
             _adamw_recipe(task, CharGru(vocab), steps, lr=4e-3, weight_decay=0.05, warm=20,
                           clip=0.5)
+        elif name == "gru-sgd":
+            # A blind check of the plain-SGD defaults (added after them): the GRU with plain
+            # SGD, a 5% warm-up then cosine, clipping at 0.5.
+            seq_len = 40
+            task.model = CharGru(vocab)
+            task.optimizer = torch.optim.SGD(task.model.parameters(), lr=1.0)
+            task.lr_at = cosine(1.0, steps, warmup=max(1, steps // 20))
+            task.clip = 0.5
         elif name.startswith("lstm"):
             opt_cls, lr = _LSTM_OPTIMIZERS[name]
             task.model = CharLstm(vocab)
@@ -632,4 +647,5 @@ def _embed_task(task, rank, seed, steps, quick):
 
 MODELS = ("mlp", "cnn", "lstm", "gpt", "embed", "gru", "vit", "wordgpt", "mlp-adam",
           "cnn-adam", "gpt128", "lstm-rmsprop", "cnn-adagrad", "cnn-rmsprop", "lstm-adagrad",
-          "lstm-nadam", "lstm-radam", "resnet", "ae", "tcn", "mixer", "dwnet", "wordlstm")
+          "lstm-nadam", "lstm-radam", "resnet", "ae", "tcn", "mixer", "dwnet", "wordlstm",
+          "mlp-sgd", "cnn-sgd", "lstm-sgd", "gru-sgd")
