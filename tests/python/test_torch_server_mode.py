@@ -225,3 +225,56 @@ def test_momentum_correction_is_the_default_with_a_compressor(cluster):
                                                server_optimizer="sgd", compression="adacomp")
         return opt.momentum_correction
     assert run_ranks(address, 2, rank) == [True, True]
+
+
+def test_plain_sgd_defaults_hold_in_server_mode_and_both_replicas_step_alike(cluster):
+    # Plain SGD on the servers is the same arithmetic as local mode's plain-SGD update, so
+    # the same defaults (docs/accuracy.md "Plain SGD"): the embedding by Top-k, the recurrent
+    # weights at the small bin, the rest AdaComp at 500; both ranks end with the same model.
+    address = sgd_cluster(cluster)
+
+    class Lm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(50, 4)
+            self.rnn = nn.GRU(4, 6)
+            self.out = nn.Linear(6, 50)
+
+        def forward(self, x):
+            return self.out(self.rnn(self.embed(x))[0])
+
+    class Recording:  # the worker, recording what each tensor is declared with
+        def __init__(self, w):
+            self._w, self.declared = w, {}
+
+        def declare(self, name, *args, **kwargs):
+            self.declared[name] = (kwargs.get("compression"), kwargs.get("bin_size"))
+            return self._w.declare(name, *args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self._w, name)
+
+    def rank(w):
+        rec = Recording(w)
+        declared = rec.declared
+        torch.manual_seed(w.rank)  # rank 0's values are broadcast
+        m = Lm()
+        opt = adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.5), m, rec,
+                                               server_optimizer="sgd")
+        before = m.embed.weight.detach().clone()
+        gen = torch.Generator().manual_seed(10 + w.rank)
+        for _ in range(4):
+            opt.zero_grad()
+            x = torch.randint(0, 50, (5, 3), generator=gen)
+            torch.nn.functional.cross_entropy(m(x).flatten(0, 1), x.flatten()).backward()
+            opt.step()
+        return declared, [p.detach().clone() for p in m.parameters()], \
+            bool((m.embed.weight != before).any())
+    (d0, p0, moved), (d1, p1, _) = run_ranks(address, 2, rank)
+    assert d0 == d1
+    assert d0["embed.weight"] == ("topk", 500), d0
+    assert d0["rnn.weight_ih_l0"][1] == 50 and d0["rnn.weight_hh_l0"][1] == 50, d0
+    assert d0["rnn.weight_ih_l0"][0] == "adacomp" and d0["out.weight"] == ("adacomp", 500), d0
+    assert moved
+    for a, b in zip(p0, p1):
+        assert torch.equal(a, b)
