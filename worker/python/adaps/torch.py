@@ -115,7 +115,10 @@ nonzero, where this costs about as much as dense); an embedding's weight trained
 SGD (torch.optim.SGD, momentum 0) whose compression is not named (compression left to the
 default, or a dict without "embedding") goes by Top-k at topk_fraction rather than AdaComp,
 whose one value per slice overshoots its rarer rows every step (docs/accuracy.md "Plain SGD";
-AdaComp named for it warns). Memory: one more copy of the trained parameters (the values before the step), with own_updates a float32 copy of the
+AdaComp named for it warns), and recurrent weights (nn.LSTM, nn.GRU, nn.RNN and their cells)
+trained by plain SGD take conv_bin_size unless a bin size is named (bin_size, ADAPS_BIN_SIZE,
+bin_sizes): with no momentum nor second moment, what their residues hold back costs most
+(docs/accuracy.md "Plain SGD"). Memory: one more copy of the trained parameters (the values before the step), with own_updates a float32 copy of the
 residue on the host (own_updates other than "off"), and with second_moment="global" one more
 copy of the parameters (the averaged estimate of mu^2; RMSprop two, Adagrad four: adaps
 keeps their first moment, and Adagrad's global sum).
