@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import adaps.torch
-from torch_ranks import one_parameter, run_ranks
+from torch_ranks import Declared, one_parameter, run_ranks
 
 
 def mean_cluster(cluster):
@@ -639,21 +639,6 @@ def test_an_embedding_under_plain_sgd_warns_only_where_adacomp_is_named_for_it()
             assert "embed.weight" in msgs[0] and "topk" in msgs[0], msgs
 
 
-class _Declared:
-    """A worker that records the compression each tensor is declared with."""
-
-    def __init__(self, w):
-        self._w, self.compression, self.bin_size = w, {}, {}
-
-    def declare(self, name, *args, **kwargs):
-        self.compression[name] = (kwargs.get("compression"), kwargs.get("topk_fraction"))
-        self.bin_size[name] = kwargs.get("bin_size")
-        return self._w.declare(name, *args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._w, name)
-
-
 def test_an_embedding_under_plain_sgd_is_pushed_by_topk_by_default(cluster):
     # By default an embedding's weight trained by plain SGD goes by Top-k (exact values):
     # AdaComp's one scale per slice overshoots its rarer rows (docs/accuracy.md "Plain SGD").
@@ -669,7 +654,7 @@ def test_an_embedding_under_plain_sgd_is_pushed_by_topk_by_default(cluster):
             torch.manual_seed(0)
             m = _Lm(100)
             named = nn.ModuleDict({"m%d" % i: m})  # each its own tensor names
-            rec = _Declared(w)
+            rec = Declared(w)
             opt = torch.optim.SGD(m.parameters(), lr=0.5,
                                   momentum=0.9 if groups == "momentum" else 0.0)
             with warnings.catch_warnings():
@@ -681,8 +666,8 @@ def test_an_embedding_under_plain_sgd_is_pushed_by_topk_by_default(cluster):
                 opt.zero_grad()
                 F.cross_entropy(m(torch.tensor([1, 2, 3])), torch.tensor([0, 1, 2])).backward()
                 opt.step()
-            got.append((rec.compression["m%d.embed.weight" % i],
-                        rec.compression["m%d.out.weight" % i][0],
+            embed, out = rec.declared["m%d.embed.weight" % i], rec.declared["m%d.out.weight" % i]
+            got.append(((embed["compression"], embed["topk_fraction"]), out["compression"],
                         bool((m.embed.weight != before).any())))
         return got
     for got in run_ranks(address, 2, rank):
@@ -712,16 +697,15 @@ def test_recurrent_weights_under_plain_sgd_take_the_small_bin(cluster):
         for i, (momentum, kwargs) in enumerate(((0.0, {}), (0.9, {}), (0.0, {"bin_size": 500}),
                                                 (0.0, {"bin_sizes": {"m3.rnn.weight_hh_l0": 7}}))):
             m = Rnn()
-            rec = _Declared(w)
+            rec = Declared(w)
             opt = adaps.torch.DistributedOptimizer(
                 torch.optim.SGD(m.parameters(), lr=0.1, momentum=momentum),
                 nn.ModuleDict({"m%d" % i: m}), rec, server_optimizer="mean", **kwargs)
             opt.zero_grad()
             m(torch.randn(3, 2, 4)).sum().backward()
             opt.step()
-            got.append((rec.bin_size["m%d.rnn.weight_ih_l0" % i],
-                        rec.bin_size["m%d.rnn.weight_hh_l0" % i],
-                        rec.bin_size["m%d.out.weight" % i]))
+            got.append(tuple(rec.declared["m%d.%s" % (i, n)]["bin_size"]
+                             for n in ("rnn.weight_ih_l0", "rnn.weight_hh_l0", "out.weight")))
         return got
     for got in run_ranks(address, 2, rank):
         assert got == [(50, 50, 500), (500, 500, 500), (500, 500, 500), (50, 7, 500)], got

@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 import adaps.torch
-from torch_ranks import one_parameter, run_ranks
+from torch_ranks import Declared, one_parameter, run_ranks
 
 
 def sgd_cluster(cluster, kind="sgd"):
@@ -243,20 +243,8 @@ def test_plain_sgd_defaults_hold_in_server_mode_and_both_replicas_step_alike(clu
         def forward(self, x):
             return self.out(self.rnn(self.embed(x))[0])
 
-    class Recording:  # the worker, recording what each tensor is declared with
-        def __init__(self, w):
-            self._w, self.declared = w, {}
-
-        def declare(self, name, *args, **kwargs):
-            self.declared[name] = (kwargs.get("compression"), kwargs.get("bin_size"))
-            return self._w.declare(name, *args, **kwargs)
-
-        def __getattr__(self, name):
-            return getattr(self._w, name)
-
     def rank(w):
-        rec = Recording(w)
-        declared = rec.declared
+        rec = Declared(w)
         torch.manual_seed(w.rank)  # rank 0's values are broadcast
         m = Lm()
         opt = adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.5), m, rec,
@@ -268,6 +256,7 @@ def test_plain_sgd_defaults_hold_in_server_mode_and_both_replicas_step_alike(clu
             x = torch.randint(0, 50, (5, 3), generator=gen)
             torch.nn.functional.cross_entropy(m(x).flatten(0, 1), x.flatten()).backward()
             opt.step()
+        declared = {n: (d.get("compression"), d.get("bin_size")) for n, d in rec.declared.items()}
         return declared, [p.detach().clone() for p in m.parameters()], \
             bool((m.embed.weight != before).any())
     (d0, p0, moved), (d1, p1, _) = run_ranks(address, 2, rank)

@@ -19,6 +19,21 @@ def one_parameter(n):
     return p, m
 
 
+class Declared:
+    """A worker that records the keyword arguments each tensor is declared with
+    (self.declared[name]: compression, topk_fraction, bin_size, ...)."""
+
+    def __init__(self, w):
+        self._w, self.declared = w, {}
+
+    def declare(self, name, *args, **kwargs):
+        self.declared[name] = kwargs
+        return self._w.declare(name, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._w, name)
+
+
 def run_ranks(address, n, fn, timeout=60):
     """[fn(worker) for each rank], indexed by rank; re-raises the first rank's exception."""
     results = [None] * n

@@ -70,6 +70,26 @@ UNAVAILABLE = 14
 DATA_LOSS = 15
 
 
+# What adaps.torch's `compression` setting names, shared with adaps.launch's --compression.
+_COMPRESSIONS = ("dense", "adacomp", "topk", "sign")
+_LAYER_TYPES = ("conv", "linear", "recurrent", "embedding", "other")
+
+
+def _parse_compression(text):
+    """ADAPS_COMPRESSION / --compression: a name, or "TYPE:NAME,..." (a dict per layer type;
+    adacomp for a type left out). ValueError for an entry without ':', an unknown or repeated
+    layer type; the names themselves are the caller's to check."""
+    if ":" not in text:
+        return text
+    out = {}
+    for item in text.split(","):
+        kind, sep, name = item.strip().partition(":")
+        if not sep or kind not in _LAYER_TYPES or kind in out:
+            raise ValueError(item)
+        out[kind] = name
+    return out
+
+
 def _error(code, message):
     e = Error(message)
     e.code = code

@@ -56,19 +56,20 @@ import tempfile
 import threading
 import time
 
+from adaps import _COMPRESSIONS, _LAYER_TYPES, _parse_compression
+
 
 def _compression_arg(text):
     """--compression: a compressor's name, or TYPE:NAME,... per layer type."""
-    names, types = ("dense", "adacomp", "topk", "sign"), \
-        ("conv", "linear", "recurrent", "embedding", "other")
-    items = [i.partition(":") for i in text.split(",")] if ":" in text else [("", "", text)]
-    seen = set()
-    for kind, sep, name in items:
-        if name not in names or (sep and (kind not in types or kind in seen)):
-            raise argparse.ArgumentTypeError(
-                "%r: give one of %s, or TYPE:NAME,... with TYPE one of %s"
-                % (text, ", ".join(names), ", ".join(types)))
-        seen.add(kind)
+    try:
+        parsed = _parse_compression(text)
+    except ValueError:
+        parsed = None
+    names = parsed.values() if isinstance(parsed, dict) else [parsed]
+    if parsed is None or any(n not in _COMPRESSIONS for n in names):
+        raise argparse.ArgumentTypeError(
+            "%r: give one of %s, or TYPE:NAME,... with TYPE one of %s"
+            % (text, ", ".join(_COMPRESSIONS), ", ".join(_LAYER_TYPES)))
     return text
 
 

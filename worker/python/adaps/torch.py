@@ -154,7 +154,7 @@ __all__ = ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_
 
 _CONV_TYPES = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d,
                torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
-_COMPRESSIONS = ("dense", "adacomp", "topk", "sign")
+_COMPRESSIONS = adaps._COMPRESSIONS
 _PULLS = ("dense", "recompressed", "sparse")
 _EXCHANGES = ("gradient", "update")
 _SECOND_MOMENTS = ("global", "local")
@@ -187,21 +187,12 @@ def layer_type(module):
     return "other"
 
 
-_LAYER_TYPES = ("conv", "linear", "recurrent", "embedding", "other")
-
-
-def _parse_compression(text):
-    """ADAPS_COMPRESSION: a name, or "TYPE:NAME,..." (the dict form; adacomp for a layer type
-    left out). ValueError for a malformed entry or an unknown layer type."""
-    if ":" not in text:
-        return text
-    out = {}
-    for item in text.split(","):
-        kind, sep, name = item.strip().partition(":")
-        if not sep or kind not in _LAYER_TYPES or kind in out:
-            raise ValueError(item)
-        out[kind] = name
-    return out
+def _plain_sgd_params(optimizer):
+    """The ids of the parameters torch.optim.SGD trains without momentum (plain SGD)."""
+    if not isinstance(optimizer, torch.optim.SGD):
+        return set()
+    return {id(p) for g in optimizer.param_groups if not g.get("momentum", 0)
+            for p in g["params"]}
 
 
 def _kind_compression(compression, kind):
@@ -358,7 +349,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         compression_named = compression is not None or \
             bool(os.environ.get("ADAPS_COMPRESSION"))
         compression = _setting("compression", compression, "ADAPS_COMPRESSION", "adacomp",
-                               _parse_compression)
+                               adaps._parse_compression)
         pull = _setting("pull", pull, "ADAPS_PULL", None)
         bin_size_named = bin_size is not None or bool(os.environ.get("ADAPS_BIN_SIZE"))
         bin_size = _setting("bin_size", bin_size, "ADAPS_BIN_SIZE", 500, int)
@@ -504,10 +495,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             AdaComp: each AdaComp slice's selected elements go out at one scale, which
             overshoots the rarer rows' elements every step (docs/accuracy.md "Plain SGD").
             Named AdaComp for it warns instead."""
-        plain = set()
-        if isinstance(optimizer, torch.optim.SGD):
-            plain = {id(p) for g in optimizer.param_groups if not g.get("momentum", 0)
-                     for p in g["params"]}
+        plain = _plain_sgd_params(optimizer)
         default = not named or (isinstance(compression, dict) and "embedding" not in compression)
         for e in self._params:
             e.compression = _kind_compression(compression, e.kind)
@@ -590,7 +578,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @staticmethod
     def _collect(optimizer, model, bin_size, conv_bin_size, bin_sizes, bin_size_named=False):
-        plain_sgd = isinstance(optimizer, torch.optim.SGD)
+        plain_sgd = _plain_sgd_params(optimizer)
         names, kinds, large, shared = {}, {}, set(), set()
         for module_name, module in model.named_modules(remove_duplicate=False):
             for pname, p in module.named_parameters(recurse=False):
@@ -616,8 +604,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 name = names.get(id(p), "__group%d.param%d" % (gi, pi))
                 kind = kinds.get(id(p), "other")
                 t = conv_bin_size if kind == "conv" else bin_size
-                if kind == "recurrent" and not bin_size_named and plain_sgd and \
-                        not group.get("momentum", 0):
+                if kind == "recurrent" and not bin_size_named and id(p) in plain_sgd:
                     # Plain SGD's recurrent weights: the small bin (docs/accuracy.md "Plain
                     # SGD": the char-LSTM with plain SGD +5.5% at 500, +1.7% at 50).
                     t = conv_bin_size
