@@ -7,6 +7,7 @@ models of zoo_models.py.
     /usr/bin/python3 bench/accuracy/zoo.py --models gpt,lstm --seeds 1
     /usr/bin/python3 bench/accuracy/zoo.py --quick          # smoke test: 1 seed, few steps
     /usr/bin/python3 bench/accuracy/zoo.py --summarize      # table and plot from the JSONs
+    /usr/bin/python3 bench/accuracy/zoo.py --phases         # where AdaComp's bytes go, by steps
 
 Each run is a real cluster on this machine: `python3 -m adaps.launch -n 4` (1 scheduler,
 1 server, 4 workers running bench/accuracy/zoo_worker.py), the same data, initial values
@@ -61,6 +62,9 @@ def parse():
     ap.add_argument("--out", default=os.path.join(HERE, "zoo"))
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "accuracy.md"))
     ap.add_argument("--summarize", action="store_true", help="only the table and the plot")
+    ap.add_argument("--phases", action="store_true",
+                    help="only print where AdaComp's bytes go: push and pull against dense "
+                         "over the first 20 steps, steps 21-100 and the rest (rank 0's bytes)")
     ap.add_argument("--skip-existing", action="store_true",
                     help="keep the runs whose JSON is already in --out")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
@@ -161,6 +165,53 @@ def load(a):
     return results
 
 
+PHASES = ((0, 20), (20, 100), (100, None))
+
+
+def phase_ratios(r, first, last):
+    """Push and pull against dense over steps first+1..last (rank 0's bytes each step)."""
+    wire = r["wire"]
+    last = len(wire) if last is None else min(last, len(wire))
+    if first >= last:
+        return None
+    before = wire[first - 1] if first else (0, 0, 0)
+    push, pull = wire[last - 1][1] - before[1], wire[last - 1][2] - before[2]
+    steps = (last - first) / len(wire)
+    t = r["traffic"]
+    return (t["push_dense"] * steps / max(1, push), t["pull_dense"] * steps / max(1, pull),
+            (t["push_dense"] + t["pull_dense"]) * steps / max(1, push + pull))
+
+
+def phases(results):
+    """Where the bytes go: AdaComp's ratios over the first steps, while each residue is still
+    small against its gradient, and after (docs/accuracy.md, "Where the bytes go")."""
+    lines = ["| model | system | first 20 steps' share of the bytes | push / pull / total, steps "
+             "1-20 | steps 21-100 | steps 101-end | total without steps 1-20 | total |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for model in zoo_models.MODELS:
+        for system in SYSTEMS:
+            rs = [r for r in results.get((model, system), []) if r.get("wire")]
+            if not rs or system.startswith("dense"):
+                continue
+            share = statistics.mean(
+                (r["wire"][19][1] + r["wire"][19][2]) / max(1, r["wire"][-1][1] + r["wire"][-1][2])
+                for r in rs if len(r["wire"]) > 20)
+            cells = []
+            for first, last in PHASES + ((20, None),):
+                got = [phase_ratios(r, first, last) for r in rs]
+                got = [g for g in got if g]
+                if not got:
+                    cells.append("")
+                    continue
+                m = [statistics.mean(g[i] for g in got) for i in range(3)]
+                cells.append("%.0fx / %.0fx / %.0fx" % tuple(m) if (first, last) != (20, None)
+                             else "%.1fx" % m[2])
+            lines.append("| %s | %s | %.0f%% | %s | %.1fx |" % (
+                model, system, 100 * share, " | ".join(cells),
+                statistics.mean(total_ratio(r) for r in rs)))
+    return "\n".join(lines)
+
+
 def gap(r, dense):
     if r["higher_is_better"]:
         return "%+.2f pp" % (100 * (r["final"] - dense))
@@ -253,6 +304,9 @@ def check_quick(results):
 
 def main():
     a = parse()
+    if a.phases:
+        print(phases(load(a)))
+        return
     if not a.summarize:
         for model, system, seed in runs(a):
             if a.skip_existing and os.path.exists(

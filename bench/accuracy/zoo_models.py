@@ -44,6 +44,12 @@ the same batches per rank and the same schedule for every system compared.
          the lstm clipped at 1.0 (docs/accuracy.md "Plain SGD"); gru-sgd: a
          blind check added after those defaults, the gru with plain SGD
          (lr 1.0, 5% warm-up then cosine, clipping at 0.5)
+  encoder a blind check added 2026-12-04 (the defaults as they were):  test accuracy
+         BERT's shape, small: which of the ten licences a window of 32
+         words comes from; word embeddings (2,000 words) and learned
+         positions, 2 pre-norm nn.TransformerEncoder layers of width 64
+         (dropout 0.1), mean pooling, AdamW in two param groups (weight
+         decay 0.01 on matrices), 10% warm-up then cosine, clipping at 1.0
 
 Text: the licence texts of Debian's base-files (/usr/share/common-licenses: GPL-3,
 Apache-2.0, LGPL-3, MPL-2.0, GFDL-1.3, Artistic, GPL-2, LGPL-2.1, MPL-1.1, CC0-1.0; 303 KB),
@@ -367,6 +373,23 @@ def _decay_groups(model, weight_decay):
             {"params": other, "weight_decay": 0.0}]
 
 
+class TextEncoder(nn.Module):
+    """BERT's shape, small: character embeddings and learned positions, pre-norm
+    nn.TransformerEncoder layers (dropout 0.1), mean pooling, a linear classifier."""
+
+    def __init__(self, vocab, classes, d=64, layers=2, heads=4, ctx=128):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=4 * d, dropout=0.1,
+                                           batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers)
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, classes)
+
+    def forward(self, x):
+        h = self.tok(x) + self.pos(torch.arange(x.shape[1]))
+        return self.head(self.ln(self.encoder(h)).mean(1))
+
+
 class HashedNgram(nn.Module):
     """Next word from the hashed unigram, bigram and trigram before it (fastText-style)."""
 
@@ -572,6 +595,8 @@ def make_task(name, rank, workers, seed, steps, quick=False):
         return task
     if name == "embed":
         return _embed_task(task, rank, seed, steps, quick)
+    if name == "encoder":
+        return _encoder_task(task, rank, seed, steps, quick)
     if name in ("wordgpt", "wordlstm"):
         words = re.findall(r"[a-z]+|[0-9]+|[^\sa-z0-9]", corpus_text().lower())
         vocab = [w for w, _ in collections.Counter(words).most_common(1999)]
@@ -601,6 +626,51 @@ def make_task(name, rank, workers, seed, steps, quick=False):
         task.loss = lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten())
         return task
     raise ValueError("unknown model %r" % name)
+
+
+def _encoder_task(task, rank, seed, steps, quick, ctx=32, batch=16):
+    """Which of the ten licences a window of 32 words comes from (words as wordgpt's: the
+    2,000 commonest of the licences, 0 for any other): each licence's first 90% for
+    training (a licence drawn uniformly, then a window), windows of its last 10% for the
+    test (the same for every seed)."""
+    texts = []
+    for n in LICENSES:
+        with open(os.path.join(LICENSE_DIR, n), encoding="utf-8", errors="replace") as f:
+            texts.append(re.findall(r"[a-z]+|[0-9]+|[^\sa-z0-9]", f.read().lower()))
+    vocab = [w for w, _ in collections.Counter(w for t in texts for w in t).most_common(1999)]
+    index = {w: i + 1 for i, w in enumerate(vocab)}
+    coded = [torch.tensor([index.get(w, 0) for w in t], dtype=torch.int64) for t in texts]
+    splits = [int(len(t) * 0.9) for t in coded]
+    test_gen = torch.Generator().manual_seed(12345)
+    xt, yt = [], []
+    for c, (t, cut) in enumerate(zip(coded, splits)):
+        held = t[cut:]
+        for s in torch.randint(0, len(held) - ctx, (50 if quick else 200,), generator=test_gen):
+            xt.append(held[s:s + ctx])
+            yt.append(c)
+    xt, yt = torch.stack(xt), torch.tensor(yt)
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+
+    def batch_at(step):
+        ys = torch.randint(0, len(coded), (batch,), generator=gen)
+        xs = []
+        for c in ys.tolist():
+            s = torch.randint(0, splits[c] - ctx, (1,), generator=gen).item()
+            xs.append(coded[c][s:s + ctx])
+        return torch.stack(xs), ys
+
+    def evaluate():
+        task.model.eval()
+        with torch.no_grad():
+            acc = (task.model(xt).argmax(1) == yt).float().mean().item()
+        task.model.train()
+        return acc
+    _adamw_recipe(task, TextEncoder(len(vocab) + 1, len(coded), ctx=ctx), steps, lr=1e-3,
+                  weight_decay=0.01, warm=10, clip=1.0)
+    task.optimizer = torch.optim.AdamW(_decay_groups(task.model, 0.01), lr=1e-3)
+    task.batch, task.evaluate, task.loss = batch_at, evaluate, F.cross_entropy
+    task.higher_is_better, task.metric = True, "accuracy"
+    return task
 
 
 def _hash(*words):
@@ -648,4 +718,4 @@ def _embed_task(task, rank, seed, steps, quick):
 MODELS = ("mlp", "cnn", "lstm", "gpt", "embed", "gru", "vit", "wordgpt", "mlp-adam",
           "cnn-adam", "gpt128", "lstm-rmsprop", "cnn-adagrad", "cnn-rmsprop", "lstm-adagrad",
           "lstm-nadam", "lstm-radam", "resnet", "ae", "tcn", "mixer", "dwnet", "wordlstm",
-          "mlp-sgd", "cnn-sgd", "lstm-sgd", "gru-sgd")
+          "mlp-sgd", "cnn-sgd", "lstm-sgd", "gru-sgd", "encoder")
