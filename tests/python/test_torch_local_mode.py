@@ -299,6 +299,48 @@ def test_update_exchange_applies_the_mean_of_each_workers_own_adam_step(cluster)
     assert not torch.equal(m0, m1)            # each worker's own moments
 
 
+@pytest.mark.parametrize("opt_cls", [torch.optim.Adam, torch.optim.RMSprop])
+def test_each_workers_model_holds_more_of_its_residue_where_the_workers_updates_agree(
+        cluster, opt_cls):
+    # own_updates="estimate" (with Adam's family, RMSprop, Adagrad): each worker's model is
+    # the replica plus (1 + (W - 1) c) / W of its own residue, c the estimated agreement of
+    # the workers' updates (adaps.torch_moments). Half the elements
+    # have a gradient whose mean (the same on both workers) dominates its noise: c near 1,
+    # the model holds near all of its residue; the other half are noise alone (each worker
+    # its own): near 1/W, as "share" holds everywhere.
+    address = mean_cluster(cluster)
+    n, steps = 2000, 60
+
+    def rank(w):
+        m = nn.Module()
+        m.p = nn.Parameter(torch.zeros(n))
+        opt = adaps.torch.DistributedOptimizer(opt_cls([m.p], lr=1e-3), m, w,
+                                               server_optimizer="mean", compression="adacomp",
+                                               own_updates="estimate")
+        gen = torch.Generator().manual_seed(100 + w.rank)
+        mean = torch.cat([torch.full((n // 2,), 2.0), torch.zeros(n // 2)])
+        for _ in range(steps):
+            opt.zero_grad()
+            (m.p * (mean + torch.randn(n, generator=gen))).sum().backward()
+            opt.step()
+        entry = next(e for e in opt._params if e.name == "p")
+        residue = np.zeros(n, dtype=np.float32)
+        w.residue("p", residue)
+        return opt.own_updates, entry.held.numpy().copy(), residue
+    for own_updates, held, residue in run_ranks(address, 2, rank, timeout=120):
+        assert own_updates == "estimate"
+        big = np.abs(residue) > 1e-6
+        share = held[big] / residue[big]
+        assert share.min() > 0.5 - 1e-4 and share.max() < 1.0 + 1e-4   # 1/W .. all
+        signal = big.copy()
+        signal[n // 2:] = False
+        noise = big.copy()
+        noise[:n // 2] = False
+        on_signal = (held[signal] / residue[signal]).mean()
+        on_noise = (held[noise] / residue[noise]).mean()
+        assert on_signal > 0.9 and on_noise < 0.75, (on_signal, on_noise)
+
+
 @pytest.mark.parametrize("own_updates", ["all", "share", "off"])
 def test_update_exchange_conserves_the_update_mass_with_adacomp(cluster, own_updates):
     # Plain SGD at lr 1: each worker's update is -gradient; AdaComp's error feedback on the

@@ -215,6 +215,32 @@ def test_pure_noise_gets_the_global_batchs_step_with_every_adaptive_optimizer(op
     assert abs(ratio - 2.0) < 0.2, ratio
 
 
+@pytest.mark.parametrize("opt_cls, kw", [
+    (torch.optim.Adam, {}),
+    (torch.optim.AdamW, {}),
+    (torch.optim.RMSprop, {}),
+    (torch.optim.Adagrad, {}),
+])
+def test_the_workers_agreement_is_near_one_where_the_mean_dominates_and_small_on_noise(
+        opt_cls, kw):
+    # own_updates="estimate": each element's c = mu^2 / (mu^2 + k s^2), how much two workers'
+    # updates share (the same mean, each first moment's own noise): elements whose gradient
+    # has mean 2 and noise 1 against elements of noise alone.
+    gen = torch.Generator().manual_seed(9)
+    mean = torch.cat([torch.full((1000,), 2.0), torch.zeros(1000)])
+    p = nn.Parameter(torch.zeros(2000))
+    opt = opt_cls([p], lr=1e-3, **kw)
+    store = {}
+    for _ in range(150):
+        p.grad = mean + torch.randn(2000, generator=gen)
+        restore = torch_moments.global_second_moment(opt, 4, store)
+        opt.step()
+        restore()
+    c = store[p].corr
+    assert c.min() >= 0.0 and c.max() <= 1.0
+    assert c[:1000].mean() > 0.95 and c[1000:].mean() < 0.3, (c[:1000].mean(), c[1000:].mean())
+
+
 def test_rmsprop_centered_and_optimizers_without_a_second_moment_are_left_alone():
     for opt in (torch.optim.RMSprop([nn.Parameter(torch.zeros(3))], lr=0.1, centered=True),
                 torch.optim.SGD([nn.Parameter(torch.zeros(3))], lr=0.1, momentum=0.9),

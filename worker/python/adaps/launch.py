@@ -95,8 +95,9 @@ _TORCH_FLAGS = (
      "default: the step divides by the global batch's estimated second moment) or local "
      "(torch's own)", dict(choices=("global", "local"))),
     ("--own-updates", "ADAPS_OWN_UPDATES", "update exchange: how much of its own residue each "
-     "worker's model holds: share (1/W, the default for Adam/AdamW), all, or off (the default "
-     "for other optimizers; every replica identical)", dict(choices=("share", "all", "off"))),
+     "worker's model holds: share (1/W, the default for Adam/AdamW), all, estimate (1/W plus "
+     "the others' estimated where the workers' updates agree), or off (the default for other "
+     "optimizers; every replica identical)", dict(choices=("share", "all", "estimate", "off"))),
     ("--bin-schedule", "ADAPS_BIN_SCHEDULE", "Adam/AdamW in the update exchange: auto (the "
      "default: AdaComp bins 2x smaller at 3/4 of the peak learning rate, 4x at 3/8, "
      "after 10/(1-beta1) steps) or off (the declared sizes "

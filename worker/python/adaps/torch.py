@@ -63,7 +63,7 @@ local mode and with servers running plain SGD without weight decay, else "dense"
 (ADAPS_TOPK_FRACTION, 0.001), lr (ADAPS_LR, from --lr: when set it replaces every group's
 lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see below),
 second_moment (ADAPS_SECOND_MOMENT, "global" or "local", see below), own_updates
-(ADAPS_OWN_UPDATES, "share", "all" or "off"; unset: "share" for optimizers with a second moment, see below),
+(ADAPS_OWN_UPDATES, "share", "all", "estimate" or "off"; unset: "share" for optimizers with a second moment, see below),
 bin_schedule (ADAPS_BIN_SCHEDULE, "auto" or "off", see below), row_sparse (ADAPS_ROW_SPARSE,
 "exact" or "off", see below). An explicit argument that overrides a different exported value
 warns once.
@@ -85,12 +85,18 @@ second_moment="global" (the default) each step's denominator is the estimate of 
 batch's second moment from this worker's own statistics, not its own batch's, which is up to
 W times larger where the gradient noise dominates (adaps.torch_moments; torch's own moments
 stay in the optimizer's state; "local" keeps torch's step as it is; other optimizers, Adamax
-and amsgrad groups among them, take their own step); with own_updates="share" (the default for the optimizers above,
-"off" for others) each worker's model is the replica plus 1/W of this worker's own
-residue (Worker.residue: the part of its updates AdaComp has not sent yet), which is where
-the parameters would be had its own updates all been delivered, so its next gradient is
-taken there; "all" adds the whole residue (the others' residues estimated by its own: better
-on the language models of docs/accuracy.md, worse on a Fashion-MNIST MLP); the replicas
+and amsgrad groups among them, take their own step); with own_updates="share" (the default for
+the optimizers above, "off" for others) each worker's model is the replica plus 1/W of this worker's own residue (Worker.residue: the part of its
+updates AdaComp has not sent yet), which is where the parameters would be had its own updates
+all been delivered, so its next gradient is taken there; "all" adds the whole residue (the
+others' residues estimated by its own: better on the language models of docs/accuracy.md,
+worse on the classifiers); "estimate" adds 1/W of it plus, element by element, the others' estimated by its own as far as
+the workers' updates agree there: (1 + (W - 1) c) / W of it, c = mu^2 / (mu^2 + k s^2) from
+the moments of adaps.torch_moments (the same mean gradient mu on every worker, each first
+moment's own noise k s^2): near "all" where the gradient's mean dominates, near "share" where
+its noise does (the language models of docs/accuracy.md 0.5-1.1% nearer dense or further
+below it, but a vision transformer 0.7 pp further below: not the default; an optimizer
+without those moments, or second_moment="local", falls back to "share"); the replicas
 then differ by the residues (rank 0's model is what rank 0 evaluates and saves; with "off"
 every replica is the same); clipping between
 synchronize() and step() clips this worker's own gradient, as on one machine; a parameter
@@ -121,7 +127,8 @@ bin_sizes): with no momentum nor second moment, what their residues hold back co
 (docs/accuracy.md "Plain SGD"). Memory: one more copy of the trained parameters (the values before the step), with own_updates a float32 copy of the
 residue on the host (own_updates other than "off"), and with second_moment="global" one more
 copy of the parameters (the averaged estimate of mu^2; RMSprop two, Adagrad four: adaps
-keeps their first moment, and Adagrad's global sum).
+keeps their first moment, and Adagrad's global sum), and with own_updates="estimate" one more
+(the workers' agreement, element by element).
 
 Gradient accumulation: with the gradient exchange (server mode, and local mode with dense
 pushes) each backward pass pushes what it produced, so a second pass before step() is an
@@ -158,7 +165,7 @@ _COMPRESSIONS = adaps._COMPRESSIONS
 _PULLS = ("dense", "recompressed", "sparse")
 _EXCHANGES = ("gradient", "update")
 _SECOND_MOMENTS = ("global", "local")
-_OWN_UPDATES = ("share", "all", "off")
+_OWN_UPDATES = ("share", "all", "off", "estimate")
 _BIN_SCHEDULES = ("auto", "off")
 _ROW_SPARSE = ("exact", "off")
 # row_sparse="exact": embeddings of at least this many rows (a batch touches few of them).
@@ -380,10 +387,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # Default: this worker's share for optimizers with a second moment (Adam's
             # family, RMSprop, Adagrad); off for the rest (SGD with momentum: the residue holds
             # velocity, and the Fashion-MNIST MLP/CNN lost 1.4/2.3 pp with all of it;
-            # docs/accuracy.md).
+            # docs/accuracy.md). "estimate" helps the language models and costs a vision
+            # transformer ("Each worker's share of its own residue, estimated").
             own_updates = "share" if _moments.changes_step(optimizer) else "off"
         if own_updates not in _OWN_UPDATES:
-            raise ValueError("adaps.torch: unknown own_updates %r (share, all or off)"
+            raise ValueError("adaps.torch: unknown own_updates %r (share, all, estimate or off)"
                              % (own_updates,))
         # The model holds this worker's residue only where there is one: the update
         # exchange of a compressor with error feedback.
@@ -892,7 +900,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         if e.held is None:
                             e.held = torch.zeros(e.stage.shape, dtype=torch.float32)
                         self.worker.residue(e.name, e.stage.numpy())
-                        e.stage.mul_(own_share)
+                        corr = getattr(self._mu2.get(e.param), "corr", None) \
+                            if self.own_updates == "estimate" else None
+                        if corr is not None:
+                            # The others' residues estimated by this worker's, element by
+                            # element as far as their updates correlate (torch_moments).
+                            w = max(1, self.worker.live_workers)
+                            e.stage.mul_(corr.reshape(e.stage.shape).mul(w - 1.0).add_(1.0)
+                                         .div_(w))
+                        else:
+                            e.stage.mul_(own_share)
                         change = mean + (e.stage - e.held).view(e.param.shape)
                         e.held.copy_(e.stage)
                     else:

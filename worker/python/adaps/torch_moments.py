@@ -52,6 +52,14 @@ step 200) against DDP's arithmetic. Two more have their own estimate here:
   four tensors of each parameter's size.
 These need `smoothed` (the caller's dict, kept from step to step): without it they take
 torch's own step. Complex parameters take torch's own step with every optimizer.
+
+With `smoothed`, each entry also keeps `corr`, each element's estimate of how much two
+workers' updates agree: the first moment is the true mean mu plus its own noise of variance
+k s^2 (s^2 = v_hat - mu^2), mu the same on every worker and the noise each worker's own, so
+two workers' updates correlate by c = mu^2 / (mu^2 + k s^2). adaps.torch's
+own_updates="estimate" holds (1 + (W - 1) c) / W of a worker's own residue in its model: the
+others' residues estimated by its own as far as c says they agree (docs/accuracy.md, "Each
+worker's share of its own residue, estimated"). One more tensor of each parameter's size.
 """
 import torch
 
@@ -106,6 +114,7 @@ class _Window:
     def __init__(self, like):
         self.mu2 = torch.zeros_like(like)
         self.n = 0
+        self.corr = None  # the updates' correlation across workers, estimated (_keep_corr)
 
     def average(self, mu2, b2):
         """Adds this step's mu2; returns the bias-corrected average (a new tensor)."""
@@ -125,6 +134,18 @@ class _Own(_Window):
         self.total = None  # Adagrad: the global batch's sum of G^2, estimated
 
 
+def _keep_corr(entry, mu2, v_hat, b1, t):
+    """Keeps in entry.corr each element's estimate of how much of one worker's update the
+    others' share: its first moment is mu plus noise of variance k s^2 (s^2 = v_hat - mu^2),
+    the same mu on every worker, so two workers' updates correlate by
+    mu^2 / (mu^2 + k s^2)."""
+    if entry is None:
+        return
+    k = (1.0 - b1) / (1.0 + b1) * (1.0 + b1 ** t) / (1.0 - b1 ** t)
+    noise = (v_hat - mu2).clamp_(min=0.0).mul_(k)
+    entry.corr = mu2.div(noise.add_(mu2)).nan_to_num_(0.0).clamp_(0.0, 1.0)
+
+
 def _advance_first_moment(entry, g):
     entry.t += 1
     entry.m.mul_(_OWN_BETA1).add_(g, alpha=1.0 - _OWN_BETA1)
@@ -136,7 +157,9 @@ def _own_estimate(entry, g, v, v_div, b2):
     _advance_first_moment(entry, g)
     m_hat = entry.m / (1.0 - _OWN_BETA1 ** entry.t)
     mu2 = _mu_squared(m_hat, v, v_div, _OWN_BETA1, entry.t)
-    return entry.average(mu2, b2).clamp_(min=0.0)
+    mu2 = entry.average(mu2, b2).clamp_(min=0.0)
+    _keep_corr(entry, mu2, v / v_div, _OWN_BETA1, entry.t)
+    return mu2
 
 
 def _rmsprop(optimizer, group, p, entry, w, saved):
@@ -191,6 +214,8 @@ def _adam(optimizer, group, p, smoothed, w, saved):
             entry = smoothed[p] = _Window(mu2)
         mu2 = entry.average(mu2, b2)
     mu2.clamp_(min=0.0)
+    if smoothed is not None:
+        _keep_corr(entry, mu2, v / bc2, b1, step)
     # bc2 * v_global: the raw value torch's step should compute.
     want = mu2.mul_((1.0 - 1.0 / w) * bc2).add_(v, alpha=1.0 / w)
     torch.minimum(want, v, out=want)
