@@ -182,6 +182,12 @@ def phase_ratios(r, first, last):
             (t["push_dense"] + t["pull_dense"]) * steps / max(1, push + pull))
 
 
+def mean_phase(rs, first, last):
+    """phase_ratios averaged over the runs that have those steps, or None."""
+    got = [g for g in (phase_ratios(r, first, last) for r in rs) if g]
+    return tuple(statistics.mean(g[i] for g in got) for i in range(3)) if got else None
+
+
 def phases(results):
     """Where the bytes go: AdaComp's ratios over the first steps, while each residue is still
     small against its gradient, and after (docs/accuracy.md, "Where the bytes go")."""
@@ -196,16 +202,10 @@ def phases(results):
             share = statistics.mean(
                 (r["wire"][19][1] + r["wire"][19][2]) / max(1, r["wire"][-1][1] + r["wire"][-1][2])
                 for r in rs if len(r["wire"]) > 20)
-            cells = []
-            for first, last in PHASES + ((20, None),):
-                got = [phase_ratios(r, first, last) for r in rs]
-                got = [g for g in got if g]
-                if not got:
-                    cells.append("")
-                    continue
-                m = [statistics.mean(g[i] for g in got) for i in range(3)]
-                cells.append("%.0fx / %.0fx / %.0fx" % tuple(m) if (first, last) != (20, None)
-                             else "%.1fx" % m[2])
+            cells = ["%.0fx / %.0fx / %.0fx" % m if m else ""
+                     for m in (mean_phase(rs, first, last) for first, last in PHASES)]
+            after = mean_phase(rs, 20, None)
+            cells.append("%.1fx" % after[2] if after else "")
             lines.append("| %s | %s | %.0f%% | %s | %.1fx |" % (
                 model, system, 100 * share, " | ".join(cells),
                 statistics.mean(total_ratio(r) for r in rs)))

@@ -434,6 +434,29 @@ def _lm_eval(task, valid, seq_len, sequences):
     task.evaluate = evaluate
 
 
+def _words(text):
+    """The word models' tokens: lower-case words, numbers, and each other visible character."""
+    return re.findall(r"[a-z]+|[0-9]+|[^\sa-z0-9]", text.lower())
+
+
+def _word_index(words, size):
+    """The size - 1 commonest words numbered from 1 (0: any other word)."""
+    common = collections.Counter(words).most_common(size - 1)
+    return {w: i + 1 for i, (w, _) in enumerate(common)}
+
+
+def _accuracy_eval(task, x, y):
+    """task.evaluate: the model's accuracy on (x, y), in eval mode."""
+    def evaluate():
+        task.model.eval()
+        with torch.no_grad():
+            acc = (task.model(x).argmax(1) == y).float().mean().item()
+        task.model.train()
+        return acc
+    task.evaluate = evaluate
+    task.higher_is_better, task.metric = True, "accuracy"
+
+
 def _chars():
     text = corpus_text()
     itos = sorted(set(text))
@@ -471,15 +494,8 @@ def _fmnist_task(task, model, rank, workers, seed, steps, batch, lr, train_size,
         idx = order[0][pos[0]:pos[0] + batch]
         pos[0] += batch
         return xs[idx], ys[idx]
-
-    def evaluate():
-        model.eval()
-        with torch.no_grad():
-            acc = (model(xt).argmax(1) == yt).float().mean().item()
-        model.train()
-        return acc
-    task.batch, task.evaluate = batch_at, evaluate
-    task.higher_is_better, task.metric = True, "accuracy"
+    task.batch = batch_at
+    _accuracy_eval(task, xt, yt)
     task.loss = F.cross_entropy
 
 
@@ -598,9 +614,8 @@ def make_task(name, rank, workers, seed, steps, quick=False):
     if name == "encoder":
         return _encoder_task(task, rank, seed, steps, quick)
     if name in ("wordgpt", "wordlstm"):
-        words = re.findall(r"[a-z]+|[0-9]+|[^\sa-z0-9]", corpus_text().lower())
-        vocab = [w for w, _ in collections.Counter(words).most_common(1999)]
-        index = {w: i + 1 for i, w in enumerate(vocab)}  # 0: any other word
+        words = _words(corpus_text())
+        index = _word_index(words, 2000)
         data = torch.tensor([index.get(w, 0) for w in words], dtype=torch.int64)
         split = int(len(data) * 0.9)
         seq_len, batch = 32, 16
@@ -610,13 +625,13 @@ def make_task(name, rank, workers, seed, steps, quick=False):
             # (no momentum) at lr 20 with clipping at 0.25, batch 20, 35 words a sequence;
             # the example divides lr by 4 when the held-out loss stops falling, which 300
             # steps never reach here: constant.
-            task.model = WordLstm(len(vocab) + 1)
+            task.model = WordLstm(len(index) + 1)
             task.optimizer = torch.optim.SGD(task.model.parameters(), lr=20.0)
             task.lr_at = lambda step: 20.0
             task.clip = 0.25
             seq_len, batch = 35, 20
         else:
-            task.model = WordGpt(len(vocab) + 1)
+            task.model = WordGpt(len(index) + 1)
             task.optimizer = torch.optim.AdamW(_decay_groups(task.model, 0.01), lr=3e-3)
             task.lr_at = cosine(3e-3, steps, warmup=max(1, steps // 10))
             task.clip = 1.0
@@ -636,9 +651,8 @@ def _encoder_task(task, rank, seed, steps, quick, ctx=32, batch=16):
     texts = []
     for n in LICENSES:
         with open(os.path.join(LICENSE_DIR, n), encoding="utf-8", errors="replace") as f:
-            texts.append(re.findall(r"[a-z]+|[0-9]+|[^\sa-z0-9]", f.read().lower()))
-    vocab = [w for w, _ in collections.Counter(w for t in texts for w in t).most_common(1999)]
-    index = {w: i + 1 for i, w in enumerate(vocab)}
+            texts.append(_words(f.read()))
+    index = _word_index([w for t in texts for w in t], 2000)
     coded = [torch.tensor([index.get(w, 0) for w in t], dtype=torch.int64) for t in texts]
     splits = [int(len(t) * 0.9) for t in coded]
     test_gen = torch.Generator().manual_seed(12345)
@@ -658,18 +672,12 @@ def _encoder_task(task, rank, seed, steps, quick, ctx=32, batch=16):
             s = torch.randint(0, splits[c] - ctx, (1,), generator=gen).item()
             xs.append(coded[c][s:s + ctx])
         return torch.stack(xs), ys
-
-    def evaluate():
-        task.model.eval()
-        with torch.no_grad():
-            acc = (task.model(xt).argmax(1) == yt).float().mean().item()
-        task.model.train()
-        return acc
-    _adamw_recipe(task, TextEncoder(len(vocab) + 1, len(coded), ctx=ctx), steps, lr=1e-3,
-                  weight_decay=0.01, warm=10, clip=1.0)
+    task.model = TextEncoder(len(index) + 1, len(coded), ctx=ctx)
     task.optimizer = torch.optim.AdamW(_decay_groups(task.model, 0.01), lr=1e-3)
-    task.batch, task.evaluate, task.loss = batch_at, evaluate, F.cross_entropy
-    task.higher_is_better, task.metric = True, "accuracy"
+    task.lr_at = cosine(1e-3, steps, warmup=max(1, steps // 10))
+    task.clip = 1.0
+    task.batch, task.loss = batch_at, F.cross_entropy
+    _accuracy_eval(task, xt, yt)
     return task
 
 
@@ -678,9 +686,8 @@ def _hash(*words):
 
 
 def _embed_task(task, rank, seed, steps, quick):
-    words = re.findall(r"[a-z]+|[0-9]+|[^\sa-z0-9]", corpus_text().lower())
-    vocab = [w for w, _ in collections.Counter(words).most_common(999)]
-    index = {w: i + 1 for i, w in enumerate(vocab)}  # 0: any other word
+    words = _words(corpus_text())
+    index = _word_index(words, 1000)
     rows = 65536
     feats, target = [], []
     for i in range(3, len(words)):
@@ -694,7 +701,7 @@ def _embed_task(task, rank, seed, steps, quick):
     if quick:
         xt, yt = xt[:2000], yt[:2000]
     xs, ys = feats[:split], target[:split]
-    task.model = HashedNgram(rows, 32, len(vocab) + 1)
+    task.model = HashedNgram(rows, 32, len(index) + 1)
     task.optimizer = torch.optim.Adam(task.model.parameters(), lr=1e-2)
     task.lr_at = cosine(1e-2, steps)
     gen = torch.Generator().manual_seed(seed * 1000 + rank)

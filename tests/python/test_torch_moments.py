@@ -228,14 +228,17 @@ def test_the_workers_agreement_is_near_one_where_the_mean_dominates_and_small_on
     # has mean 2 and noise 1 against elements of noise alone.
     gen = torch.Generator().manual_seed(9)
     mean = torch.cat([torch.full((1000,), 2.0), torch.zeros(1000)])
-    p = nn.Parameter(torch.zeros(2000))
-    opt = opt_cls([p], lr=1e-3, **kw)
-    store = {}
+    p, q = nn.Parameter(torch.zeros(2000)), nn.Parameter(torch.zeros(2000))
+    opt, plain_opt = opt_cls([p], lr=1e-3, **kw), opt_cls([q], lr=1e-3, **kw)
+    store, plain = {}, {}
     for _ in range(150):
         p.grad = mean + torch.randn(2000, generator=gen)
-        restore = torch_moments.global_second_moment(opt, 4, store)
-        opt.step()
-        restore()
+        q.grad = p.grad.clone()
+        for o, d, agreement in ((opt, store, True), (plain_opt, plain, False)):
+            restore = torch_moments.global_second_moment(o, 4, d, agreement=agreement)
+            o.step()
+            restore()
+    assert plain[q].corr is None  # (not asked for: not computed)
     c = store[p].corr
     assert c.min() >= 0.0 and c.max() <= 1.0
     assert c[:1000].mean() > 0.95 and c[1000:].mean() < 0.3, (c[:1000].mean(), c[1000:].mean())

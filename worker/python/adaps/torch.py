@@ -86,12 +86,13 @@ batch's second moment from this worker's own statistics, not its own batch's, wh
 W times larger where the gradient noise dominates (adaps.torch_moments; torch's own moments
 stay in the optimizer's state; "local" keeps torch's step as it is; other optimizers, Adamax
 and amsgrad groups among them, take their own step); with own_updates="share" (the default for
-the optimizers above, "off" for others) each worker's model is the replica plus 1/W of this worker's own residue (Worker.residue: the part of its
-updates AdaComp has not sent yet), which is where the parameters would be had its own updates
-all been delivered, so its next gradient is taken there; "all" adds the whole residue (the
-others' residues estimated by its own: better on the language models of docs/accuracy.md,
-worse on the classifiers); "estimate" adds 1/W of it plus, element by element, the others' estimated by its own as far as
-the workers' updates agree there: (1 + (W - 1) c) / W of it, c = mu^2 / (mu^2 + k s^2) from
+the optimizers above, "off" for others) each worker's model is the replica plus 1/W of this
+worker's own residue (Worker.residue: the part of its updates AdaComp has not sent yet),
+which is where the parameters would be had its own updates all been delivered, so its next
+gradient is taken there; "all" adds the whole residue (the others' residues estimated by its
+own: better on the language models of docs/accuracy.md, worse on the classifiers);
+"estimate" adds 1/W of it plus, element by element, the others' estimated by its own as far
+as the workers' updates agree there: (1 + (W - 1) c) / W of it, c = mu^2 / (mu^2 + k s^2) from
 the moments of adaps.torch_moments (the same mean gradient mu on every worker, each first
 moment's own noise k s^2): near "all" where the gradient's mean dominates, near "share" where
 its noise does (the language models of docs/accuracy.md 0.5-1.1% nearer dense or further
@@ -861,7 +862,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # the state.
             restore = _moments.global_second_moment(
                 self.optimizer, self.worker.live_workers, self._mu2,
-                exclude={id(e.param) for e in self._params if e.row_sparse}) \
+                exclude={id(e.param) for e in self._params if e.row_sparse},
+                agreement=self.own_updates == "estimate") \
                 if self.second_moment == "global" else None
             try:
                 result = self.optimizer.step()
@@ -871,7 +873,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._maybe_late_bins()
         error = None
         # own_updates: the part of this worker's residue its model holds.
-        own_share = 1.0 if self.own_updates == "all" else 1.0 / max(1, self.worker.live_workers)
+        w = max(1, self.worker.live_workers)
+        own_share = 1.0 if self.own_updates == "all" else 1.0 / w
         with torch.no_grad():
             for e in self._params:
                 if e.row_sparse:
@@ -900,12 +903,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         if e.held is None:
                             e.held = torch.zeros(e.stage.shape, dtype=torch.float32)
                         self.worker.residue(e.name, e.stage.numpy())
-                        corr = getattr(self._mu2.get(e.param), "corr", None) \
-                            if self.own_updates == "estimate" else None
+                        corr = getattr(self._mu2.get(e.param), "corr", None)
                         if corr is not None:
-                            # The others' residues estimated by this worker's, element by
-                            # element as far as their updates correlate (torch_moments).
-                            w = max(1, self.worker.live_workers)
+                            # (own_updates="estimate") The others' residues estimated by this
+                            # worker's, element by element as far as their updates correlate
+                            # (torch_moments).
                             e.stage.mul_(corr.reshape(e.stage.shape).mul(w - 1.0).add_(1.0)
                                          .div_(w))
                         else:

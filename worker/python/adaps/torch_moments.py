@@ -53,7 +53,7 @@ step 200) against DDP's arithmetic. Two more have their own estimate here:
 These need `smoothed` (the caller's dict, kept from step to step): without it they take
 torch's own step. Complex parameters take torch's own step with every optimizer.
 
-With `smoothed`, each entry also keeps `corr`, each element's estimate of how much two
+With `smoothed` and `agreement`, each entry also keeps `corr`, each element's estimate of how much two
 workers' updates agree: the first moment is the true mean mu plus its own noise of variance
 k s^2 (s^2 = v_hat - mu^2), mu the same on every worker and the noise each worker's own, so
 two workers' updates correlate by c = mu^2 / (mu^2 + k s^2). adaps.torch's
@@ -97,11 +97,17 @@ def _effective_grad(optimizer, group, p):
     return g
 
 
+def _noise_factor(b1, t):
+    """k: the variance of bias-corrected m_hat (an average of g with beta1 after t steps)
+    relative to one gradient's."""
+    return (1.0 - b1) / (1.0 + b1) * (1.0 + b1 ** t) / (1.0 - b1 ** t)
+
+
 def _mu_squared(m_hat, v, v_div, b1, t):
     """This step's estimate of the true gradient's square from bias-corrected m_hat (an
     average of g with beta1 after t steps; squared in place) and v / v_div (the bias-corrected
     average of g^2): m_hat^2 less its own noise."""
-    k = (1.0 - b1) / (1.0 + b1) * (1.0 + b1 ** t) / (1.0 - b1 ** t)
+    k = _noise_factor(b1, t)
     mu2 = m_hat.square_()
     if k < 0.99:  # (the first steps: m_hat is mostly noise, keep m_hat^2)
         mu2.sub_(v, alpha=k / v_div).div_(1.0 - k)
@@ -139,10 +145,7 @@ def _keep_corr(entry, mu2, v_hat, b1, t):
     others' share: its first moment is mu plus noise of variance k s^2 (s^2 = v_hat - mu^2),
     the same mu on every worker, so two workers' updates correlate by
     mu^2 / (mu^2 + k s^2)."""
-    if entry is None:
-        return
-    k = (1.0 - b1) / (1.0 + b1) * (1.0 + b1 ** t) / (1.0 - b1 ** t)
-    noise = (v_hat - mu2).clamp_(min=0.0).mul_(k)
+    noise = (v_hat - mu2).clamp_(min=0.0).mul_(_noise_factor(b1, t))
     entry.corr = mu2.div(noise.add_(mu2)).nan_to_num_(0.0).clamp_(0.0, 1.0)
 
 
@@ -151,18 +154,19 @@ def _advance_first_moment(entry, g):
     entry.m.mul_(_OWN_BETA1).add_(g, alpha=1.0 - _OWN_BETA1)
 
 
-def _own_estimate(entry, g, v, v_div, b2):
+def _own_estimate(entry, g, v, v_div, b2, agreement):
     """Advances entry's first moment with g; returns mu^2 averaged over b2's window (v / v_div:
     the bias-corrected second moment this step)."""
     _advance_first_moment(entry, g)
     m_hat = entry.m / (1.0 - _OWN_BETA1 ** entry.t)
     mu2 = _mu_squared(m_hat, v, v_div, _OWN_BETA1, entry.t)
     mu2 = entry.average(mu2, b2).clamp_(min=0.0)
-    _keep_corr(entry, mu2, v / v_div, _OWN_BETA1, entry.t)
+    if agreement:
+        _keep_corr(entry, mu2, v / v_div, _OWN_BETA1, entry.t)
     return mu2
 
 
-def _rmsprop(optimizer, group, p, entry, w, saved):
+def _rmsprop(optimizer, group, p, entry, w, saved, agreement):
     g = _effective_grad(optimizer, group, p).to(entry.m.dtype)
     state = optimizer.state.get(p)
     alpha = group["alpha"]
@@ -171,7 +175,7 @@ def _rmsprop(optimizer, group, p, entry, w, saved):
         return
     v = state["square_avg"].mul(alpha).addcmul_(g, g, value=1.0 - alpha)
     bc2 = 1.0 - alpha ** (float(state["step"]) + 1.0)
-    mu2 = _own_estimate(entry, g, v, bc2, alpha)
+    mu2 = _own_estimate(entry, g, v, bc2, alpha, agreement)
     # bc2 * v_global: the raw value torch's step should divide by the root of.
     want = mu2.mul_((1.0 - 1.0 / w) * bc2).add_(v, alpha=1.0 / w)
     torch.minimum(want, v, out=want)
@@ -179,7 +183,7 @@ def _rmsprop(optimizer, group, p, entry, w, saved):
     saved.append((state["square_avg"], v))
 
 
-def _adagrad(optimizer, group, p, entry, w, saved):
+def _adagrad(optimizer, group, p, entry, w, saved, agreement):
     state = optimizer.state.get(p)
     if not state or "sum" not in state:
         return
@@ -189,7 +193,7 @@ def _adagrad(optimizer, group, p, entry, w, saved):
         entry.q = torch.zeros_like(entry.m)
         entry.total = state["sum"].clone()  # from torch's (initial_accumulator_value)
     entry.q.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-    mu2 = _own_estimate(entry, g, entry.q, 1.0 - b2 ** (entry.t + 1), b2)
+    mu2 = _own_estimate(entry, g, entry.q, 1.0 - b2 ** (entry.t + 1), b2, agreement)
     true_sum = state["sum"].addcmul(g, g)
     total = entry.total.add_(mu2.mul_(1.0 - 1.0 / w).addcmul_(g, g, value=1.0 / w))
     torch.minimum(total, true_sum, out=total)
@@ -197,7 +201,7 @@ def _adagrad(optimizer, group, p, entry, w, saved):
     saved.append((state["sum"], true_sum))
 
 
-def _adam(optimizer, group, p, smoothed, w, saved):
+def _adam(optimizer, group, p, smoothed, w, saved, agreement):
     state = optimizer.state.get(p)
     if not state or "exp_avg_sq" not in state:
         return  # its first step: m_hat^2 = v_hat, nothing to change
@@ -214,7 +218,7 @@ def _adam(optimizer, group, p, smoothed, w, saved):
             entry = smoothed[p] = _Window(mu2)
         mu2 = entry.average(mu2, b2)
     mu2.clamp_(min=0.0)
-    if smoothed is not None:
+    if smoothed is not None and agreement:
         _keep_corr(entry, mu2, v / bc2, b1, step)
     # bc2 * v_global: the raw value torch's step should compute.
     want = mu2.mul_((1.0 - 1.0 / w) * bc2).add_(v, alpha=1.0 / w)
@@ -224,7 +228,7 @@ def _adam(optimizer, group, p, smoothed, w, saved):
     saved.append((state["exp_avg_sq"], v))
 
 
-def global_second_moment(optimizer, num_workers, smoothed=None, exclude=()):
+def global_second_moment(optimizer, num_workers, smoothed=None, exclude=(), agreement=False):
     """Call just before optimizer.step(); returns the function to call just after it (it puts
     torch's own second moment back). Does nothing (returns a no-op) for one worker, another
     optimizer, or groups with amsgrad (or RMSprop's centered). `smoothed`: a dict this
@@ -232,7 +236,8 @@ def global_second_moment(optimizer, num_workers, smoothed=None, exclude=()):
     averaged over v's window instead of taken from this step's m_hat alone; RMSprop and
     Adagrad need it (it holds their first moment) and take torch's own step without it.
     `exclude`: ids of parameters left to torch's own step (their gradient is the global
-    batch's already)."""
+    batch's already). `agreement` (with `smoothed`): each entry keeps `corr`, the workers'
+    estimated agreement (own_updates="estimate")."""
     saved = []
     kind = type(optimizer)
     own = kind in (torch.optim.RMSprop, torch.optim.Adagrad)
@@ -247,15 +252,15 @@ def global_second_moment(optimizer, num_workers, smoothed=None, exclude=()):
                             id(p) in exclude:
                         continue
                     if not own:
-                        _adam(optimizer, group, p, smoothed, w, saved)
+                        _adam(optimizer, group, p, smoothed, w, saved, agreement)
                         continue
                     entry = smoothed.get(p)
                     if entry is None:
                         entry = smoothed[p] = _Own(p)
                     if kind is torch.optim.RMSprop:
-                        _rmsprop(optimizer, group, p, entry, w, saved)
+                        _rmsprop(optimizer, group, p, entry, w, saved, agreement)
                     else:
-                        _adagrad(optimizer, group, p, entry, w, saved)
+                        _adagrad(optimizer, group, p, entry, w, saved, agreement)
 
     def restore():
         with torch.no_grad():
