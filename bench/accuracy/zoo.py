@@ -8,6 +8,8 @@ models of zoo_models.py.
     /usr/bin/python3 bench/accuracy/zoo.py --quick          # smoke test: 1 seed, few steps
     /usr/bin/python3 bench/accuracy/zoo.py --summarize      # table and plot from the JSONs
     /usr/bin/python3 bench/accuracy/zoo.py --phases         # where AdaComp's bytes go, by steps
+    /usr/bin/python3 bench/accuracy/zoo.py --schedule constant --out DIR --doc /dev/null
+                                                  # every recipe at a constant learning rate
 
 Each run is a real cluster on this machine: `python3 -m adaps.launch -n 4` (1 scheduler,
 1 server, 4 workers running bench/accuracy/zoo_worker.py), the same data, initial values
@@ -77,6 +79,10 @@ def parse():
                     help="a UTF-8 text for the language models instead of the licence texts "
                          "(a check on a corpus the defaults were not measured on; pair it "
                          "with its own --out and --doc)")
+    ap.add_argument("--schedule", default="recipe", choices=("recipe", "constant"),
+                    help="constant: every recipe's peak learning rate after its warm-up, "
+                         "never decayed (a check of a plain `Adam(lr=...)` loop; pair it "
+                         "with its own --out and --doc)")
     a = ap.parse_args()
     for kv in a.setting:
         if "=" not in kv or not kv.split("=", 1)[0]:
@@ -120,6 +126,8 @@ def run_one(a, model, system, seed):
         argv.append("--quick")
     if a.text:
         argv += ["--text", os.path.abspath(a.text)]
+    if a.schedule != "recipe":
+        argv += ["--schedule", a.schedule]
     if os.path.exists(out):
         os.remove(out)
     start = time.time()

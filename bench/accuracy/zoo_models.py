@@ -74,6 +74,9 @@ LICENSES = ["GPL-3", "Apache-2.0", "LGPL-3", "MPL-2.0", "GFDL-1.3", "Artistic", 
 LICENSE_DIR = "/usr/share/common-licenses"
 # The language models' text: the licences above, or the files given to zoo.py --text.
 TEXT_FILES = [os.path.join(LICENSE_DIR, n) for n in LICENSES]
+# "recipe": each model's own schedule; "constant" (zoo.py --schedule constant): the peak
+# learning rate after the recipe's warm-up, never decayed (a plain `Adam(lr=1e-3)` loop).
+SCHEDULE = "recipe"
 
 
 def _read_idx(path):
@@ -111,6 +114,8 @@ def cosine(lr, steps, warmup=0):
     def at(step):
         if step < warmup:
             return lr * (step + 1) / warmup
+        if SCHEDULE == "constant":
+            return lr
         t = (step - warmup) / max(1, steps - warmup)
         return lr * 0.5 * (1.0 + math.cos(math.pi * t))
     return at
@@ -359,6 +364,8 @@ def one_cycle(lr, steps, warm=0.3):
     def at(step):
         if step < up:
             return lr / 25 + (lr - lr / 25) * step / up
+        if SCHEDULE == "constant":
+            return lr
         t = (step - up) / max(1, steps - up)
         return lr / 1e4 + (lr - lr / 1e4) * 0.5 * (1.0 + math.cos(math.pi * t))
     return at

@@ -32,7 +32,11 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--text", default=None,
                     help="train the language models on this UTF-8 file instead of the licences")
+    ap.add_argument("--schedule", default="recipe", choices=("recipe", "constant"),
+                    help="constant: the peak learning rate after the recipe's warm-up, "
+                         "never decayed")
     a = ap.parse_args()
+    zoo_models.SCHEDULE = a.schedule
     if a.text:
         zoo_models.TEXT_FILES = [a.text]
     if "OMP_NUM_THREADS" in os.environ:
