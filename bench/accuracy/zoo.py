@@ -79,7 +79,7 @@ def parse():
                     help="a UTF-8 text for the language models instead of the licence texts "
                          "(a check on a corpus the defaults were not measured on; pair it "
                          "with its own --out and --doc)")
-    ap.add_argument("--schedule", default="recipe", choices=("recipe", "constant"),
+    ap.add_argument("--schedule", default="recipe", choices=zoo_models.SCHEDULES,
                     help="constant: every recipe's peak learning rate after its warm-up, "
                          "never decayed (a check of a plain `Adam(lr=...)` loop; pair it "
                          "with its own --out and --doc)")

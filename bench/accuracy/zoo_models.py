@@ -76,6 +76,7 @@ LICENSE_DIR = "/usr/share/common-licenses"
 TEXT_FILES = [os.path.join(LICENSE_DIR, n) for n in LICENSES]
 # "recipe": each model's own schedule; "constant" (zoo.py --schedule constant): the peak
 # learning rate after the recipe's warm-up, never decayed (a plain `Adam(lr=1e-3)` loop).
+SCHEDULES = ("recipe", "constant")
 SCHEDULE = "recipe"
 
 

@@ -32,7 +32,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--text", default=None,
                     help="train the language models on this UTF-8 file instead of the licences")
-    ap.add_argument("--schedule", default="recipe", choices=("recipe", "constant"),
+    ap.add_argument("--schedule", default="recipe", choices=zoo_models.SCHEDULES,
                     help="constant: the peak learning rate after the recipe's warm-up, "
                          "never decayed")
     a = ap.parse_args()
