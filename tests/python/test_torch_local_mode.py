@@ -478,6 +478,92 @@ def test_convolutions_keep_their_bins_as_the_learning_rate_decays(cluster):
         assert sorted(bins) == [("2.bias", 10), ("2.weight", 10)]
 
 
+def test_adam_bins_shrink_with_the_steps_a_constant_learning_rate_has_held(cluster):
+    # bin_schedule="auto" at a constant rate: 2x once the rate has not changed for
+    # 5 / (1 - beta1) steps, 4x for twice that, 8x for four times (here beta1 = 0.8: 25, 50,
+    # 100 steps), never before 10 / (1 - beta1) = 50 steps. A rate that decays a little every
+    # step (a long cosine's start), or that held still after a step down to 0.8x its peak,
+    # changes nothing until it is at 3/4 of its peak.
+    address = mean_cluster(cluster)
+
+    def rank(w):
+        torch.manual_seed(0)
+        spies = [SpyWorker(w) for _ in range(3)]
+        m = nn.Sequential(nn.Linear(40, 30), nn.Linear(30, 2))
+        const = adaps.torch.DistributedOptimizer(
+            torch.optim.Adam(m.parameters(), lr=1e-2, betas=(0.8, 0.999)), m, spies[0],
+            server_optimizer="mean", compression="adacomp", bin_size=40)
+        m2 = nn.Sequential()
+        m2.add_module("slow", nn.Linear(40, 30))
+        slow = adaps.torch.DistributedOptimizer(
+            torch.optim.Adam(m2.parameters(), lr=1e-2, betas=(0.8, 0.999)), m2, spies[1],
+            server_optimizer="mean", compression="adacomp", bin_size=40)
+        m3 = nn.Sequential()
+        m3.add_module("stepped", nn.Linear(40, 30))
+        stepped = adaps.torch.DistributedOptimizer(
+            torch.optim.Adam(m3.parameters(), lr=1e-2, betas=(0.8, 0.999)), m3, spies[2],
+            server_optimizer="mean", compression="adacomp", bin_size=40)
+        calls_after = []
+        for t in range(105):
+            for g in slow.param_groups:
+                g["lr"] = 1e-2 * (1 - 0.002 * t)  # 0.79x the peak at the end
+            for g in stepped.param_groups:
+                g["lr"] = 1e-2 if t < 10 else 0.8e-2
+            for model, opt in ((m, const), (m2, slow), (m3, stepped)):
+                opt.zero_grad()
+                model(torch.randn(8, 40)).pow(2).mean().backward()
+                opt.step()
+            calls_after.append(len(spies[0].bin_sizes))
+        return calls_after, spies[0].bin_sizes, spies[1].bin_sizes, spies[2].bin_sizes
+    names = ["0.bias", "0.weight", "1.bias", "1.weight"]
+    for calls_after, const, slow, stepped in run_ranks(address, 2, rank):
+        # steps 49, 50 (held 49: 2x), 51 (held 50: 4x), 100, 101 (held 100: 8x), 105
+        assert [calls_after[t] for t in (48, 49, 50, 99, 100, 104)] == [0, 4, 8, 8, 12, 12]
+        assert [sorted(const[k:k + 4]) for k in (0, 4, 8)] == [
+            [(n, b) for n in names] for b in (20, 10, 5)]
+        assert slow == [] and stepped == []
+
+
+def test_a_resumed_optimizer_keeps_its_bin_schedule(cluster):
+    # state_dict() carries the learning rate as the bin schedule saw it: an optimizer resumed
+    # late in a decay (0.3x the peak) takes 4x smaller bins at its first step, not the rate
+    # it resumes at for the peak.
+    address = mean_cluster(cluster)
+
+    def rank(w):
+        torch.manual_seed(0)
+        m = nn.Sequential()
+        m.add_module("a", nn.Linear(40, 30))
+        opt = adaps.torch.DistributedOptimizer(
+            torch.optim.Adam(m.parameters(), lr=1e-2, betas=(0.5, 0.999)), m, w,
+            server_optimizer="mean", compression="adacomp", bin_size=40)
+        for t in range(24):
+            for g in opt.param_groups:
+                g["lr"] = 1e-2 * (1 - 0.03 * t)  # 0.31x the peak at the last step
+            opt.zero_grad()
+            m(torch.randn(8, 40)).pow(2).mean().backward()
+            opt.step()
+        sd = opt.state_dict()
+        m2 = nn.Sequential()
+        m2.add_module("b", nn.Linear(40, 30))
+        m2.load_state_dict({"b." + k[2:]: v for k, v in m.state_dict().items()})
+        spy = SpyWorker(w)
+        resumed = adaps.torch.DistributedOptimizer(
+            torch.optim.Adam(m2.parameters(), lr=1e-2, betas=(0.5, 0.999)), m2, spy,
+            server_optimizer="mean", compression="adacomp", bin_size=40)
+        with pytest.raises(ValueError, match="learning_rate"):
+            resumed.load_state_dict({**sd, "adaps": {**sd["adaps"], "learning_rate": {}}})
+        assert resumed.param_groups[0]["lr"] == 1e-2  # (refused before anything was loaded)
+        resumed.load_state_dict({**sd, "adaps": {**sd["adaps"], "residues": {}, "held": {}}})
+        resumed.zero_grad()
+        m2(torch.randn(8, 40)).pow(2).mean().backward()
+        resumed.step()
+        return sd["adaps"]["learning_rate"], spy.bin_sizes
+    for rate, bins in run_ranks(address, 2, rank):
+        assert rate["peak"] == 1e-2
+        assert sorted(bins) == [("b.bias", 10), ("b.weight", 10)]
+
+
 def test_two_optimizers_stepped_at_different_times_do_not_wait_for_each_other(cluster):
     # A GAN's loop: the discriminator's optimizer steps, then the generator's, each after its
     # own backward. Their small tensors were fused into one bucket, which waited for all its

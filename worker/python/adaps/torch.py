@@ -106,12 +106,14 @@ torch.cuda.amp.GradScaler a worker whose gradient has inf/NaN sends a zero updat
 step instead of skipping it (every worker must send every step); with bin_schedule="auto" (the
 default) and the optimizers above, every AdaComp tensor's bin size but a convolution's is divided
 by 2 while the learning rate is at most 3/4 of the highest it has been, by 4 at 3/8 (back up with
-it), but
+it), and while it has stayed at that highest for 5 / (1 - beta1) steps by 2, for twice that by
+4, for four times by 8 (a constant rate, or a step schedule before its first step down), but
 never before the optimizer has taken 10 / (1 - beta1) steps (100 at torch's beta1 = 0.9):
 as the learning rate decays, what the residues hold back is the rest of the run's progress,
-and a smaller bin delivers it sooner; at a constant rate nothing changes, so a long run
-pays the bytes only in its decay (docs/accuracy.md; "off" keeps the declared sizes; other
-optimizers are not changed);
+and a smaller bin delivers it sooner; at a constant rate the residues stay as large as at
+the peak, and a model that has stopped improving carries them as noise in its weights (a
+run at a constant rate pays up to 3x the push bytes from then on; docs/accuracy.md; "off"
+keeps the declared sizes; other optimizers are not changed);
 with row_sparse="exact" (the default) an nn.Embedding or nn.EmbeddingBag of at least 4096
 rows, whose gradient is zero but for the rows a batch touches (and whose weight is not tied
 to another layer's), is not part of the update exchange: its gradient's nonzero elements go out exactly (Top-k of every nonzero element: a
@@ -179,6 +181,10 @@ _LATE_BIN_DIVISOR = 4
 # transformer from +1.9% to +1.5% against dense, every Adam model of the zoo as good or
 # better, at 5-8% more bytes).
 _LATE_BIN_FIRST = 0.75
+# ... and at most this much while the learning rate stays at its peak (a constant rate, or a
+# step schedule before its first step down): the MLP with Adam at a constant rate went from -1.06 pp
+# against dense to -0.10 pp with 8x, -0.24 pp with 4x (docs/accuracy.md).
+_CONSTANT_BIN_DIVISOR = 8
 _USED_PREFIX = "__adaps_used__/"
 
 
@@ -419,6 +425,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # AdaComp tensors; 10 / (1 - beta1) steps (100 without betas).
         self._late_bins_at = None
         self._lr_peak, self._bin_divisor = 0.0, 1
+        self._lr_last, self._lr_since = None, 0
         if bin_schedule == "auto" and self.exchange == "update" and \
                 _moments.changes_step(optimizer):
             beta1 = optimizer.param_groups[0].get("betas", (0.9, 0.999))[0]
@@ -978,17 +985,31 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _maybe_late_bins(self):
         # bin_schedule="auto": after Adam's first steps (the optimizer's own step count,
         # restored with its state_dict), the bins shrink as the learning rate decays from
-        # the highest it has been: 2x at 3/4 of it or below, 4x at 3/8.
+        # the highest it has been: 2x at 3/4 of it or below, 4x at 3/8; and with the steps
+        # it has stayed at that highest.
         if self._late_bins_at is None:
             return
         lr = max(g["lr"] for g in self.optimizer.param_groups)
         self._lr_peak = max(self._lr_peak, lr)
-        if _optimizer_steps(self.optimizer) < self._late_bins_at:
+        steps = _optimizer_steps(self.optimizer)
+        if lr != self._lr_last:
+            self._lr_last, self._lr_since = lr, steps
+        if steps < self._late_bins_at:
             return
         ratio = lr / self._lr_peak if self._lr_peak > 0 else 1.0
         divisor = 1
         while divisor < _LATE_BIN_DIVISOR and ratio <= _LATE_BIN_FIRST / divisor:
             divisor *= 2
+        # At a constant rate the residues stay as large as at the peak: while the rate stays
+        # at its peak the bins shrink with the steps it has held there instead, 2x after half
+        # the first steps' count, 4x after as many, 8x after twice as many (docs/accuracy.md,
+        # "A constant learning rate"). Once it has decayed, the decay alone sets them.
+        held = steps - self._lr_since if lr >= self._lr_peak else 0
+        unit = max(1, self._late_bins_at // 2)
+        timed = 1
+        while timed < _CONSTANT_BIN_DIVISOR and held >= unit * timed:
+            timed *= 2
+        divisor = max(divisor, timed)
         if divisor == self._bin_divisor:
             return
         self._bin_divisor = divisor
@@ -1059,7 +1080,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def state_dict(self):
         """The torch optimizer's state_dict() plus, under "adaps", this worker's part of the
         exchange: each compressed parameter's error-feedback residue (what it has not sent
-        yet), its momentum-correction velocity and its own-update share, and the rank. Each
+        yet), its momentum-correction velocity and its own-update share, the learning rate as
+        the bin schedule has seen it (its peak, and since when it has been what it is), and
+        the rank. Each
         worker saves its own to resume exactly; torch's load_state_dict ignores the key."""
         sd = self.optimizer.state_dict()
         residues, velocity, held = {}, {}, {}
@@ -1073,7 +1096,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if e.held is not None:
                 held[e.name] = e.held.clone()
         sd["adaps"] = {"rank": self.worker.rank, "residues": residues, "velocity": velocity,
-                       "held": held}
+                       "held": held,
+                       "learning_rate": {"peak": self._lr_peak, "last": self._lr_last,
+                                         "since": self._lr_since}}
         return sd
 
     def load_state_dict(self, state_dict):
@@ -1082,10 +1107,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
         that rank's mass twice: it is then left out, with a warning)."""
         state_dict = dict(state_dict)
         extra = state_dict.pop("adaps", None)
+        # The bin schedule's view of the learning rate (the same on every rank): a resumed
+        # run keeps its bins where they were rather than taking the rate it resumes at for
+        # the peak. Checked before anything is loaded.
+        rate = (extra or {}).get("learning_rate")
+        if rate is not None:
+            try:
+                rate = (float(rate["peak"]),
+                        None if rate["last"] is None else float(rate["last"]),
+                        int(rate["since"]))
+            except (KeyError, TypeError, ValueError) as err:
+                raise ValueError("adaps.torch: the checkpoint's learning_rate part is not "
+                                 "the peak, last and since that state_dict() writes (%r)"
+                                 % (err,)) from None
         self.optimizer.load_state_dict(state_dict)
         self._bind()
         if extra is None:
             return
+        if rate is not None:
+            self._lr_peak, self._lr_last, self._lr_since = rate
         if extra.get("rank") != self.worker.rank:
             warnings.warn("adaps.torch: the exchange state (residues) of rank %s is not loaded "
                           "into rank %d; only the optimizer's state is"
