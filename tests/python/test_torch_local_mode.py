@@ -408,6 +408,35 @@ class SpyWorker:
         return self._w.set_bin_size(name, bin_size)
 
 
+def linear_on(name, worker, optimizer=torch.optim.Adam, **kwargs):
+    """nn.Linear(40, 30) under its own name (one worker declares every test optimizer's
+    tensors), its optimizer at lr 1e-2 (betas 0.8 where it has them) wrapped for AdaComp at bin
+    size 40."""
+    m = nn.Sequential()
+    m.add_module(name, nn.Linear(40, 30))
+    opt_args = {"momentum": 0.9} if optimizer is torch.optim.SGD else {"betas": (0.8, 0.999)}
+    return m, adaps.torch.DistributedOptimizer(
+        optimizer(m.parameters(), lr=1e-2, **opt_args), m, worker, server_optimizer="mean",
+        compression="adacomp", bin_size=40, **kwargs)
+
+
+def step_at_rates(runs, steps, spy):
+    """Steps each (model, optimizer, lr_at) in turn, steps times, lr_at(t) the learning rate
+    at step t (None: the rate is left as it is); the set_bin_size calls spy has seen after
+    each step."""
+    calls_after = []
+    for t in range(steps):
+        for model, opt, lr_at in runs:
+            if lr_at is not None:
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(t)
+            opt.zero_grad()
+            model(torch.randn(8, 40)).pow(2).mean().backward()
+            opt.step()
+        calls_after.append(len(spy.bin_sizes))
+    return calls_after
+
+
 def test_adam_bins_shrink_as_the_learning_rate_decays_after_adams_first_steps(cluster):
     # bin_schedule="auto": Adam/AdamW in the update exchange bin AdaComp 2x finer once the
     # learning rate is at most 3/4 of the highest it has been, 4x at 3/8, never before
@@ -426,25 +455,10 @@ def test_adam_bins_shrink_as_the_learning_rate_decays_after_adams_first_steps(cl
         adam = adaps.torch.DistributedOptimizer(
             torch.optim.Adam(m.parameters(), lr=1e-2, betas=(0.8, 0.999)), m, spies[0],
             server_optimizer="mean", compression="adacomp", bin_size=40)
-        m2 = nn.Sequential()
-        m2.add_module("off", nn.Linear(40, 2))  # (its own names: one worker declares all)
-        off = adaps.torch.DistributedOptimizer(
-            torch.optim.AdamW(m2.parameters(), lr=1e-2, betas=(0.8, 0.999)), m2, spies[1],
-            server_optimizer="mean", compression="adacomp", bin_size=40, bin_schedule="off")
-        m3 = nn.Sequential()
-        m3.add_module("sgd", nn.Linear(40, 2))
-        sgd = adaps.torch.DistributedOptimizer(
-            torch.optim.SGD(m3.parameters(), lr=1e-2, momentum=0.9), m3, spies[2],
-            server_optimizer="mean", compression="adacomp", bin_size=40)
-        calls_after = []
-        for t in range(60):
-            for model, opt in ((m, adam), (m2, off), (m3, sgd)):
-                for g in opt.param_groups:
-                    g["lr"] = lr_at(t)
-                opt.zero_grad()
-                model(torch.randn(8, 40)).pow(2).mean().backward()
-                opt.step()
-            calls_after.append(len(spies[0].bin_sizes))
+        off = linear_on("off", spies[1], torch.optim.AdamW, bin_schedule="off")
+        sgd = linear_on("sgd", spies[2], torch.optim.SGD)
+        calls_after = step_at_rates([(m, adam, lr_at), off + (lr_at,), sgd + (lr_at,)], 60,
+                                    spies[0])
         return calls_after, spies[0].bin_sizes, spies[1].bin_sizes, spies[2].bin_sizes
     names = ["0.bias", "0.weight", "1.bias", "1.weight"]
     for calls_after, adam, off, sgd in run_ranks(address, 2, rank):
@@ -493,27 +507,11 @@ def test_adam_bins_shrink_with_the_steps_a_constant_learning_rate_has_held(clust
         const = adaps.torch.DistributedOptimizer(
             torch.optim.Adam(m.parameters(), lr=1e-2, betas=(0.8, 0.999)), m, spies[0],
             server_optimizer="mean", compression="adacomp", bin_size=40)
-        m2 = nn.Sequential()
-        m2.add_module("slow", nn.Linear(40, 30))
-        slow = adaps.torch.DistributedOptimizer(
-            torch.optim.Adam(m2.parameters(), lr=1e-2, betas=(0.8, 0.999)), m2, spies[1],
-            server_optimizer="mean", compression="adacomp", bin_size=40)
-        m3 = nn.Sequential()
-        m3.add_module("stepped", nn.Linear(40, 30))
-        stepped = adaps.torch.DistributedOptimizer(
-            torch.optim.Adam(m3.parameters(), lr=1e-2, betas=(0.8, 0.999)), m3, spies[2],
-            server_optimizer="mean", compression="adacomp", bin_size=40)
-        calls_after = []
-        for t in range(105):
-            for g in slow.param_groups:
-                g["lr"] = 1e-2 * (1 - 0.002 * t)  # 0.79x the peak at the end
-            for g in stepped.param_groups:
-                g["lr"] = 1e-2 if t < 10 else 0.8e-2
-            for model, opt in ((m, const), (m2, slow), (m3, stepped)):
-                opt.zero_grad()
-                model(torch.randn(8, 40)).pow(2).mean().backward()
-                opt.step()
-            calls_after.append(len(spies[0].bin_sizes))
+        calls_after = step_at_rates([
+            (m, const, None),
+            linear_on("slow", spies[1]) + (lambda t: 1e-2 * (1 - 0.002 * t),),  # 0.79x at 105
+            linear_on("stepped", spies[2]) + (lambda t: 1e-2 if t < 10 else 0.8e-2,)],
+            105, spies[0])
         return calls_after, spies[0].bin_sizes, spies[1].bin_sizes, spies[2].bin_sizes
     names = ["0.bias", "0.weight", "1.bias", "1.weight"]
     for calls_after, const, slow, stepped in run_ranks(address, 2, rank):
@@ -532,25 +530,11 @@ def test_a_resumed_optimizer_keeps_its_bin_schedule(cluster):
 
     def rank(w):
         torch.manual_seed(0)
-        m = nn.Sequential()
-        m.add_module("a", nn.Linear(40, 30))
-        opt = adaps.torch.DistributedOptimizer(
-            torch.optim.Adam(m.parameters(), lr=1e-2, betas=(0.5, 0.999)), m, w,
-            server_optimizer="mean", compression="adacomp", bin_size=40)
-        for t in range(24):
-            for g in opt.param_groups:
-                g["lr"] = 1e-2 * (1 - 0.03 * t)  # 0.31x the peak at the last step
-            opt.zero_grad()
-            m(torch.randn(8, 40)).pow(2).mean().backward()
-            opt.step()
-        sd = opt.state_dict()
-        m2 = nn.Sequential()
-        m2.add_module("b", nn.Linear(40, 30))
-        m2.load_state_dict({"b." + k[2:]: v for k, v in m.state_dict().items()})
         spy = SpyWorker(w)
-        resumed = adaps.torch.DistributedOptimizer(
-            torch.optim.Adam(m2.parameters(), lr=1e-2, betas=(0.5, 0.999)), m2, spy,
-            server_optimizer="mean", compression="adacomp", bin_size=40)
+        m, opt = linear_on("a", w)
+        step_at_rates([(m, opt, lambda t: 1e-2 * (1 - 0.012 * t))], 58, spy)  # 0.32x at 58
+        sd = opt.state_dict()
+        m2, resumed = linear_on("b", spy)
         with pytest.raises(ValueError, match="learning_rate"):
             resumed.load_state_dict({**sd, "adaps": {**sd["adaps"], "learning_rate": {}}})
         assert resumed.param_groups[0]["lr"] == 1e-2  # (refused before anything was loaded)
