@@ -107,7 +107,8 @@ step instead of skipping it (every worker must send every step); with bin_schedu
 default) and the optimizers above, every AdaComp tensor's bin size but a convolution's is divided
 by 2 while the learning rate is at most 3/4 of the highest it has been, by 4 at 3/8 (back up with
 it), and while it has stayed at that highest for 5 / (1 - beta1) steps by 2, for twice that by
-4, for four times by 8 (a constant rate, or a step schedule before its first step down), but
+4, for four times by 8 (a constant rate, or a step schedule before its first step down; a
+convolution's too), but
 never before the optimizer has taken 10 / (1 - beta1) steps (100 at torch's beta1 = 0.9):
 as the learning rate decays, what the residues hold back is the rest of the run's progress,
 and a smaller bin delivers it sooner; at a constant rate the residues stay as large as at
@@ -424,7 +425,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # with a second moment (adaps.torch_moments.changes_step) in the update exchange of
         # AdaComp tensors; 10 / (1 - beta1) steps (100 without betas).
         self._late_bins_at = None
-        self._lr_peak, self._bin_divisor = 0.0, 1
+        self._lr_peak, self._bin_divisor = 0.0, (1, 1)
         self._lr_last, self._lr_since = None, 0
         if bin_schedule == "auto" and self.exchange == "update" and \
                 _moments.changes_step(optimizer):
@@ -1009,17 +1010,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         timed = 1
         while timed < _CONSTANT_BIN_DIVISOR and held >= unit * timed:
             timed *= 2
-        divisor = max(divisor, timed)
-        if divisor == self._bin_divisor:
-            return
-        self._bin_divisor = divisor
+        # A convolution keeps its bin (50, a tenth of the others') as the rate decays:
+        # shrinking it then gained nothing on the zoo's convolutional models with Adam,
+        # RMSprop, Adagrad or AdamW and cost 30-44% of their bytes (docs/accuracy.md,
+        # "Convolutions keep their bins"); at a rate held at its peak it shrinks with the
+        # others (a depthwise-separable network -0.41 -> -0.02 pp, seeds 1 and 2).
+        before, self._bin_divisor = self._bin_divisor, (max(divisor, timed), timed)
         for e in self._params:
-            # A convolution keeps its bin (50, a tenth of the others'): shrinking it gained
-            # nothing on the zoo's convolutional models with Adam, RMSprop, Adagrad or AdamW
-            # and cost 30-44% of their bytes (docs/accuracy.md, "Convolutions keep their
-            # bins").
-            if e.adacomp and e.kind != "conv":
-                self.worker.set_bin_size(e.name, max(1, e.bin_size // divisor))
+            i = 1 if e.kind == "conv" else 0
+            if e.adacomp and self._bin_divisor[i] != before[i]:
+                self.worker.set_bin_size(e.name, max(1, e.bin_size // self._bin_divisor[i]))
 
     def step(self, closure=None, grad_scaler=None):
         """Server mode: the parameters after the servers' step. Local mode: the torch
