@@ -113,7 +113,7 @@ never before the optimizer has taken 10 / (1 - beta1) steps (100 at torch's beta
 as the learning rate decays, what the residues hold back is the rest of the run's progress,
 and a smaller bin delivers it sooner; at a constant rate the residues stay as large as at
 the peak, and a model that has stopped improving carries them as noise in its weights (a
-run at a constant rate pays up to 3x the push bytes from then on; docs/accuracy.md; "off"
+run at a constant rate pays about 2-3x the push bytes for it; docs/accuracy.md; "off"
 keeps the declared sizes; other optimizers are not changed);
 with row_sparse="exact" (the default) an nn.Embedding or nn.EmbeddingBag of at least 4096
 rows, whose gradient is zero but for the rows a batch touches (and whose weight is not tied
@@ -183,8 +183,8 @@ _LATE_BIN_DIVISOR = 4
 # better, at 5-8% more bytes).
 _LATE_BIN_FIRST = 0.75
 # ... and at most this much while the learning rate stays at its peak (a constant rate, or a
-# step schedule before its first step down): the MLP with Adam at a constant rate went from -1.06 pp
-# against dense to -0.10 pp with 8x, -0.24 pp with 4x (docs/accuracy.md).
+# step schedule before its first step down): the MLP with Adam at a constant rate went from
+# -1.06 pp against dense to -0.10 pp with 8x, -0.24 pp with 4x (docs/accuracy.md).
 _CONSTANT_BIN_DIVISOR = 8
 _USED_PREFIX = "__adaps_used__/"
 
