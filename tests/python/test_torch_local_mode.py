@@ -420,6 +420,14 @@ def linear_on(name, worker, optimizer=torch.optim.Adam, **kwargs):
         compression="adacomp", bin_size=40, **kwargs)
 
 
+def two_layers_on(worker):
+    """nn.Linear(40, 30) then nn.Linear(30, 2) ("0.*", "1.*"), wrapped as linear_on's."""
+    m = nn.Sequential(nn.Linear(40, 30), nn.Linear(30, 2))
+    return m, adaps.torch.DistributedOptimizer(
+        torch.optim.Adam(m.parameters(), lr=1e-2, betas=(0.8, 0.999)), m, worker,
+        server_optimizer="mean", compression="adacomp", bin_size=40)
+
+
 def step_at_rates(runs, steps, spy):
     """Steps each (model, optimizer, lr_at) in turn, steps times, lr_at(t) the learning rate
     at step t (None: the rate is left as it is); the set_bin_size calls spy has seen after
@@ -451,10 +459,7 @@ def test_adam_bins_shrink_as_the_learning_rate_decays_after_adams_first_steps(cl
     def rank(w):
         torch.manual_seed(0)
         spies = [SpyWorker(w) for _ in range(3)]
-        m = nn.Sequential(nn.Linear(40, 30), nn.Linear(30, 2))
-        adam = adaps.torch.DistributedOptimizer(
-            torch.optim.Adam(m.parameters(), lr=1e-2, betas=(0.8, 0.999)), m, spies[0],
-            server_optimizer="mean", compression="adacomp", bin_size=40)
+        m, adam = two_layers_on(spies[0])  # (small tensors: fused)
         off = linear_on("off", spies[1], torch.optim.AdamW, bin_schedule="off")
         sgd = linear_on("sgd", spies[2], torch.optim.SGD)
         calls_after = step_at_rates([(m, adam, lr_at), off + (lr_at,), sgd + (lr_at,)], 60,
@@ -514,10 +519,7 @@ def test_adam_bins_shrink_with_the_steps_a_constant_learning_rate_has_held(clust
     def rank(w):
         torch.manual_seed(0)
         spies = [SpyWorker(w) for _ in range(3)]
-        m = nn.Sequential(nn.Linear(40, 30), nn.Linear(30, 2))
-        const = adaps.torch.DistributedOptimizer(
-            torch.optim.Adam(m.parameters(), lr=1e-2, betas=(0.8, 0.999)), m, spies[0],
-            server_optimizer="mean", compression="adacomp", bin_size=40)
+        m, const = two_layers_on(spies[0])
         calls_after = step_at_rates([
             (m, const, None),
             linear_on("slow", spies[1]) + (lambda t: 1e-2 * (1 - 0.002 * t),),  # 0.79x at 105
