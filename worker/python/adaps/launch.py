@@ -99,7 +99,8 @@ _TORCH_FLAGS = (
      "the others' estimated where the workers' updates agree), or off (the default for other "
      "optimizers; every replica identical)", dict(choices=("share", "all", "estimate", "off"))),
     ("--bin-schedule", "ADAPS_BIN_SCHEDULE", "Adam/AdamW in the update exchange: auto (the "
-     "default: AdaComp bins 2x smaller at 3/4 of the peak learning rate, 4x at 3/8, "
+     "default: AdaComp bins 2x smaller at 3/4 of the peak learning rate, 4x at 3/8, and "
+     "while the rate stays at its peak 2x, 4x, 8x after 5, 10, 20/(1-beta1) steps there; "
      "after 10/(1-beta1) steps) or off (the declared sizes "
      "throughout)", dict(choices=("auto", "off"))),
     ("--row-sparse", "ADAPS_ROW_SPARSE", "update exchange: exact (the default: an embedding of "
