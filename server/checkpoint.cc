@@ -21,14 +21,23 @@
 namespace adaps {
 namespace {
 
-constexpr char kCheckpointMagic[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '4'};
+constexpr char kCheckpointMagic[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '5'};
+constexpr char kCheckpointMagicV4[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '4'};
 constexpr char kCheckpointMagicV3[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '3'};
 constexpr char kCheckpointMagicV2[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '2'};
 
-bool ReadRecord(RecordReader& r, SliceRecord& s) {
-  return r.Get(&s.key) && r.Get(&s.length) && r.Get(&s.bin_size) && r.Get(&s.version) &&
-         r.Get(&s.adam_t) && r.Get(&s.down_base) && r.Get(&s.down_version) &&
-         r.GetString(&s.name) && r.GetFloats(&s.params, s.length) &&
+constexpr uint32_t kRunningMeanFlag = 1;
+constexpr uint32_t kDivisorShift = 8;
+constexpr uint32_t kUnusedFlags = 0xFEu;
+
+bool ReadRecord(RecordReader& r, SliceRecord& s, bool with_flags) {
+  uint32_t flags = 0;
+  const bool head = r.Get(&s.key) && r.Get(&s.length) && r.Get(&s.bin_size) &&
+                    r.Get(&s.version) && r.Get(&s.adam_t) && r.Get(&s.down_base) &&
+                    r.Get(&s.down_version) && (!with_flags || r.Get(&flags));
+  s.running_mean = (flags & kRunningMeanFlag) != 0;
+  s.down_bin_divisor = std::max(1u, flags >> kDivisorShift);
+  return head && (flags & kUnusedFlags) == 0 && r.GetString(&s.name) && r.GetFloats(&s.params, s.length) &&
          r.GetFloats(&s.m, s.length) && r.GetFloats(&s.v, s.length) &&
          r.GetFloats(&s.published, s.length) && r.GetFloats(&s.residue, s.length);
 }
@@ -105,6 +114,8 @@ std::vector<uint8_t> EncodeCheckpoint(const std::vector<SliceRecord>& slices,
     w.Put<uint64_t>(s.adam_t);
     w.Put<uint64_t>(s.down_base);
     w.Put<uint64_t>(s.down_version);
+    const uint32_t divisor = std::min(s.down_bin_divisor, (1u << (32 - kDivisorShift)) - 1);
+    w.Put<uint32_t>((s.running_mean ? kRunningMeanFlag : 0) | (divisor << kDivisorShift));
     w.PutString(s.name);
     w.PutFloats(s.params);
     w.PutFloats(s.m);
@@ -123,8 +134,10 @@ absl::StatusOr<std::vector<SliceRecord>> DecodeCheckpoint(absl::Span<const uint8
   auto damaged = [&](absl::string_view why) {
     return absl::DataLossError(absl::StrCat("checkpoint ", name, " is damaged: ", why));
   };
-  const bool v4 = bytes.size() >= sizeof(kCheckpointMagic) &&
+  const bool v5 = bytes.size() >= sizeof(kCheckpointMagic) &&
                   std::memcmp(bytes.data(), kCheckpointMagic, sizeof(kCheckpointMagic)) == 0;
+  const bool v4 = v5 || (bytes.size() >= sizeof(kCheckpointMagicV4) &&
+                         std::memcmp(bytes.data(), kCheckpointMagicV4, 8) == 0);
   const bool v3 = v4 || (bytes.size() >= sizeof(kCheckpointMagicV3) &&
                          std::memcmp(bytes.data(), kCheckpointMagicV3, 8) == 0);
   const bool v2 = bytes.size() >= sizeof(kCheckpointMagicV2) &&
@@ -151,7 +164,7 @@ absl::StatusOr<std::vector<SliceRecord>> DecodeCheckpoint(absl::Span<const uint8
   std::vector<SliceRecord> slices;
   for (uint64_t i = 0; i < count; ++i) {
     SliceRecord s;
-    if (!ReadRecord(r, s)) return damaged("truncated slice record");
+    if (!ReadRecord(r, s, v5)) return damaged("truncated or unknown slice record");
     if (s.length == 0 || s.bin_size == 0 || s.params.size() != s.length ||
         s.published.size() != s.length || s.residue.size() != s.length) {
       return damaged("inconsistent slice record");

@@ -1,14 +1,16 @@
 // The server's checkpoint file: its format and its durable write and fallback read, as pure
 // functions over plain slice records (no Server, no sockets).
 //
-// File (format 4): "ADAPSCK4" | string job id | u64 count | per hyperparameter set at run
+// File (format 5): "ADAPSCK5" | string job id | u64 count | per hyperparameter set at run
 // time (SetHyper): string name, f64 value | u64 slice count | per slice: u64 key, u32
-// length, u32 bin size, u64 version, u64 adam_t, u64 down_base, u64 down_version, string
-// name, then the float arrays params, m, v, published, downlink residue (each u64 count +
-// floats) | u32 CRC-32 of everything before it. A string is u64 size + bytes. Format 3
-// ("ADAPSCK3") is the same without the hyperparameters, format 2 ("ADAPSCK2") also
-// without the job id; both are still read (as "none", "no job id"). Native
-// byte order: a checkpoint moves with its server.
+// length, u32 bin size, u64 version, u64 adam_t, u64 down_base, u64 down_version, u32 flags
+// (bit 0: running mean, Shard::set_running_mean; bits 8-31: the downlink bin divisor,
+// Shard::set_downlink_bin_divisor; bits 1-7 0), string name, then the
+// float arrays params, m, v, published, downlink residue (each u64 count + floats) | u32
+// CRC-32 of everything before it. A string is u64 size + bytes. Format 4 ("ADAPSCK4") is the
+// same without the flags, format 3 ("ADAPSCK3") also without the hyperparameters, format 2
+// ("ADAPSCK2") also without the job id; all are still read (as "no flags", "none", "no job
+// id"). Native byte order: a checkpoint moves with its server.
 //
 // Thread-safety: the functions share nothing; two writers of the same path race.
 #ifndef ADAPS_SERVER_CHECKPOINT_H_
@@ -35,6 +37,8 @@ struct SliceRecord {
   uint64_t adam_t = 0;
   uint64_t down_base = 0;
   uint64_t down_version = 0;
+  bool running_mean = false;  // Shard::set_running_mean (format 5 on; false before)
+  uint32_t down_bin_divisor = 1;  // Shard::set_downlink_bin_divisor (format 5 on; 1 before)
   std::string name;
   std::vector<float> params, m, v, published, residue;
 };
@@ -45,12 +49,12 @@ using HyperValues = std::vector<std::pair<std::string, double>>;
 // dir/server-<rank>.ckpt.
 std::string CheckpointPath(const std::string& dir, int rank);
 
-// The file's bytes (format 3) for `slices`, in the order given, of job `job_id`.
+// The file's bytes (format 5) for `slices`, in the order given, of job `job_id`.
 std::vector<uint8_t> EncodeCheckpoint(const std::vector<SliceRecord>& slices,
                                       const std::string& job_id = "",
                                       const HyperValues& hyper = {});
 
-// The records of a whole file's bytes (format 4, 3 or 2); its job id goes to `job_id` when
+// The records of a whole file's bytes (format 5, 4, 3 or 2); its job id goes to `job_id` when
 // given (empty for format 2), its hyperparameters to `hyper` (none before format 4). kDataLoss ("checkpoint <name> is damaged: ...") for a bad
 // magic, a checksum mismatch, a truncated or inconsistent record or trailing bytes. `name`
 // only goes into the messages.

@@ -100,7 +100,9 @@ void EngineThread::OnDeclareBucket(DeclareWork& work) {
     return ReplyError(work, st);
   }
   it->second.set_downlink_bin_cap(work.downlink_bin_cap);
+  it->second.set_downlink_bin_divisor(work.pull_bin_divisor);
   if (work.sparse_pulls) it->second.TrackSteps();
+  if (work.recompressed_pulls) it->second.set_running_mean();
   Ack(work);
 }
 
@@ -129,6 +131,7 @@ void EngineThread::OnDeclare(DeclareWork& work) {
   }
   if (work.has_init) it->second.Initialize(work.payload());
   if (work.sparse_pulls) it->second.TrackSteps();
+  if (work.recompressed_pulls) it->second.set_running_mean();
   Ack(work);
 }
 

@@ -43,7 +43,8 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
   return ValidateLogLevel(c.log_level);
 }
 
-uint32_t PullBinSize(uint32_t declared, uint32_t pull_bin_size) {
+uint32_t PullBinSize(uint32_t declared, uint32_t pull_bin_size, uint32_t divisor) {
+  if (divisor > 1) declared = std::max<uint32_t>(1, declared / divisor);
   return pull_bin_size == 0 ? declared : std::min(declared, pull_bin_size);
 }
 
@@ -347,9 +348,11 @@ void Server::OnDeclare(InMessage& in) {
   work.name = d->name() ? d->name()->str() : "";
   work.length = d->length();
   // The shard's bin size is its downlink's (pushes carry their own in every update).
-  work.bin_size = PullBinSize(d->bin_size(), config_.pull_bin_size);
+  work.pull_bin_divisor = std::max<uint32_t>(1, d->pull_bin_divisor());
+  work.bin_size = PullBinSize(d->bin_size(), config_.pull_bin_size, work.pull_bin_divisor);
   work.has_init = d->has_init();
   work.sparse_pulls = d->pull_format() == msg::PullFormat::Sparse;
+  work.recompressed_pulls = d->pull_format() == msg::PullFormat::Recompressed;
   if (bucket) {
     for (const msg::Segment* seg : *d->segments()) {
       work.segments.push_back(WireSegment{seg->length(), seg->bin_size()});

@@ -138,6 +138,8 @@ absl::StatusOr<Shard> Shard::FromRecord(SliceRecord r) {
   std::copy(r.residue.begin(), r.residue.end(), s.down_residue_->residue().begin());
   s.down_base_ = r.down_base;
   s.down_version_ = r.down_version;
+  s.running_mean_ = r.running_mean;
+  s.down_bin_divisor_ = std::max(1u, r.down_bin_divisor);
   return s;
 }
 
@@ -150,6 +152,8 @@ SliceRecord Shard::ToRecord() const {
   r.adam_t = optimizer_.adam_t;
   r.down_base = down_base_;
   r.down_version = down_version_;
+  r.running_mean = running_mean_;
+  r.down_bin_divisor = down_bin_divisor_;
   r.name = name_;
   r.params = params_;
   r.m = optimizer_.m;
@@ -331,9 +335,19 @@ bool Shard::ResumeAt(uint64_t seen) {
   return true;
 }
 
-bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig& optimizer,
+OptimizerConfig Shard::StepConfig(const OptimizerConfig& optimizer, bool running_mean) {
+  if (!running_mean || optimizer.kind != OptimizerKind::kMean) return optimizer;
+  OptimizerConfig sum = optimizer;
+  sum.kind = OptimizerKind::kSgd;
+  sum.learning_rate = -1.0f;
+  sum.weight_decay = 0.0f;
+  return sum;
+}
+
+bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig& configured,
                                 int backup_workers) {
   if (pushed_.empty()) return false;
+  const OptimizerConfig optimizer = StepConfig(configured, running_mean_);
   int missing = 0;
   for (int w : live) {
     if (!pushed_.count(w) && ++missing > backup_workers) return false;
@@ -404,7 +418,7 @@ absl::Status Shard::ApplyPush(absl::Span<const uint8_t> payload,
   std::fill(agg_.begin(), agg_.end(), 0.0f);
   ADAPS_RETURN_IF_ERROR(DecodeAdd(payload, 1.0f, absl::MakeSpan(agg_)));
   if (!learned.empty()) segments_ = std::move(learned);
-  ApplyOptimizer(optimizer, agg_, absl::MakeSpan(params_), optimizer_);
+  ApplyOptimizer(StepConfig(optimizer, running_mean_), agg_, absl::MakeSpan(params_), optimizer_);
   ++version_;
   last_sparse_ = false;
   last_forwardable_ = false;

@@ -115,6 +115,17 @@ class Shard {
   // server's --pull_bin_size; 0: the member's own). A plain shard's downlink bin is the one
   // it was created with.
   void set_downlink_bin_cap(uint32_t cap) { down_bin_cap_ = cap; }
+  // A bucket's members' downlink bins are their bin sizes divided by this first (at least
+  // 1; DeclareSlice.pull_bin_divisor; kept in checkpoints). A plain shard's is folded into
+  // its bin size.
+  void set_downlink_bin_divisor(uint32_t divisor) { down_bin_divisor_ = std::max(1u, divisor); }
+
+  // Running mean (a slice declared with recompressed pulls on servers running `mean`, local
+  // mode's update exchange): each step adds the step's mean to the parameters instead of
+  // replacing them with it, so they are the initial values plus every mean so far, the
+  // workers' replica, and a recompressed pull sends their change. Kept in checkpoints.
+  void set_running_mean() { running_mean_ = true; }
+  bool running_mean() const { return running_mean_; }
 
   // A worker's declaration of a bucket with segments `table` (and, from rank 0, the values
   // of the table's last segment in `init_of_last`, checked by CheckInitialValues). A table
@@ -297,6 +308,11 @@ class Shard {
   bool bucket_ = false;
   std::vector<WireSegment> segments_;
   uint32_t down_bin_cap_ = 0;  // set_downlink_bin_cap
+  uint32_t down_bin_divisor_ = 1;  // set_downlink_bin_divisor
+  bool running_mean_ = false;      // set_running_mean
+  // The optimizer a step runs: `optimizer`, except that a running mean's `mean` becomes
+  // SGD at learning rate -1 without weight decay (params += the mean).
+  static OptimizerConfig StepConfig(const OptimizerConfig& optimizer, bool running_mean);
   std::vector<CompressedUpdate> seg_updates_;
   std::vector<std::vector<uint8_t>> seg_bytes_;
 };

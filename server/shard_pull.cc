@@ -72,6 +72,7 @@ absl::Status Shard::PublishRecompressed() {
 }
 
 uint32_t Shard::DownlinkBin(uint32_t member_bin) const {
+  if (down_bin_divisor_ > 1) member_bin = std::max(1u, member_bin / down_bin_divisor_);
   return down_bin_cap_ == 0 ? member_bin : std::min(member_bin, down_bin_cap_);
 }
 

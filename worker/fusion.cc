@@ -56,7 +56,11 @@ absl::StatusOr<FusionBucket*> FusionTable::OpenBucket(const Tensor& t) {
     FusionBucket* open = open_bucket_[format];
     if (open != nullptr) {
       absl::MutexLock bucket_lock(&open->mu);
-      if (!open->closed && open->internal.length + t.length <= kFusionCapacity) return open;
+      // (Members share the bucket's downlink divisor: another one opens a new bucket.)
+      if (!open->closed && open->internal.length + t.length <= kFusionCapacity &&
+          open->internal.spec.pull_bin_divisor == t.spec.pull_bin_divisor) {
+        return open;
+      }
     }
     if (fusion_off_) return nullptr;
     seq = buckets_.size();
@@ -67,6 +71,7 @@ absl::StatusOr<FusionBucket*> FusionTable::OpenBucket(const Tensor& t) {
   in.spec.shape = {kFusionCapacity};
   in.spec.bin_size = 1;
   in.spec.pull = t.spec.pull;
+  in.spec.pull_bin_divisor = t.spec.pull_bin_divisor;
   in.bucket = b.get();
   flatbuffers::FlatBufferBuilder fbb(256);
   auto body = msg::CreateDeclareTensor(fbb, fbb.CreateString(in.spec.name), kFusionCapacity, 1);
@@ -135,7 +140,7 @@ absl::Status FusionTable::Declare(Tensor& t, absl::Span<float> values, bool* fus
         return msg::CreateDeclareSlice(
             fbb, m.key, fbb.CreateString(in.spec.name), kFusionCapacity, 1, membership_.rank() == 0,
             fbb.CreateString(membership_.Secret()), fbb.CreateVectorOfStructs(segs),
-            WirePullFormat(in.spec.pull));
+            WirePullFormat(in.spec.pull), in.spec.pull_bin_divisor);
       },
       init).status());
   if (!membership_.rejoined()) ADAPS_RETURN_IF_ERROR(membership_.Barrier());

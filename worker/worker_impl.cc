@@ -146,7 +146,8 @@ absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
         [&](flatbuffers::FlatBufferBuilder& fbb) {
           return msg::CreateDeclareSlice(
               fbb, m.key, fbb.CreateString(t.spec.name), m.info.length, t.spec.bin_size, rank == 0,
-              fbb.CreateString(membership_->Secret()), 0, WirePullFormat(t.spec.pull));
+              fbb.CreateString(membership_->Secret()), 0, WirePullFormat(t.spec.pull),
+              t.spec.pull_bin_divisor);
         },
         init).status());
   }

@@ -5,6 +5,7 @@ comparing what local mode exchanges (the table "How it was found" in docs/accura
   /usr/bin/python3 bench/accuracy/exchange_sim.py --mode dense|grad|update|ef21 --L 32 [--T 500]
       [--dense-1d 1] [--warmup-dense 30] [--model lstm --opt adam --lr 5e-3 --L 48 --wd 0]
       [--opt rmsprop|adagrad|nadam|radam] [--vfix 3: adaps.torch_moments' own estimate]
+      [--down 50: the update exchange's pulls recompressed at that bin, as pull="recompressed"]
 
 Push ratios count 10 bits per sent element (an estimate; the real wire is Rice-coded)."""
 import argparse, math, os, sys, time, copy
@@ -123,6 +124,10 @@ def main():
     ap.add_argument("--lrmul", type=float, default=1.0)  # update exchange: lr factor (diagnosis)
     ap.add_argument("--sched", default="cos"); ap.add_argument("--d", type=int, default=64); ap.add_argument("--warm", type=int, default=0)
     # bin_schedule="auto" of adaps.torch: bin size T_late from step T_switch on (0: T throughout)
+    # the update exchange's downlink (adaps.torch pull="recompressed"): the servers' running
+    # sum of the means recompressed by AdaComp at this bin size with their own residue (0:
+    # exact pulls, each worker receiving the W - 1 others' pushes)
+    ap.add_argument("--down", type=int, default=0)
     ap.add_argument("--T-late", type=int, default=0); ap.add_argument("--T-switch", type=int, default=100)
     a = ap.parse_args()
     torch.manual_seed(a.seed)
@@ -154,7 +159,8 @@ def main():
     def dense_t(i, p):
         return (a.dense_small and p.numel() < a.dense_small) or (a.dense_1d and p.dim() == 1)
     gens = [torch.Generator().manual_seed(a.seed * 1000 + r) for r in range(W)]
-    sent = 0; total = 0; t0 = time.time(); hist = []
+    sent = 0; total = 0; t0 = time.time(); hist = []; pulled = 0
+    down_res = [torch.zeros(p.numel()) for p in params]  # --down: the servers' residue
     for t in range(a.steps):
         lr = lr_at(t)
         grads = []
@@ -231,7 +237,11 @@ def main():
                             T = a.T_late if a.T_late and t >= a.T_switch else a.T
                             d, k = adacomp(res[r][i], u, T); acc += d; sent += k * 10 + 32
                         total += u.numel() * 32
-                    p += (acc / W).view_as(p)
+                    if a.down:
+                        dd, kd = adacomp(down_res[i], acc / W, a.down); pulled += kd * 10 + 32
+                        p += dd.view_as(p)
+                    else:
+                        p += (acc / W).view_as(p)
         if (t + 1) % 100 == 0 or t + 1 == a.steps:
             b = bpc(model, va, a.L); hist.append(b)
             if a.mode == "update" and a.eval_residue:  # diagnosis: the mass still held back
@@ -244,6 +254,11 @@ def main():
                     print("  worker 0's view (replica + its residue): bpc %.3f" % bpc(model, va, a.L))
                     for p, k in zip(params, keep): p.copy_(k)
             print("step %d bpc %.3f ratio %.0fx (%.0fs)" % (t + 1, b, total / max(sent, 1), time.time() - t0), flush=True)
-    print("FINAL", a.model, a.mode, "T", a.T, "bpc %.4f" % hist[-1], "push ratio %.1f" % (total / max(sent, 1)), " ".join("%.3f" % h for h in hist))
+    # Total (push + pull) against dense: an exact pull brings each worker the W - 1 others'
+    # pushes; a recompressed one (--down) is one message, the same for every worker.
+    pull = pulled if a.down else sent * (W - 1) / W
+    print("FINAL", a.model, a.mode, "T", a.T, "down", a.down, "bpc %.4f" % hist[-1],
+          "push ratio %.1f" % (total / max(sent, 1)),
+          "total %.1f" % (2 * total / max(sent + W * pull, 1)), " ".join("%.3f" % h for h in hist))
 
 main()

@@ -96,15 +96,17 @@ def test_launch_flags_reach_the_optimizer_of_a_script_that_reads_no_environment(
     assert code == 2 and "drop --servers" in out, out
 
 
-def test_local_mode_refuses_recompressed_pulls_before_anything_collective():
+def test_local_mode_refuses_recompressed_pulls_of_gradients_before_anything_collective():
+    # The servers' running sum of mean gradients would hand stale gradients back: only the
+    # update exchange (the sum of the updates is where the parameters are) pulls recompressed.
     import torch
     import torch.nn as nn
     import adaps.torch
     m = nn.Linear(2, 1)
-    with pytest.raises(ValueError, match="recompressed pulls need server mode"):
+    with pytest.raises(ValueError, match="recompressed pulls in local mode need the update"):
         adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m,
                                          worker=None, server_optimizer="mean",
-                                         pull="recompressed")
+                                         pull="recompressed", exchange="gradient")
 
 
 def test_launch_restarts_a_killed_server_and_the_workers_resume_it(tmp_path):

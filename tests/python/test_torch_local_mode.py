@@ -445,6 +445,53 @@ def step_at_rates(runs, steps, spy):
     return calls_after
 
 
+def test_recompressed_pulls_deliver_the_running_sum_of_the_means_to_every_replica(cluster):
+    # Local mode's update exchange with pull="recompressed": the servers add each step's mean
+    # to what they hold (a running sum from the initial values) and recompress its change at
+    # a fraction of the bin size; each worker's step is the sum's change. Every replica is then
+    # the same (own_updates off: nothing of a worker's own residue in its model), and where
+    # the model moved is the mean of what the workers delivered (their updates less their
+    # residues) but for what the downlink still holds back; the pulls are compressed.
+    address = mean_cluster(cluster)
+    steps = 30
+
+    def rank(w):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(200, 50), nn.Linear(50, 2))
+        first = [p.detach().clone() for p in m.parameters()]
+        opt = adaps.torch.DistributedOptimizer(
+            torch.optim.Adam(m.parameters(), lr=1e-2), m, w, server_optimizer="mean",
+            compression="adacomp", bin_size=500, pull="recompressed", own_updates="off")
+        sent = [torch.zeros_like(p) for p in m.parameters()]
+        g = torch.Generator().manual_seed(w.rank)
+        for _ in range(steps):
+            opt.zero_grad()
+            m(torch.randn(16, 200, generator=g)).pow(2).mean().backward()
+            opt.step()
+            for s, e in zip(sent, opt._params):
+                s += e.stage.view_as(s)  # this step's own update, as pushed
+        for s, e in zip(sent, opt._params):
+            residue = np.zeros(e.stage.shape, dtype=np.float32)
+            w.residue(e.name, residue)
+            s -= torch.from_numpy(residue).view_as(s)  # delivered: less what it holds back
+        moved = [p.detach() - f for p, f in zip(m.parameters(), first)]
+        t = opt.traffic()
+        pull_ratio = sum(x["pull_dense"] for x in t.values()) / \
+            sum(x["pull_wire"] for x in t.values())
+        return [p.detach().clone() for p in m.parameters()], moved, sent, pull_ratio
+    r0, r1 = run_ranks(address, 2, rank)
+    for a, b in zip(r0[0], r1[0]):
+        assert torch.equal(a, b)
+    for moved, d0, d1 in zip(r0[1], r0[2], r1[2]):
+        delivered = (d0 + d1) / 2  # the servers' running sum
+        assert delivered.norm() > 0
+        # (Servers that kept only the last step's mean: the model would have moved by about
+        # one step's mean, far from the 30 steps' sum.)
+        assert (moved - delivered).norm() < 0.5 * delivered.norm(), \
+            (moved - delivered).norm() / delivered.norm()
+    assert r0[3] > 5, "the pulls should be compressed, not dense (%.1fx)" % r0[3]
+
+
 def test_adam_bins_shrink_as_the_learning_rate_decays_after_adams_first_steps(cluster):
     # bin_schedule="auto": Adam/AdamW in the update exchange bin AdaComp 2x finer once the
     # learning rate is at most 3/4 of the highest it has been, 4x at 3/8, never before

@@ -145,13 +145,17 @@ TEST(Checkpoint, FormatTwoFileIsRestoredOnlyWithRestoreFrom) {
     std::ifstream in(dir + "/server-0.ckpt", std::ios::binary);
     v3.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
-  // The same checkpoint in format 2: magic ...K2, no job id (u64 size + 15 bytes) and no
-  // hyperparameters (a u64 count of 0: none were set).
+  // The same checkpoint in format 2: magic ...K2, no job id (u64 size + 15 bytes), no
+  // hyperparameters (a u64 count of 0: none were set) and no flags word in the record (after
+  // the slice count, key, length, bin size and four u64s).
   const size_t job_bytes = 8 + std::string("checkpoint-test").size() + 8;
   ASSERT_GT(v3.size(), 8 + job_bytes + 4);
   std::vector<uint8_t> v2(v3.begin(), v3.begin() + 8);
   v2[7] = '2';
   v2.insert(v2.end(), v3.begin() + 8 + job_bytes, v3.end() - 4);
+  const size_t flags_at = 8 + 8 + 8 + 4 + 4 + 4 * 8;
+  ASSERT_GT(v2.size(), flags_at + 4);
+  v2.erase(v2.begin() + flags_at, v2.begin() + flags_at + 4);
   const uint32_t crc = Crc32(v2);
   const auto* c4 = reinterpret_cast<const uint8_t*>(&crc);
   v2.insert(v2.end(), c4, c4 + 4);
@@ -286,7 +290,7 @@ void AppendFloats(std::vector<uint8_t>& out, const std::vector<float>& v) {
 }
 
 TEST(CheckpointFormat, BytesFollowTheDocumentedLayoutSoOldFilesStayReadable) {
-  std::vector<uint8_t> expected = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '4'};
+  std::vector<uint8_t> expected = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '5'};
   Append<uint64_t>(expected, 3);
   for (char ch : std::string("job")) expected.push_back(ch);
   Append<uint64_t>(expected, 1);  // one hyperparameter
@@ -296,23 +300,41 @@ TEST(CheckpointFormat, BytesFollowTheDocumentedLayoutSoOldFilesStayReadable) {
   Append<double>(expected, 0.25);
   const size_t hyper_end = expected.size();
   Append<uint64_t>(expected, 1);
-  const SliceRecord r = Record(9, "w");
+  SliceRecord r = Record(9, "w");
+  r.running_mean = true;
+  r.down_bin_divisor = 10;
   Append<uint64_t>(expected, 9);
   Append<uint32_t>(expected, 2);
   Append<uint32_t>(expected, 1);
   for (uint64_t x : {5, 4, 3, 5}) Append<uint64_t>(expected, x);
+  const size_t flags_at = expected.size();
+  Append<uint32_t>(expected, 1 | (10 << 8));  // flags: running mean, downlink divisor 10
   Append<uint64_t>(expected, 1);
   expected.push_back('w');
   for (const auto* v : {&r.params, &r.m, &r.v, &r.published, &r.residue}) {
     AppendFloats(expected, *v);
   }
-  std::vector<uint8_t> v3(expected.begin(), expected.begin() + 8 + 8 + 3);  // format 3:
-  v3[7] = '3';                                                              // no hyper
-  v3.insert(v3.end(), expected.begin() + hyper_end, expected.end());
+  // Format 4: no flags.
+  std::vector<uint8_t> v4(expected.begin(), expected.begin() + flags_at);
+  v4[7] = '4';
+  v4.insert(v4.end(), expected.begin() + flags_at + 4, expected.end());
+  std::vector<uint8_t> v3(v4.begin(), v4.begin() + 8 + 8 + 3);  // format 3:
+  v3[7] = '3';                                                   // no hyper
+  v3.insert(v3.end(), v4.begin() + hyper_end, v4.end());
   Append<uint32_t>(expected, Crc32(expected));
   EXPECT_EQ(EncodeCheckpoint({r}, "job", {{"lr", 0.25}}), expected);
   HyperValues hyper;
-  ASSERT_TRUE(DecodeCheckpoint(expected, "v4", nullptr, &hyper).ok());
+  auto v5 = DecodeCheckpoint(expected, "v5", nullptr, &hyper);
+  ASSERT_TRUE(v5.ok()) << v5.status();
+  EXPECT_TRUE((*v5)[0].running_mean);
+  EXPECT_EQ((*v5)[0].down_bin_divisor, 10u);
+  EXPECT_EQ(hyper, (HyperValues{{"lr", 0.25}}));
+  Append<uint32_t>(v4, Crc32(v4));
+  auto four = DecodeCheckpoint(v4, "v4", nullptr, &hyper);
+  ASSERT_TRUE(four.ok()) << four.status();
+  EXPECT_FALSE((*four)[0].running_mean);
+  EXPECT_EQ((*four)[0].down_bin_divisor, 1u);
+  EXPECT_EQ((*four)[0].params, r.params);
   EXPECT_EQ(hyper, (HyperValues{{"lr", 0.25}}));
   Append<uint32_t>(v3, Crc32(v3));
   std::string job;
@@ -321,6 +343,11 @@ TEST(CheckpointFormat, BytesFollowTheDocumentedLayoutSoOldFilesStayReadable) {
   EXPECT_EQ(job, "job");
   EXPECT_TRUE(hyper.empty());
   EXPECT_EQ((*old)[0].params, r.params);
+  // A flag this code does not know is refused, not dropped.
+  std::vector<uint8_t> unknown(expected.begin(), expected.end() - 4);
+  unknown[flags_at] = 3;
+  Append<uint32_t>(unknown, Crc32(unknown));
+  EXPECT_EQ(DecodeCheckpoint(unknown, "x").status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(Crc32(std::vector<uint8_t>{'1', '2', '3', '4', '5', '6', '7', '8', '9'}),
             0xCBF43926u);  // the standard CRC-32 check value
 }

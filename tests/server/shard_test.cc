@@ -2,6 +2,7 @@
 // checkpoint record, without sockets.
 #include "server/shard.h"
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <set>
@@ -303,6 +304,64 @@ TEST(Shard, ReplicaPullGivesThePublishedStateAndPublishesNothing) {
   EXPECT_EQ(next->version, 4u);
   ApplyAnswer(*next, mine);
   EXPECT_EQ(0, std::memcmp(mine.data(), s.published().data(), kLen * sizeof(float)));
+}
+
+// Local mode's recompressed pulls (a slice declared with them on servers running `mean`):
+// the slice adds each step's mean to what it holds, so the published replica follows the
+// running sum of the means from the initial values, and a checkpoint keeps that. A plain
+// mean slice holds only the last step's mean.
+TEST(Shard, ARunningMeanAddsEachStepsMeanAndItsRecompressedPullsFollowTheSum) {
+  constexpr uint32_t kLen = 200;
+  Shard s = Make(kLen, 50);
+  Shard plain = Make(kLen, 50);
+  s.set_running_mean();
+  EXPECT_TRUE(s.running_mean());
+  EXPECT_FALSE(plain.running_mean());
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> init(kLen), sum(kLen), replica(kLen);
+  for (float& x : init) x = normal(rng);
+  s.Initialize(Raw(init));
+  plain.Initialize(Raw(init));
+  sum = init;
+  replica = init;
+  const OptimizerConfig mean = Kind(OptimizerKind::kMean);
+  uint64_t have = 0;
+  std::vector<float> g0(kLen), g1(kLen);
+  for (uint64_t step = 0; step < 6; ++step) {
+    for (uint32_t i = 0; i < kLen; ++i) g0[i] = normal(rng), g1[i] = normal(rng);
+    for (Shard* t : {&s, &plain}) {
+      ASSERT_TRUE(t->AddPush(0, step, Dense(g0)).ok());
+      ASSERT_TRUE(t->AddPush(1, step, Dense(g1)).ok());
+      ASSERT_TRUE(t->CompleteStepIfReady({0, 1}, mean));
+    }
+    for (uint32_t i = 0; i < kLen; ++i) {
+      sum[i] += (g0[i] + g1[i]) * 0.5f;
+      EXPECT_EQ(plain.params()[i], (g0[i] + g1[i]) * 0.5f) << i;
+      EXPECT_NEAR(s.params()[i], sum[i], 1e-4f) << "step " << step << " element " << i;
+    }
+    auto a = s.AnswerPull({"r", 1, s.version(), have, Shard::Format::kRecompressed});
+    ASSERT_TRUE(a.ok()) << a.status();
+    ApplyAnswer(*a, replica);
+    have = a->version;
+    ASSERT_EQ(std::memcmp(replica.data(), s.published().data(), kLen * sizeof(float)), 0);
+  }
+  // What the downlink holds back (params - published) is small against the sum's change.
+  double held = 0, moved = 0;
+  for (uint32_t i = 0; i < kLen; ++i) {
+    held += std::abs(s.params()[i] - s.published()[i]);
+    moved += std::abs(s.params()[i] - init[i]);
+  }
+  EXPECT_LT(held, moved);
+  const SliceRecord r = s.ToRecord();
+  EXPECT_TRUE(r.running_mean);
+  EXPECT_FALSE(plain.ToRecord().running_mean);
+  auto back = Shard::FromRecord(r);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->running_mean()) << "a restored running mean must keep adding";
+  ASSERT_TRUE(back->AddPush(0, 6, Dense(g0)).ok());
+  ASSERT_TRUE(back->CompleteStepIfReady({0}, mean));
+  for (uint32_t i = 0; i < kLen; ++i) EXPECT_NEAR(back->params()[i], sum[i] + g0[i], 1e-4f);
 }
 
 TEST(Shard, CheckpointRecordRoundTripsEveryPartOfTheState) {

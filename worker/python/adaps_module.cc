@@ -226,7 +226,7 @@ std::unique_ptr<PyWorker> CreateWorker(const std::string& scheduler, const std::
 void Declare(PyWorker& self, const std::string& name, py::object values,
              std::optional<std::vector<int64_t>> shape, uint32_t bin_size,
              const std::string& compression, double topk_fraction, const std::string& pull,
-             bool fuse) {
+             bool fuse, uint32_t pull_bin_divisor) {
   Borrowed v = Borrow(values, /*writable=*/true, "declare: values");
   TensorSpec spec;
   spec.name = name;
@@ -237,6 +237,7 @@ void Declare(PyWorker& self, const std::string& name, py::object values,
   spec.topk_fraction = topk_fraction;
   spec.pull = ParsePull(pull);
   spec.fuse = fuse;
+  spec.pull_bin_divisor = pull_bin_divisor;
   Worker& worker = self.get();
   absl::Status status;
   {
@@ -356,7 +357,8 @@ void DefineModule(py::module_& m) {
       .def_property_readonly("num_servers", [](PyWorker& w) { return w.get().num_servers(); })
       .def("declare", &Declare, py::arg("name"), py::arg("values"), py::arg("shape") = py::none(),
            py::arg("bin_size") = 500, py::arg("compression") = "adacomp",
-           py::arg("topk_fraction") = 0.001, py::arg("pull") = "dense", py::arg("fuse") = true)
+           py::arg("topk_fraction") = 0.001, py::arg("pull") = "dense", py::arg("fuse") = true,
+           py::arg("pull_bin_divisor") = 1)
       .def("push_pull", &PushPull, py::arg("name"), py::arg("grad"), py::arg("out"))
       .def("push", &Push, py::arg("name"), py::arg("grad"))
       .def("pull", &Pull, py::arg("name"), py::arg("out"))

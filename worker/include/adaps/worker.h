@@ -104,6 +104,13 @@ struct TensorSpec {
   Compression compression = Compression::kAdaComp;
   double topk_fraction = 0.001;
   PullFormat pull = PullFormat::kDense;
+  // Recompressed pulls: the servers recompress this tensor's change at bin_size /
+  // pull_bin_divisor (at least 1; 0 or 1: at bin_size; capped by the servers'
+  // --pull_bin_size). The servers' downlink compresses what all the workers sent, several
+  // times as many elements as one push: a smaller bin keeps it from holding them back.
+  // With servers running `mean` (local mode), a tensor pulled recompressed is the running
+  // sum of the steps' means added to its initial values (server/shard.h, set_running_mean).
+  uint32_t pull_bin_divisor = 1;
   // Whether this tensor may be fused with other small ones (WorkerOptions::
   // fusion_threshold_bytes). false for a tensor not given every step, e.g. one only declared
   // to broadcast rank 0's values: a bucket waits for all its members.

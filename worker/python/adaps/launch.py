@@ -80,7 +80,9 @@ _TORCH_FLAGS = (
      "left out) (default adacomp; an embedding under plain SGD: topk)",
      dict(type=_compression_arg)),
     ("--pull", "ADAPS_PULL", "sparse, dense or recompressed (default: sparse where the "
-     "servers' step allows it, else dense)", dict(choices=("sparse", "dense", "recompressed"))),
+     "servers' step allows it, else dense; recompressed in local mode: the servers "
+     "recompress the running sum of the workers' mean updates at the bin size / (2.5 W): "
+     "fewer bytes for a little delay; not the default)", dict(choices=("sparse", "dense", "recompressed"))),
     ("--bin-size", "ADAPS_BIN_SIZE", "AdaComp bin size of non-conv layers (default 500)",
      dict(type=int)),
     ("--conv-bin-size", "ADAPS_CONV_BIN_SIZE", "AdaComp bin size of conv layers (default 50)",

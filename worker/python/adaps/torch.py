@@ -58,7 +58,12 @@ the defaults): server_optimizer (ADAPS_SERVER_OPTIMIZER, from --server-optimizer
 local mode, sgd/momentum/nesterov/adam -> server mode, checked against the torch optimizer;
 sum is refused), compression (ADAPS_COMPRESSION, "adacomp"; the dict form there as
 "TYPE:NAME,...", e.g. "embedding:topk,conv:dense"), pull (ADAPS_PULL: "sparse" in
-local mode and with servers running plain SGD without weight decay, else "dense"), bin_size
+local mode and with servers running plain SGD without weight decay, else "dense";
+"recompressed" in local mode, with the update exchange only: the servers keep the running sum
+of the steps' mean updates and recompress its change at each AdaComp tensor's bin size divided
+by 2.5 W (a tenth at 4 workers), every replica alike, so the pulls cost about as much as one push instead of W - 1 of
+them, for the delay of what the downlink holds back; docs/accuracy.md, "Recompressed pulls
+in local mode"), bin_size
 (ADAPS_BIN_SIZE, 500), conv_bin_size (ADAPS_CONV_BIN_SIZE, 50), topk_fraction
 (ADAPS_TOPK_FRACTION, 0.001), lr (ADAPS_LR, from --lr: when set it replaces every group's
 lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see below),
@@ -186,6 +191,12 @@ _LATE_BIN_FIRST = 0.75
 # step schedule before its first step down): the MLP with Adam at a constant rate went from
 # -1.06 pp against dense to -0.10 pp with 8x, -0.24 pp with 4x (docs/accuracy.md).
 _CONSTANT_BIN_DIVISOR = 8
+# Local mode's recompressed pulls: the servers' downlink recompresses what all the workers
+# sent at each tensor's bin size divided by this times the workers (an AdaComp bin of 500
+# pulled at 50 by 4 workers, at 25 by 8): the mean of W pushes holds about W times one
+# push's elements, which a bin as large as the pushes' would hold back (docs/accuracy.md,
+# "Recompressed pulls in local mode").
+_PULL_BIN_DIVISOR_PER_WORKER = 2.5
 _USED_PREFIX = "__adaps_used__/"
 
 
@@ -287,7 +298,7 @@ class _Param:
     __slots__ = ("name", "param", "kind", "bin_size", "buf", "stage", "handle", "zeros",
                  "used", "pushed_grad", "pushed_version", "snap", "velocity", "held",
                  "compressed", "adacomp", "row_sparse", "row_steps", "row_nonzero", "passes",
-                 "compression", "topk_fraction")
+                 "compression", "topk_fraction", "pull", "replica")
 
     def __init__(self, name, param, kind, bin_size):
         self.name = name
@@ -312,6 +323,8 @@ class _Param:
         self.row_steps = 0       # row_sparse: steps whose density was looked at (the first 5)
         self.row_nonzero = 0.0   # row_sparse: the highest fraction of nonzero elements seen
         self.passes = 0          # gradient exchange: backward passes since the last step
+        self.pull = None         # how it is pulled ("sparse", "dense" or "recompressed")
+        self.replica = None      # local mode, recompressed: the running sum it last pulled
 
 
 def _host_f32(shape, like):
@@ -432,15 +445,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             beta1 = optimizer.param_groups[0].get("betas", (0.9, 0.999))[0]
             if beta1 < 1:
                 self._late_bins_at = max(1, int(round(10.0 / (1.0 - beta1))))
-        if self.mode == "local" and pull == "recompressed":
-            # The servers' recompression sends the change of what they hold against the
-            # workers' replicas: right for parameters, which move a little each step, wrong for
-            # local mode's per-step mean gradient (stale gradients come back each step, and a
-            # run with momentum diverges). Refused until the downlink compresses gradients.
-            raise ValueError("adaps.torch: local mode (servers running mean) takes sparse "
-                             "(the default: each step's exact mean) or dense pulls; "
-                             "recompressed pulls need server mode (--server-optimizer "
-                             "sgd/momentum/nesterov/adam)")
+        if self.mode == "local" and pull == "recompressed" and self.exchange != "update":
+            # A recompressed pull from servers running mean is the running sum of the steps'
+            # means: right for the update exchange (the sum of the updates is where the
+            # parameters are), wrong for mean gradients (what the downlink holds back would
+            # come back steps late, and a run with momentum diverges).
+            raise ValueError("adaps.torch: recompressed pulls in local mode need the update "
+                             "exchange (exchange=\"update\", the default with a "
+                             "compressor): with exchange=\"gradient\" take sparse (each "
+                             "step's exact mean) or dense pulls")
         self.compression = compression
         if self.exchange == "update" and compressing and \
                 any(g.get("nesterov") and g.get("momentum", 0) for g in optimizer.param_groups):
@@ -483,8 +496,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # This optimizer's small tensors are fused only with each other: a trainer that steps
         # two optimizers at different times (a GAN) must not have one wait for the other's.
         self.worker.close_fusion_buckets()
+        # (Fixed at the declaration: the workers there, W.)
+        self._pull_bin_divisor = max(1, int(round(
+            _PULL_BIN_DIVISOR_PER_WORKER * max(1, self.worker.live_workers))))
         for e in self._params:
-            self._declare(e, e.compression, e.topk_fraction, self.pull)
+            e.pull = self._entry_pull(e)
+            self._declare(e, e.compression, e.topk_fraction, e.pull)
         self._used = None
         if self.exchange == "gradient" and self.mode == "local" and self._params:
             self._used_name = _USED_PREFIX + str(sum(
@@ -593,6 +610,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             return "sparse"
         return "dense"
 
+    def _entry_pull(self, e):
+        # Local mode's recompressed pulls are for the update exchange's AdaComp tensors; a
+        # tensor sent dense or by Top-k, or a large embedding's exact gradient, keeps the
+        # step's exact mean (sparse pulls).
+        if self.mode == "local" and self.pull == "recompressed" and \
+                (e.row_sparse or not e.adacomp):
+            return "sparse"
+        return self.pull
+
     @staticmethod
     def _collect(optimizer, model, bin_size, conv_bin_size, bin_sizes, bin_size_named=False):
         plain_sgd = _plain_sgd_params(optimizer)
@@ -652,9 +678,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         e.buf = buf.numpy()
         # A row_sparse table is exchanged before the optimizer's step, the update exchange's
         # tensors after it: a fusion bucket holding both would wait for itself.
+        running = self.mode == "local" and pull == "recompressed"
         self.worker.declare(e.name, e.buf, shape=shape, bin_size=e.bin_size,
                             compression=compression, topk_fraction=topk_fraction, pull=pull,
-                            fuse=not e.row_sparse)
+                            fuse=not e.row_sparse,
+                            pull_bin_divisor=self._pull_bin_divisor if running else 1)
+        if running:
+            # The servers' running sum of the steps' means (0 at the start): each step's
+            # delivered mean is its change.
+            e.replica = e.buf.copy()
         if self.mode == "server":
             with torch.no_grad():
                 e.param.copy_(torch.from_numpy(e.buf).view_as(e.param))
@@ -903,6 +935,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if error is None:
                     # Every replica: the same start plus the same mean update.
                     mean = torch.from_numpy(e.buf).view(e.param.shape)
+                    if e.replica is not None:
+                        # Recompressed: the servers' running sum; the mean delivered this
+                        # step is its change (e.buf becomes it, e.replica the sum).
+                        np.subtract(e.buf, e.replica, out=e.replica)
+                        e.replica, e.buf = e.buf, e.replica
+                        mean = torch.from_numpy(e.buf).view(e.param.shape)
                     if self.own_updates != "off":
                         # This worker's model: the replica plus its share of its own residue.
                         # e.snap is the replica plus e.held (the share before this push); the
