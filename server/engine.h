@@ -87,8 +87,9 @@ struct DeclareWork : EngineRequest {
   std::vector<WireSegment> segments;  // a fusion bucket's table (DeclareSlice.segments)
   uint32_t downlink_bin_cap = 0;      // a bucket's: the server's --pull_bin_size (0: none)
   bool sparse_pulls = false;          // declared with pull_format = Sparse (Shard::TrackSteps)
-  // Declared with pull_format = Recompressed (Shard::set_running_mean: with servers running
-  // `mean`, the slice accumulates the steps' means) and its DeclareSlice.pull_bin_divisor.
+  // Declared with pull_format = Recompressed on servers running `mean` (Shard::
+  // set_running_mean: the slice accumulates the steps' means), and the declaration's
+  // DeclareSlice.pull_bin_divisor.
   bool recompressed_pulls = false;
   uint32_t pull_bin_divisor = 1;
 };

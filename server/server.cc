@@ -352,7 +352,9 @@ void Server::OnDeclare(InMessage& in) {
   work.bin_size = PullBinSize(d->bin_size(), config_.pull_bin_size, work.pull_bin_divisor);
   work.has_init = d->has_init();
   work.sparse_pulls = d->pull_format() == msg::PullFormat::Sparse;
-  work.recompressed_pulls = d->pull_format() == msg::PullFormat::Recompressed;
+  // (A running mean: only a mean server's slices; others step their parameters already.)
+  work.recompressed_pulls = d->pull_format() == msg::PullFormat::Recompressed &&
+                            optimizer_.kind == OptimizerKind::kMean;
   if (bucket) {
     for (const msg::Segment* seg : *d->segments()) {
       work.segments.push_back(WireSegment{seg->length(), seg->bin_size()});
