@@ -37,9 +37,10 @@ bool ReadRecord(RecordReader& r, SliceRecord& s, bool with_flags) {
                     r.Get(&s.down_version) && (!with_flags || r.Get(&flags));
   s.running_mean = (flags & kRunningMeanFlag) != 0;
   s.down_bin_divisor = std::max(1u, flags >> kDivisorShift);
-  return head && (flags & kUnusedFlags) == 0 && r.GetString(&s.name) && r.GetFloats(&s.params, s.length) &&
-         r.GetFloats(&s.m, s.length) && r.GetFloats(&s.v, s.length) &&
-         r.GetFloats(&s.published, s.length) && r.GetFloats(&s.residue, s.length);
+  return head && (flags & kUnusedFlags) == 0 && r.GetString(&s.name) &&
+         r.GetFloats(&s.params, s.length) && r.GetFloats(&s.m, s.length) &&
+         r.GetFloats(&s.v, s.length) && r.GetFloats(&s.published, s.length) &&
+         r.GetFloats(&s.residue, s.length);
 }
 
 }  // namespace
