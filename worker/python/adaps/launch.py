@@ -82,7 +82,8 @@ _TORCH_FLAGS = (
     ("--pull", "ADAPS_PULL", "sparse, dense or recompressed (default: sparse where the "
      "servers' step allows it, else dense; recompressed in local mode: the servers "
      "recompress the running sum of the workers' mean updates at the bin size / (2.5 W): "
-     "fewer bytes for a little delay; not the default)", dict(choices=("sparse", "dense", "recompressed"))),
+     "fewer bytes for a little delay; not the default)",
+     dict(choices=("sparse", "dense", "recompressed"))),
     ("--bin-size", "ADAPS_BIN_SIZE", "AdaComp bin size of non-conv layers (default 500)",
      dict(type=int)),
     ("--conv-bin-size", "ADAPS_CONV_BIN_SIZE", "AdaComp bin size of conv layers (default 50)",

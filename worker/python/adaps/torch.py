@@ -61,9 +61,9 @@ sum is refused), compression (ADAPS_COMPRESSION, "adacomp"; the dict form there 
 local mode and with servers running plain SGD without weight decay, else "dense";
 "recompressed" in local mode, with the update exchange only: the servers keep the running sum
 of the steps' mean updates and recompress its change at each AdaComp tensor's bin size divided
-by 2.5 W (a tenth at 4 workers), every replica alike, so the pulls cost about as much as one push instead of W - 1 of
-them, for the delay of what the downlink holds back; docs/accuracy.md, "Recompressed pulls
-in local mode"), bin_size
+by 2.5 W (a tenth at 4 workers), one message for every replica, 1.5-2.5 pushes' bytes where
+an exact pull carries W - 1 pushes, for the delay of what the downlink holds back; not the
+default: docs/accuracy.md, "Recompressed pulls in local mode"), bin_size
 (ADAPS_BIN_SIZE, 500), conv_bin_size (ADAPS_CONV_BIN_SIZE, 50), topk_fraction
 (ADAPS_TOPK_FRACTION, 0.001), lr (ADAPS_LR, from --lr: when set it replaces every group's
 lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see below),
@@ -298,7 +298,7 @@ class _Param:
     __slots__ = ("name", "param", "kind", "bin_size", "buf", "stage", "handle", "zeros",
                  "used", "pushed_grad", "pushed_version", "snap", "velocity", "held",
                  "compressed", "adacomp", "row_sparse", "row_steps", "row_nonzero", "passes",
-                 "compression", "topk_fraction", "pull", "replica")
+                 "compression", "topk_fraction", "replica")
 
     def __init__(self, name, param, kind, bin_size):
         self.name = name
@@ -323,7 +323,6 @@ class _Param:
         self.row_steps = 0       # row_sparse: steps whose density was looked at (the first 5)
         self.row_nonzero = 0.0   # row_sparse: the highest fraction of nonzero elements seen
         self.passes = 0          # gradient exchange: backward passes since the last step
-        self.pull = None         # how it is pulled ("sparse", "dense" or "recompressed")
         self.replica = None      # local mode, recompressed: the running sum it last pulled
 
 
@@ -500,8 +499,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._pull_bin_divisor = max(1, int(round(
             _PULL_BIN_DIVISOR_PER_WORKER * max(1, self.worker.live_workers))))
         for e in self._params:
-            e.pull = self._entry_pull(e)
-            self._declare(e, e.compression, e.topk_fraction, e.pull)
+            self._declare(e, e.compression, e.topk_fraction, self._entry_pull(e))
         self._used = None
         if self.exchange == "gradient" and self.mode == "local" and self._params:
             self._used_name = _USED_PREFIX + str(sum(
@@ -685,8 +683,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                             pull_bin_divisor=self._pull_bin_divisor if running else 1)
         if running:
             # The servers' running sum of the steps' means (0 at the start): each step's
-            # delivered mean is its change.
-            e.replica = e.buf.copy()
+            # delivered mean is its change. (Pinned as e.buf is: the two swap each step.)
+            replica = _host_f32(shape, e.param)
+            e.replica = replica.numpy()
+            e.replica[...] = e.buf
         if self.mode == "server":
             with torch.no_grad():
                 e.param.copy_(torch.from_numpy(e.buf).view_as(e.param))
@@ -934,13 +934,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     continue
                 if error is None:
                     # Every replica: the same start plus the same mean update.
-                    mean = torch.from_numpy(e.buf).view(e.param.shape)
                     if e.replica is not None:
                         # Recompressed: the servers' running sum; the mean delivered this
                         # step is its change (e.buf becomes it, e.replica the sum).
                         np.subtract(e.buf, e.replica, out=e.replica)
                         e.replica, e.buf = e.buf, e.replica
-                        mean = torch.from_numpy(e.buf).view(e.param.shape)
+                    mean = torch.from_numpy(e.buf).view(e.param.shape)
                     if self.own_updates != "off":
                         # This worker's model: the replica plus its share of its own residue.
                         # e.snap is the replica plus e.held (the share before this push); the
