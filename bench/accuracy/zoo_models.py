@@ -50,6 +50,11 @@ the same batches per rank and the same schedule for every system compared.
          positions, 2 pre-norm nn.TransformerEncoder layers of width 64
          (dropout 0.1), mean pooling, AdamW in two param groups (weight
          decay 0.01 on matrices), 10% warm-up then cosine, clipping at 1.0
+  nanogpt a blind check added 2026-12-05 (the defaults as they were):  held-out bits/char
+         nanoGPT's model and shakespeare_char recipe scaled down: 4 blocks
+         of width 64, context 64, no biases, dropout 0.2, tied embedding;
+         AdamW 1e-3, betas (0.9, 0.99), weight decay 0.1 on every matrix,
+         2% warm-up then cosine to lr / 10, clipping at 1.0
 
 Text: the licence texts of Debian's base-files (/usr/share/common-licenses: GPL-3,
 Apache-2.0, LGPL-3, MPL-2.0, GFDL-1.3, Artistic, GPL-2, LGPL-2.1, MPL-1.1, CC0-1.0; 303 KB),
@@ -210,6 +215,58 @@ class CharGpt(nn.Module):
         n = x.shape[1]
         mask = torch.triu(torch.full((n, n), float("-inf")), 1)
         h = self.tok(x) + self.pos(torch.arange(n))
+        for b in self.blocks:
+            h = b(h, mask)
+        return self.head(self.ln(h))
+
+
+class NanoGptBlock(nn.Module):
+    """nanoGPT's block: pre-norm LayerNorms without bias, causal self-attention from one
+    fused q/k/v projection, a GELU MLP of 4x, dropout on the attention and the residuals."""
+    def __init__(self, d, heads, dropout):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d, elementwise_affine=True)
+        self.ln2 = nn.LayerNorm(d, elementwise_affine=True)
+        self.ln1.bias, self.ln2.bias = None, None
+        self.c_attn = nn.Linear(d, 3 * d, bias=False)
+        self.attn_proj = nn.Linear(d, d, bias=False)
+        self.fc = nn.Linear(d, 4 * d, bias=False)
+        self.mlp_proj = nn.Linear(4 * d, d, bias=False)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, mask):
+        b, n, d = x.shape
+        q, k, v = self.c_attn(self.ln1(x)).split(d, dim=2)
+        q, k, v = (t.view(b, n, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        a = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads) + mask
+        y = (self.drop(a.softmax(-1)) @ v).transpose(1, 2).reshape(b, n, d)
+        x = x + self.drop(self.attn_proj(y))
+        return x + self.drop(self.mlp_proj(F.gelu(self.fc(self.ln2(x)))))
+
+
+class NanoGpt(nn.Module):
+    """nanoGPT's model (Karpathy's GPT class) scaled down: 4 blocks of width 64, 4 heads,
+    context 64, dropout 0.2, no biases, the output layer tied to the token embedding, normal
+    initial values of std 0.02 (0.02 / sqrt(2 * layers) for the residual projections)."""
+    def __init__(self, vocab, d=64, layers=4, heads=4, ctx=64, dropout=0.2):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(NanoGptBlock(d, heads, dropout) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.ln.bias = None
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith("proj.weight") else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def forward(self, x):
+        n = x.shape[1]
+        mask = torch.triu(torch.full((n, n), float("-inf")), 1)
+        h = self.drop(self.tok(x) + self.pos(torch.arange(n)))
         for b in self.blocks:
             h = b(h, mask)
         return self.head(self.ln(h))
@@ -576,7 +633,8 @@ def make_task(name, rank, workers, seed, steps, quick=False):
                      opt_cls=opt_cls,
                      train_size=4000 if quick else 60000, test_size=500 if quick else 2000)
         return task
-    if name in ("gpt", "gru", "gru-sgd", "gpt128", "tcn") or name in _LSTM_OPTIMIZERS:
+    if name in ("gpt", "gru", "gru-sgd", "gpt128", "tcn", "nanogpt") or \
+            name in _LSTM_OPTIMIZERS:
         train, valid, vocab = _chars()
         seq_len = 32 if name in ("gpt", "gpt128") else 48
         if name == "tcn":
@@ -603,6 +661,21 @@ def make_task(name, rank, workers, seed, steps, quick=False):
             task.model = CharLstm(vocab)
             task.optimizer = opt_cls(task.model.parameters(), lr=lr)
             task.lr_at = cosine(lr, steps)
+            task.clip = 1.0
+        elif name == "nanogpt":
+            # A blind check (added 2026-12-05, the defaults as they were): nanoGPT's
+            # shakespeare_char recipe, scaled down: AdamW lr 1e-3, betas (0.9, 0.99), weight
+            # decay 0.1 on every matrix (the tied embedding included), 2% warm-up, then cosine
+            # to lr / 10, clipping at 1.0.
+            seq_len = 64
+            task.model = NanoGpt(vocab, ctx=seq_len)
+            decay = [p for p in task.model.parameters() if p.dim() >= 2]
+            other = [p for p in task.model.parameters() if p.dim() < 2]
+            task.optimizer = torch.optim.AdamW(
+                [{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+                lr=1e-3, betas=(0.9, 0.99))
+            peak = cosine(1e-3 - 1e-4, steps, warmup=max(1, steps // 50))
+            task.lr_at = lambda step: peak(step) + 1e-4 * min(1.0, (step + 1) / max(1, steps // 50))
             task.clip = 1.0
         elif name == "gpt128":
             task.model = CharGpt(vocab, d=128, ctx=seq_len)
@@ -733,4 +806,4 @@ def _embed_task(task, rank, seed, steps, quick):
 MODELS = ("mlp", "cnn", "lstm", "gpt", "embed", "gru", "vit", "wordgpt", "mlp-adam",
           "cnn-adam", "gpt128", "lstm-rmsprop", "cnn-adagrad", "cnn-rmsprop", "lstm-adagrad",
           "lstm-nadam", "lstm-radam", "resnet", "ae", "tcn", "mixer", "dwnet", "wordlstm",
-          "mlp-sgd", "cnn-sgd", "lstm-sgd", "gru-sgd", "encoder")
+          "mlp-sgd", "cnn-sgd", "lstm-sgd", "gru-sgd", "encoder", "nanogpt")
