@@ -1,11 +1,20 @@
 #include "common/metrics.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <exception>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/config.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
@@ -152,7 +161,51 @@ Metrics::Metrics(MetricsOptions options, std::shared_ptr<prometheus::Registry> r
       registry_(std::move(registry)),
       families_(std::make_unique<Families>()) {}
 
-Metrics::~Metrics() { exposer_.reset(); }
+namespace {
+
+// One TCP connection to host:port, closed at once (any failure ignored). An unspecified
+// listening address ("0.0.0.0", "::") is knocked on through the loopback interface.
+void Knock(const std::string& host, int port) {
+  std::string h = host;
+  if (h.empty() || h == "0.0.0.0" || h == "*") h = "127.0.0.1";
+  if (h == "::" || h == "[::]") h = "::1";
+  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(h.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    timeval limit{0, 100 * 1000};  // connect() honours the send timeout
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
+    const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    close(fd);
+    if (connected) break;
+  }
+  freeaddrinfo(found);
+}
+
+}  // namespace
+
+Metrics::~Metrics() {
+  if (exposer_ == nullptr) return;
+  // civetweb (1.15, under prometheus-cpp's Exposer) notices that it is being stopped only
+  // when its poll of the listening socket returns, which an idle server's does every 2 s:
+  // destroying the Exposer alone takes up to 2 s (a server's or a test's every exit). A
+  // connection wakes that poll, so knock on the port until the Exposer is gone.
+  std::atomic<bool> stopped{false};
+  std::thread knocker([this, &stopped] {
+    while (!stopped.load()) {
+      Knock(options_.host, port_);
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  });
+  exposer_.reset();
+  stopped.store(true);
+  knocker.join();
+}
 
 absl::Status Metrics::SetRank(int rank) {
   absl::MutexLock lock(&mu_);
