@@ -220,6 +220,63 @@ class CharGpt(nn.Module):
         return self.head(self.ln(h))
 
 
+class SwitchMlp(nn.Module):
+    """A Switch Transformer's sparse MLP: a router sends each token to one of `experts` GELU
+    MLPs (top-1, the output scaled by the router's probability); `aux` is the step's load-
+    balancing loss (experts x the sum over experts of the fraction of tokens routed there
+    times the mean router probability), which the task adds to the loss at 0.01."""
+    def __init__(self, d, experts=4, hidden=2):
+        super().__init__()
+        self.router = nn.Linear(d, experts, bias=False)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(d, hidden * d), nn.GELU(), nn.Linear(hidden * d, d))
+            for _ in range(experts))
+        self.aux = torch.zeros(())
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        probs = self.router(x).softmax(-1)
+        gate, choice = probs.max(-1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            sel = choice == e
+            if sel.any():
+                out[sel] = expert(x[sel]) * gate[sel].unsqueeze(1)
+        routed = torch.bincount(choice, minlength=len(self.experts)).float() / x.shape[0]
+        self.aux = len(self.experts) * (routed * probs.mean(0)).sum()
+        return out.view(shape)
+
+
+class MoeBlock(Block):
+    """The gpt's block with its MLP replaced by a Switch MLP of 4 experts."""
+    def __init__(self, d, heads):
+        super().__init__(d, heads)
+        self.mlp = SwitchMlp(d)
+
+
+class MoeGpt(nn.Module):
+    """The char-level gpt (width 64, 2 blocks, context 32) with sparse MoE MLPs: each token's
+    MLP is one of 4 experts, so an expert's weights get gradient only from the tokens routed
+    to it."""
+    def __init__(self, vocab, d=64, layers=2, heads=4, ctx=32):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.blocks = nn.ModuleList(MoeBlock(d, heads) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+
+    def forward(self, x):
+        n = x.shape[1]
+        mask = torch.triu(torch.full((n, n), float("-inf")), 1)
+        h = self.tok(x) + self.pos(torch.arange(n))
+        for b in self.blocks:
+            h = b(h, mask)
+        return self.head(self.ln(h))
+
+    def aux_loss(self):
+        return sum(b.mlp.aux for b in self.blocks)
+
+
 class NanoGptBlock(nn.Module):
     """nanoGPT's block: pre-norm LayerNorms without bias, causal self-attention from one
     fused q/k/v projection, a GELU MLP of 4x, dropout on the attention and the residuals."""
@@ -633,10 +690,10 @@ def make_task(name, rank, workers, seed, steps, quick=False):
                      opt_cls=opt_cls,
                      train_size=4000 if quick else 60000, test_size=500 if quick else 2000)
         return task
-    if name in ("gpt", "gru", "gru-sgd", "gpt128", "tcn", "nanogpt") or \
+    if name in ("gpt", "gru", "gru-sgd", "gpt128", "tcn", "nanogpt", "moe") or \
             name in _LSTM_OPTIMIZERS:
         train, valid, vocab = _chars()
-        seq_len = 32 if name in ("gpt", "gpt128") else 48
+        seq_len = 32 if name in ("gpt", "gpt128", "moe") else 48
         if name == "tcn":
             # Debian's torch 1.13 (oneDNN) returns infinite gradients for these dilated
             # Conv1d layers on some batches; the reference kernels do not.
@@ -677,6 +734,12 @@ def make_task(name, rank, workers, seed, steps, quick=False):
             peak = cosine(1e-3 - 1e-4, steps, warmup=max(1, steps // 50))
             task.lr_at = lambda step: peak(step) + 1e-4 * min(1.0, (step + 1) / max(1, steps // 50))
             task.clip = 1.0
+        elif name == "moe":
+            # A blind check (added 2026-12-05, the defaults as they were): the gpt's recipe
+            # (AdamW 3e-3 on every parameter, weight decay 0.01, 10% warm-up then cosine,
+            # clipping at 1.0) on a Switch-MoE transformer, with the load-balancing loss.
+            _adamw_recipe(task, MoeGpt(vocab, ctx=seq_len), steps, lr=3e-3, weight_decay=0.01,
+                          warm=10, clip=1.0)
         elif name == "gpt128":
             task.model = CharGpt(vocab, d=128, ctx=seq_len)
             task.optimizer = torch.optim.Adam(task.model.parameters(), lr=3e-3)
@@ -689,6 +752,9 @@ def make_task(name, rank, workers, seed, steps, quick=False):
         _lm_batches(task, train, seq_len, 16, rank, seed)
         _lm_eval(task, valid, seq_len, 16 if quick else 64)
         task.loss = lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        if name == "moe":
+            task.loss = lambda logits, y: F.cross_entropy(
+                logits.flatten(0, 1), y.flatten()) + 0.01 * task.model.aux_loss()
         return task
     if name == "embed":
         return _embed_task(task, rank, seed, steps, quick)
@@ -806,4 +872,4 @@ def _embed_task(task, rank, seed, steps, quick):
 MODELS = ("mlp", "cnn", "lstm", "gpt", "embed", "gru", "vit", "wordgpt", "mlp-adam",
           "cnn-adam", "gpt128", "lstm-rmsprop", "cnn-adagrad", "cnn-rmsprop", "lstm-adagrad",
           "lstm-nadam", "lstm-radam", "resnet", "ae", "tcn", "mixer", "dwnet", "wordlstm",
-          "mlp-sgd", "cnn-sgd", "lstm-sgd", "gru-sgd", "encoder", "nanogpt")
+          "mlp-sgd", "cnn-sgd", "lstm-sgd", "gru-sgd", "encoder", "nanogpt", "moe")
