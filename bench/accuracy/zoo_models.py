@@ -55,6 +55,9 @@ the same batches per rank and the same schedule for every system compared.
          of width 64, context 64, no biases, dropout 0.2, tied embedding;
          AdamW 1e-3, betas (0.9, 0.99), weight decay 0.1 on every matrix,
          2% warm-up then cosine to lr / 10, clipping at 1.0
+  moe    a blind check added 2026-12-05: the gpt with Switch-MoE MLPs  held-out bits/char
+         (4 experts, top-1 routing, load-balancing loss at 0.01), the
+         gpt's AdamW recipe
 
 Text: the licence texts of Debian's base-files (/usr/share/common-licenses: GPL-3,
 Apache-2.0, LGPL-3, MPL-2.0, GFDL-1.3, Artistic, GPL-2, LGPL-2.1, MPL-1.1, CC0-1.0; 303 KB),
