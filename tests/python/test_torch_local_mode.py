@@ -177,6 +177,37 @@ def test_a_parameter_without_gradient_is_treated_as_ddp_treats_unused_parameters
         assert torch.equal(b, torch.ones(3))               # no weight decay step either
 
 
+def test_update_exchange_warns_when_a_parameter_without_gradient_here_moved_elsewhere(cluster):
+    # DDP steps a parameter on every rank once any rank's backward reached it; in the update
+    # exchange each worker's optimizer steps on its own gradient and skips a parameter that
+    # has none here (no momentum, weight decay or Adam step from this worker): the mean step
+    # is then smaller. Not silent: the worker whose optimizer skipped it warns, once; a
+    # parameter nobody used (DDP leaves it too) and one every worker used say nothing.
+    address = mean_cluster(cluster)
+
+    def rank(w):
+        m = nn.Module()
+        m.a = nn.Parameter(torch.ones(600))  # used by rank 0 only (an expert, a branch)
+        m.b = nn.Parameter(torch.ones(600))  # used by nobody
+        m.c = nn.Parameter(torch.ones(600))  # used by both
+        opt = wrap(torch.optim.SGD(m.parameters(), lr=0.5, weight_decay=0.1), m, w,
+                   compression="adacomp")
+        assert opt.exchange == "update"
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            loss = (m.c * 2.0).sum() + ((m.a * 2.0).sum() if w.rank == 0 else 0.0)
+            loss.backward()
+            opt.step()
+        return w.rank
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_ranks(address, 2, rank)
+    skipped = [str(c.message) for c in caught if "no gradient on this worker" in str(c.message)]
+    assert len(skipped) == 1, skipped
+    assert "'a'" in skipped[0] and "'b'" not in skipped[0] and "'c'" not in skipped[0]
+    assert "DDP" in skipped[0] and 'exchange="gradient"' in skipped[0], skipped[0]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_and_bfloat16_parameters_get_the_float32_mean_converted(cluster, dtype):
     address = mean_cluster(cluster)

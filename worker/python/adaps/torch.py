@@ -51,7 +51,11 @@ number of workers; used on none -> p.grad is left as it was (None after
 zero_grad(set_to_none=True)), so the torch optimizer skips it. Server mode cannot skip: the
 servers step with the zero mean gradient (no change under plain SGD; momentum, weight decay
 and Adam still move it). Only gradients produced by backward count; a p.grad assigned by
-hand is not pushed.
+hand is not pushed. The update exchange (exchange="update", local mode's default with a
+compressor) differs: each worker's optimizer steps on its own gradient and skips a parameter
+its backward did not reach, so a parameter used on some workers only (a mixture of experts'
+expert, a branch) gets a step up to 1/W smaller than DDP's; the first time that happens the
+worker warns, naming the parameter (exchange="gradient" is DDP's arithmetic).
 
 Settings and their precedence (explicit arguments win, then what adaps.launch exported, then
 the defaults): server_optimizer (ADAPS_SERVER_OPTIMIZER, from --server-optimizer; mean ->
@@ -439,6 +443,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._late_bins_at = None
         self._lr_peak, self._bin_divisor = 0.0, (1, 1)
         self._lr_last, self._lr_since = None, 0
+        self._warned_no_grad = False
         if bin_schedule == "auto" and self.exchange == "update" and \
                 _moments.changes_step(optimizer):
             beta1 = optimizer.param_groups[0].get("betas", (0.9, 0.999))[0]
@@ -895,6 +900,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if e.snap is None:
                     e.snap = torch.empty_like(e.param)
                 e.snap.copy_(e.param)
+        # Parameters this worker's backward did not reach: its optimizer skips them (see the
+        # warning below).
+        no_grad = None if self._warned_no_grad else \
+            {id(e) for e in self._params if e.param.grad is None and not e.row_sparse}
         result = None
         if not skip:
             # Adam, AdamW, NAdam, RAdam, RMSprop, Adagrad: the step's denominator estimates
@@ -940,6 +949,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         np.subtract(e.buf, e.replica, out=e.replica)
                         e.replica, e.buf = e.buf, e.replica
                     mean = torch.from_numpy(e.buf).view(e.param.shape)
+                    if no_grad and id(e) in no_grad and not self._warned_no_grad and \
+                            bool(mean.any()):
+                        self._warned_no_grad = True
+                        warnings.warn(
+                            "adaps.torch: parameter %r got no gradient on this worker this "
+                            "step, but other workers' updates moved it: with "
+                            "exchange=\"update\" each worker's optimizer steps on its own "
+                            "gradient and skips a parameter without one (no momentum, weight "
+                            "decay or Adam step from this worker), where DDP steps it on "
+                            "every worker with the mean gradient, so its step here is up to "
+                            "1/W smaller (a mixture of experts, a branch some batches skip); "
+                            "exchange=\"gradient\" steps it as DDP does (warned once)"
+                            % (e.name,), stacklevel=4)
                     if self.own_updates != "off":
                         # This worker's model: the replica plus its share of its own residue.
                         # e.snap is the replica plus e.held (the share before this push); the
