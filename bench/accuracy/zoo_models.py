@@ -208,10 +208,10 @@ class Block(nn.Module):
 
 
 class CharGpt(nn.Module):
-    def __init__(self, vocab, d=64, layers=2, heads=4, ctx=32):
+    def __init__(self, vocab, d=64, layers=2, heads=4, ctx=32, block=Block):
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(block(d, heads) for _ in range(layers))
         self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
 
     def forward(self, x):
@@ -258,23 +258,12 @@ class MoeBlock(Block):
         self.mlp = SwitchMlp(d)
 
 
-class MoeGpt(nn.Module):
+class MoeGpt(CharGpt):
     """The char-level gpt (width 64, 2 blocks, context 32) with sparse MoE MLPs: each token's
     MLP is one of 4 experts, so an expert's weights get gradient only from the tokens routed
     to it."""
     def __init__(self, vocab, d=64, layers=2, heads=4, ctx=32):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
-        self.blocks = nn.ModuleList(MoeBlock(d, heads) for _ in range(layers))
-        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
-
-    def forward(self, x):
-        n = x.shape[1]
-        mask = torch.triu(torch.full((n, n), float("-inf")), 1)
-        h = self.tok(x) + self.pos(torch.arange(n))
-        for b in self.blocks:
-            h = b(h, mask)
-        return self.head(self.ln(h))
+        super().__init__(vocab, d, layers, heads, ctx, block=MoeBlock)
 
     def aux_loss(self):
         return sum(b.mlp.aux for b in self.blocks)
