@@ -43,11 +43,6 @@ absl::Status ValidateServerConfig(const ServerConfig& c) {
   return ValidateLogLevel(c.log_level);
 }
 
-uint32_t PullBinSize(uint32_t declared, uint32_t pull_bin_size, uint32_t divisor) {
-  if (divisor > 1) declared = std::max<uint32_t>(1, declared / divisor);
-  return pull_bin_size == 0 ? declared : std::min(declared, pull_bin_size);
-}
-
 void TransportSink::Send(const std::string& route, int peer, OutMessage message) {
   if (peer >= 0) {
     transport_->Send(peer, std::move(message));

@@ -103,10 +103,6 @@ struct ServerConfig {
 
 absl::Status ValidateServerConfig(const ServerConfig& config);
 
-// The bin size of a slice's recompressed pulls: min(pull_bin_size, declared / divisor) (at
-// least 1; pull_bin_size 0: no cap; divisor: DeclareSlice.pull_bin_divisor, 0 or 1: none).
-uint32_t PullBinSize(uint32_t declared, uint32_t pull_bin_size, uint32_t divisor = 1);
-
 // Engine answers go out through the transport (thread-safe).
 class TransportSink final : public EngineSink {
  public:

@@ -44,6 +44,11 @@
 
 namespace adaps {
 
+// The bin size of recompressed pulls of a slice (or a bucket's member) declared with bin size
+// `declared`: min(pull_bin_size, declared / divisor) (at least 1; pull_bin_size 0: no cap,
+// the server's --pull_bin_size; divisor: DeclareSlice.pull_bin_divisor, 0 or 1: none).
+uint32_t PullBinSize(uint32_t declared, uint32_t pull_bin_size, uint32_t divisor = 1);
+
 class Shard {
  public:
   // The same type as SharedBytes in common/messages.h (an immutable shared payload).

@@ -71,9 +71,13 @@ absl::Status Shard::PublishRecompressed() {
   return absl::OkStatus();
 }
 
+uint32_t PullBinSize(uint32_t declared, uint32_t pull_bin_size, uint32_t divisor) {
+  if (divisor > 1) declared = std::max<uint32_t>(1, declared / divisor);
+  return pull_bin_size == 0 ? declared : std::min(declared, pull_bin_size);
+}
+
 uint32_t Shard::DownlinkBin(uint32_t member_bin) const {
-  if (down_bin_divisor_ > 1) member_bin = std::max(1u, member_bin / down_bin_divisor_);
-  return down_bin_cap_ == 0 ? member_bin : std::min(member_bin, down_bin_cap_);
+  return PullBinSize(member_bin, down_bin_cap_, down_bin_divisor_);
 }
 
 // PublishRecompressed segment by segment, each with its member's bin size (DownlinkBin):

@@ -275,8 +275,7 @@ class NanoGptBlock(nn.Module):
     def __init__(self, d, heads, dropout):
         super().__init__()
         self.heads = heads
-        self.ln1 = nn.LayerNorm(d, elementwise_affine=True)
-        self.ln2 = nn.LayerNorm(d, elementwise_affine=True)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.ln1.bias, self.ln2.bias = None, None
         self.c_attn = nn.Linear(d, 3 * d, bias=False)
         self.attn_proj = nn.Linear(d, d, bias=False)
