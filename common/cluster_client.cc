@@ -91,7 +91,8 @@ OutMessage ClusterClient::RegisterMessage(uint64_t request_id, int rank, uint32_
   auto steps = fbb.CreateVector(options_.checkpoint_steps ? options_.checkpoint_steps()
                                                           : std::vector<uint64_t>{});
   auto body = msg::CreateRegister(fbb, transport_.self().role, fbb.CreateString(address_),
-                                  fbb.CreateString(options_.identity), rank, epoch, steps);
+                                  fbb.CreateString(options_.identity), rank, epoch, steps,
+                                  fbb.CreateString(options_.optimizer));
   return FinishEnvelope(fbb, transport_.self(), body, request_id, 0);
 }
 

@@ -43,6 +43,7 @@ struct ClusterClientOptions {
   std::string scheduler;  // e.g. tcp://127.0.0.1:5000
   std::string address;    // servers: the address workers use; workers: empty
   std::string identity;   // optional stable identity (a restarted node keeps its rank)
+  std::string optimizer;  // servers: their --optimizer, sent in Register; workers: empty
   absl::Duration register_timeout = absl::Seconds(60);
   // How long the node keeps going without hearing from the scheduler (re-registering
   // meanwhile) before the shutdown callback runs with kUnavailable.

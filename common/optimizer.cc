@@ -20,6 +20,24 @@ absl::StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name) {
       "unknown optimizer '", name, "' (expected sum, mean, sgd, momentum, nesterov or adam)"));
 }
 
+absl::string_view OptimizerKindName(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSumOnly:
+      return "sum";
+    case OptimizerKind::kMean:
+      return "mean";
+    case OptimizerKind::kSgd:
+      return "sgd";
+    case OptimizerKind::kMomentum:
+      return "momentum";
+    case OptimizerKind::kNesterov:
+      return "nesterov";
+    case OptimizerKind::kAdam:
+      return "adam";
+  }
+  return "";
+}
+
 absl::Status SetHyperParam(OptimizerConfig& c, const std::string& name, double value) {
   if (!std::isfinite(value)) {
     return absl::InvalidArgumentError(absl::StrCat("hyper-parameter ", name, " is not finite"));

@@ -25,6 +25,8 @@ enum class OptimizerKind { kSumOnly, kMean, kSgd, kMomentum, kNesterov, kAdam };
 
 // "sum", "mean", "sgd", "momentum", "nesterov", "adam"; kInvalidArgument otherwise.
 absl::StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name);
+// The name ParseOptimizerKind takes: "sum", "mean", "sgd", ...
+absl::string_view OptimizerKindName(OptimizerKind kind);
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kSgd;

@@ -201,6 +201,23 @@ void Scheduler::OnRegister(InMessage& in) {
     return Reject(in, absl::InvalidArgumentError("a server must register its address"),
                   metric_labels::kReasonInvalid);
   }
+  const std::string optimizer = reg->optimizer() ? reg->optimizer()->str() : "";
+  if (reg->role() == msg::Role::Server && !optimizer.empty()) {
+    // Workers read what a pull answers (a mean gradient, or parameters) from the servers'
+    // optimizer: one job, one optimizer. (A restarted server is compared with the others.)
+    for (const auto& n : nodes_) {
+      if (n.role != msg::Role::Server || n.optimizer.empty() || n.optimizer == optimizer ||
+          (!identity.empty() && n.identity == identity)) {
+        continue;
+      }
+      return Reject(in,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "this server runs --optimizer=", optimizer, " but server ", n.rank,
+                        " of the job runs --optimizer=", n.optimizer,
+                        ": every server of a job must run the same optimizer")),
+                    metric_labels::kReasonInvalid);
+    }
+  }
   max_seen_epoch_ = std::max(max_seen_epoch_, reg->epoch());
   if (!identity.empty() && Rejoin(in, identity, address)) return;
   if (formed_) {
@@ -243,6 +260,7 @@ void Scheduler::OnRegister(InMessage& in) {
   node.address = address;
   node.identity = identity;
   node.checkpoint_steps = StepList(reg->checkpoint_steps());
+  node.optimizer = optimizer;
   if (node.role == msg::Role::Worker) node.secret = RandomHex(16);
   node.route = in.route();
   node.register_request = in.envelope()->request_id();
@@ -266,6 +284,7 @@ bool Scheduler::Rejoin(const InMessage& in, const std::string& identity,
     n.route = in.route();
     n.address = address;
     n.checkpoint_steps = StepList(reg->checkpoint_steps());
+    if (reg->optimizer()) n.optimizer = reg->optimizer()->str();
     n.register_request = in.envelope()->request_id();
     n.last_seen = absl::Now();
     // (One that had left, e.g. a script that stopped its worker as it failed, is announced
@@ -378,7 +397,7 @@ void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
   for (const auto& n : nodes_) {
     infos.push_back(msg::CreateNodeInfo(fbb, n.role, n.rank, fbb.CreateString(n.address),
                                         fbb.CreateString(n.identity), n.alive && !n.left,
-                                        n.stepping));
+                                        n.stepping, fbb.CreateString(n.optimizer)));
     if (node.role == msg::Role::Server && n.role == msg::Role::Worker) {
       secrets.push_back(fbb.CreateString(n.secret));
     }

@@ -113,6 +113,8 @@ class Scheduler {
     std::string secret;  // workers: random, sent only in this node's views (kept on rejoin)
     // Servers: the steps of their step checkpoints (latest Register or Heartbeat).
     std::vector<uint64_t> checkpoint_steps;
+    // Servers: their --optimizer (Register.optimizer; empty if they did not say).
+    std::string optimizer;
     // Workers: the first barrier this one takes part in (one that joined a running job does
     // not hold up the barriers the others were already waiting at).
     uint64_t first_barrier = 0;

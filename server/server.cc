@@ -72,6 +72,7 @@ Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context, M
   ClusterClientOptions copts;
   copts.scheduler = config_.scheduler;
   copts.identity = config_.identity;
+  copts.optimizer = std::string(OptimizerKindName(config_.optimizer.kind));
   copts.register_timeout = config_.register_timeout;
   copts.scheduler_grace = config_.scheduler_grace;
   CheckpointPolicyOptions popts;

@@ -16,6 +16,25 @@ int LiveWorkersOf(const msg::ClusterView& view) {
   return live;
 }
 
+// The servers' common --optimizer ("" when one did not say); an error when two differ (the
+// scheduler refuses such a server, so only a view from elsewhere can hold that).
+absl::StatusOr<std::string> ServerOptimizerOf(const msg::ClusterView& view) {
+  std::string kind;
+  if (view.nodes() == nullptr) return kind;
+  for (const auto* n : *view.nodes()) {
+    if (n->role() != msg::Role::Server) continue;
+    const std::string k = n->optimizer() ? n->optimizer()->str() : "";
+    if (k.empty()) return std::string();
+    if (!kind.empty() && k != kind) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the job's servers run different optimizers (", kind, " and ", k,
+          "): start every adaps-server with the same --optimizer"));
+    }
+    kind = k;
+  }
+  return kind;
+}
+
 }  // namespace
 
 Membership::Membership(const WorkerOptions& options, RoleLog& log,
@@ -53,6 +72,7 @@ absl::Status Membership::ApplyRegistration(const msg::ClusterView& view) {
   rank_ = view.your_rank();
   num_workers_ = view.num_workers();
   num_servers_ = view.num_servers();
+  ADAPS_ASSIGN_OR_RETURN(server_optimizer_, ServerOptimizerOf(view));
   ADAPS_RETURN_IF_ERROR(links_->Connect(view, num_servers_));
   rejoined_ = view.rejoined();
   registered_at_ = absl::Now();

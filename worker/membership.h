@@ -52,6 +52,8 @@ class Membership {
   int rank() const { return rank_; }
   int num_workers() const { return num_workers_; }
   int num_servers() const { return num_servers_; }
+  // The servers' --optimizer from the registration's view (empty: they did not say).
+  const std::string& server_optimizer() const { return server_optimizer_; }
   bool rejoined() const { return rejoined_; }
   // The live workers of the latest view (this one included): the job's worker count now.
   int live_workers() const { return live_workers_.load(); }
@@ -108,6 +110,7 @@ class Membership {
   int rank_ = -1;
   int num_workers_ = 0;
   int num_servers_ = 0;
+  std::string server_optimizer_;
   bool rejoined_ = false;  // we re-registered into (or joined) a formed cluster
   absl::Time registered_at_;
   std::atomic<int> live_workers_{0};

@@ -20,6 +20,7 @@ int Worker::num_workers() const { return impl_->num_workers(); }
 int Worker::live_workers() const { return impl_->live_workers(); }
 bool Worker::rejoined() const { return impl_->rejoined(); }
 int Worker::num_servers() const { return impl_->num_servers(); }
+std::string Worker::server_optimizer() const { return impl_->server_optimizer(); }
 
 absl::Status Worker::Declare(const TensorSpec& spec, absl::Span<float> values) {
   return impl_->Declare(spec, values);

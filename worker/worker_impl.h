@@ -57,6 +57,7 @@ class Worker::Impl {
   int live_workers() const { return membership_->live_workers(); }
   bool rejoined() const { return membership_->rejoined(); }
   int num_servers() const { return membership_->num_servers(); }
+  const std::string& server_optimizer() const { return membership_->server_optimizer(); }
 
   absl::Status Declare(const TensorSpec& spec, absl::Span<float> values);
   std::future<absl::Status> Run(absl::string_view name, absl::Span<const float> grad,

@@ -1104,3 +1104,92 @@ def test_adaps_compression_takes_the_dict_form_per_layer_type(monkeypatch):
                                              worker=object(), server_optimizer="mean")
     assert not isinstance(failed.value, ValueError), failed.value
     assert not [w for w in seen if "plain SGD" in str(w.message)]
+
+
+@pytest.mark.parametrize("compression", ["dense", "adacomp"])
+def test_a_parameter_unfrozen_after_wrapping_is_an_error_not_a_private_step(cluster,
+                                                                            compression):
+    # A parameter frozen (requires_grad=False) when the optimizer was wrapped is not
+    # exchanged. Unfrozen later (gradual unfreezing), the torch optimizer would step it on
+    # this worker's own gradient and the replicas would drift apart silently (DDP and
+    # Horovod leave it so too): the step refuses, naming it and how to unfreeze. Frozen
+    # after wrapping instead, it is a parameter without gradient, exchanged as zeros.
+    address = mean_cluster(cluster)
+
+    def rank(w):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+        m[0].weight.requires_grad_(False)
+        m[1].weight.requires_grad_(True)
+        opt = wrap(torch.optim.SGD(m.parameters(), lr=0.1), m, w, compression=compression)
+        m[1].weight.requires_grad_(False)  # frozen after wrapping: fine
+        x = torch.full((2, 4), float(w.rank + 1))
+        opt.zero_grad()
+        m(x).sum().backward()
+        opt.step()
+        frozen_after = m[1].weight.detach().clone()
+        m[0].weight.requires_grad_(True)  # unfrozen after wrapping: refused
+        before = m[0].weight.detach().clone()
+        opt.zero_grad()
+        m(x).sum().backward()
+        with pytest.raises(ValueError) as err:
+            opt.step()
+        return str(err.value), torch.equal(before, m[0].weight), frozen_after
+    results = run_ranks(address, 2, rank)
+    for text, unchanged, _ in results:
+        assert "'0.weight'" in text and "requires_grad" in text, text
+        assert unchanged
+    assert torch.equal(results[0][2], results[1][2])
+
+
+def test_a_module_with_uninitialized_parameters_is_refused_before_anything_collective():
+    # nn.LazyLinear has no shape until its first forward pass; DDP refuses it likewise.
+    m = nn.Sequential(nn.LazyLinear(3))
+    with pytest.raises(ValueError) as err:
+        adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m,
+                                         worker=object(), server_optimizer="mean")
+    assert "forward" in str(err.value) and "'0.weight'" in str(err.value), str(err.value)
+
+
+def test_the_mode_follows_what_the_servers_run_and_a_contradiction_is_refused(cluster,
+                                                                             monkeypatch):
+    # Without adaps.launch's ADAPS_SERVER_OPTIMIZER or server_optimizer=, the servers' own
+    # --optimizer (the cluster view) picks the mode: servers running mean answer the mean
+    # gradient, which server mode would load as the parameters. Saying otherwise is refused.
+    monkeypatch.delenv("ADAPS_SERVER_OPTIMIZER", raising=False)
+    address = mean_cluster(cluster)
+
+    def rank(w):
+        m = nn.Linear(3, 1)
+        with pytest.raises(ValueError) as wrong:
+            adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m, w,
+                                             server_optimizer="sgd")
+        with pytest.raises(ValueError) as server_mode:
+            adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m, w,
+                                             mode="server")
+        opt = adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m, w)
+        return w.server_optimizer, opt.mode, str(wrong.value), str(server_mode.value)
+    for kind, mode, wrong, server_mode in run_ranks(address, 2, rank):
+        assert (kind, mode) == ("mean", "local")
+        assert "server_optimizer='sgd'" in wrong and "--optimizer=mean" in wrong, wrong
+        assert "server mode" in server_mode and "mean" in server_mode, server_mode
+
+
+@pytest.mark.parametrize("compression", ["dense", "adacomp"])
+def test_a_parameter_without_elements_is_left_out_as_ddp_leaves_it(cluster, compression):
+    # A (4, 0) weight (a layer sized by the data, empty here) has nothing to exchange; the
+    # servers refuse a tensor of length 0, so it is not declared, and the rest trains.
+    address = mean_cluster(cluster)
+
+    def rank(w):
+        m = nn.Module()
+        m.empty = nn.Parameter(torch.zeros(4, 0))
+        m.p = nn.Parameter(torch.zeros(3))
+        opt = wrap(torch.optim.Adam(m.parameters(), lr=0.1), m, w, compression=compression)
+        opt.zero_grad()
+        ((m.p - 1.0) ** 2).sum().add(m.empty.sum()).backward()
+        opt.step()
+        return sorted(n for n in w.tensor_names() if not n.startswith("__adaps")), \
+            bool((m.p > 0).all())
+    for names, moved in run_ranks(address, 2, rank):
+        assert names == ["p"] and moved

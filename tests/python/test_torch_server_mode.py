@@ -38,11 +38,17 @@ def test_momentum_the_servers_do_not_run_and_custom_optimizers_are_refused(clust
         with pytest.raises(ValueError, match="local mode"):
             adaps.torch.DistributedOptimizer(torch.optim.RMSprop(m.parameters()), m, w,
                                              server_optimizer="sgd")
+        return True
+    assert run_ranks(address, 2, rank) == [True, True]
+
+    def adamw(w):
+        m = nn.Linear(3, 1)
         with pytest.raises(ValueError, match="decoupled.*local mode"):
             adaps.torch.DistributedOptimizer(torch.optim.AdamW(m.parameters()), m, w,
                                              server_optimizer="adam")
         return True
-    assert run_ranks(address, 2, rank) == [True, True]
+    adam_address = cluster(2, server_args=["--optimizer=adam"]).address
+    assert run_ranks(adam_address, 2, adamw) == [True, True]
 
 
 def test_parameters_outside_the_optimizer_are_not_trained(cluster):

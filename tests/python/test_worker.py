@@ -383,3 +383,53 @@ def test_leave_pushes_the_residues_and_live_workers_follows(cluster):
     with pytest.raises(adaps.Error):
         b.rank  # a worker that left is stopped
     a.stop()
+
+
+def test_workers_learn_the_servers_optimizer_and_a_server_that_differs_is_refused(tmp_path):
+    # What a pull answers (a mean gradient or parameters) follows the servers' --optimizer:
+    # the cluster view carries it to the workers (adaps.torch picks the mode by it), and the
+    # scheduler refuses a server whose optimizer differs from another's of the same job.
+    import subprocess
+    from conftest import SCHEDULER_BIN, SERVER_BIN
+    procs = []
+
+    def start(tag, argv):
+        log = open(str(tmp_path / (tag + ".log")), "wb")
+        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+        return procs[-1]
+
+    def log(tag):
+        return (tmp_path / (tag + ".log")).read_text(errors="replace")
+
+    def wait_for(pred, what, timeout=20):
+        end = time.time() + timeout
+        while time.time() < end:
+            if pred():
+                return
+            time.sleep(0.02)
+        raise AssertionError("timed out waiting for " + what)
+    try:
+        start("scheduler", [SCHEDULER_BIN, "--num_servers=2", "--num_workers=1",
+                            "--port_file=" + str(tmp_path / "port"), "--log_level=info"])
+        wait_for(lambda: (tmp_path / "port").exists() and (tmp_path / "port").read_text(),
+                 "the scheduler's port")
+        address = "tcp://127.0.0.1:" + (tmp_path / "port").read_text().strip()
+        server = [SERVER_BIN, "--scheduler=" + address, "--log_level=warn"]
+        start("mean1", server + ["--optimizer=mean"])
+        wait_for(lambda: "Server 0 registered" in log("scheduler"), "the first server")
+        other = start("sgd", server + ["--optimizer=sgd"])
+        assert other.wait(timeout=20) != 0
+        text = log("sgd")
+        assert "--optimizer=sgd" in text and "--optimizer=mean" in text and \
+            "same optimizer" in text, text
+        start("mean2", server + ["--optimizer=mean"])
+        w = adaps.Worker(scheduler=address, register_timeout=20, request_timeout=15)
+        try:
+            assert w.server_optimizer == "mean"
+        finally:
+            w.stop()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()

@@ -355,6 +355,11 @@ void DefineModule(py::module_& m) {
                              "The workers live now (this one included): what the servers' "
                              "steps average over; changes as workers join, leave or die")
       .def_property_readonly("num_servers", [](PyWorker& w) { return w.get().num_servers(); })
+      .def_property_readonly("server_optimizer",
+                             [](PyWorker& w) { return w.get().server_optimizer(); },
+                             "The servers' --optimizer (mean: local mode; sgd, momentum, "
+                             "nesterov, adam: server mode), from the cluster view; '' when "
+                             "the servers did not say")
       .def("declare", &Declare, py::arg("name"), py::arg("values"), py::arg("shape") = py::none(),
            py::arg("bin_size") = 500, py::arg("compression") = "adacomp",
            py::arg("topk_fraction") = 0.001, py::arg("pull") = "dense", py::arg("fuse") = true,

@@ -176,6 +176,10 @@ class Worker {
   // servers' steps average over now (it changes as workers join, leave or die).
   int live_workers() const;
   int num_servers() const;
+  // The servers' --optimizer ("mean": local mode, a pull answers the step's mean; "sgd",
+  // "momentum", "nesterov", "adam": server mode, a pull answers parameters; "sum"), from the
+  // cluster view; empty when the servers did not say (an older adaps-server).
+  std::string server_optimizer() const;
   // This worker registered into a running job: it joined it (adaps-scheduler --max_workers)
   // or came back after a restart. The job's start-up barriers are behind the others, so a
   // trainer does not wait at them (Declare already skips its own).

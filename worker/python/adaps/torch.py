@@ -58,9 +58,10 @@ expert, a branch) gets a step up to 1/W smaller than DDP's; the first time that 
 worker warns, naming the parameter (exchange="gradient" is DDP's arithmetic).
 
 Settings and their precedence (explicit arguments win, then what adaps.launch exported, then
-the defaults): server_optimizer (ADAPS_SERVER_OPTIMIZER, from --server-optimizer; mean ->
-local mode, sgd/momentum/nesterov/adam -> server mode, checked against the torch optimizer;
-sum is refused), compression (ADAPS_COMPRESSION, "adacomp"; the dict form there as
+the defaults): server_optimizer (ADAPS_SERVER_OPTIMIZER, from --server-optimizer; without
+either, what the servers' --optimizer is, from the cluster view; mean -> local mode,
+sgd/momentum/nesterov/adam -> server mode, checked against the torch optimizer and against
+what the servers run; sum is refused), compression (ADAPS_COMPRESSION, "adacomp"; the dict form there as
 "TYPE:NAME,...", e.g. "embedding:topk,conv:dense"), pull (ADAPS_PULL: "sparse" in
 local mode and with servers running plain SGD without weight decay, else "dense";
 "recompressed" in local mode, with the update exchange only: the servers keep the running sum
@@ -298,6 +299,25 @@ def resolve_mode(mode, server_kind):
     return mode, server_kind
 
 
+def _servers_agree(worker, server_kind, mode):
+    """The servers' optimizer as their cluster view reports it (else server_kind); ValueError
+    where the argument, ADAPS_SERVER_OPTIMIZER or the mode says otherwise: a worker that took
+    the servers' mean gradients for parameters (or parameters for gradients) would train on
+    garbage without a word."""
+    reported = getattr(worker, "server_optimizer", "") if worker is not None else ""
+    if not isinstance(reported, str) or not reported:
+        return server_kind  # servers that do not say (an older adaps-server), or no worker
+    if server_kind is not None and server_kind != reported:
+        raise ValueError("adaps.torch: server_optimizer=%r (the argument or "
+                         "ADAPS_SERVER_OPTIMIZER) but the job's servers run --optimizer=%s: "
+                         "a pull answers %s there" % (
+                             server_kind, reported,
+                             "the step's mean gradient" if reported == "mean"
+                             else "parameters"))
+    resolve_mode(mode, reported)
+    return reported
+
+
 class _Param:
     __slots__ = ("name", "param", "kind", "bin_size", "buf", "stage", "handle", "zeros",
                  "used", "pushed_grad", "pushed_version", "snap", "velocity", "held",
@@ -376,6 +396,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._ready = False
         server_kind = _setting("server_optimizer", server_optimizer,
                                "ADAPS_SERVER_OPTIMIZER", None)
+        created = worker is None
+        if created and server_kind is None and mode is None:
+            # Neither the launcher nor the script says what the servers run: they say it
+            # in the cluster view (registering now; every rank does the same).
+            worker = adaps.worker_from_env()
+        server_kind = _servers_agree(worker, server_kind, mode)
         self.mode, self.server_kind = resolve_mode(mode, server_kind)
         compression_named = compression is not None or \
             bool(os.environ.get("ADAPS_COMPRESSION"))
@@ -392,8 +418,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
         second_moment = _setting("second_moment", second_moment, "ADAPS_SECOND_MOMENT",
                                  "global")
         self._check_names(compression, pull)
+        for name, p in model.named_parameters():
+            if torch.nn.parameter.is_lazy(p):
+                # (nn.LazyLinear and the like: no shape until their first forward pass.)
+                raise ValueError("adaps.torch: parameter %r of the model is not initialized "
+                                 "yet (a lazy module): run one forward pass before wrapping "
+                                 "the optimizer, as DistributedDataParallel requires" % (name,))
         self._params = self._collect(optimizer, model, bin_size, conv_bin_size, bin_sizes,
                                      bin_size_named)
+        # The optimizer's parameters frozen now: not exchanged; step() refuses one that has
+        # a gradient later (unfrozen after wrapping).
+        trained = {id(e.param) for e in self._params}
+        names = {id(p): n for n, p in model.named_parameters()}
+        self._frozen = [(names.get(id(p), "group %d, parameter %d" % (gi, pi)), p)
+                        for gi, g in enumerate(optimizer.param_groups)
+                        for pi, p in enumerate(g["params"])
+                        if id(p) not in trained and p.numel() > 0]
         # Whether anything trained is pushed with a compressor (a kind a dict leaves out is
         # AdaComp's): the defaults below follow what is sent, not the names given.
         compressing = any(_compressed(_kind_compression(compression, e.kind))
@@ -489,6 +529,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.pull = pull if pull is not None else self._default_pull()
         # Every check is done: from here on the calls are collective.
         self.worker = worker if worker is not None else adaps.worker_from_env()
+        if created:
+            _servers_agree(self.worker, self.server_kind, self.mode)
         broadcast_parameters(model.state_dict(), self.worker)
         broadcast_optimizer_state(optimizer, self.worker)
         super().__init__(optimizer.param_groups, optimizer.defaults)
@@ -644,8 +686,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         out, seen = [], set()
         for gi, group in enumerate(optimizer.param_groups):
             for pi, p in enumerate(group["params"]):
-                if not p.requires_grad or id(p) in seen:
-                    continue
+                if not p.requires_grad or id(p) in seen or p.numel() == 0:
+                    continue  # (nothing to exchange in a tensor without elements)
                 seen.add(id(p))
                 name = names.get(id(p), "__group%d.param%d" % (gi, pi))
                 kind = kinds.get(id(p), "other")
@@ -1080,6 +1122,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if e.adacomp and self._bin_divisor[i] != before[i]:
                 self.worker.set_bin_size(e.name, max(1, e.bin_size // self._bin_divisor[i]))
 
+    def _check_unfrozen(self):
+        # A parameter frozen when the optimizer was wrapped was never declared: stepped now,
+        # it would move on this worker's gradient alone and the replicas would drift apart
+        # (DDP and Horovod leave that silent). Refused before anything of the step changed.
+        for name, p in self._frozen:
+            if p.grad is not None:
+                raise ValueError(
+                    "adaps.torch: parameter %r had requires_grad=False when the optimizer was "
+                    "wrapped, so it is not exchanged, and it has a gradient now: stepped, it "
+                    "would follow this worker's batch alone. To unfreeze it later, leave it "
+                    "requires_grad=True when DistributedOptimizer is constructed and freeze it "
+                    "(requires_grad_(False)) right after: a parameter without gradient "
+                    "sends nothing" % (name,))
+
     def step(self, closure=None, grad_scaler=None):
         """Server mode: the parameters after the servers' step. Local mode: the torch
         optimizer's step over the averaged gradients. A closure (torch's step(closure)) is
@@ -1091,6 +1147,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # its gradient once (its backward pushes as any other), then the step runs.
             with torch.enable_grad():
                 loss = closure()
+        self._check_unfrozen()
         if self.exchange == "update":
             self._synchronized = False
             result = self._step_update(grad_scaler)
