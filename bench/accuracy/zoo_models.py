@@ -69,6 +69,7 @@ import math
 import os
 import re
 import struct
+import tempfile
 import zlib
 
 import numpy as np
@@ -632,11 +633,91 @@ def _adamw_recipe(task, model, steps, lr, weight_decay, warm, clip):
     task.clip = clip
 
 
+def linear_warmup_decay(lr, steps, warmup):
+    """Hugging Face's get_linear_schedule_with_warmup: up over `warmup` steps, then
+    linearly to 0 at `steps`."""
+    def at(step):
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        if SCHEDULE == "constant":
+            return lr
+        return lr * max(0.0, (steps - step) / max(1, steps - warmup))
+    return at
+
+
+def _pretrained_vit(seed, quick):
+    """A TinyVit trained (densely, in this process) on the Fashion-MNIST classes 0-4, its
+    head replaced by a fresh one for 5 classes: the fine-tuning check's starting point."""
+    x, y = fashion_mnist("train")
+    keep = y < 5
+    x, y = x[keep], y[keep]
+    model = TinyVit()
+    steps = 40 if quick else 400
+    opt = torch.optim.AdamW(_decay_groups(model, 0.05), lr=2e-3)
+    lr_at = cosine(2e-3, steps, warmup=steps // 10)
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        idx = torch.randint(0, len(x), (64,), generator=gen)
+        opt.zero_grad()
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    model.head = nn.Linear(model.head.in_features, 5)
+    return model
+
+
+def _finetune_task(task, rank, workers, seed, steps, quick):
+    # A blind check added after the last default changed: fine-tuning a pretrained model,
+    # the way most users start. Rank 0 pretrains (its values are everyone's at start); the
+    # others build a model of the same shape. Fine-tuned on the other five classes with
+    # a Hugging Face Trainer's recipe: AdamW 5e-4 (weight decay 0.01 on matrices), linear
+    # warm-up over 10% then linear decay to 0, clipping at 1.0, batch 32 a worker.
+    model = TinyVit()
+    model.head = nn.Linear(model.head.in_features, 5)
+    if rank == 0:
+        # (Kept in the temporary directory: the dense and the AdaComp runs of a seed start
+        # from the same weights, pretrained once, about a minute.)
+        cache = os.path.join(tempfile.gettempdir(), "adaps-zoo-finetune-s%d%s.pt"
+                             % (seed, "-quick" if quick else ""))
+        if os.path.exists(cache):
+            model.load_state_dict(torch.load(cache))
+        else:
+            model = _pretrained_vit(seed, quick)
+            torch.save(model.state_dict(), cache + ".tmp")
+            os.replace(cache + ".tmp", cache)
+    x, y = fashion_mnist("train")
+    keep = y >= 5
+    x, y = x[keep], y[keep] - 5
+    xs, ys = x[rank::workers], y[rank::workers]
+    xt, yt = fashion_mnist("test")
+    keep = yt >= 5
+    xt, yt = xt[keep], yt[keep] - 5
+    if quick:
+        xt, yt = xt[:500], yt[:500]
+    task.model = model
+    task.optimizer = torch.optim.AdamW(_decay_groups(model, 0.01), lr=5e-4)
+    task.lr_at = linear_warmup_decay(5e-4, steps, max(1, steps // 10))
+    task.clip = 1.0
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+
+    def batch_at(step):
+        idx = torch.randint(0, len(xs), (32,), generator=gen)
+        return xs[idx], ys[idx]
+    task.batch = batch_at
+    _accuracy_eval(task, xt, yt)
+    task.loss = F.cross_entropy
+
+
 def make_task(name, rank, workers, seed, steps, quick=False):
     torch.manual_seed(seed)  # rank 0's initial values are broadcast; same on every rank
     task = Task()
     task.name = name
     task.clip = 0.0
+    if name == "finetune":
+        _finetune_task(task, rank, workers, seed, steps, quick)
+        return task
     if name == "resnet":
         _fmnist_task(task, ResNet(), rank, workers, seed, steps, batch=32, lr=0.1,
                      train_size=4000 if quick else 60000, test_size=500 if quick else 2000)
@@ -863,4 +944,5 @@ def _embed_task(task, rank, seed, steps, quick):
 MODELS = ("mlp", "cnn", "lstm", "gpt", "embed", "gru", "vit", "wordgpt", "mlp-adam",
           "cnn-adam", "gpt128", "lstm-rmsprop", "cnn-adagrad", "cnn-rmsprop", "lstm-adagrad",
           "lstm-nadam", "lstm-radam", "resnet", "ae", "tcn", "mixer", "dwnet", "wordlstm",
-          "mlp-sgd", "cnn-sgd", "lstm-sgd", "gru-sgd", "encoder", "nanogpt", "moe")
+          "mlp-sgd", "cnn-sgd", "lstm-sgd", "gru-sgd", "encoder", "nanogpt", "moe",
+          "finetune")
