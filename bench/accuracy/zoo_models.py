@@ -645,16 +645,28 @@ def linear_warmup_decay(lr, steps, warmup):
     return at
 
 
-def _pretrained_vit(seed, quick):
-    """A TinyVit trained (densely, in this process) on the Fashion-MNIST classes 0-4, its
-    head replaced by a fresh one for 5 classes: the fine-tuning check's starting point."""
+# The fine-tuning checks: the model, its head's attribute, and its pretraining recipe
+# (optimizer over the model, learning rate, warm-up fraction, clipping).
+_FINETUNE = {
+    "finetune": (TinyVit, "head",
+                 lambda m: torch.optim.AdamW(_decay_groups(m, 0.05), lr=2e-3), 2e-3, 10, 1.0),
+    "finetune-resnet": (ResNet, "fc",
+                        lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9,
+                                                  weight_decay=5e-4), 0.1, 0, 0.0),
+}
+
+
+def _pretrained(name, seed, quick):
+    """The model trained (densely, in this process) on the Fashion-MNIST classes 0-4, its
+    head replaced by a fresh one for 5 classes: a fine-tuning check's starting point."""
+    cls, head, make_opt, lr, warm, clip = _FINETUNE[name]
     x, y = fashion_mnist("train")
     keep = y < 5
     x, y = x[keep], y[keep]
-    model = TinyVit()
+    model = cls()
     steps = 40 if quick else 400
-    opt = torch.optim.AdamW(_decay_groups(model, 0.05), lr=2e-3)
-    lr_at = cosine(2e-3, steps, warmup=steps // 10)
+    opt = make_opt(model)
+    lr_at = cosine(lr, steps, warmup=steps // warm if warm else 0)
     gen = torch.Generator().manual_seed(10_000 + seed)
     for step in range(steps):
         for g in opt.param_groups:
@@ -662,29 +674,33 @@ def _pretrained_vit(seed, quick):
         idx = torch.randint(0, len(x), (64,), generator=gen)
         opt.zero_grad()
         F.cross_entropy(model(x[idx]), y[idx]).backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if clip:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
-    model.head = nn.Linear(model.head.in_features, 5)
+    setattr(model, head, nn.Linear(getattr(model, head).in_features, 5))
     return model
 
 
-def _finetune_task(task, rank, workers, seed, steps, quick):
-    # A blind check added after the last default changed: fine-tuning a pretrained model,
+def _finetune_task(task, name, rank, workers, seed, steps, quick):
+    # Blind checks added after the last default changed: fine-tuning a pretrained model,
     # the way most users start. Rank 0 pretrains (its values are everyone's at start); the
-    # others build a model of the same shape. Fine-tuned on the other five classes with
-    # a Hugging Face Trainer's recipe: AdamW 5e-4 (weight decay 0.01 on matrices), linear
-    # warm-up over 10% then linear decay to 0, clipping at 1.0, batch 32 a worker.
-    model = TinyVit()
-    model.head = nn.Linear(model.head.in_features, 5)
+    # others build a model of the same shape. Fine-tuned on the other five classes, the
+    # vision transformer with a Hugging Face Trainer's recipe (AdamW 5e-4, weight decay 0.01
+    # on matrices, linear warm-up over 10% then linear decay to 0, clipping at 1.0), the
+    # ResNet with torchvision's transfer-learning one (SGD 0.01, momentum 0.9, weight decay
+    # 1e-4, cosine); batch 32 a worker.
+    cls, head = _FINETUNE[name][:2]
+    model = cls()
+    setattr(model, head, nn.Linear(getattr(model, head).in_features, 5))
     if rank == 0:
         # (Kept in the temporary directory: the dense and the AdaComp runs of a seed start
         # from the same weights, pretrained once, about a minute.)
-        cache = os.path.join(tempfile.gettempdir(), "adaps-zoo-finetune-s%d%s.pt"
-                             % (seed, "-quick" if quick else ""))
+        cache = os.path.join(tempfile.gettempdir(), "adaps-zoo-%s-s%d%s.pt"
+                             % (name, seed, "-quick" if quick else ""))
         if os.path.exists(cache):
             model.load_state_dict(torch.load(cache))
         else:
-            model = _pretrained_vit(seed, quick)
+            model = _pretrained(name, seed, quick)
             torch.save(model.state_dict(), cache + ".tmp")
             os.replace(cache + ".tmp", cache)
     x, y = fashion_mnist("train")
@@ -697,9 +713,14 @@ def _finetune_task(task, rank, workers, seed, steps, quick):
     if quick:
         xt, yt = xt[:500], yt[:500]
     task.model = model
-    task.optimizer = torch.optim.AdamW(_decay_groups(model, 0.01), lr=5e-4)
-    task.lr_at = linear_warmup_decay(5e-4, steps, max(1, steps // 10))
-    task.clip = 1.0
+    if name == "finetune":
+        task.optimizer = torch.optim.AdamW(_decay_groups(model, 0.01), lr=5e-4)
+        task.lr_at = linear_warmup_decay(5e-4, steps, max(1, steps // 10))
+        task.clip = 1.0
+    else:
+        task.optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9,
+                                         weight_decay=1e-4)
+        task.lr_at = cosine(0.01, steps)
     gen = torch.Generator().manual_seed(seed * 1000 + rank)
 
     def batch_at(step):
@@ -715,8 +736,8 @@ def make_task(name, rank, workers, seed, steps, quick=False):
     task = Task()
     task.name = name
     task.clip = 0.0
-    if name == "finetune":
-        _finetune_task(task, rank, workers, seed, steps, quick)
+    if name in _FINETUNE:
+        _finetune_task(task, name, rank, workers, seed, steps, quick)
         return task
     if name == "resnet":
         _fmnist_task(task, ResNet(), rank, workers, seed, steps, batch=32, lr=0.1,
@@ -945,4 +966,4 @@ MODELS = ("mlp", "cnn", "lstm", "gpt", "embed", "gru", "vit", "wordgpt", "mlp-ad
           "cnn-adam", "gpt128", "lstm-rmsprop", "cnn-adagrad", "cnn-rmsprop", "lstm-adagrad",
           "lstm-nadam", "lstm-radam", "resnet", "ae", "tcn", "mixer", "dwnet", "wordlstm",
           "mlp-sgd", "cnn-sgd", "lstm-sgd", "gru-sgd", "encoder", "nanogpt", "moe",
-          "finetune")
+          "finetune", "finetune-resnet")
