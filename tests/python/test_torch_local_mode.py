@@ -1193,3 +1193,29 @@ def test_a_parameter_without_elements_is_left_out_as_ddp_leaves_it(cluster, comp
             bool((m.p > 0).all())
     for names, moved in run_ranks(address, 2, rank):
         assert names == ["p"] and moved
+
+
+def test_a_convolution_kernel_held_outside_a_conv_module_takes_the_conv_bin():
+    # A kernel applied with F.conv1d/conv2d/conv3d by a module of its own (weight
+    # standardization, a modulated convolution) is a convolution's weight: the conv bin (50),
+    # as for nn.Conv2d. Other tensors of 3 to 5 dimensions (a ViT's positions, fused experts,
+    # a 2-D position table) keep the default bin.
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.kernel2d = nn.Parameter(torch.randn(8, 3, 3, 3))
+            self.kernel1d = nn.Parameter(torch.randn(8, 4, 5))
+            self.kernel3d = nn.Parameter(torch.randn(8, 4, 3, 3, 3))
+            self.asym = nn.Parameter(torch.randn(8, 8, 1, 7))
+            self.pos = nn.Parameter(torch.zeros(1, 17, 64))
+            self.pos2d = nn.Parameter(torch.zeros(1, 8, 14, 14))
+            self.experts = nn.Parameter(torch.zeros(4, 64, 256))
+    m = nn.Sequential(Layer(), nn.Conv2d(3, 4, 3), nn.Linear(4, 4))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    got = {e.name: (e.kind, e.bin_size)
+           for e in adaps.torch.DistributedOptimizer._collect(opt, m, 500, 50, None)}
+    for name in ("0.kernel2d", "0.kernel1d", "0.kernel3d", "0.asym", "1.weight"):
+        assert got[name] == ("conv", 50), (name, got[name])
+    for name in ("0.pos", "0.pos2d", "0.experts"):
+        assert got[name] == ("other", 500), (name, got[name])
+    assert got["2.weight"] == ("linear", 500)

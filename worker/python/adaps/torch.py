@@ -17,7 +17,8 @@ adaps.torch_broadcast). The trained tensors are the parameters in the optimizer'
 param_groups that require a gradient; parameters outside the optimizer are broadcast but
 never pushed or changed. Each trained parameter is declared once under its qualified name
 ("conv1.weight") with the AdaComp bin size of its layer type (`conv_bin_size` for
-convolutions, `bin_size` otherwise; `bin_sizes={"name": T}` overrides one).
+convolutions, and for a parameter of a convolution kernel's shape that another module applies
+with F.conv1d/2d/3d; `bin_size` otherwise; `bin_sizes={"name": T}` overrides one).
 
 A hook on each parameter's gradient accumulator pushes its gradient the moment backward has
 produced it, so compression and the network overlap the rest of backward. Two modes:
@@ -216,6 +217,14 @@ def layer_type(module):
     if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
         return "embedding"
     return "other"
+
+
+def _kernel_shaped(p):
+    """A parameter shaped as a convolution's kernel (out channels, in channels, then 1 to 3
+    spatial sizes of at most 11): what F.conv1d/2d/3d takes from a module of its own (weight
+    standardization, a modulated convolution). Not a ViT's positions or class token (one
+    leading row), fused experts or a position table (larger trailing sizes)."""
+    return 3 <= p.dim() <= 5 and p.shape[0] > 1 and all(1 <= k <= 11 for k in p.shape[2:])
 
 
 def _plain_sgd_params(optimizer):
@@ -691,6 +700,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 seen.add(id(p))
                 name = names.get(id(p), "__group%d.param%d" % (gi, pi))
                 kind = kinds.get(id(p), "other")
+                if kind == "other" and _kernel_shaped(p):
+                    kind = "conv"  # (applied with F.conv2d and the like: a conv's weight)
                 t = conv_bin_size if kind == "conv" else bin_size
                 if kind == "recurrent" and not bin_size_named and id(p) in plain_sgd:
                     # Plain SGD's recurrent weights: the small bin (docs/accuracy.md "Plain
