@@ -9,6 +9,7 @@
 
 struct adaps_worker {
   std::unique_ptr<adaps::Worker> worker;
+  std::string server_optimizer;  // from the registration's view, fixed afterwards
   mutable absl::Mutex mu;
   std::string last_error ABSL_GUARDED_BY(mu);
 
@@ -41,6 +42,7 @@ adaps_worker* adaps_worker_create(const char* scheduler, int request_timeout_ms,
   }
   auto* handle = new adaps_worker;
   handle->worker = *std::move(worker);
+  handle->server_optimizer = handle->worker->server_optimizer();
   return handle;
 }
 
@@ -52,6 +54,9 @@ void adaps_worker_destroy(adaps_worker* worker) {
 
 int adaps_worker_rank(const adaps_worker* worker) { return worker->worker->rank(); }
 int adaps_worker_num_workers(const adaps_worker* worker) { return worker->worker->num_workers(); }
+const char* adaps_worker_server_optimizer(const adaps_worker* worker) {
+  return worker->server_optimizer.c_str();
+}
 
 const char* adaps_worker_last_error(const adaps_worker* worker) {
   // A copy per calling thread: another thread's error cannot change or free it.

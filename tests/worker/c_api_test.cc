@@ -33,6 +33,7 @@ TEST(CApi, DeclaresPushesPullsAndReportsErrors) {
   ASSERT_TRUE(server_status.ok());
   EXPECT_EQ(adaps_worker_rank(w), 0);
   EXPECT_EQ(adaps_worker_num_workers(w), 1);
+  EXPECT_STREQ(adaps_worker_server_optimizer(w), "sgd");  // what a pull answers: parameters
 
   const int64_t shape[] = {2, 3};
   adaps_tensor_spec spec{"w", shape, 2, 50, /*dense*/ 0, 0.01, /*dense pull*/ 0};

@@ -38,6 +38,10 @@ void adaps_worker_destroy(adaps_worker* worker);
 
 int adaps_worker_rank(const adaps_worker* worker);
 int adaps_worker_num_workers(const adaps_worker* worker);
+/* The servers' --optimizer ("mean": a pull answers the step's mean gradient; "sgd",
+ * "momentum", "nesterov", "adam": it answers parameters; "sum"), "" when they did not say.
+ * Valid until adaps_worker_destroy. */
+const char* adaps_worker_server_optimizer(const adaps_worker* worker);
 /* The message of the handle's last error: a copy for the calling thread, valid until this
  * thread calls adaps_worker_last_error again (another thread's error does not change it). */
 const char* adaps_worker_last_error(const adaps_worker* worker);
