@@ -7,6 +7,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/optimizer.h"
 #include "common/status_macros.h"
 #include "scheduler/scheduler_metrics.h"
 
@@ -201,8 +202,19 @@ void Scheduler::OnRegister(InMessage& in) {
     return Reject(in, absl::InvalidArgumentError("a server must register its address"),
                   metric_labels::kReasonInvalid);
   }
-  const std::string optimizer = reg->optimizer() ? reg->optimizer()->str() : "";
-  if (reg->role() == msg::Role::Server && !optimizer.empty()) {
+  // (Servers only: what a worker says here is ignored.)
+  const std::string optimizer =
+      reg->role() == msg::Role::Server && reg->optimizer() ? reg->optimizer()->str() : "";
+  if (!optimizer.empty()) {
+    // A name the servers know, or nothing: it goes into every view.
+    if (absl::Status st = ParseOptimizerKind(optimizer).status(); !st.ok()) {
+      return Reject(in,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "a server registered with optimizer '",
+                        optimizer.substr(0, 64), optimizer.size() > 64 ? "...'" : "'",
+                        ": expected sum, mean, sgd, momentum, nesterov or adam")),
+                    metric_labels::kReasonInvalid);
+    }
     // Workers read what a pull answers (a mean gradient, or parameters) from the servers'
     // optimizer: one job, one optimizer. (A restarted server is compared with the others.)
     for (const auto& n : nodes_) {
@@ -284,7 +296,7 @@ bool Scheduler::Rejoin(const InMessage& in, const std::string& identity,
     n.route = in.route();
     n.address = address;
     n.checkpoint_steps = StepList(reg->checkpoint_steps());
-    if (reg->optimizer()) n.optimizer = reg->optimizer()->str();
+    if (reg->role() == msg::Role::Server && reg->optimizer()) n.optimizer = reg->optimizer()->str();
     n.register_request = in.envelope()->request_id();
     n.last_seen = absl::Now();
     // (One that had left, e.g. a script that stopped its worker as it failed, is announced

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "adaps/worker.h"
 #include "common/messages.h"
 #include "gmock/gmock.h"
@@ -142,6 +143,45 @@ TEST(ServerAccess, DeclareSliceIsBoundedByTheServersMemoryBudget) {
   }
   // Declaring an existing slice again costs nothing more.
   EXPECT_TRUE(raw.Call(DeclareSlice(1, 1 << 20, secret, 20), 20).ok());
+  EXPECT_EQ(cluster.server(0).WaitExit(absl::ZeroDuration()), -1) << "server stopped";
+}
+
+// A server's --optimizer goes into every cluster view (workers read from it what a pull
+// answers): the scheduler takes a name the servers know, and the job's own, or refuses.
+TEST(ServerAccess, TheSchedulerRefusesAServerOptimizerItDoesNotKnowOrThatDiffersFromTheJobs) {
+  ClusterOptions options;
+  options.num_servers = 1;  // one real server (--optimizer=sgd, the default) ...
+  options.num_workers = 1;
+  options.scheduler_args = {"--num_servers=2", "--log_level=info"};  // ... of the two
+  LocalCluster cluster(options);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  zmq::context_t ctx(1);
+  RawClient sched(ctx, cluster.scheduler_address());
+  auto register_server = [&](const std::string& optimizer, uint64_t id) {
+    flatbuffers::FlatBufferBuilder fbb;
+    auto reg = msg::CreateRegister(fbb, msg::Role::Server, fbb.CreateString("tcp://127.0.0.1:1"),
+                                   fbb.CreateString(""), -1, 0, 0, fbb.CreateString(optimizer));
+    std::vector<uint64_t> reply;
+    return sched.Call(FinishEnvelope(fbb, Sender{msg::Role::Server, -1}, reg, id, 0), id, &reply,
+                      absl::Seconds(10));
+  };
+  absl::Status bogus = register_server("bogus", 1);
+  EXPECT_EQ(bogus.code(), absl::StatusCode::kInvalidArgument) << bogus;
+  EXPECT_THAT(std::string(bogus.message()), HasSubstr("'bogus'"));
+  absl::Status huge = register_server(std::string(100000, 'x'), 2);
+  EXPECT_EQ(huge.code(), absl::StatusCode::kInvalidArgument) << huge;
+  EXPECT_LT(huge.message().size(), 300u);  // the name is cut, not echoed whole
+  // Once the real server is in (the scheduler says so in its log), another optimizer is
+  // refused and the job still waits for a server that runs sgd.
+  for (int i = 0; i < 400 && !absl::StrContains(cluster.scheduler().Log(), "Server 0 registered");
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(25));
+  }
+  ASSERT_THAT(cluster.scheduler().Log(), HasSubstr("Server 0 registered"));
+  absl::Status other = register_server("mean", 3);
+  EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument) << other;
+  EXPECT_THAT(std::string(other.message()), HasSubstr("--optimizer=sgd"));
+  EXPECT_THAT(std::string(other.message()), HasSubstr("same optimizer"));
   EXPECT_EQ(cluster.server(0).WaitExit(absl::ZeroDuration()), -1) << "server stopped";
 }
 
