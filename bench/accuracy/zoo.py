@@ -81,8 +81,9 @@ def parse():
                          "with its own --out and --doc)")
     ap.add_argument("--schedule", default="recipe", choices=zoo_models.SCHEDULES,
                     help="constant: every recipe's peak learning rate after its warm-up, "
-                         "never decayed (a check of a plain `Adam(lr=...)` loop; pair it "
-                         "with its own --out and --doc)")
+                         "never decayed (a check of a plain `Adam(lr=...)` loop); step: "
+                         "the peak divided by 10 at half the steps and at three quarters "
+                         "(MultiStepLR); pair either with its own --out and --doc")
     a = ap.parse_args()
     for kv in a.setting:
         if "=" not in kv or not kv.split("=", 1)[0]:

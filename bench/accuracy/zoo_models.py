@@ -84,9 +84,16 @@ LICENSE_DIR = "/usr/share/common-licenses"
 # The language models' text: the licences above, or the files given to zoo.py --text.
 TEXT_FILES = [os.path.join(LICENSE_DIR, n) for n in LICENSES]
 # "recipe": each model's own schedule; "constant" (zoo.py --schedule constant): the peak
-# learning rate after the recipe's warm-up, never decayed (a plain `Adam(lr=1e-3)` loop).
-SCHEDULES = ("recipe", "constant")
+# learning rate after the recipe's warm-up, never decayed (a plain `Adam(lr=1e-3)` loop);
+# "step": after the warm-up, the peak divided by 10 at half the steps and again at three
+# quarters (torch's MultiStepLR with gamma 0.1, the classic ResNet recipe's shape).
+SCHEDULES = ("recipe", "constant", "step")
 SCHEDULE = "recipe"
+
+
+def _step_factor(step, steps):
+    """--schedule step: 0.1 per milestone passed (steps // 2, 3 * steps // 4)."""
+    return 0.1 ** sum(step >= m for m in (steps // 2, 3 * steps // 4))
 
 
 def _read_idx(path):
@@ -126,6 +133,8 @@ def cosine(lr, steps, warmup=0):
             return lr * (step + 1) / warmup
         if SCHEDULE == "constant":
             return lr
+        if SCHEDULE == "step":
+            return lr * _step_factor(step, steps)
         t = (step - warmup) / max(1, steps - warmup)
         return lr * 0.5 * (1.0 + math.cos(math.pi * t))
     return at
@@ -473,6 +482,8 @@ def one_cycle(lr, steps, warm=0.3):
             return lr / 25 + (lr - lr / 25) * step / up
         if SCHEDULE == "constant":
             return lr
+        if SCHEDULE == "step":
+            return lr * _step_factor(step, steps)
         t = (step - up) / max(1, steps - up)
         return lr / 1e4 + (lr - lr / 1e4) * 0.5 * (1.0 + math.cos(math.pi * t))
     return at
@@ -641,6 +652,8 @@ def linear_warmup_decay(lr, steps, warmup):
             return lr * (step + 1) / warmup
         if SCHEDULE == "constant":
             return lr
+        if SCHEDULE == "step":
+            return lr * _step_factor(step, steps)
         return lr * max(0.0, (steps - step) / max(1, steps - warmup))
     return at
 
