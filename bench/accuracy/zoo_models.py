@@ -127,7 +127,9 @@ def corpus_text():
     return "\n".join(parts)
 
 
-def cosine(lr, steps, warmup=0):
+def _warmed(lr, steps, warmup, decay):
+    """A linear warm-up over `warmup` steps, then decay(t) * lr with t from 0 to 1 (or what
+    --schedule says instead: constant, step)."""
     def at(step):
         if step < warmup:
             return lr * (step + 1) / warmup
@@ -135,9 +137,12 @@ def cosine(lr, steps, warmup=0):
             return lr
         if SCHEDULE == "step":
             return lr * _step_factor(step, steps)
-        t = (step - warmup) / max(1, steps - warmup)
-        return lr * 0.5 * (1.0 + math.cos(math.pi * t))
+        return lr * decay((step - warmup) / max(1, steps - warmup))
     return at
+
+
+def cosine(lr, steps, warmup=0):
+    return _warmed(lr, steps, warmup, lambda t: 0.5 * (1.0 + math.cos(math.pi * t)))
 
 
 # -- models ----------------------------------------------------------------------------
@@ -647,15 +652,7 @@ def _adamw_recipe(task, model, steps, lr, weight_decay, warm, clip):
 def linear_warmup_decay(lr, steps, warmup):
     """Hugging Face's get_linear_schedule_with_warmup: up over `warmup` steps, then
     linearly to 0 at `steps`."""
-    def at(step):
-        if step < warmup:
-            return lr * (step + 1) / warmup
-        if SCHEDULE == "constant":
-            return lr
-        if SCHEDULE == "step":
-            return lr * _step_factor(step, steps)
-        return lr * max(0.0, (steps - step) / max(1, steps - warmup))
-    return at
+    return _warmed(lr, steps, warmup, lambda t: max(0.0, 1.0 - t))
 
 
 # The fine-tuning checks: the model, its head's attribute, and its pretraining recipe
