@@ -7,7 +7,6 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "common/optimizer.h"
 #include "common/status_macros.h"
 #include "scheduler/scheduler_metrics.h"
 
@@ -202,33 +201,9 @@ void Scheduler::OnRegister(InMessage& in) {
     return Reject(in, absl::InvalidArgumentError("a server must register its address"),
                   metric_labels::kReasonInvalid);
   }
-  // (Servers only: what a worker says here is ignored.)
-  const std::string optimizer =
-      reg->role() == msg::Role::Server && reg->optimizer() ? reg->optimizer()->str() : "";
-  if (!optimizer.empty()) {
-    // A name the servers know, or nothing: it goes into every view.
-    if (absl::Status st = ParseOptimizerKind(optimizer).status(); !st.ok()) {
-      return Reject(in,
-                    absl::InvalidArgumentError(absl::StrCat(
-                        "a server registered with optimizer '",
-                        optimizer.substr(0, 64), optimizer.size() > 64 ? "...'" : "'",
-                        ": expected sum, mean, sgd, momentum, nesterov or adam")),
-                    metric_labels::kReasonInvalid);
-    }
-    // Workers read what a pull answers (a mean gradient, or parameters) from the servers'
-    // optimizer: one job, one optimizer. (A restarted server is compared with the others.)
-    for (const auto& n : nodes_) {
-      if (n.role != msg::Role::Server || n.optimizer.empty() || n.optimizer == optimizer ||
-          (!identity.empty() && n.identity == identity)) {
-        continue;
-      }
-      return Reject(in,
-                    absl::InvalidArgumentError(absl::StrCat(
-                        "this server runs --optimizer=", optimizer, " but server ", n.rank,
-                        " of the job runs --optimizer=", n.optimizer,
-                        ": every server of a job must run the same optimizer")),
-                    metric_labels::kReasonInvalid);
-    }
+  const std::string optimizer = ServerOptimizerOf(*reg);
+  if (absl::Status st = CheckServerOptimizer(optimizer, identity); !st.ok()) {
+    return Reject(in, st, metric_labels::kReasonInvalid);
   }
   max_seen_epoch_ = std::max(max_seen_epoch_, reg->epoch());
   if (!identity.empty() && Rejoin(in, identity, address)) return;
@@ -296,7 +271,7 @@ bool Scheduler::Rejoin(const InMessage& in, const std::string& identity,
     n.route = in.route();
     n.address = address;
     n.checkpoint_steps = StepList(reg->checkpoint_steps());
-    if (reg->role() == msg::Role::Server && reg->optimizer()) n.optimizer = reg->optimizer()->str();
+    if (std::string o = ServerOptimizerOf(*reg); !o.empty()) n.optimizer = std::move(o);
     n.register_request = in.envelope()->request_id();
     n.last_seen = absl::Now();
     // (One that had left, e.g. a script that stopped its worker as it failed, is announced

@@ -164,6 +164,12 @@ class Scheduler {
   // registration, also drops its reported steps after it (the server removes those files).
   uint64_t CommonStep() const;
   uint64_t RestoreStepFor(const Node& node, bool answering);
+  // A server's --optimizer from its Register ("" for a worker's, or a server that did not
+  // say); OK for "" or a name the servers know that no other server of the job contradicts
+  // (a node with the same non-empty identity, restarting, is not compared with itself).
+  static std::string ServerOptimizerOf(const msg::Register& reg);
+  absl::Status CheckServerOptimizer(const std::string& optimizer,
+                                    const std::string& identity) const;
   static std::vector<uint64_t> StepList(const flatbuffers::Vector<uint64_t>* steps);
   void BroadcastView();
   // One BroadcastView after the messages being handled now (posted to the I/O thread):

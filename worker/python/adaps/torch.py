@@ -405,8 +405,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._ready = False
         server_kind = _setting("server_optimizer", server_optimizer,
                                "ADAPS_SERVER_OPTIMIZER", None)
-        created = worker is None
-        if created and server_kind is None and mode is None:
+        if worker is None and server_kind is None and mode is None:
             # Neither the launcher nor the script says what the servers run: they say it
             # in the cluster view (registering now; every rank does the same).
             worker = adaps.worker_from_env()
@@ -427,7 +426,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         second_moment = _setting("second_moment", second_moment, "ADAPS_SECOND_MOMENT",
                                  "global")
         self._check_names(compression, pull)
+        names = {}
         for name, p in model.named_parameters():
+            names[id(p)] = name
             if torch.nn.parameter.is_lazy(p):
                 # (nn.LazyLinear and the like: no shape until their first forward pass.)
                 raise ValueError("adaps.torch: parameter %r of the model is not initialized "
@@ -438,8 +439,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The optimizer's parameters frozen now: not exchanged; step() refuses one that has
         # a gradient later (unfrozen after wrapping).
         trained = {id(e.param) for e in self._params}
-        names = {id(p): n for n, p in model.named_parameters()}
-        self._frozen = [(names.get(id(p), "group %d, parameter %d" % (gi, pi)), p)
+        self._frozen = [(names.get(id(p), "__group%d.param%d" % (gi, pi)), p)
                         for gi, g in enumerate(optimizer.param_groups)
                         for pi, p in enumerate(g["params"])
                         if id(p) not in trained and p.numel() > 0]
@@ -538,7 +538,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.pull = pull if pull is not None else self._default_pull()
         # Every check is done: from here on the calls are collective.
         self.worker = worker if worker is not None else adaps.worker_from_env()
-        if created:
+        if worker is None:  # (made just now: what its servers run is checked as above)
             _servers_agree(self.worker, self.server_kind, self.mode)
         broadcast_parameters(model.state_dict(), self.worker)
         broadcast_optimizer_state(optimizer, self.worker)
