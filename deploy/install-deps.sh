@@ -13,6 +13,9 @@ BUILD_PACKAGES=(
   libflatbuffers-dev flatbuffers-compiler
   libabsl-dev libspdlog-dev libeigen3-dev zlib1g-dev prometheus-cpp-dev
   python3 python3-dev python3-numpy pybind11-dev python3-pybind11
+  # OpenBLAS takes libblas.so.3 over from the reference BLAS that numpy and Debian's torch
+  # would otherwise run on (one core: ~1-5 GFLOP/s against ~35-190; adaps.blas records which).
+  libopenblas0-pthread
 )
 TEST_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev

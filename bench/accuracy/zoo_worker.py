@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import zoo_models  # noqa: E402
 
 import adaps  # noqa: E402
+import adaps.blas  # noqa: E402
 import adaps.torch  # noqa: E402
 
 
@@ -44,6 +45,9 @@ def main():
 
     # Rank 0 evaluates while the others wait in their next step: a long pause, not a fault.
     worker = adaps.worker_from_env(request_timeout=600)
+    blas = adaps.blas.blas_info(measure=worker.rank == 0)
+    if worker.rank == 0:
+        adaps.blas.warn_if_reference(blas)
     task = zoo_models.make_task(a.model, worker.rank, worker.num_workers, a.seed, a.steps,
                                 a.quick)
     opt = adaps.torch.DistributedOptimizer(task.optimizer, task.model, worker)
@@ -78,7 +82,7 @@ def main():
                       compression=opt.compression, pull=opt.pull,
                       second_moment=opt.second_moment, own_updates=opt.own_updates,
                       bin_schedule=opt.bin_schedule, traffic=total,
-                      by_layer=traffic, workers=worker.num_workers, wire=wire)
+                      by_layer=traffic, workers=worker.num_workers, wire=wire, blas=blas)
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
         print("final %s %.4f  push %.1fx  pull %.1fx" % (

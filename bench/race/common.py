@@ -7,6 +7,7 @@ import gzip
 import os
 import struct
 import sys
+import time
 
 import numpy as np
 import torch
@@ -120,3 +121,18 @@ def batches(n, batch_size, seed, epoch):
     perm = torch.randperm(n, generator=g)
     for b in range(n // batch_size):
         yield perm[b * batch_size:(b + 1) * batch_size]
+
+
+def compute_ms(model, x, y, batch_size, steps=20):
+    """Median ms of one forward and backward of `model` alone (no exchange, no optimizer) on
+    this machine: the compute part of a step, which a race's step time is compared with."""
+    times = []
+    for i in range(steps + 3):
+        idx = slice((i * batch_size) % max(1, len(x) - batch_size),
+                    (i * batch_size) % max(1, len(x) - batch_size) + batch_size)
+        t0 = time.perf_counter()
+        model.zero_grad()
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        times.append(time.perf_counter() - t0)
+    times = sorted(times[3:])
+    return 1e3 * times[len(times) // 2]

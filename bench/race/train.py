@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import adaps.blas  # noqa: E402
 
 DDP_SYSTEMS = ("ddp", "powersgd", "fp16")
 ADAPS_SYSTEMS = ("adaps", "adacomp")
@@ -345,6 +346,12 @@ def main():
     x_test, y_test = common.load_split(a.data_dir, "test")
     x_train, y_train = x_train[:a.train_size][rank::a.world], y_train[:a.train_size][rank::a.world]
     x_test, y_test = x_test[:a.test_size], y_test[:a.test_size]
+    blas = adaps.blas.blas_info(measure=rank == 0)
+    compute_ms = None
+    if rank == 0:
+        adaps.blas.warn_if_reference(blas)
+        compute_ms = common.compute_ms(common.make_model(a.model, a.seed), x_train, y_train,
+                                        a.batch_size)
     sysobj.barrier()
     wall0 = time.time()
     r = train(a, sysobj, model, x_train, y_train, x_test, y_test)
@@ -369,7 +376,8 @@ def main():
                    wall_time=wall, step_ms_mean=1e3 * sum(r["step_times"]) / r["steps"],
                    step_ms_median=1e3 * steady[len(steady) // 2],
                    rx_bytes=r["rx_bytes"], tx_bytes=r["tx_bytes"], library_traffic=traffic,
-                   final_pull=r["final_pull"])
+                   final_pull=r["final_pull"], blas=blas, compute_ms=compute_ms,
+                   compute_share=compute_ms / (1e3 * steady[len(steady) // 2]))
         with open(a.out, "w") as f:
             json.dump(res, f)
     sysobj.stop()
