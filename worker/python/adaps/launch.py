@@ -110,6 +110,9 @@ _TORCH_FLAGS = (
      ">= 4096 rows sends its gradient's nonzero elements exactly and steps on their mean, as "
      "DDP) or off (AdaComp's update exchange like every tensor)",
      dict(choices=("exact", "off"))),
+    ("--local-steps", "ADAPS_LOCAL_STEPS", "update exchange: exchange every H steps, each "
+     "worker stepping on its own between (default 1; ADAPS_OUTER=nesterov for DiLoCo's outer "
+     "step)", dict(type=int)),
 )
 
 

@@ -76,8 +76,9 @@ lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see
 second_moment (ADAPS_SECOND_MOMENT, "global" or "local", see below), own_updates
 (ADAPS_OWN_UPDATES, "share", "all", "estimate" or "off"; unset: "share" for optimizers with a second moment, see below),
 bin_schedule (ADAPS_BIN_SCHEDULE, "auto" or "off", see below), row_sparse (ADAPS_ROW_SPARSE,
-"exact" or "off", see below). An explicit argument that overrides a different exported value
-warns once.
+"exact" or "off", see below), local_steps (ADAPS_LOCAL_STEPS, 1) and outer (ADAPS_OUTER,
+"average" or "nesterov"; "Local steps" below). An explicit argument that overrides a
+different exported value warns once.
 
 What local mode sends (exchange): "gradient" sends each worker's gradient, and every worker's
 torch optimizer steps on the mean (DDP's arithmetic; the default with dense pushes).
@@ -145,6 +146,31 @@ copy of the parameters (the averaged estimate of mu^2; RMSprop two, Adagrad four
 keeps their first moment, and Adagrad's global sum), and with own_updates="estimate" one more
 (the workers' agreement, element by element).
 
+Local steps (local_steps=H, the update exchange only; DiLoCo, SparseLoCo): step() runs this
+worker's torch optimizer on its own gradient every step, and exchanges only every H-th step:
+the steps between send nothing and wait for nothing. The exchange sends the change of the
+parameters since the last one (H steps' worth) through the same compressor with error
+feedback (AdaComp's residue then holds back part of H steps' change, and is SparseLoCo's
+error feedback), and every replica becomes where the last exchange left it plus the outer
+step of the workers' mean change: that mean itself with outer="average" (the default:
+outer SGD at learning rate 1 without momentum), or DiLoCo's outer SGD with Nesterov
+momentum (learning rate 0.7, momentum 0.9: b = 0.9 b + mean, change = 0.7 (mean + 0.9 b)),
+applied alike on every worker to the same mean, so the replicas stay equal (one more copy
+of the parameters, the momentum b). H = 1 with outer="average" is the update exchange of
+every step, bit for bit. Between exchanges each worker's model is where the last exchange
+left it (the replica, plus its share of its own residue with own_updates) plus its own
+local steps, so the replicas differ there; rank 0 evaluates and saves its own. Make the
+number of steps a multiple of H, or the last steps stay each worker's own. With local
+steps, a large embedding is not exchanged as its gradient's nonzeros (row_sparse: that
+would exchange every step) but through the update exchange like the rest;
+second_moment="global" keeps each local step's denominator at the global batch's
+estimated second moment (what H steps of the global batch would have), own_updates still
+adds this worker's share of its residue at each exchange, and bin_schedule still counts the
+optimizer's (local) steps. state_dict() keeps the steps since the last exchange, where it
+left the model, and the outer momentum (loaded into any rank). A failed exchange leaves the
+model where the last exchange put it (the local steps since are lost). Measured on the zoo
+in docs/local-steps.md.
+
 Gradient accumulation: with the gradient exchange (server mode, and local mode with dense
 pushes) each backward pass pushes what it produced, so a second pass before step() is an
 error; accumulate as DDP does, the passes but the last inside `with opt.no_sync():`, or as
@@ -183,6 +209,11 @@ _SECOND_MOMENTS = ("global", "local")
 _OWN_UPDATES = ("share", "all", "off", "estimate")
 _BIN_SCHEDULES = ("auto", "off")
 _ROW_SPARSE = ("exact", "off")
+_OUTERS = ("average", "nesterov")
+# outer="nesterov": DiLoCo's outer optimizer (SGD with Nesterov momentum on the mean of the
+# workers' changes over local_steps steps), at DiLoCo's learning rate and momentum.
+_OUTER_LR = 0.7
+_OUTER_MOMENTUM = 0.9
 # row_sparse="exact": embeddings of at least this many rows (a batch touches few of them).
 _ROW_SPARSE_MIN_ROWS = 4096
 # bin_schedule="auto": the most AdaComp's bins shrink as Adam's learning rate decays
@@ -384,13 +415,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         or "gradient" (default when every one is pushed dense); see the module docstring.
       momentum_correction, second_moment, own_updates, bin_schedule, row_sparse: see the
         module docstring.
+      local_steps, outer: the update exchange every local_steps steps (default 1), and the
+        outer step over the workers' mean change there ("average" or "nesterov"); see the
+        module docstring, "Local steps".
     """
 
     def __init__(self, optimizer, model, worker=None, mode=None, compression=None,
                  bin_size=None, conv_bin_size=None, bin_sizes=None, topk_fraction=None,
                  pull=None, server_optimizer=None, lr=None, exchange=None,
                  momentum_correction=None, second_moment=None, own_updates=None,
-                 bin_schedule=None, row_sparse=None, backward_passes_per_step=1):
+                 bin_schedule=None, row_sparse=None, backward_passes_per_step=1,
+                 local_steps=None, outer=None):
         if not isinstance(optimizer, torch.optim.Optimizer) or \
                 isinstance(optimizer, DistributedOptimizer):
             raise TypeError("adaps.torch: DistributedOptimizer wraps a torch.optim.Optimizer, "
@@ -448,6 +483,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         compressing = any(_compressed(_kind_compression(compression, e.kind))
                           for e in self._params)
         self.exchange = self._resolve_exchange(exchange, compressing)
+        self._resolve_local_steps(local_steps, outer)
         if second_moment not in _SECOND_MOMENTS:
             raise ValueError("adaps.torch: unknown second_moment %r (global or local)"
                              % (second_moment,))
@@ -526,9 +562,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for e in self._params:
             # row_sparse="exact": in the update exchange, a large embedding sends its
             # gradient's nonzero elements exactly (Top-k of every nonzero) and every worker's
-            # optimizer steps on their mean, as DDP's does (docs/accuracy.md).
+            # optimizer steps on their mean, as DDP's does (docs/accuracy.md). Not with local
+            # steps: that would exchange every step; the table goes with the rest.
             e.row_sparse = e.row_sparse and self.row_sparse == "exact" and \
-                self.exchange == "update" and _compressed(_kind_compression(compression, e.kind))
+                self.exchange == "update" and self.local_steps == 1 and \
+                _compressed(_kind_compression(compression, e.kind))
         self._choose_compression(optimizer, compression, compression_named, topk_fraction)
         self.momentum_correction = False
         if self.mode == "server":
@@ -621,6 +659,31 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              "--optimizer=mean, adaps.launch --server-optimizer mean): in "
                              "server mode the servers run the optimizer on the gradients")
         return exchange
+
+    def _resolve_local_steps(self, local_steps, outer):
+        # local_steps=H: the update exchange every H steps (DiLoCo, SparseLoCo); sets
+        # self.local_steps, self.outer and the state between exchanges.
+        local_steps = _setting("local_steps", local_steps, "ADAPS_LOCAL_STEPS", 1, int)
+        if isinstance(local_steps, bool) or not isinstance(local_steps, int) or \
+                local_steps < 1:
+            raise ValueError("adaps.torch: local_steps must be an int >= 1 (1: exchange every "
+                             "step), got %r" % (local_steps,))
+        outer = _setting("outer", outer, "ADAPS_OUTER", "average")
+        if outer not in _OUTERS:
+            raise ValueError("adaps.torch: unknown outer %r (average or nesterov)" % (outer,))
+        if (local_steps > 1 or outer != "average") and self.exchange != "update":
+            # The gradient exchange (server mode, dense pushes in local mode) sends every
+            # step's gradient: there is no local step to take.
+            raise ValueError(
+                "adaps.torch: local_steps=%d, outer=%r need local mode's update exchange: "
+                "servers running --optimizer=mean (adaps.launch --server-optimizer mean) and "
+                "exchange=\"update\" (the default with a compressor; with "
+                "compression=\"dense\" name it); this optimizer is in %s mode with "
+                "exchange=%r" % (local_steps, outer, self.mode, self.exchange))
+        self.local_steps, self.outer = local_steps, outer
+        self._local_step = 0        # steps taken since the last exchange
+        self._outer_momentum = {}   # outer="nesterov": {name: float32 buffer}
+        self._had_grad = set()      # the entries that got a gradient since the last exchange
 
     def _resolve_correction(self, wanted, compressing):
         # DGC's momentum correction: with a compressor, each worker keeps the velocity
@@ -948,15 +1011,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 grad_scaler.unscale_(self)
             skip = bool(sum(v.item() for v in state["found_inf_per_device"].values()))
         self._exchange_row_sparse(skip)  # raises before anything changed
-        with torch.no_grad():
-            for e in self._params:
-                if e.snap is None:
-                    e.snap = torch.empty_like(e.param)
-                e.snap.copy_(e.param)
-        # Parameters this worker's backward did not reach: its optimizer skips them (see the
-        # warning below).
-        no_grad = None if self._warned_no_grad else \
-            {id(e) for e in self._params if e.param.grad is None and not e.row_sparse}
+        if self._local_step == 0:
+            # The first step since the last exchange: e.snap is where it left the model (the
+            # replica, plus this worker's own share with own_updates); every change from
+            # here to the next exchange is sent then.
+            with torch.no_grad():
+                for e in self._params:
+                    if e.snap is None:
+                        e.snap = torch.empty_like(e.param)
+                    e.snap.copy_(e.param)
+            self._had_grad = set()
+        # Parameters this worker's backward did not reach in any step since the last
+        # exchange: its optimizer skipped them (see the warning below).
+        if not self._warned_no_grad:
+            self._had_grad.update(id(e) for e in self._params if e.param.grad is not None)
         result = None
         if not skip:
             # Adam, AdamW, NAdam, RAdam, RMSprop, Adagrad: the step's denominator estimates
@@ -973,6 +1041,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if restore is not None:
                     restore()
             self._maybe_late_bins()
+        self._local_step += 1
+        if self._local_step < self.local_steps:
+            return result  # a local step: nothing sent until the local_steps-th
+        self._local_step = 0
+        no_grad = None if self._warned_no_grad else \
+            {id(e) for e in self._params if id(e) not in self._had_grad and not e.row_sparse}
         error = None
         # own_updates: the part of this worker's residue its model holds.
         w = max(1, self.worker.live_workers)
@@ -983,7 +1057,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     continue  # stepped on the mean gradient, the same on every worker
                 if e.stage is None:
                     e.stage = _host_f32(e.buf.shape, e.param)
-                # The local step's change, float32 on the host: what this worker sends.
+                # The change since the last exchange (the local steps'), float32 on the
+                # host: what this worker sends.
                 if e.param.dtype == torch.float32 and e.param.device.type == "cpu":
                     torch.sub(e.param.reshape(e.stage.shape), e.snap.reshape(e.stage.shape),
                               out=e.stage)
@@ -1007,7 +1082,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         self._warned_no_grad = True
                         warnings.warn(
                             "adaps.torch: parameter %r got no gradient on this worker this "
-                            "step, but other workers' updates moved it: with "
+                            "step (with local_steps: since the last exchange), but other "
+                            "workers' updates moved it: with "
                             "exchange=\"update\" each worker's optimizer steps on its own "
                             "gradient and skips a parameter without one (no momentum, weight "
                             "decay or Adam step from this worker), where DDP steps it on "
@@ -1032,10 +1108,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                          .div_(w))
                         else:
                             e.stage.mul_(own_share)
-                        change = mean + (e.stage - e.held).view(e.param.shape)
+                        change = self._outer_change(e, mean) + \
+                            (e.stage - e.held).view(e.param.shape)
                         e.held.copy_(e.stage)
                     else:
-                        change = mean
+                        change = self._outer_change(e, mean)
                     if e.param.dtype == torch.float32 and e.param.device.type == "cpu":
                         torch.add(e.snap, change, out=e.param)
                     else:
@@ -1045,6 +1122,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if error is not None:
             raise error
         return result
+
+    def _outer_change(self, e, mean):
+        # What every replica adds to where the last exchange left it: the workers' mean
+        # change itself (outer="average"), or DiLoCo's outer step, SGD with Nesterov momentum
+        # (torch's arithmetic, the outer gradient being -mean): b = momentum * b + mean,
+        # change = lr * (mean + momentum * b). Every worker has the same mean, so the same
+        # buffer and change: the replicas stay equal.
+        if self.outer == "average":
+            return mean
+        b = self._outer_momentum.get(e.name)
+        if b is None:
+            b = self._outer_momentum[e.name] = torch.zeros(mean.shape, dtype=torch.float32)
+        b.mul_(_OUTER_MOMENTUM).add_(mean)
+        return mean.add(b, alpha=_OUTER_MOMENTUM).mul_(_OUTER_LR)
 
     def _exchange_row_sparse(self, skip):
         # row_sparse="exact": each large embedding's gradient (its nonzero elements, exactly)
@@ -1226,6 +1317,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                        "held": held,
                        "learning_rate": {"peak": self._lr_peak, "last": self._lr_last,
                                          "since": self._lr_since}}
+        if self.local_steps > 1 or self.outer != "average":
+            # Local steps: the steps since the last exchange, where it left the model (the
+            # changes since are sent at the next one), and the outer momentum.
+            anchor = {e.name: e.snap.clone() for e in self._params
+                      if self._local_step and e.snap is not None}
+            sd["adaps"]["local_steps"] = {
+                "step": self._local_step, "anchor": anchor,
+                "outer_momentum": {n: b.clone() for n, b in self._outer_momentum.items()}}
         return sd
 
     def load_state_dict(self, state_dict):
@@ -1247,12 +1346,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 raise ValueError("adaps.torch: the checkpoint's learning_rate part is not "
                                  "the peak, last and since that state_dict() writes (%r)"
                                  % (err,)) from None
+        local = self._checked_local_steps((extra or {}).get("local_steps"))
         self.optimizer.load_state_dict(state_dict)
         self._bind()
         if extra is None:
             return
         if rate is not None:
             self._lr_peak, self._lr_last, self._lr_since = rate
+        if local is not None:
+            # (Any rank's: the counter and the outer momentum are the same on every rank, and
+            # the anchor goes with the model that is loaded, rank 0's as a rule.)
+            self._local_step, anchor, self._outer_momentum = local
+            for e in self._params:
+                if e.name in anchor:
+                    e.snap = anchor[e.name].to(device=e.param.device, dtype=e.param.dtype)
+            self._had_grad = {id(e) for e in self._params}  # (no warning for the steps before)
         if extra.get("rank") != self.worker.rank:
             warnings.warn("adaps.torch: the exchange state (residues) of rank %s is not loaded "
                           "into rank %d; only the optimizer's state is"
@@ -1273,6 +1381,39 @@ class DistributedOptimizer(torch.optim.Optimizer):
             by_name[name].velocity = value.detach().to(torch.float32).clone()
         for name, value in extra.get("held", {}).items():
             by_name[name].held = value.detach().to(torch.float32).clone()
+
+    def _checked_local_steps(self, part):
+        # A checkpoint's local-steps part, checked: (steps since the last exchange, {name:
+        # anchor}, {name: outer momentum}), or None without one.
+        if part is None:
+            return None
+        shapes = {e.name: e.param.shape for e in self._params}
+        try:
+            step = part["step"]
+            anchor = {n: v.detach().clone() for n, v in part.get("anchor", {}).items()}
+            momentum = {n: v.detach().to(torch.float32).clone()
+                        for n, v in part.get("outer_momentum", {}).items()}
+        except (KeyError, TypeError, AttributeError) as err:
+            raise ValueError("adaps.torch: the checkpoint's local_steps part is not the step, "
+                             "anchor and outer_momentum that state_dict() writes (%r)"
+                             % (err,)) from None
+        if isinstance(step, bool) or not isinstance(step, int) or \
+                not 0 <= step < self.local_steps:
+            raise ValueError("adaps.torch: the checkpoint was saved %r steps after an exchange, "
+                             "which local_steps=%d does not reach: resume with the "
+                             "local_steps it was saved with" % (step, self.local_steps))
+        for n, v in list(anchor.items()) + list(momentum.items()):
+            if n not in shapes or v.numel() != shapes[n].numel():
+                raise ValueError("adaps.torch: the checkpoint's local_steps part holds '%s' "
+                                 "of %d elements, which this optimizer does not train so"
+                                 % (n, v.numel()))
+        missing = [n for n in shapes if n not in anchor]
+        if step and missing:
+            raise ValueError("adaps.torch: the checkpoint was saved %d steps after an exchange "
+                             "but holds no anchor for %s" % (step, ", ".join(missing)))
+        anchor = {n: v.reshape(shapes[n]) for n, v in anchor.items()}
+        momentum = {n: v.reshape(shapes[n]) for n, v in momentum.items()}
+        return step, anchor, momentum
 
     def traffic(self):
         """{layer type: {"push_dense", "push_wire", "pull_dense", "pull_wire": bytes,

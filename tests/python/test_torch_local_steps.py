@@ -1,0 +1,271 @@
+"""adaps.torch's local steps (local_steps=H, the update exchange every H steps, DiLoCo and
+SparseLoCo style): each worker steps its own optimizer on its own batches, and every H-th
+step sends the change since the last exchange through AdaComp with error feedback; every
+replica becomes where the last exchange left it plus the outer step of the mean change.
+Ranks in threads on a real local cluster (servers --optimizer=mean)."""
+import copy
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import adaps
+import adaps.torch
+from conftest import run_launch
+from torch_ranks import one_parameter, run_ranks
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+N = 600           # elements of the one trained tensor
+TIMEOUT = 600     # seconds for a rank to finish (generous: the machine may be loaded)
+
+
+def mean_cluster(cluster, workers=2):
+    return cluster(workers, server_args=["--optimizer=mean"]).address
+
+
+def gradient(p, rank, step):
+    """This rank's gradient at this step: a fixed random direction plus 0.3 p (so the local
+    trajectories depend on where each worker is)."""
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(N, generator=g) + 0.3 * p.detach()
+
+
+def start_values():
+    return torch.randn(N, generator=torch.Generator().manual_seed(5))
+
+
+def wrapped(w, **kwargs):
+    """(p, opt): one parameter of N elements at start_values(), Adam at lr 0.05, AdaComp at
+    bin size 50, torch's own second moment and no own share or bin schedule unless given."""
+    p, m = one_parameter(N)
+    with torch.no_grad():
+        p.copy_(start_values())
+    for k, v in (("compression", "adacomp"), ("bin_size", 50), ("second_moment", "local"),
+                 ("own_updates", "off"), ("bin_schedule", "off")):
+        kwargs.setdefault(k, v)
+    opt = adaps.torch.DistributedOptimizer(torch.optim.Adam([p], lr=0.05), m, w,
+                                           server_optimizer="mean", **kwargs)
+    return p, opt
+
+
+def train(p, opt, rank, steps, first=0):
+    """Steps opt on gradient(p, rank, s) for s in first..first+steps-1; p after each step."""
+    out = []
+    for s in range(first, first + steps):
+        opt.zero_grad()
+        (p * gradient(p, rank, s)).sum().backward()
+        opt.step()
+        out.append(p.detach().clone())
+    return out
+
+
+def reference(w, steps, h, outer, compression):
+    """The update exchange written out with the worker API alone: torch's Adam on this
+    worker's gradients, and every h-th step the change since the last exchange is pushed and
+    the model becomes where the last exchange left it plus the mean change (outer="average")
+    or DiLoCo's Nesterov step on it (lr 0.7, momentum 0.9). p after each step."""
+    p = nn.Parameter(start_values())
+    opt = torch.optim.Adam([p], lr=0.05)
+    change = np.zeros(N, dtype=np.float32)
+    mean = np.zeros(N, dtype=np.float32)
+    w.declare("p", mean, shape=[N], bin_size=50, compression=compression, pull="sparse")
+    w.close_fusion_buckets()
+    anchor, momentum, out = p.detach().clone(), torch.zeros(N), []
+    for s in range(steps):
+        opt.zero_grad()
+        (p * gradient(p, w.rank, s)).sum().backward()
+        opt.step()
+        if (s + 1) % h == 0:
+            with torch.no_grad():
+                torch.sub(p, anchor, out=torch.from_numpy(change))
+                w.push_pull("p", change, mean).wait()
+                m = torch.from_numpy(mean)
+                if outer == "nesterov":
+                    momentum.mul_(0.9).add_(m)
+                    m = m.add(momentum, alpha=0.9).mul_(0.7)
+                torch.add(anchor, m, out=p)
+                anchor.copy_(p)
+        out.append(p.detach().clone())
+    return out
+
+
+@pytest.mark.parametrize("h,outer,compression", [
+    (1, "average", "adacomp"), (3, "average", "adacomp"), (3, "nesterov", "adacomp"),
+    (1, "nesterov", "adacomp"), (2, "average", "dense")])
+def test_local_steps_are_the_update_exchange_every_h_steps_bit_for_bit(cluster, h, outer,
+                                                                        compression):
+    # H = 1 with outer="average" is the update exchange of every step as it was; H > 1 the
+    # same every H steps; "nesterov" DiLoCo's outer step; compression="dense" with the
+    # update exchange named is DiLoCo without compression.
+    steps = 7
+
+    def ours(w):
+        kwargs = {"exchange": "update"} if compression == "dense" else {}
+        p, opt = wrapped(w, local_steps=h, outer=outer, compression=compression, **kwargs)
+        assert (opt.local_steps, opt.outer, opt.exchange) == (h, outer, "update")
+        return train(p, opt, w.rank, steps)
+    got = run_ranks(mean_cluster(cluster), 2, ours, timeout=TIMEOUT)
+    want = run_ranks(mean_cluster(cluster), 2,
+                     lambda w: reference(w, steps, h, outer, compression), timeout=TIMEOUT)
+    for rank in range(2):
+        for s in range(steps):
+            assert torch.equal(got[rank][s], want[rank][s]), (rank, s)
+    for s in range(steps):
+        # Equal replicas after an exchange; each worker's own model between.
+        assert torch.equal(got[0][s], got[1][s]) == ((s + 1) % h == 0), s
+
+
+class CountingWorker:
+    """A worker that counts push_pull calls and passes everything on."""
+
+    def __init__(self, w):
+        self._w, self.push_pulls = w, 0
+
+    def push_pull(self, *args):
+        self.push_pulls += 1
+        return self._w.push_pull(*args)
+
+    def __getattr__(self, name):
+        return getattr(self._w, name)
+
+
+@pytest.mark.parametrize("own_updates", ["off", "share"])
+def test_only_every_h_th_step_sends_and_the_replicas_meet_there(cluster, own_updates):
+    # 4 local steps: the steps between push nothing (no push_pull, no bytes); an exchange
+    # pushes once per tensor. With own_updates="off" the replicas are equal after each
+    # exchange; with "share" each worker's model is the replica plus 1/W of its residue
+    # (e.held) there, and the replica (the model less it) is every worker's.
+    h, steps = 4, 12
+
+    def rank(w):
+        counting = CountingWorker(w)
+        p, opt = wrapped(counting, local_steps=h, own_updates=own_updates,
+                         second_moment="global")
+        calls, wire, replicas = [], [], []
+        for s in range(steps):
+            train(p, opt, w.rank, 1, first=s)
+            t = w.traffic("p")
+            calls.append(counting.push_pulls)
+            wire.append(t["push_wire_bytes"] + t["pull_wire_bytes"])
+            held = opt._params[0].held
+            replicas.append(p.detach() - (held.view_as(p) if held is not None else 0))
+        return calls, wire, replicas, opt._local_step
+    r0, r1 = run_ranks(mean_cluster(cluster), 2, rank, timeout=TIMEOUT)
+    for calls, wire, _, local_step in (r0, r1):
+        assert calls == [(s + 1) // h for s in range(steps)], calls
+        for s in range(1, steps):
+            assert (wire[s] > wire[s - 1]) == ((s + 1) % h == 0), (s, wire)
+        assert local_step == 0
+    for s in range(steps):
+        if (s + 1) % h:
+            assert not torch.allclose(r0[2][s], r1[2][s], atol=1e-3), s  # each its own
+        elif own_updates == "off":
+            assert torch.equal(r0[2][s], r1[2][s]), s
+        else:
+            assert torch.allclose(r0[2][s], r1[2][s], atol=1e-5), s
+
+
+def test_state_dict_keeps_the_local_steps_the_anchor_and_the_outer_momentum(cluster):
+    # A run saved 2 steps after an exchange (H = 4, outer Nesterov) and resumed on a new
+    # cluster from the model and each rank's state_dict() goes on bit for bit as the run
+    # that was not stopped: the steps since the exchange, where it left the model (the
+    # changes since are sent at the next one) and the outer momentum are kept.
+    h, saved_at, steps = 4, 6, 12
+
+    def straight(w):
+        p, opt = wrapped(w, local_steps=h, outer="nesterov")
+        train(p, opt, w.rank, saved_at)
+        saved = (p.detach().clone(), copy.deepcopy(opt.state_dict()))
+        return saved, train(p, opt, w.rank, steps - saved_at, first=saved_at)
+    run = run_ranks(mean_cluster(cluster), 2, straight, timeout=TIMEOUT)
+    assert run[0][0][1]["adaps"]["local_steps"]["step"] == saved_at % h
+
+    def resumed(w):
+        (model, state), _ = run[w.rank]
+        p, opt = wrapped(w, local_steps=h, outer="nesterov")
+        with torch.no_grad():
+            p.copy_(model)  # (every rank's model is its own between exchanges)
+        opt.load_state_dict(state)
+        return train(p, opt, w.rank, steps - saved_at, first=saved_at)
+    again = run_ranks(mean_cluster(cluster), 2, resumed, timeout=TIMEOUT)
+    for rank in range(2):
+        for a, b in zip(run[rank][1], again[rank]):
+            assert torch.equal(a, b), rank
+
+
+def test_a_checkpoint_of_other_local_steps_is_refused_before_anything_is_loaded(cluster):
+    def rank(w):
+        p, opt = wrapped(w, local_steps=4)
+        train(p, opt, w.rank, 3)
+        state = copy.deepcopy(opt.state_dict())
+        m2 = nn.Module()
+        m2.q = p2 = nn.Parameter(torch.zeros(N))  # another name: another declaration
+        opt2 = adaps.torch.DistributedOptimizer(
+            torch.optim.Adam([p2], lr=0.05), m2, w, server_optimizer="mean",
+            compression="adacomp", local_steps=2)
+        with pytest.raises(ValueError, match="local_steps it was saved with"):
+            opt2.load_state_dict(state)
+        return opt2._local_step, len(opt2.optimizer.state)
+    assert run_ranks(mean_cluster(cluster), 2, rank, timeout=TIMEOUT) == [(0, 0)] * 2
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_a_bad_local_steps_is_refused(bad):
+    m = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="local_steps must be an int >= 1"):
+        adaps.torch.DistributedOptimizer(torch.optim.Adam(m.parameters()), m, object(),
+                                         server_optimizer="mean", local_steps=bad)
+
+
+def test_local_steps_from_the_environment_and_a_bad_value_there(monkeypatch):
+    m = nn.Linear(2, 2)
+    monkeypatch.setenv("ADAPS_LOCAL_STEPS", "four")
+    with pytest.raises(ValueError, match="ADAPS_LOCAL_STEPS"):
+        adaps.torch.DistributedOptimizer(torch.optim.Adam(m.parameters()), m, object(),
+                                         server_optimizer="mean")
+    monkeypatch.setenv("ADAPS_LOCAL_STEPS", "0")
+    with pytest.raises(ValueError, match="local_steps must be an int >= 1"):
+        adaps.torch.DistributedOptimizer(torch.optim.Adam(m.parameters()), m, object(),
+                                         server_optimizer="mean")
+    monkeypatch.setenv("ADAPS_OUTER", "adam")
+    monkeypatch.setenv("ADAPS_LOCAL_STEPS", "4")
+    with pytest.raises(ValueError, match="unknown outer 'adam'"):
+        adaps.torch.DistributedOptimizer(torch.optim.Adam(m.parameters()), m, object(),
+                                         server_optimizer="mean")
+
+
+@pytest.mark.parametrize("how", ["server mode", "dense pushes", "gradient exchange",
+                                 "nesterov with dense pushes"])
+def test_local_steps_without_the_update_exchange_are_refused_naming_what_works(how):
+    m = nn.Linear(2, 2)
+    kwargs = {"server mode": dict(server_optimizer="adam"),
+              "dense pushes": dict(server_optimizer="mean", compression="dense"),
+              "gradient exchange": dict(server_optimizer="mean", exchange="gradient"),
+              "nesterov with dense pushes": dict(server_optimizer="mean",
+                                                 compression="dense", local_steps=1,
+                                                 outer="nesterov")}[how]
+    kwargs.setdefault("local_steps", 4)
+    with pytest.raises(ValueError, match=r"need local mode's update exchange.*"
+                                         r"--optimizer=mean.*exchange=\"update\""):
+        adaps.torch.DistributedOptimizer(torch.optim.Adam(m.parameters()), m, object(),
+                                         **kwargs)
+
+
+def test_a_large_embedding_goes_through_the_update_exchange_with_local_steps(cluster):
+    # row_sparse would exchange its gradient every step: with local steps it is exchanged
+    # as the rest, every H steps.
+    def rank(w):
+        m = nn.Embedding(5000, 4)
+        opt = adaps.torch.DistributedOptimizer(torch.optim.Adam(m.parameters()), m, w,
+                                               server_optimizer="mean", local_steps=2)
+        return opt._params[0].row_sparse
+    assert run_ranks(mean_cluster(cluster), 2, rank, timeout=TIMEOUT) == [False] * 2
+
+
+def test_launch_local_steps_reaches_a_script_that_reads_no_environment():
+    code, out = run_launch(["-n", "2", "--local-steps", "3",
+                            os.path.join(HERE, "local_steps_worker.py")], timeout=TIMEOUT)
+    assert code == 0, out
+    assert out.count("LOCAL local_steps=3 outer=average sent_after=[3, 6]") == 2, out
