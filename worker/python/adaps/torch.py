@@ -116,17 +116,15 @@ synchronize() and step() clips this worker's own gradient, as on one machine; a 
 without gradient on this worker is skipped by its torch optimizer (no change sent); with
 torch.cuda.amp.GradScaler a worker whose gradient has inf/NaN sends a zero update for that
 step instead of skipping it (every worker must send every step); with bin_schedule="auto" (the
-default) and the optimizers above, every AdaComp tensor's bin size but a convolution's is divided
-by 2 while the learning rate is at most 3/4 of the highest it has been, by 4 at 3/8 (back up with
-it), and while it has stayed at that highest for 5 / (1 - beta1) steps by 2, for twice that by
-4, for four times by 8 (a constant rate, or a step schedule before its first step down; a
-convolution's too), but
-never before the optimizer has taken 10 / (1 - beta1) steps (100 at torch's beta1 = 0.9):
-as the learning rate decays, what the residues hold back is the rest of the run's progress,
-and a smaller bin delivers it sooner; at a constant rate the residues stay as large as at
-the peak, and a model that has stopped improving carries them as noise in its weights (a
-run at a constant rate pays about 2-3x the push bytes for it; docs/accuracy.md; "off"
-keeps the declared sizes; other optimizers are not changed);
+default) and the optimizers above, every AdaComp tensor's bin size but a convolution's is
+divided by 2 while the learning rate is at most 3/4 of its mean over the residues' delay (the
+last D steps, D the unsent mass in units of one step's update, measured), by 4 at 3/8, and
+back as it recovers, never before the optimizer has taken 10 / (1 - beta1) steps: what a
+residue holds back was taken at the rates of those D steps, and when the rate has fallen
+since, a smaller bin delivers it sooner. It depends on how fast the rate falls against the
+delay, not on the run's length: a constant rate or a plateau keeps the declared bins, a
+3,000-step cosine shrinks them in its last few percent (adaps.torch_bins; "off" keeps the
+declared sizes; other optimizers are not changed);
 with row_sparse="exact" (the default) an nn.Embedding or nn.EmbeddingBag of at least 4096
 rows, whose gradient is zero but for the rows a batch touches (and whose weight is not tied
 to another layer's), is not part of the update exchange: its gradient's nonzero elements go out exactly (Top-k of every nonzero element: a
@@ -192,6 +190,7 @@ import numpy as np
 import torch
 
 import adaps
+from adaps import torch_bins as _bins
 from adaps import torch_moments as _moments
 from adaps import torch_server_hyper as _hyper
 from adaps.torch_broadcast import (broadcast_object, broadcast_optimizer_state,
@@ -216,18 +215,6 @@ _OUTER_LR = 0.7
 _OUTER_MOMENTUM = 0.9
 # row_sparse="exact": embeddings of at least this many rows (a batch touches few of them).
 _ROW_SPARSE_MIN_ROWS = 4096
-# bin_schedule="auto": the most AdaComp's bins shrink as Adam's learning rate decays
-# (docs/accuracy.md, "Smaller bins as the learning rate decays").
-_LATE_BIN_DIVISOR = 4
-# ... reached in steps of 2x: bins 2x smaller once the learning rate is at most this fraction
-# of its peak, 4x at half of that (docs/accuracy.md: 3/4 rather than 1/2 took the
-# transformer from +1.9% to +1.5% against dense, every Adam model of the zoo as good or
-# better, at 5-8% more bytes).
-_LATE_BIN_FIRST = 0.75
-# ... and at most this much while the learning rate stays at its peak (a constant rate, or a
-# step schedule before its first step down): the MLP with Adam at a constant rate went from
-# -1.06 pp against dense to -0.10 pp with 8x, -0.24 pp with 4x (docs/accuracy.md).
-_CONSTANT_BIN_DIVISOR = 8
 # Local mode's recompressed pulls: the servers' downlink recompresses what all the workers
 # sent at each tensor's bin size divided by this times the workers (an AdaComp bin of 500
 # pulled at 50 by 4 workers, at 25 by 8): the mean of W pushes holds about W times one
@@ -525,15 +512,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # The step of the optimizer after which the bins shrink (None: never): optimizers
         # with a second moment (adaps.torch_moments.changes_step) in the update exchange of
         # AdaComp tensors; 10 / (1 - beta1) steps (100 without betas).
-        self._late_bins_at = None
-        self._lr_peak, self._bin_divisor = 0.0, (1, 1)
-        self._lr_last, self._lr_since = None, 0
+        self._bins = None
         self._warned_no_grad = False
         if bin_schedule == "auto" and self.exchange == "update" and \
                 _moments.changes_step(optimizer):
             beta1 = optimizer.param_groups[0].get("betas", (0.9, 0.999))[0]
             if beta1 < 1:
-                self._late_bins_at = max(1, int(round(10.0 / (1.0 - beta1))))
+                self._bins = _bins.BinSchedule(max(1, int(round(10.0 / (1.0 - beta1)))))
         if self.mode == "local" and pull == "recompressed" and self.exchange != "update":
             # A recompressed pull from servers running mean is the running sum of the steps'
             # means: right for the update exchange (the sum of the updates is where the
@@ -1187,42 +1172,30 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                        100 * e.row_nonzero), stacklevel=4)
 
     def _maybe_late_bins(self):
-        # bin_schedule="auto": after Adam's first steps (the optimizer's own step count,
-        # restored with its state_dict), the bins shrink as the learning rate decays from
-        # the highest it has been: 2x at 3/4 of it or below, 4x at 3/8; and with the steps
-        # it has stayed at that highest.
-        if self._late_bins_at is None:
+        # bin_schedule="auto" (adaps.torch_bins): after the optimizer's step, before the
+        # push. The residues' delay is measured now and then: the unsent mass against this
+        # step's update (e.snap is where the last exchange left the parameters).
+        if self._bins is None:
             return
-        lr = max(g["lr"] for g in self.optimizer.param_groups)
-        self._lr_peak = max(self._lr_peak, lr)
         steps = _optimizer_steps(self.optimizer)
-        if lr != self._lr_last:
-            self._lr_last, self._lr_since = lr, steps
-        if steps < self._late_bins_at:
-            return
-        ratio = lr / self._lr_peak if self._lr_peak > 0 else 1.0
-        divisor = 1
-        while divisor < _LATE_BIN_DIVISOR and ratio <= _LATE_BIN_FIRST / divisor:
-            divisor *= 2
-        # At a constant rate the residues stay as large as at the peak: while the rate stays
-        # at its peak the bins shrink with the steps it has held there instead, 2x after half
-        # the first steps' count, 4x after as many, 8x after twice as many (docs/accuracy.md,
-        # "A constant learning rate"). Once it has decayed, the decay alone sets them.
-        held = steps - self._lr_since if lr >= self._lr_peak else 0
-        unit = max(1, self._late_bins_at // 2)
-        timed = 1
-        while timed < _CONSTANT_BIN_DIVISOR and held >= unit * timed:
-            timed *= 2
-        # A convolution keeps its bin (50, a tenth of the others') as the rate decays:
-        # shrinking it then gained nothing on the zoo's convolutional models with Adam,
-        # RMSprop, Adagrad or AdamW and cost 30-44% of their bytes (docs/accuracy.md,
-        # "Convolutions keep their bins"); at a rate held at its peak it shrinks with the
-        # others (a depthwise-separable network -0.41 -> -0.02 pp, seeds 1 and 2).
-        before, self._bin_divisor = self._bin_divisor, (max(divisor, timed), timed)
-        for e in self._params:
-            i = 1 if e.kind == "conv" else 0
-            if e.adacomp and self._bin_divisor[i] != before[i]:
-                self.worker.set_bin_size(e.name, max(1, e.bin_size // self._bin_divisor[i]))
+        if self._bins.wants_measure(steps):
+            residue_mass = update_mass = 0.0
+            with torch.no_grad():
+                for e in self._params:
+                    if not e.adacomp or e.kind == "conv" or e.row_sparse or e.snap is None:
+                        continue
+                    r = np.zeros(e.buf.shape, np.float32)
+                    self.worker.residue(e.name, r)
+                    residue_mass += float(np.abs(r).sum())
+                    update_mass += float((e.param.detach().float() - e.snap.float())
+                                         .abs().sum())
+            self._bins.measured(residue_mass, update_mass, self._local_step + 1)
+        before = self._bins.divisor
+        divisor = self._bins.update(max(g["lr"] for g in self.optimizer.param_groups), steps)
+        if divisor != before:
+            for e in self._params:
+                if e.adacomp and e.kind != "conv":
+                    self.worker.set_bin_size(e.name, max(1, e.bin_size // divisor))
 
     def _check_unfrozen(self):
         # A parameter frozen when the optimizer was wrapped was never declared: stepped now,
@@ -1315,8 +1288,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 held[e.name] = e.held.clone()
         sd["adaps"] = {"rank": self.worker.rank, "residues": residues, "velocity": velocity,
                        "held": held,
-                       "learning_rate": {"peak": self._lr_peak, "last": self._lr_last,
-                                         "since": self._lr_since}}
+                       "bin_schedule": self._bins.state_dict() if self._bins else None}
         if self.local_steps > 1 or self.outer != "average":
             # Local steps: the steps since the last exchange, where it left the model (the
             # changes since are sent at the next one), and the outer momentum.
@@ -1333,26 +1305,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
         that rank's mass twice: it is then left out, with a warning)."""
         state_dict = dict(state_dict)
         extra = state_dict.pop("adaps", None)
-        # The bin schedule's view of the learning rate (the same on every rank): a resumed
-        # run keeps its bins where they were rather than taking the rate it resumes at for
-        # the peak. Checked before anything is loaded.
-        rate = (extra or {}).get("learning_rate")
-        if rate is not None:
-            try:
-                rate = (float(rate["peak"]),
-                        None if rate["last"] is None else float(rate["last"]),
-                        int(rate["since"]))
-            except (KeyError, TypeError, ValueError) as err:
-                raise ValueError("adaps.torch: the checkpoint's learning_rate part is not "
-                                 "the peak, last and since that state_dict() writes (%r)"
-                                 % (err,)) from None
+        # The bin schedule's rates and delay (the same on every rank): a resumed run keeps
+        # its bins where they were. Checked before anything is loaded.
+        bins = (extra or {}).get("bin_schedule")
+        if bins is not None and self._bins is not None:
+            checked = _bins.BinSchedule(self._bins.start_step)
+            checked.load_state_dict(bins)
+            bins = checked
+        else:
+            bins = None
         local = self._checked_local_steps((extra or {}).get("local_steps"))
         self.optimizer.load_state_dict(state_dict)
         self._bind()
         if extra is None:
             return
-        if rate is not None:
-            self._lr_peak, self._lr_last, self._lr_since = rate
+        if bins is not None:
+            self._bins.rates, self._bins.delay = bins.rates, bins.delay
         if local is not None:
             # (Any rank's: the counter and the outer momentum are the same on every rank, and
             # the anchor goes with the model that is loaded, rank 0's as a rule.)
