@@ -86,14 +86,26 @@ TEXT_FILES = [os.path.join(LICENSE_DIR, n) for n in LICENSES]
 # "recipe": each model's own schedule; "constant" (zoo.py --schedule constant): the peak
 # learning rate after the recipe's warm-up, never decayed (a plain `Adam(lr=1e-3)` loop);
 # "step": after the warm-up, the peak divided by 10 at half the steps and again at three
-# quarters (torch's MultiStepLR with gamma 0.1, the classic ResNet recipe's shape).
-SCHEDULES = ("recipe", "constant", "step")
+# quarters (torch's MultiStepLR with gamma 0.1, the classic ResNet recipe's shape);
+# "wsd": warm-up-stable-decay, what most language-model recipes now use: a linear warm-up
+# over the first 5% of the steps, the peak held to 80%, then a linear decay to 0.
+SCHEDULES = ("recipe", "constant", "step", "wsd")
 SCHEDULE = "recipe"
 
 
 def _step_factor(step, steps):
     """--schedule step: 0.1 per milestone passed (steps // 2, 3 * steps // 4)."""
     return 0.1 ** sum(step >= m for m in (steps // 2, 3 * steps // 4))
+
+
+def _wsd(lr, step, steps):
+    """--schedule wsd: 5% warm-up, the peak to 80% of the steps, a linear decay to 0."""
+    warm, stable = max(1, int(round(0.05 * steps))), int(0.8 * steps)
+    if step < warm:
+        return lr * (step + 1) / warm
+    if step < stable:
+        return lr
+    return lr * max(0.0, (steps - step) / max(1, steps - stable))
 
 
 def _read_idx(path):
@@ -131,6 +143,8 @@ def _warmed(lr, steps, warmup, decay):
     """A linear warm-up over `warmup` steps, then decay(t) * lr with t from 0 to 1 (or what
     --schedule says instead: constant, step)."""
     def at(step):
+        if SCHEDULE == "wsd":
+            return _wsd(lr, step, steps)
         if step < warmup:
             return lr * (step + 1) / warmup
         if SCHEDULE == "constant":
@@ -483,6 +497,8 @@ def one_cycle(lr, steps, warm=0.3):
     up = max(1, int(steps * warm))
 
     def at(step):
+        if SCHEDULE == "wsd":
+            return _wsd(lr, step, steps)
         if step < up:
             return lr / 25 + (lr - lr / 25) * step / up
         if SCHEDULE == "constant":
