@@ -2,7 +2,7 @@
 //
 // All figures use one core (the benchmarks are single-threaded) and CPU time. Every compress
 // variant is reported both in elements/s and as a ratio to a plain pass over the same bytes
-// (r[i] += g[i]: read 8 B, write 4 B per element, the DESIGN.md section 1 'Cost'), measured
+// (r[i] += g[i]: read 8 B, write 4 B per element, docs/algorithm.md, 'Cost'), measured
 // in the same run, so the ratio survives a noisy, shared machine better than the raw rate.
 //
 // Input: the worker/app/gradient_stream.h stream with default options (Gaussian background,
@@ -15,10 +15,10 @@
 // Compress no longer runs: its double-buffered pass finds NaN/Inf itself), exact Top-k at 0.1%,
 // the wire encodings (encode, DecodeAdd, bits per sent element), and the worker's push path
 // (Compress + encode) with and without the NaN/Inf pre-scan it used to run. Only the
-// project's own code is measured: the prototype kernels and decoders of issue 2 are in the
+// project's own code is measured: the first prototype kernels and decoders are in the
 // history (commit fcfe24d and before).
 //
-// After Google Benchmark's own output, a summary table with the targets of issue 2.
+// After Google Benchmark's own output, a summary table with the codec's targets.
 // Extra flags (mixed freely with --benchmark_* flags):
 //   --elements=N    slice length (default 25000000)
 #include <algorithm>
@@ -195,7 +195,7 @@ void BM_AdaCompCompress(benchmark::State& state, uint32_t t) {
 }
 
 // Compress with the library, but the 25M-element tensor cut into slices of `slice` elements
-// (a multiple of T, as DESIGN.md section 1 allows: same bins, one scale per slice), each with
+// (a multiple of T, as docs/algorithm.md allows: same bins, one scale per slice), each with
 // its own SliceState.
 void BM_AdaCompCompressSliced(benchmark::State& state, uint32_t t, size_t slice) {
   Data& d = GetData();
@@ -352,7 +352,7 @@ void BM_ForwardedSgdReplay(benchmark::State& state, uint32_t t, bool in_place) {
 }
 
 // The worker's push of one slice: Compress, then the wire encoding; `prescan` adds the
-// AllFinite pass over the gradient that the worker ran before every push until issue 11.
+// AllFinite pass over the gradient that the worker once ran before every push.
 void BM_Push(benchmark::State& state, uint32_t t, bool prescan) {
   CompressorOptions o;
   o.kind = CompressorKind::kAdaComp;
@@ -467,7 +467,7 @@ void PrintSummary(const SummaryReporter& rep) {
     }
   }
 
-  std::printf("\ntargets (issue 2, one core):\n");
+  std::printf("\ntargets (one core):\n");
   auto target = [](const std::string& what, double got, double want, const char* unit) {
     if (std::isnan(got)) return;
     std::printf("  %-40s %7.2f %-7s (target >= %.1f) %s\n", what.c_str(), got, unit, want,

@@ -1,5 +1,5 @@
 // adaps-engine-bench: the server's work on one step, in process (no sockets), against the
-// memory-bandwidth limit (issue 12).
+// memory-bandwidth limit.
 //
 // Per received element: dense add (a dense push decoded into the aggregation buffer) and
 // sparse decode-add (a Rice-coded AdaComp push, per *sent* element). Per parameter: each
@@ -13,7 +13,7 @@
 // plain pass on 1 and 2 threads: what two cores add to streaming memory alone.
 //
 // Inputs: the worker/app/gradient_stream.h stream (AdaComp sends about 1% at T=500), as in
-// adaps-codec-bench. After Google Benchmark's own output, a summary with issue 12's targets.
+// adaps-codec-bench. After Google Benchmark's own output, a summary with the engine's targets.
 // Extra flags (mixed freely with --benchmark_* flags):
 //   --elements=N    parameters in all (default 8000000; the engine cuts them in 8 slices)
 //   --warm          do not evict the caches before each iteration of the per-parameter
@@ -502,7 +502,7 @@ void PrintSummary(const SummaryReporter& rep) {
                 two / 1e6);
   }
   const double paired = rep.Get("engine_8_slices/paired/min_time:2.000/real_time", "speedup");
-  std::printf("\n  issue 12 targets                             measured   unit       target\n");
+  std::printf("\n  targets                                      measured   unit       target\n");
   Line("2 engine threads vs 1 on 8 slices", two / one, "x", ">= 1.7x", two / one >= 1.7);
   Line("  the same, steps paired (engine_*/paired)", paired, "x", ">= 1.7x", paired >= 1.7);
   const double mem = rep.Get("plain_pass_threads/threads:2/real_time") /

@@ -4,7 +4,7 @@
 // step's pushes forwarded, the puller's own left out (server/shard.h; the merged index list
 // with the new values is larger for AdaComp's pushes),
 // recompressed and dense; and the engine's time per step (decode-adds, optimizer, encoding)
-// with each. Issue 24; docs/benchmarks.md and schemas/README.md "Sparse pulls".
+// with each. docs/benchmarks.md and schemas/README.md "Sparse pulls".
 //
 //   adaps-sparse-pull-bytes [length] [steps] [workers...]
 #include <cstdio>

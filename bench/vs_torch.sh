@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The race (issue 13): adaps against torch DDP, DDP + PowerSGD and DDP + fp16 compression.
+# The race: adaps against torch DDP, DDP + PowerSGD and DDP + fp16 compression.
 # 4 workers, each on its own simulated host (network namespaces on a bridge,
 # deploy/netns-hosts.sh) whose link is limited to RATE by tc tbf in both directions; adaps's
 # scheduler and server(s) on host 4 (and 5, ...). Every system trains the same model on the

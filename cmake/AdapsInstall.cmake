@@ -1,4 +1,4 @@
-# Installation of the worker library for external trainers (issue 5), included from
+# Installation of the worker library for external trainers, included from
 # worker/CMakeLists.txt:
 #   - adaps_worker_shared: libadaps_worker.so, the same sources as the static adaps_worker,
 #     with the static internals (adaps_net, adaps_common, schemas) linked in and hidden

@@ -1,4 +1,4 @@
-// The AdaComp fast path (DESIGN.md section 1, 'Cost'): one streaming pass over the residue
+// The AdaComp fast path (docs/algorithm.md, 'Cost'): one streaming pass over the residue
 // and the gradient, plus a sparse fix-up once the scale is known. No sort, no sampling.
 //
 // Out of place: the old residue `in` is only read; the new residue G' = in + g goes to a

@@ -29,7 +29,7 @@ absl::Status CheckLengths(absl::Span<const float> grad, const SliceState& state)
   return absl::OkStatus();
 }
 
-// Step 1 of DESIGN.md section 1. Returns OK with `*send_nothing` set under kSendNothing.
+// Step 1 of docs/algorithm.md. Returns OK with `*send_nothing` set under kSendNothing.
 absl::Status CheckFinite(absl::Span<const float> grad, NonFinitePolicy policy,
                          bool* send_nothing) {
   *send_nothing = false;
@@ -99,7 +99,7 @@ absl::Status SumResidue(absl::Span<const float> grad, SliceState& state, bool pe
   return absl::OkStatus();
 }
 
-// The compressors with error feedback: one step in two phases or one (DESIGN.md section 1;
+// The compressors with error feedback: one step in two phases or one (docs/algorithm.md;
 // CompressPending leaves the new residue pending until the caller commits or discards it).
 class ResidueCompressor : public Compressor {
  public:

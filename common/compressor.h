@@ -1,4 +1,4 @@
-// Gradient compressors: AdaComp (the contract of DESIGN.md section 1), and the baselines
+// Gradient compressors: AdaComp (the algorithm of docs/algorithm.md), and the baselines
 // users compare it with: dense fp32, Top-k with error feedback, 1-bit sign with error
 // feedback (Seide et al. 2014).
 //
@@ -36,7 +36,7 @@ const char* CompressorKindName(CompressorKind kind);
 // Parses the names above; kInvalidArgument otherwise.
 absl::StatusOr<CompressorKind> ParseCompressorKind(const std::string& name);
 
-// What to do when a gradient holds NaN or +-Inf (DESIGN.md section 1, step 1).
+// What to do when a gradient holds NaN or +-Inf (docs/algorithm.md, step 1).
 enum class NonFinitePolicy : uint8_t {
   kReject = 0,     // return kInvalidArgument
   kSendNothing = 1 // return OK with an empty update (nothing sent, residue untouched)
@@ -213,7 +213,7 @@ const char* AdaCompIsaName(AdaCompIsa isa);
 // True when this CPU runs the AVX2 path (AVX2, BMI1, BMI2, POPCNT).
 bool AdaCompHasAvx2();
 
-// The AdaComp fast path (DESIGN.md section 1), exposed for tests and benchmarks. Reads
+// The AdaComp fast path (docs/algorithm.md), exposed for tests and benchmarks. Reads
 // `residue_in` (never written) and `grad`, writes the new residue to `residue_out` and the
 // update to `out`. All three have the same length; `residue_out` must not overlap the others.
 // Returns false when residue_in + grad is NaN or +-Inf anywhere (a NaN/Inf in `grad`, or a

@@ -1,5 +1,5 @@
 // Layered configuration for adaps executables: defaults < config file < ADAPS_* environment
-// < command-line flags (DESIGN.md section 4). This is the only place that reads the
+// < command-line flags (docs/operations.md). This is the only place that reads the
 // environment.
 //
 // Each executable declares its absl flags (the defaults), then calls LoadLayeredFlags

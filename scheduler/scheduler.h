@@ -1,5 +1,5 @@
 // The adaps scheduler: rendezvous, cluster view, tensor layout, barriers, heartbeats and
-// coordinated shutdown (DESIGN.md section 2).
+// coordinated shutdown (docs/architecture.md).
 //
 // Owns one Transport (ROUTER). All protocol state lives on the transport's I/O thread and
 // is touched only there; the public methods are thread-safe.

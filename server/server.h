@@ -1,6 +1,6 @@
 // The adaps server: owns the tensor slices assigned to its rank, one Shard each
 // (server/shard.h: parameters, optimizer state, aggregation buffer, downlink residue), and
-// routes pushes and pulls to them (DESIGN.md section 2). Membership (registering,
+// routes pushes and pulls to them (docs/architecture.md). Membership (registering,
 // heartbeats, re-registering, forged views) is common/cluster_client's, the live workers of a
 // step server/step_members', checkpoints server/checkpoint_policy's (when and what; the
 // format is server/checkpoint.h); this class is the wiring and the I/O thread's checks.

@@ -1,7 +1,7 @@
 // One slice of the server's parameters with everything it needs to serve it: parameters,
 // optimizer state, the aggregation buffer of the current step, the published (downlink)
 // replica with its residue, the encoded pull answers of the current
-// version, and the pulls held until a later version (DESIGN.md section 2).
+// version, and the pulls held until a later version (docs/architecture.md).
 //
 // Sync mode: AddPush decodes a worker's wire payload straight into the aggregation buffer;
 // CompleteStepIfReady averages it (sum-only: not), runs the optimizer once and advances

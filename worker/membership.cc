@@ -111,7 +111,7 @@ bool Membership::BeginStop(bool* leave) {
 
 absl::Status Membership::Leave() {
   // As long as any request may take: a scheduler busy with many workers leaving at once on
-  // a loaded machine answered 64 of them past a fixed 2 s (issue 26), failing the job after
+  // a loaded machine answered 64 of them past a fixed 2 s, failing the job after
   // its training had finished.
   absl::Status status = cluster_->Leave(options_.request_timeout);
   if (!status.ok()) {

@@ -2,7 +2,7 @@
 // peer it is reached through, its incarnation (bumped when it restarts: moved, or back after
 // being declared dead), whether it can come back with its rank (it has an identity) and
 // whether it is alive. One object with its own lock, so that the tensor table, the runner
-// and membership do not share a mutex for it (issue 25).
+// and membership do not share a mutex for it.
 //
 // Threads: Peer, Incarnations, Restartable and WaitForNewIncarnation from any thread (they
 // take only this object's lock, a leaf: callers may hold a Tensor's lock); Connect from the

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""In-process simulation of W data-parallel workers with AdaComp (DESIGN.md section 1), for
+"""In-process simulation of W data-parallel workers with AdaComp (docs/algorithm.md), for
 comparing what local mode exchanges (the table "How it was found" in docs/accuracy.md).
 
   /usr/bin/python3 bench/accuracy/exchange_sim.py --mode dense|grad|update|ef21 --L 32 [--T 500]
@@ -22,7 +22,7 @@ _spec.loader.exec_module(torch_moments)
 torch.set_num_threads(1)
 
 def adacomp(G, g, T):
-    """DESIGN.md section 1 on flat tensors. Returns decompressed update; updates G."""
+    """AdaComp (docs/algorithm.md) on flat tensors. Returns decompressed update; updates G."""
     G += g
     H = G + g
     N = G.numel(); nb = (N + T - 1) // T

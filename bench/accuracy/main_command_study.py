@@ -41,7 +41,7 @@ def recipe(role):
 
 MAIN_WORKER = recipe("worker") + " --log_level=warn"
 MAIN_SERVER = recipe("server")
-# The main command before issue 13's accuracy work: servers' momentum, dense biases,
+# The main command before its accuracy work: servers' momentum, dense biases,
 # recompressed pulls at the workers' bin size.
 BEFORE_WORKER = "--local_momentum=0 --compress_bias=false --bin_size_bias=0"
 BEFORE_SERVER = "--optimizer=momentum --momentum=0.9"

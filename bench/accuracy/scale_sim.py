@@ -1,14 +1,14 @@
 #!/usr/bin/python3
 """AdaComp's scale on one worker, offline: a zoo model trained with its update (the torch
 optimizer's change, here plain SGD's -lr * clipped gradient) compressed under error feedback
-by DESIGN.md section 1, against variants of what a selected element is sent as.
+by docs/algorithm.md, against variants of what a selected element is sent as.
 
     /usr/bin/python3 bench/accuracy/scale_sim.py --variant adacomp --steps 150
     /usr/bin/python3 bench/accuracy/scale_sim.py --variant group:10   # a scale per 10 bins
     /usr/bin/python3 bench/accuracy/scale_sim.py --model mlp --no-momentum --variant adacomp
     /usr/bin/python3 bench/accuracy/scale_sim.py --variant bins --only encoder --stats 20,100
 
-Variants (the selection is DESIGN.md's in every one; only the value sent differs):
+Variants (the selection is docs/algorithm.md's in every one; only the value sent differs):
   dense     no compression
   adacomp   sign * s, s the mean of the bins' maxima over the whole tensor (the contract,
             a tensor being one slice as on one server)

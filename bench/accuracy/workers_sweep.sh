@@ -1,5 +1,5 @@
 #!/bin/bash
-# Accuracy and push bytes against the worker count at a fixed global batch (issue 26):
+# Accuracy and push bytes against the worker count at a fixed global batch:
 # adaps-train-sim (W simulated workers in one process, the real codec), the Fashion-MNIST
 # MLP, 3 epochs, global batch 256 (per-worker batch 256/W), dense against AdaComp with the
 # main command's recipe (the workers' momentum correction 0.9, plain SGD on the servers, lr

@@ -30,7 +30,7 @@ the same batches per rank and the same schedule for every system compared.
          of width 64), AdamW in two param groups (weight decay 0.05; none
          on biases, norms and position embeddings), 10% warm-up then
          cosine, clipping at 1.0
-  gpt128 a fourth check, added after the defaults: issue 23's own     held-out bits/char
+  gpt128 a fourth check, added after the defaults: the zoo's own      held-out bits/char
          transformer (the gpt above at width 128, Adam lr 3e-3 with a
          cosine schedule and no warm-up, clipping at 1.0, batch 16)
   lstm-rmsprop, lstm-adagrad, cnn-rmsprop, cnn-adagrad  checks of      held-out bits/char,

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Growth under faults (issue 26, docs/benchmarks.md "Growing from 4 to 8 workers with a
+# Growth under faults (docs/benchmarks.md "Growing from 4 to 8 workers with a
 # server killed"): the main command's job (MLP, AdaComp pushes, momentum correction,
 # recompressed pulls at bin 100, SGD on the servers) on this machine, 1 server with an
 # identity and checkpoints, rank 0 evaluating every EVAL steps. Two runs to compare:

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Runs the main command's job with W workers on this machine RUNS times in a row and counts
-# the runs that exit 0 (issue 26: 64 workers, 10 runs of 10). Each run:
+# the runs that exit 0 (64 workers, 10 runs of 10). Each run:
 #   deploy/launch.sh --servers 1 --workers W --server-args "--optimizer=sgd --pull_bin_size=100"
 #     -- --mode=train --model=mlp --compressor=adacomp --pull=recompressed --local_momentum=0.9
 #        --compress_bias --bin_size_bias=100 --max_steps=100

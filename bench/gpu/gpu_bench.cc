@@ -41,7 +41,7 @@ using adaps::cuda::CudaCompressor;
 using adaps::cuda::CudaSliceState;
 using adaps::cuda::DeviceBuffer;
 
-// Issue 27's targets, judged on 25M-element slices (kTargetN): >= 60% of the copy at T = 500
+// The GPU targets, judged on 25M-element slices (kTargetN): >= 60% of the copy at T = 500
 // (and any T above 50), >= 50% at T <= 50. Other sizes of at least kRooflineMin show their
 // fraction for reference.
 constexpr size_t kTargetN = 25'000'000;

@@ -1,4 +1,4 @@
-// The AdaComp pass kernels (DESIGN.md section 1; design notes in docs/gpu.md). The
+// The AdaComp pass kernels (docs/algorithm.md; design notes in docs/gpu.md). The
 // decompress-and-add kernels and the dense finiteness check are in add_kernels.cu.
 //
 // Fused pass (bin size T <= kTileCap): PassKernel, one thread block per tile of K whole bins

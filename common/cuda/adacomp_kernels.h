@@ -28,7 +28,7 @@ constexpr int kMaxBinsPerTile = kTileCap;       // T = 1 with 8 rows
 // buffered ("sets" 0 and 1): a pass reads set `active` and writes the other one, and only a
 // successful pass makes the other one active (on the device, so that no host round trip is
 // needed). A failed step therefore leaves residue and pending fix-up untouched.
-// A two-phase pass (PassArgs::two_phase; DESIGN.md section 2: a push of several slices commits
+// A two-phase pass (PassArgs::two_phase; docs/algorithm.md: a push of several slices commits
 // every slice's residue or none) leaves `active` alone and marks the other set `staged`
 // instead; CommitStaged then makes it active, DiscardStaged drops it.
 struct SliceCtl {

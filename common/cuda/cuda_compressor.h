@@ -1,4 +1,4 @@
-// AdaComp (DESIGN.md section 1) and the dense baseline on an NVIDIA GPU, behind the same plain
+// AdaComp (docs/algorithm.md) and the dense baseline on an NVIDIA GPU, behind the same plain
 // C++ interface as the CPU code (common/compressor.h). No CUDA header is included here: device
 // memory is passed as plain pointers, and every CUDA error comes back as an absl::Status (this
 // library never aborts on a CUDA error).
@@ -22,7 +22,7 @@
 // residue + gradient as it goes, and only a successful pass makes the spare buffer current.
 //
 // Two phases: a push of a tensor of several slices commits every slice's residue or none
-// (DESIGN.md section 2). EnqueuePending stages a successful step's residue in the slice state;
+// (docs/algorithm.md). EnqueuePending stages a successful step's residue in the slice state;
 // CudaSliceState::Commit / Discard end the push, as the CPU's CompressPending and
 // SliceState::Commit / Discard.
 //
@@ -171,7 +171,7 @@ class CudaCompressor {
   // DecompressAddLast are kFailedPrecondition until the next successful Enqueue. One
   // compressor may serve several slices; "the last update" is that of the last Enqueue.
   virtual absl::Status Enqueue(const float* device_grad, size_t n, CudaSliceState& state) = 0;
-  // The first phase of a two-phase push over several slices (DESIGN.md section 2: commit every
+  // The first phase of a two-phase push over several slices (docs/algorithm.md: commit every
   // slice's residue or none; the CPU's Compressor::CompressPending): Enqueue, except that a
   // successful step's new residue is staged in `state` instead of becoming its residue, until
   // state.Commit() or state.Discard(). Meanwhile the state's residue (DownloadResidue) is the old

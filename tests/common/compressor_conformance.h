@@ -4,7 +4,7 @@
 //
 //   INSTANTIATE_TYPED_TEST_SUITE_P(Cpu, AdaCompConformance, CpuBackend);
 //
-// The oracle is tests/common/reference_adacomp.h (DESIGN.md section 1 written plainly) plus the
+// The oracle is tests/common/reference_adacomp.h (docs/algorithm.md written plainly) plus the
 // contract's failure rules: a NaN/Inf gradient is kInvalidArgument (kReject) or OK with an empty
 // update (kSendNothing), an overflow of residue + gradient is kOutOfRange with an empty update,
 // and every failed step leaves the residue bit-for-bit unchanged. Indices and signs must be
@@ -22,7 +22,7 @@
 //   absl::StatusOr<std::vector<float>> Residue(size_t slice);
 //   absl::Status SetResidue(size_t slice, const std::vector<float>& r);
 //   absl::Status Reset(size_t slice);
-//   // Two phases (DESIGN.md section 2: a push commits every slice's residue or none): like
+//   // Two phases (docs/algorithm.md: a push commits every slice's residue or none): like
 //   // Compress, but a successful step's new residue waits until Commit(slice) makes it the
 //   // residue or Discard(slice) drops it; Residue(slice) meanwhile is the old one.
 //   absl::Status CompressPending(size_t slice, const std::vector<float>& g, size_t offset,
@@ -211,7 +211,7 @@ class Checked {
     return want;
   }
 
-  // One push of a tensor cut into `slices` (DESIGN.md section 2): every slice is compressed
+  // One push of a tensor cut into `slices` (docs/algorithm.md): every slice is compressed
   // in two phases and checked against the oracle, the residues are compared with the old ones
   // while the new ones are pending, then all are committed when every slice succeeded and all
   // discarded otherwise (the oracles alike). Returns the first failing slice's oracle code.
@@ -469,8 +469,8 @@ TYPED_TEST_P(AdaCompConformance, ResetZeroesTheResidueAndDropsThePendingFixup) {
   ASSERT_EQ(c.Step(s, NormalVector(5000, 1.0f, 13), "after reset"), absl::StatusCode::kOk);
 }
 
-// DESIGN.md section 2: "A push compresses every slice first and commits the residues only when
-// all succeeded". A tensor of three slices (different lengths, every kernel path's bin count);
+// docs/algorithm.md: a push compresses every slice first and commits the residues only when
+// all succeeded. A tensor of three slices (different lengths, every kernel path's bin count);
 // a NaN in the last slice or an overflow in the middle one leaves every residue as it was,
 // including the slices before it that compressed fine; pushes before and after commit all.
 TYPED_TEST_P(AdaCompConformance, APushOfSeveralSlicesCommitsAllOrNone) {

@@ -1,4 +1,4 @@
-// A plain, obviously correct AdaComp (DESIGN.md section 1, steps 1-8), written straight from
+// A plain, obviously correct AdaComp (docs/algorithm.md, steps 1-9), written straight from
 // the contract with no attention to speed. The fast path in common/ must agree with it bit
 // for bit. The scale is the bin maxima summed in bin order in double, divided by the number
 // of bins, rounded to float -- the definition the fast path also uses.

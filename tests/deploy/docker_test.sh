@@ -30,7 +30,7 @@ run_timeout=${ADAPS_DOCKER_RUN_TIMEOUT:-900}
 build_timeout=${ADAPS_DOCKER_BUILD_TIMEOUT:-2700}
 # The main command gets 0.8797 (mean of seeds 1-3; per seed 0.8789-0.8812, docs/accuracy.md;
 # the same seed run twice differs by up to 0.2 pp, and the containers' asynchronous steps
-# add timing noise: 0.8763 in the first run here), its recipe before issue 13 0.8689 (per
+# add timing noise: 0.8763 in the first run here), its recipe before the accuracy work 0.8689 (per
 # seed 0.8668-0.8701). The band passes the main command with 0.6 pp below its worst seed and
 # fails the old recipe's best seed by 0.3 pp.
 ACC_LO=0.8730 ACC_HI=0.8870

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Each role's object is defined in one source file (issue 25: objects, not files).
+"""Each role's object is defined in one source file (objects, not files).
 
 Fails when a method of `Worker::Impl` is defined outside worker/worker_impl.cc, one of
 `Server` outside server/server.cc, when two files of the worker library include each

@@ -1,4 +1,4 @@
-// Elastic membership with real processes (issue 26): workers that join a running job
+// Elastic membership with real processes: workers that join a running job
 // (adaps-scheduler --max_workers) and workers that leave with nothing lost (Worker::Leave).
 //
 // The servers run the sum-only optimizer, so their parameters are the sum of every push

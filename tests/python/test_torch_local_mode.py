@@ -957,7 +957,7 @@ def test_sparse_pulls_give_every_replica_what_dense_pulls_give_bit_for_bit(clust
 
 def test_state_dict_carries_each_workers_residues_and_restores_them(cluster):
     # Each worker's opt.state_dict() holds its error-feedback residues and own-update share
-    # (issue 26: a restarted worker resumes exactly); load_state_dict puts them back, and
+    # (a restarted worker resumes exactly); load_state_dict puts them back, and
     # another rank's are not loaded (its mass would be sent twice).
     address = mean_cluster(cluster)
     n = 400

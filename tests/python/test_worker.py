@@ -288,7 +288,7 @@ def wait_stopped(pid, timeout=5.0):
 
 def test_stop_waits_for_a_slow_scheduler_within_the_request_timeout(cluster):
     # 64 workers leaving at once on 2 cores kept the scheduler's answer to Leave past the
-    # fixed 2 s it had (issue 26: two workers ended with DEADLINE_EXCEEDED after training
+    # fixed 2 s it had (two workers once ended with DEADLINE_EXCEEDED after training
     # finished). Leave waits for request_timeout like every other request.
     c = cluster(1, dead_timeout_ms=20000)
     w = adaps.Worker(c.address, request_timeout=15)
@@ -327,7 +327,7 @@ def two_workers(c, n, **declare):
 
 def test_backup_workers_complete_a_step_without_the_straggler_and_keep_its_push(cluster):
     # --backup_workers=1 with 2 workers: each step completes with the first push; the
-    # straggler's push of an earlier step goes into the step in progress (issue 26).
+    # straggler's push of an earlier step goes into the step in progress.
     c = cluster(2, server_args=["--optimizer=sum", "--backup_workers=1"])
     (a, b), (va, vb) = two_workers(c, 8, compression="dense")
     start = time.time()
@@ -358,7 +358,7 @@ def test_backup_workers_are_refused_where_a_step_needs_every_worker(cluster, tmp
 
 
 def test_leave_pushes_the_residues_and_live_workers_follows(cluster):
-    # Worker.leave sends what the error feedback held back (issue 26): with sum-only servers
+    # Worker.leave sends what the error feedback held back: with sum-only servers
     # the parameters are then the sum of every gradient, less what the staying worker holds.
     c = cluster(2, server_args=["--optimizer=sum"])
     (a, b), (va, vb) = two_workers(c, 300, compression="adacomp", bin_size=50)

@@ -35,7 +35,7 @@ class GradientExchange {
 
 // The per-layer-type compression of a run. Biases are tiny (one per output unit) and go
 // dense unless `compress_bias`; the compressor of the other tensors gets the bin size of
-// their layer type (DESIGN.md section 1: about 50 for conv, about 500 for fc).
+// their layer type (docs/algorithm.md: about 50 for conv, about 500 for fc).
 struct CompressionConfig {
   CompressorKind kind = CompressorKind::kAdaComp;
   uint32_t bin_size_conv = 50;
