@@ -6,7 +6,9 @@ Runs adaps-train-sim for every (model, compressor, workers, seed), then writes
   <out>/results.csv         final row of every run
   <out>/summary.md          the table (mean over seeds), with the AdaComp-vs-dense check
   <out>/<model>_accuracy.png  test accuracy against epoch and against bytes pushed
-Use /usr/bin/python3 (Debian's numpy and matplotlib). Example:
+<out> defaults to $ADAPS_RESULTS_DIR/accuracy-study (ADAPS_RESULTS_DIR: build/bench-results
+when unset), outside the source tree. Use /usr/bin/python3 (Debian's numpy and matplotlib).
+Example:
   /usr/bin/python3 bench/accuracy_study.py --binary build/worker/trainer/adaps-train-sim
 """
 import argparse
@@ -31,7 +33,9 @@ PAPER_RATE = {"fc": "~200x", "conv": "~40x"}
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--binary", default="build/worker/trainer/adaps-train-sim")
-    p.add_argument("--out", default="bench/accuracy")
+    results = os.environ.get("ADAPS_RESULTS_DIR") or os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "bench-results")
+    p.add_argument("--out", default=os.path.join(results, "accuracy-study"))
     p.add_argument("--models", default="mlp,cnn")
     p.add_argument("--compressors", default=",".join(COMPRESSORS))
     p.add_argument("--workers", default="4,8")

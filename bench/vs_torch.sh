@@ -7,9 +7,11 @@
 # 0.9, cosine learning rate): bench/race/train.py. adaps runs adaps.torch in local mode (the
 # servers run --optimizer=mean and answer each step's mean gradient): dense pushes and pulls
 # ("adaps"), or AdaComp pushes and recompressed pulls ("adacomp"). Rank 0 evaluates every
-# --eval-every steps with the clock stopped. Results: one JSON per run in --results, then a
-# table (step time, bytes per step per worker, time to --target, final accuracy) and a plot
-# of test accuracy against training time. Needs root. Run by hand, under `nice -n 10`.
+# --eval-every steps with the clock stopped. Results: one JSON and log per run in --results
+# (default $ADAPS_RESULTS_DIR/race, ADAPS_RESULTS_DIR defaulting to build/bench-results: run
+# outputs stay out of the source tree), then a table (step time, bytes per step per worker,
+# time to --target, final accuracy) and a plot of test accuracy against training time per
+# model and rate in --results/plots. Needs root. Run by hand, under `nice -n 10`.
 #
 #   bench/vs_torch.sh [--rate 100mbit|10mbit|1mbit|1gbit|none] [--model mlp|cnn] [--seed S]
 #                     [--systems "ddp powersgd fp16 adaps adacomp adacomp-colo"] [--target ACC]
@@ -26,7 +28,7 @@
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 rate=100mbit model=mlp seed=1 systems="ddp powersgd fp16 adaps adacomp" target=""
-bin="$repo/build" results="$repo/bench/race/results" servers=1 timeout=900 summarize_only=0
+bin="$repo/build" results="${ADAPS_RESULTS_DIR:-$repo/build/bench-results}/race" servers=1 timeout=900 summarize_only=0
 adaps_mode=server adacomp_recipe=dgc max_steps_dense=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -43,7 +45,7 @@ while [[ $# -gt 0 ]]; do
     --timeout) timeout=$2; shift 2 ;;
     --max-steps-dense) max_steps_dense=$2; shift 2 ;;
     --summarize) summarize_only=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) echo "vs_torch: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -55,7 +57,7 @@ summarize() {
   [[ -n $target ]] && t=(--target "$target")
   "$py" "$repo/bench/race/summarize.py" table --results "$results" "${t[@]}"
   "$py" "$repo/bench/race/summarize.py" plot --results "$results" "${t[@]}" \
-    --plots "$repo/bench/race/plots"
+    --plots "$results/plots"
 }
 if [[ $summarize_only == 1 ]]; then summarize; exit $?; fi
 

@@ -16,7 +16,8 @@ dense. The load (`uptime`) is printed before and after. Build first
 
 A --config is NAME|WORKER FLAGS[|SERVER FLAGS]; worker flags come after the main command's
 own (so they override them), server flags replace the default
-'--optimizer=sgd --pull_bin_size=100'. Each run's output goes to --log_dir.
+'--optimizer=sgd --pull_bin_size=100'. Each run's output goes to --log_dir (default
+$ADAPS_RESULTS_DIR/main-command, ADAPS_RESULTS_DIR being build/bench-results when unset).
 """
 import argparse
 import os
@@ -126,7 +127,8 @@ def main():
                    help="NAME|WORKER FLAGS[|SERVER FLAGS] (repeatable; first = baseline)")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--bin", default=os.path.join(REPO, "build"))
-    p.add_argument("--log_dir", default=os.path.join(REPO, "bench/accuracy/runs/main_command"))
+    results = os.environ.get("ADAPS_RESULTS_DIR") or os.path.join(REPO, "build", "bench-results")
+    p.add_argument("--log_dir", default=os.path.join(results, "main-command"))
     p.add_argument("--nice", type=int, default=10)
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
     args = p.parse_args()

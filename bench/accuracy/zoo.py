@@ -23,7 +23,9 @@ and schedule for every system. The systems:
 
 It prints and writes a table (final metric, gap to dense, bytes pushed and pulled against
 dense, training time; mean over seeds) into --doc between the zoo markers, and a plot of the
-metric against steps (bench/accuracy/zoo/zoo.png). Per-run JSONs are in --out.
+metric against steps (zoo.png in --out). Per-run JSONs and logs are in --out: by default
+$ADAPS_RESULTS_DIR/accuracy-zoo, ADAPS_RESULTS_DIR defaulting to build/bench-results, so run
+outputs stay out of the source tree; --summarize reads the same place.
 """
 import argparse
 import collections
@@ -36,6 +38,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.environ.get("ADAPS_RESULTS_DIR") or os.path.join(REPO, "build", "bench-results")
 sys.path.insert(0, HERE)
 import zoo_models  # noqa: E402
 
@@ -61,7 +64,9 @@ def parse():
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: seed 1, 12 steps, small evaluation sets")
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
-    ap.add_argument("--out", default=os.path.join(HERE, "zoo"))
+    ap.add_argument("--out", default=os.path.join(RESULTS, "accuracy-zoo"),
+                    help="where the per-run JSONs, logs and the plot go, and where "
+                         "--summarize and --phases read them (default: %(default)s)")
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "accuracy.md"))
     ap.add_argument("--summarize", action="store_true", help="only the table and the plot")
     ap.add_argument("--phases", action="store_true",
