@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """In-process simulation of W data-parallel workers with AdaComp (docs/algorithm.md), for
-comparing what local mode exchanges (the table "How it was found" in docs/accuracy.md).
+comparing what local mode exchanges (docs/accuracy.md, "The defaults, and why").
 
   /usr/bin/python3 bench/accuracy/exchange_sim.py --mode dense|grad|update|ef21 --L 32 [--T 500]
       [--dense-1d 1] [--warmup-dense 30] [--model lstm --opt adam --lr 5e-3 --L 48 --wd 0]

@@ -16,7 +16,7 @@ Variants (the selection is docs/algorithm.md's in every one; only the value sent
   bins      sign * the bin's own maximum
   exact     the residue's value itself
 
-For the word-language-model blind check (docs/accuracy.md, "Two more blind checks"). With plain
+For the word-language-model blind check (docs/accuracy.md, "Plain SGD"). With plain
 SGD (wordlstm; an SGD recipe with --no-momentum) the update is -lr * gradient; with any other
 optimizer it is the change the recipe's own optimizer makes on this worker's gradient (local
 mode's exchange="update"), so every zoo model runs.
