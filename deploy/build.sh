@@ -4,6 +4,10 @@
 #   bash deploy/build.sh adaps-server ...     only these ninja targets (and what they need)
 # Arguments that start with '-' go to cmake (e.g. -DADAPS_CUDA=OFF), the others to ninja.
 # Installs missing Debian packages first (see deploy/install-deps.sh).
+# deploy/run-local.sh and tests/run-all.sh both build through this script with the same cmake
+# arguments, so the second reuses what the first compiled (cmake/Dependencies.cmake keeps the
+# compile commands of a reconfigure equal to the first configure's). Extra -D arguments stay
+# in the build directory's cache, and so change what both build afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
