@@ -6,7 +6,8 @@ set -euo pipefail
 # build: what compiling adaps (libraries, executables, Python module) needs; the Dockerfile's
 # build stage installs only these. all (default): also tests, benchmarks, fuzzing, the
 # accuracy study and the deployment checks (docker.io and debootstrap: the Docker step of
-# tests/run-all.sh, which makes its base images with deploy/docker-base.sh).
+# tests/run-all.sh, which makes its base images with deploy/docker-base.sh; slurm-wlm and
+# munge: the Slurm step, tests/deploy/slurm_test.sh, a Slurm cluster of network namespaces).
 BUILD_PACKAGES=(
   build-essential cmake pkg-config ninja-build
   libzmq3-dev cppzmq-dev
@@ -24,6 +25,7 @@ TEST_PACKAGES=(
   clang-14 libclang-rt-14-dev
   docker-compose iproute2 python3-zmq
   docker.io debootstrap
+  slurm-wlm munge
 )
 case "${1:-all}" in
   build) PACKAGES=("${BUILD_PACKAGES[@]}") ;;

@@ -8,6 +8,8 @@
 #   ADAPS_SANITIZERS    0 skips the ASan+UBSan and TSan builds (default 1)
 #   ADAPS_DOCKER        0 skips the Docker step (default 1: it runs when a Docker engine
 #                       runs or can be started, and says SKIPPED with the reason otherwise)
+#   ADAPS_SLURM         0 skips the Slurm step (default 1: it runs as root where slurm-wlm,
+#                       munge and network namespaces are available, SKIPPED otherwise)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -28,6 +30,18 @@ if [[ ${ADAPS_DOCKER:-1} != 0 ]]; then
     echo "== docker: SKIPPED (the reason is above); the compose deployment was not tested"
   elif [[ $rc -ne 0 ]]; then
     echo "== docker: FAILED"
+    exit 1
+  fi
+fi
+
+if [[ ${ADAPS_SLURM:-1} != 0 ]]; then
+  echo "== slurm (sbatch jobs train, fail, are cancelled, survive a lost node on a namespace cluster; tests/deploy/slurm_test.sh)"
+  rc=0
+  bash tests/deploy/slurm_test.sh "$build_dir" || rc=$?
+  if [[ $rc -eq 77 ]]; then
+    echo "== slurm: SKIPPED (the reason is above); the Slurm deployment was not tested"
+  elif [[ $rc -ne 0 ]]; then
+    echo "== slurm: FAILED"
     exit 1
   fi
 fi
