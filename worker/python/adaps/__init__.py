@@ -94,16 +94,44 @@ def _error(code, message):
     e = Error(message)
     e.code = code
     e.code_name = {INVALID_ARGUMENT: "INVALID_ARGUMENT", FAILED_PRECONDITION:
-                   "FAILED_PRECONDITION"}.get(code, str(code))
+                   "FAILED_PRECONDITION", DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",
+                   UNAVAILABLE: "UNAVAILABLE"}.get(code, str(code))
     return e
 
 
-def worker_from_env(**overrides):
-    """A Worker configured from the environment `python3 -m adaps.launch` sets.
+def _scheduler_from_launcher(env, kwargs):
+    """(address, HostedJob or None) from torchrun's, Slurm's or Open MPI's variables; sets
+    kwargs' register_timeout to the rendezvous default when none was given."""
+    from adaps import rendezvous
+    try:
+        job = rendezvous.job_from_env(env)
+    except rendezvous.EnvError as e:
+        raise _error(INVALID_ARGUMENT, "adaps.worker_from_env: %s" % e) from None
+    if job is None:
+        raise _error(FAILED_PRECONDITION, "ADAPS_SCHEDULER is not set and no launcher's "
+                     "variables are (torchrun's RANK/WORLD_SIZE, Slurm's SLURM_PROCID, Open "
+                     "MPI's OMPI_COMM_WORLD_RANK): start the script with `python3 -m "
+                     "adaps.launch`, torchrun, srun or mpirun, or pass scheduler=...")
+    kwargs.setdefault("register_timeout", rendezvous.DEFAULT_TIMEOUT_S)
+    try:
+        return rendezvous.scheduler_for(job, env, kwargs["register_timeout"])
+    except rendezvous.EnvError as e:
+        code = UNAVAILABLE if job.rank == 0 else DEADLINE_EXCEEDED
+        raise _error(code, "adaps.worker_from_env: %s" % e) from None
 
-    ADAPS_SCHEDULER (required), ADAPS_IDENTITY, ADAPS_REGISTER_TIMEOUT_S,
-    ADAPS_REQUEST_TIMEOUT_S, ADAPS_LOG_LEVEL, ADAPS_COMPRESSION_THREADS; keyword arguments
-    win over the environment.
+
+def worker_from_env(**overrides):
+    """A Worker configured from the environment `python3 -m adaps.launch` sets, or that
+    torchrun, Slurm's srun or Open MPI's mpirun set.
+
+    ADAPS_SCHEDULER, ADAPS_IDENTITY, ADAPS_REGISTER_TIMEOUT_S, ADAPS_REQUEST_TIMEOUT_S,
+    ADAPS_LOG_LEVEL, ADAPS_COMPRESSION_THREADS; keyword arguments win over the environment.
+    Without ADAPS_SCHEDULER (or scheduler=...), the job is found from the launcher's
+    variables (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, SLURM_*, OMPI_COMM_WORLD_*): the
+    process of rank 0 starts the job's scheduler and servers, every rank registers with it
+    (adaps.rendezvous, docs/launching.md). Raises adaps.Error: INVALID_ARGUMENT for an
+    incomplete or contradictory launcher environment, FAILED_PRECONDITION when there is
+    none, DEADLINE_EXCEEDED when rank 0's scheduler never answered.
     """
     env = os.environ
     kwargs = {}
@@ -120,10 +148,17 @@ def worker_from_env(**overrides):
     if "ADAPS_COMPRESSION_THREADS" in env:
         kwargs["compression_threads"] = int(env["ADAPS_COMPRESSION_THREADS"])
     kwargs.update(overrides)
+    hosted = None
     if "scheduler" not in kwargs:
-        raise _error(FAILED_PRECONDITION, "ADAPS_SCHEDULER is not set: start the script with "
-                    "`python3 -m adaps.launch` or pass scheduler=...")
-    worker = Worker(**kwargs)
+        kwargs["scheduler"], hosted = _scheduler_from_launcher(env, kwargs)
+    try:
+        worker = Worker(**kwargs)
+    except BaseException:
+        if hosted is not None:
+            hosted.stop(at_once=True)  # the job never formed: nothing to wait for
+        raise
+    if hosted is not None:
+        hosted.adopt(worker)
     if env.get("ADAPS_RANK_FILE"):
         try:
             with open(env["ADAPS_RANK_FILE"], "w") as f:

@@ -40,6 +40,24 @@ Worker restarts: with --worker-restarts K, every worker gets a stable ADAPS_IDEN
 worker that exits with an error is started again (up to K times in all, as torchrun's
 --max-restarts): it takes its rank back and resumes from the servers' parameters.
 
+Several machines (torchrun's shape): run the same command on every node, with its own
+--node-rank:
+
+    python3 -m adaps.launch --nnodes N --node-rank I --rdzv HOST:PORT -n K [flags] script.py
+
+HOST:PORT is where node 0's scheduler listens (on every interface) and what every worker's
+ADAPS_SCHEDULER names: an address of node 0 the other nodes reach. Node 0 starts the
+scheduler, expecting N*K workers, and the servers (--servers S, default 1); with --colocate
+every node runs one server beside its workers instead (N in all). Servers listen on every
+interface and advertise HOST (node 0) or --node-addr (default: this node's address on
+the route to HOST). Every node starts K workers (ADAPS_NUM_WORKERS is N*K, ADAPS_NODE_RANK
+and ADAPS_NNODES say where they run). Nodes I > 0 wait for the scheduler's port up to
+--rdzv-timeout seconds (default 600) and fail naming HOST:PORT when it never answers. A
+worker's failure stops this node's processes with its exit code, and (unless
+--worker-restarts or --max-workers) the scheduler then fails the job on the other nodes
+(--on_worker_death=fail). Node 0 keeps the scheduler until every node's workers have left
+(up to --rdzv-timeout after its own finished). Without --nnodes, nothing changes.
+
 Server restarts: every server runs with --identity=s<i>. With --checkpoint-dir, servers
 checkpoint there (every --checkpoint-interval seconds, default 30) and a server that dies
 while the workers run is started again with the same flags (up to --server-restarts
@@ -50,6 +68,7 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -57,6 +76,7 @@ import threading
 import time
 
 from adaps import _COMPRESSIONS, _LAYER_TYPES, _parse_compression
+from adaps import rendezvous
 
 
 def _compression_arg(text):
@@ -81,8 +101,8 @@ _TORCH_FLAGS = (
      dict(type=_compression_arg)),
     ("--pull", "ADAPS_PULL", "sparse, dense or recompressed (default: sparse where the "
      "servers' step allows it, else dense; recompressed in local mode: the servers "
-     "recompress the running sum of the workers' mean updates at the bin size / (2.5 W): "
-     "fewer bytes for a little delay; not the default)",
+     "recompress the running sum of the workers' mean updates at the bin size / 10: about "
+     "two pushes' bytes at any worker count, for a little delay; not the default)",
      dict(choices=("sparse", "dense", "recompressed"))),
     ("--bin-size", "ADAPS_BIN_SIZE", "AdaComp bin size of non-conv layers (default 500)",
      dict(type=int)),
@@ -117,16 +137,35 @@ _TORCH_FLAGS = (
 
 
 def _find_bin(name, bin_dir):
-    for d in (bin_dir, os.environ.get("ADAPS_BIN_DIR")):
-        if d:
-            for sub in ("", "scheduler", "server", "worker", "bin"):
-                p = os.path.join(d, sub, name)
-                if os.path.isfile(p) and os.access(p, os.X_OK):
-                    return p
-    p = shutil.which(name)
+    p = rendezvous.find_executable(name, bin_dir)
     if p:
         return p
     sys.exit("adaps.launch: %s not found (use --bin-dir, ADAPS_BIN_DIR or PATH)" % name)
+
+
+def _rdzv_endpoint(text):
+    """--rdzv: HOST:PORT (a tcp:// prefix is allowed) -> (host, port)."""
+    rest = text[len("tcp://"):] if text.startswith("tcp://") else text
+    host, sep, port = rest.rpartition(":")
+    try:
+        port = int(port)
+    except ValueError:
+        port = 0
+    if not sep or not host or not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError("%r: expected HOST:PORT (port 1 to 65535), the "
+                                         "address of node 0 the other nodes reach" % text)
+    return host, port
+
+
+def _address_towards(host, port):
+    """This machine's address on the route to host (no packet is sent), for servers the
+    other nodes must reach; None when there is no route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, port))
+            return s.getsockname()[0]
+    except OSError:
+        return None
 
 
 # Whether a forwarded progress line is open (no newline yet); guarded by the output lock.
@@ -215,12 +254,20 @@ def _stop_all(procs, grace=3.0):
 
 def _start_scheduler(a, scheduler_bin, port_file, env, lock, procs, interrupted):
     """Starts the job's scheduler; its address, or None when it did not start."""
-    argv = [scheduler_bin, "--num_servers=%d" % a.servers, "--num_workers=%d" % a.workers,
-            "--port_file=" + port_file, "--log_level=" + a.log_level]
+    argv = [scheduler_bin, "--num_servers=%d" % a.servers,
+            "--num_workers=%d" % (a.workers * a.nodes), "--port_file=" + port_file,
+            "--log_level=" + a.log_level]
     if a.max_workers is not None:
         argv.append("--max_workers=%d" % a.max_workers)
+    if a.nnodes is not None:
+        # Every interface at the rendezvous port: the other nodes connect to HOST:PORT.
+        argv += ["--host=0.0.0.0", "--port=%d" % a.rdzv[1]]
+        if a.worker_restarts == 0 and a.max_workers is None:
+            # Another node's failed worker fails the job here too, as one launch would.
+            argv.append("--on_worker_death=fail")
     procs.append(_Proc("sched", argv, env, lock))
-    end = time.time() + 15
+    # Stops as soon as the scheduler exits; a long wait only while it runs and is slow.
+    end = time.time() + 120
     port = ""
     while not port and time.time() < end and procs[0].poll() is None and not interrupted:
         if os.path.exists(port_file):
@@ -228,9 +275,37 @@ def _start_scheduler(a, scheduler_bin, port_file, env, lock, procs, interrupted)
                 port = f.read().strip()
         time.sleep(0.02)
     if not port:
-        sys.stderr.write("adaps.launch: the scheduler did not start\n")
+        sys.stderr.write("adaps.launch: the scheduler did not start%s\n"
+                         % (" (could it listen on port %d? its output is above)" % a.rdzv[1]
+                            if a.nnodes is not None else ""))
         return None
+    if a.nnodes is not None:
+        return "tcp://%s:%d" % a.rdzv
     return "tcp://127.0.0.1:" + port
+
+
+def _wait_for_other_nodes(a, infra, scheduler, interrupted):
+    """This node's workers all finished: waits (up to --rdzv-timeout) for the scheduler (node
+    0) or this node's servers to end the job once the other nodes' workers have left; the
+    exit code."""
+    sys.stderr.write("adaps.launch: this node's workers finished; waiting up to %gs for the "
+                     "other nodes' workers to leave\n" % a.rdzv_timeout)
+    sys.stderr.flush()
+    end = time.time() + a.rdzv_timeout
+    while any(p.poll() is None for p in infra):
+        if interrupted:
+            sys.stderr.write("adaps.launch: interrupted, stopping everything\n")
+            return 130
+        if time.time() >= end:
+            sys.stderr.write("adaps.launch: the other nodes' workers did not leave within "
+                             "%gs of this node's; stopping\n" % a.rdzv_timeout)
+            return 1
+        time.sleep(0.1)
+    if scheduler is not None and scheduler.poll() != 0:
+        sys.stderr.write("adaps.launch: the scheduler ended with %d (a worker on another node "
+                         "failed; its node's output says why)\n" % scheduler.poll())
+        return 1
+    return 0
 
 
 def main(argv=None):
@@ -240,13 +315,32 @@ def main(argv=None):
     ap.add_argument("--servers", type=int, default=None, help="server shards (default 1)")
     ap.add_argument("--colocate", action="store_true",
                     help="one server per worker, BytePS-style (deploy/launch.sh --colocate "
-                         "places them on the workers' hosts; here every process is local)")
+                         "places them on the workers' hosts; here every process is local); "
+                         "with --nnodes, one server per node, beside its workers")
     ap.add_argument("--max-workers", type=int, default=None,
                     help="elastic: the scheduler's --max_workers (workers may join the "
                          "running job, with --join, while fewer than this many are live)")
     ap.add_argument("--join", default=None, metavar="ADDRESS",
                     help="start the workers into the running job whose scheduler is at "
                          "ADDRESS (tcp://host:port); starts no scheduler or server")
+    ap.add_argument("--nnodes", type=int, default=None,
+                    help="several machines: the number of nodes, each running this command "
+                         "with its own --node-rank (torchrun's shape; see above)")
+    ap.add_argument("--node-rank", type=int, default=None,
+                    help="with --nnodes: this node's index, 0 to N-1; node 0 runs the "
+                         "scheduler and the servers (default 0)")
+    ap.add_argument("--rdzv", "--rdzv-endpoint", type=_rdzv_endpoint, default=None,
+                    metavar="HOST:PORT",
+                    help="with --nnodes: where node 0's scheduler listens, an address of "
+                         "node 0 every node reaches (required with --nnodes > 1)")
+    ap.add_argument("--node-addr", default=None,
+                    help="with --nnodes: this node's address as the other nodes reach it, "
+                         "advertised by its servers (default: HOST on node 0, else this "
+                         "node's address on the route to HOST)")
+    ap.add_argument("--rdzv-timeout", type=float, default=600,
+                    help="with --nnodes: seconds a node waits for node 0's scheduler, and "
+                         "node 0 for the other nodes' workers to leave after its own "
+                         "finished (default 600)")
     ap.add_argument("--worker-restarts", type=int, default=0,
                     help="restart a worker that exits with an error, up to this many times in "
                          "all; it rejoins with its rank (default 0)")
@@ -277,6 +371,31 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.colocate and a.servers is not None:
         ap.error("--colocate runs one server per worker: drop --servers")
+    if a.nnodes is None:
+        for flag, value in (("--node-rank", a.node_rank), ("--rdzv", a.rdzv),
+                            ("--node-addr", a.node_addr)):
+            if value is not None:
+                ap.error("%s belongs to a launch over several nodes: give --nnodes too" % flag)
+        a.nodes, a.node_rank = 1, 0
+    else:
+        if a.join is not None:
+            ap.error("--join adds workers to a running job; it does not go with --nnodes "
+                     "(run the job's launch over the nodes, and --join on its own)")
+        if a.nnodes < 1:
+            ap.error("--nnodes must be at least 1")
+        if a.node_rank is None:
+            a.node_rank = 0
+        if not 0 <= a.node_rank < a.nnodes:
+            ap.error("--node-rank %d is not below --nnodes %d (nodes are 0 to %d)"
+                     % (a.node_rank, a.nnodes, a.nnodes - 1))
+        if a.rdzv is None:
+            if a.nnodes > 1:
+                ap.error("--nnodes %d needs --rdzv HOST:PORT: where node 0's scheduler "
+                         "listens, an address every node reaches" % a.nnodes)
+            a.rdzv = ("127.0.0.1", rendezvous.free_port())
+        if a.rdzv_timeout <= 0:
+            ap.error("--rdzv-timeout must be positive")
+        a.nodes = a.nnodes
     if a.join is not None:
         for flag, value in (("--servers", a.servers), ("--colocate", a.colocate or None),
                             ("--max-workers", a.max_workers),
@@ -294,17 +413,36 @@ def main(argv=None):
         # is at least as accurate and as small on the wire as server mode on the SGD models
         # too (docs/accuracy.md, the zoo); server mode refuses all but SGD and Adam.
         a.server_optimizer = "mean"
-    if a.max_workers is not None and a.max_workers < a.workers:
-        ap.error("--max-workers (%d) must be at least -n (%d)" % (a.max_workers, a.workers))
+    if a.max_workers is not None and a.max_workers < a.workers * a.nodes:
+        ap.error("--max-workers (%d) must be at least -n (%d)%s"
+                 % (a.max_workers, a.workers * a.nodes,
+                    " times --nnodes" if a.nodes > 1 else ""))
     if a.worker_restarts < 0:
         ap.error("--worker-restarts must be 0 or more")
     if a.servers is None:
-        a.servers = 0 if a.join else a.workers if a.colocate else 1
+        # With --nnodes, --colocate is one server per node (beside that node's workers).
+        a.servers = 0 if a.join else (a.nodes if a.nnodes is not None else a.workers) \
+            if a.colocate else 1
     if a.workers < 1 or (a.servers < 1 and not a.join):
         ap.error("-n and --servers must be at least 1")
+    # What this node starts: the scheduler on node 0 (none with --join); its servers
+    # (their indices: all on node 0, or this node's one with --colocate over nodes).
+    starts_scheduler = not a.join and a.node_rank == 0
+    if a.join:
+        local_servers = []
+    elif a.nnodes is not None and a.colocate:
+        local_servers = [a.node_rank]
+    else:
+        local_servers = list(range(a.servers)) if a.node_rank == 0 else []
+    if a.nnodes is not None:
+        advertise = a.node_addr or (a.rdzv[0] if a.node_rank == 0 else
+                                    _address_towards(*a.rdzv))
+        if advertise is None and local_servers:
+            ap.error("no route from this node to %s: give --node-addr (this node's address "
+                     "as the others reach it)" % a.rdzv[0])
 
-    scheduler_bin = None if a.join else _find_bin("adaps-scheduler", a.bin_dir)
-    server_bin = None if a.join else _find_bin("adaps-server", a.bin_dir)
+    scheduler_bin = _find_bin("adaps-scheduler", a.bin_dir) if starts_scheduler else None
+    server_bin = _find_bin("adaps-server", a.bin_dir) if local_servers else None
     tmp = tempfile.mkdtemp(prefix="adaps-launch-")
     port_file = os.path.join(tmp, "port")
     lock = threading.Lock()
@@ -321,6 +459,22 @@ def main(argv=None):
         env = dict(os.environ)
         if a.join:
             address = a.join
+        elif not starts_scheduler:
+            address = "tcp://%s:%d" % a.rdzv
+            sys.stderr.write("adaps.launch: node %d of %d: waiting up to %gs for node 0's "
+                             "scheduler at %s\n" % (a.node_rank, a.nnodes, a.rdzv_timeout,
+                                                    address))
+            sys.stderr.flush()
+            if not rendezvous.wait_for_port(a.rdzv[0], a.rdzv[1], a.rdzv_timeout,
+                                            alive=lambda: not interrupted):
+                if interrupted:
+                    return 130
+                sys.stderr.write("adaps.launch: no scheduler answered at %s:%d within %gs "
+                                 "(is node 0 started with --rdzv %s:%d, and is the port "
+                                 "reachable from this node?)\n"
+                                 % (a.rdzv[0], a.rdzv[1], a.rdzv_timeout, a.rdzv[0],
+                                    a.rdzv[1]))
+                return 1
         else:
             address = _start_scheduler(a, scheduler_bin, port_file, env, lock, procs,
                                        interrupted)
@@ -334,29 +488,41 @@ def main(argv=None):
                 sys.stderr.flush()
         if a.checkpoint_dir:
             os.makedirs(a.checkpoint_dir, exist_ok=True)
-        server_argv = []
-        for s in range(a.servers):
+        server_argv, servers = [], []
+        for s in local_servers:
             argv_s = [server_bin, "--scheduler=" + address, "--identity=s%d" % s,
                       "--optimizer=" + a.server_optimizer, "--mode=" + a.mode,
                       "--log_level=" + a.log_level]
+            if a.nnodes is not None:
+                # Every interface, advertised at this node's address the others reach.
+                port = rendezvous.free_port()
+                argv_s += ["--host=0.0.0.0", "--port=%d" % port,
+                           "--advertise=tcp://%s:%d" % (advertise, port)]
             if a.checkpoint_dir:
                 argv_s += ["--checkpoint_dir=" + a.checkpoint_dir,
                            "--checkpoint_interval_s=%g" % a.checkpoint_interval]
             server_argv.append(argv_s + a.server_arg)
-            procs.append(_Proc("s%d" % s, server_argv[s], env, lock))
+            servers.append(_Proc("s%d" % s, server_argv[-1], env, lock))
+            procs.append(servers[-1])
+        scheduler = procs[0] if starts_scheduler else None
         server_env = env  # (`env` is reused below)
         threads = str(max(1, (os.cpu_count() or 1) // a.workers))
         # A stable identity per worker when it may be restarted (it takes its rank back).
         job_tag = "launch%d-%x" % (os.getpid(), int(time.time() * 1000) & 0xffffff)
+        if a.nnodes is not None:
+            job_tag += "-n%d" % a.node_rank
         workers, worker_argv = [], []
         for r in range(a.workers):
             wenv = dict(os.environ)
             wenv.update({"ADAPS_SCHEDULER": address,
                          "ADAPS_SERVER_OPTIMIZER": a.server_optimizer,
                          "ADAPS_LOCAL_RANK": str(r),
-                         "ADAPS_NUM_WORKERS": str(a.workers),
+                         "ADAPS_NUM_WORKERS": str(a.workers * a.nodes),
                          "ADAPS_RANK_FILE": os.path.join(tmp, "rank%d" % r),
                          "PYTHONUNBUFFERED": "1"})
+            if a.nnodes is not None:
+                wenv.update({"ADAPS_NODE_RANK": str(a.node_rank),
+                             "ADAPS_NNODES": str(a.nnodes)})
             if a.worker_restarts > 0:
                 wenv.setdefault("ADAPS_IDENTITY", "%s-w%d" % (job_tag, r))
             for flag, env, _, _ in _TORCH_FLAGS:
@@ -373,7 +539,7 @@ def main(argv=None):
             workers.append(w)
             procs.append(w)
         worker_restarts_left = a.worker_restarts
-        infra = [] if a.join else procs[:1 + a.servers]
+        infra = ([scheduler] if scheduler else []) + servers
         restarts_left = a.server_restarts if a.checkpoint_dir else 0
         while True:
             if interrupted:
@@ -401,7 +567,12 @@ def main(argv=None):
                 code = w.poll() if w.poll() > 0 else 128 - w.poll()
                 break
             if all(w.poll() == 0 for w in workers):
-                # The scheduler and servers shut down once every worker left.
+                # The scheduler and servers shut down once every worker left: the other
+                # nodes' workers too, which may finish later.
+                if a.nnodes is not None and a.nnodes > 1 and \
+                        any(p.poll() is None for p in infra):
+                    code = _wait_for_other_nodes(a, infra, scheduler, interrupted)
+                    break
                 end = time.time() + 10
                 while time.time() < end and any(p.poll() is None for p in infra):
                     time.sleep(0.05)
@@ -409,16 +580,17 @@ def main(argv=None):
             # Exit 0 is the orderly shutdown once every worker left (a worker process may
             # still be exiting); anything else is a crash.
             dead = [p for p in infra if p.poll() not in (None, 0)]
-            if dead and dead[0] is not infra[0] and restarts_left > 0:
+            if dead and dead[0] is not scheduler and restarts_left > 0:
                 p = dead[0]
-                i = infra.index(p) - 1
+                i = servers.index(p)
                 restarts_left -= 1
                 sys.stderr.write("adaps.launch: %s exited with %d; restarting it from its "
                                  "checkpoint (%d restart(s) left)\n"
                                  % (p.tag, p.poll(), restarts_left))
                 p.join_output()
-                fresh = _Proc("s%d" % i, server_argv[i], server_env, lock)
-                infra[i + 1] = fresh
+                fresh = _Proc(p.tag, server_argv[i], server_env, lock)
+                servers[i] = fresh
+                infra[infra.index(p)] = fresh
                 procs[procs.index(p)] = fresh
                 continue
             if dead:
