@@ -1,4 +1,5 @@
-// The server's engine: the threads that own the slices (docs/architecture.md, "The path of one gradient").
+// The server's engine: the threads that own the slices (docs/architecture.md, "The path
+// of one gradient").
 //
 // Each engine thread owns some shards (server/shard.h) and is the only thread that touches
 // them: decode-add of pushes, the optimizer, dense publishing and recompression all run
