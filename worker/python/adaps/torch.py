@@ -67,9 +67,10 @@ what the servers run; sum is refused), compression (ADAPS_COMPRESSION, "adacomp"
 local mode and with servers running plain SGD without weight decay, else "dense";
 "recompressed" in local mode, with the update exchange only: the servers keep the running sum
 of the steps' mean updates and recompress its change at each AdaComp tensor's bin size divided
-by 2.5 W (a tenth at 4 workers), one message for every replica, 1.5-2.5 pushes' bytes where
-an exact pull carries W - 1 pushes, for the delay of what the downlink holds back; not the
-default: docs/accuracy.md, "Recompressed pulls in local mode"), bin_size
+by 10, one message for every replica, about 2 pushes' bytes at any number of workers where an
+exact pull carries W - 1 pushes (at 16 workers 8x fewer pull bytes), for the delay of what
+the downlink holds back; not the default: docs/accuracy.md, "Recompressed pulls in local
+mode"), bin_size
 (ADAPS_BIN_SIZE, 500), conv_bin_size (ADAPS_CONV_BIN_SIZE, 50), topk_fraction
 (ADAPS_TOPK_FRACTION, 0.001), lr (ADAPS_LR, from --lr: when set it replaces every group's
 lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see below),
@@ -197,7 +198,7 @@ from adaps.torch_broadcast import (broadcast_object, broadcast_optimizer_state,
                                    broadcast_parameters)
 
 __all__ = ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
-           "broadcast_object", "layer_type"]
+           "broadcast_object", "layer_type", "pull_bin_divisor"]
 
 _CONV_TYPES = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d,
                torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d)
@@ -216,12 +217,20 @@ _OUTER_MOMENTUM = 0.9
 # row_sparse="exact": embeddings of at least this many rows (a batch touches few of them).
 _ROW_SPARSE_MIN_ROWS = 4096
 # Local mode's recompressed pulls: the servers' downlink recompresses what all the workers
-# sent at each tensor's bin size divided by this times the workers (an AdaComp bin of 500
-# pulled at 50 by 4 workers, at 25 by 8): the mean of W pushes holds about W times one
-# push's elements, which a bin as large as the pushes' would hold back (docs/accuracy.md,
-# "Recompressed pulls in local mode").
-_PULL_BIN_DIVISOR_PER_WORKER = 2.5
+# sent at each tensor's bin size divided by this (an AdaComp bin of 500 pulled at 50), at any
+# number of workers, so that what a worker receives per step does not grow with them (about
+# two pushes' bytes from 4 to 64 workers, tests/python/test_downlink_scale.py). It was 2.5 W
+# (the same at 4 workers): the mean of W pushes holds up to W times one push's elements,
+# and a downlink that followed them cost a worker W/4 times the bytes.
+_PULL_BIN_DIVISOR = 10
 _USED_PREFIX = "__adaps_used__/"
+
+
+def pull_bin_divisor(workers):
+    """The divisor of an AdaComp tensor's bin size for local mode's recompressed pulls at
+    `workers` workers: the same at any number of them (the downlink's bytes stay flat)."""
+    del workers
+    return _PULL_BIN_DIVISOR
 
 
 def layer_type(module):
@@ -574,9 +583,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # This optimizer's small tensors are fused only with each other: a trainer that steps
         # two optimizers at different times (a GAN) must not have one wait for the other's.
         self.worker.close_fusion_buckets()
-        # (Fixed at the declaration: the workers there, W.)
-        self._pull_bin_divisor = max(1, int(round(
-            _PULL_BIN_DIVISOR_PER_WORKER * max(1, self.worker.live_workers))))
+        self._pull_bin_divisor = pull_bin_divisor(self.worker.live_workers)
         for e in self._params:
             self._declare(e, e.compression, e.topk_fraction, self._entry_pull(e))
         self._used = None
