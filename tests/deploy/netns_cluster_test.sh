@@ -4,6 +4,8 @@
 # deploy/launch.sh exactly as across machines (--via "ip netns exec ..." instead of ssh).
 # The Fashion-MNIST MLP must train to the same accuracy as the same run on loopback.
 # Exits 77 (ctest: skipped) with a reason when namespaces cannot be made here.
+# Each run's deadline (launch.sh --timeout) is for a hang: a run takes well under a minute
+# idle and several at load 20 on 2 cores.
 #
 #   tests/deploy/netns_cluster_test.sh BUILD_DIR
 set -uo pipefail
@@ -24,18 +26,19 @@ train=(--mode=train --model=mlp --compressor=adacomp --pull=recompressed --train
        --epochs=3 --log_level=warn)
 quiet=(--scheduler-args --log_level=warn --server-args "--optimizer=momentum --log_level=warn")
 
+run_timeout=900
 acc_of() { sed -n 's/.*final: .* test_acc \([0-9.]*\) .*/\1/p' "$1" | head -1; }
 
 echo "== namespaces: hosts $hosts"
 bash "$repo/deploy/launch.sh" --bin "$bin" --servers 2 --workers 4 --hosts "$hosts" \
-  --via "ip netns exec $prefix-h{index}" --timeout 300 "${quiet[@]}" -- "${train[@]}" \
+  --via "ip netns exec $prefix-h{index}" --timeout "$run_timeout" "${quiet[@]}" -- "${train[@]}" \
   >"/tmp/$prefix-netns.log" 2>&1
 rc=$?
 grep -E "final:|launch:" "/tmp/$prefix-netns.log"
 [[ $rc -eq 0 ]] || { tail -30 "/tmp/$prefix-netns.log"; echo "FAILED: the namespace cluster failed"; exit 1; }
 
 echo "== loopback: same run"
-bash "$repo/deploy/launch.sh" --bin "$bin" --servers 2 --workers 4 --timeout 300 "${quiet[@]}" \
+bash "$repo/deploy/launch.sh" --bin "$bin" --servers 2 --workers 4 --timeout "$run_timeout" "${quiet[@]}" \
   -- "${train[@]}" >"/tmp/$prefix-loop.log" 2>&1 || { tail -30 "/tmp/$prefix-loop.log"; echo "FAILED: loopback run"; exit 1; }
 grep -E "final:" "/tmp/$prefix-loop.log"
 

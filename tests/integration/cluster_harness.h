@@ -66,6 +66,18 @@ class Process {
       absl::SleepFor(absl::Milliseconds(10));
     }
   }
+  // Waits until the log holds `text`: true. False when the process ended without writing it,
+  // or at `timeout` (waits for a condition should be generous: a loaded machine starts and
+  // runs processes many times slower than an idle one).
+  bool WaitForLog(const std::string& text, absl::Duration timeout) {
+    const absl::Time end = absl::Now() + timeout;
+    while (true) {
+      if (Log().find(text) != std::string::npos) return true;
+      if (WaitExit(absl::ZeroDuration()) != -1) return Log().find(text) != std::string::npos;
+      if (absl::Now() > end) return false;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
   // Sends `sig` (SIGSTOP, SIGCONT) to a process still running.
   void Signal(int sig) {
     if (pid_ > 0 && !exited_) ::kill(pid_, sig);
@@ -151,12 +163,12 @@ class LocalCluster {
                                      "--dead_timeout_ms=3000", "--log_level=warn"};
     args.insert(args.end(), options.scheduler_args.begin(), options.scheduler_args.end());
     scheduler_ = std::make_unique<Process>(ADAPS_SCHEDULER_BIN, args, dir_ + "/scheduler.log");
-    const std::string port = WaitForPortFile(dir_ + "/port", absl::Seconds(10));
+    const std::string port = WaitForPortFile(dir_ + "/port", absl::Minutes(2));
     if (port.empty()) return;
     address_ = "tcp://127.0.0.1:" + port;
     for (int s = 0; s < options.num_servers; ++s) {
       std::vector<std::string> sargs = {"--scheduler=" + address_, "--log_level=warn",
-                                        "--register_timeout_ms=20000"};
+                                        "--register_timeout_ms=120000"};
       sargs.insert(sargs.end(), options.server_args.begin(), options.server_args.end());
       servers_.push_back(std::make_unique<Process>(ADAPS_SERVER_BIN, sargs,
                                                    absl::StrCat(dir_, "/server", s, ".log")));

@@ -218,6 +218,14 @@ int main(int argc, char** argv) {
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  // A CURVE client needs a key pair of its own, which the cluster must list: without one the
+  // connection failed only after start-up, with "cannot connect ...: Invalid argument".
+  if (!absl::GetFlag(FLAGS_curve_server_key).empty() &&
+      absl::GetFlag(FLAGS_curve_client_key).empty()) {
+    return program.UsageError(absl::InvalidArgumentError(
+        "--curve_server_key needs --curve_client_key: this worker's key pair (adaps-keygen), "
+        "its .pub listed in the cluster's --curve_allowed_clients"));
+  }
   auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),
                                     absl::GetFlag(FLAGS_curve_client_key), "", /*serving=*/false);
   if (!curve.ok()) return program.UsageError(curve.status());
