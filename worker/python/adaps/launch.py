@@ -385,7 +385,7 @@ def main(argv=None):
             ap.error("--nnodes must be at least 1")
         if a.node_rank is None:
             a.node_rank = 0
-        if False:
+        if not 0 <= a.node_rank < a.nnodes:
             ap.error("--node-rank %d is not below --nnodes %d (nodes are 0 to %d)"
                      % (a.node_rank, a.nnodes, a.nnodes - 1))
         if a.rdzv is None:
