@@ -99,7 +99,14 @@ case "$cmd" in
     bash "$netns" up "$prefix" $((nodes + 1)) || die "could not create the namespaces"
 
     # The controller's name must be this machine's short host name (slurmctld checks it);
-    # its address is host 0's. Nodes: nI at host I's address.
+    # its address is host 0's. Nodes: nI at host I's address, 4 CPUs each whatever the
+    # machine has (config_overrides). No cgroups (proctrack/linuxproc, task/none) and no
+    # accounting daemon: job states come from `scontrol show job` (kept for MinJobAge) and
+    # jobcomp/filetxt. A lost node is noticed in about 30 s (SlurmdTimeout=10 and the
+    # controller's pings) and its batch jobs are requeued (JobRequeue=1); a requeued job
+    # waits cred_expire (default 120 s) before it starts again, 30 s here. KillWait=60 (the
+    # SIGKILL after scancel's SIGTERM) is longer than the test's bound on processes left
+    # after scancel, so only SIGTERM can pass it.
     {
       cat <<EOF
 ClusterName=adaps

@@ -15,7 +15,8 @@
 #       Slurm requeues the job (NODE_FAIL), starts it again on the 3 nodes left, and it ends
 #       COMPLETED (one epoch: test accuracy >= 0.80)
 # Exits 77 (skipped) with the reason when Slurm, munge or namespaces are not available.
-# Takes about 4 minutes on 2 idle cores; every wait has a deadline of many minutes.
+# Takes 3.5 minutes on 2 cores at load 10-20 (5.5 at load 45; docs/slurm.md); every wait has
+# a deadline of many minutes.
 #
 #   tests/deploy/slurm_test.sh [BUILD_DIR]    (default: build)
 set -uo pipefail
