@@ -213,7 +213,8 @@ def launch_usage(args, capsys):
     (["--nnodes", "2", "--rdzv", "h:1", "--max-workers", "3"], "must be at least -n (4)"),
 ])
 def test_launch_refuses_bad_multinode_flags(args, words, capsys):
-    code, out = launch_usage(["-n", "2"] + args + ["x.py"], capsys)
+    # (--rdzv-timeout: were a check missing, the launch would wait for a scheduler.)
+    code, out = launch_usage(["-n", "2", "--rdzv-timeout", "5"] + args + ["x.py"], capsys)
     assert code == 2 and words in out, out
 
 
