@@ -70,3 +70,33 @@ def test_the_exact_downlink_grows_with_the_workers(cluster):
     large = _bytes_per_step(cluster, 16, "sparse", 1)
     assert small[2] and large[2]
     assert large[1] > 3 * small[1], (small, large)
+
+
+def test_local_mode_pulls_recompressed_from_8_workers_and_exactly_below(cluster):
+    # The default of the update exchange with a compressor: exact (sparse) pulls where they
+    # cost at most a few pushes, the recompressed downlink from 8 workers on; a pull that
+    # is named is kept; a tensor sent dense keeps its exact pull.
+    import torch
+    from torch import nn
+    from torch_ranks import run_ranks
+
+    def pulls(workers, **kwargs):
+        address = cluster(workers, server_args=["--optimizer=mean"]).address
+
+        def rank(w):
+            m = nn.Sequential(nn.Linear(600, 4), nn.LayerNorm(4), nn.Linear(4, 1))
+            opt = adaps.torch.DistributedOptimizer(
+                torch.optim.Adam(m.parameters(), lr=1e-3), m, w, server_optimizer="mean",
+                compression={"linear": "adacomp", "other": "dense"}, **kwargs)
+            opt.zero_grad()
+            m(torch.randn(2, 600)).sum().backward()
+            opt.step()
+            return opt.pull, {e.name: opt._entry_pull(e) for e in opt._params}
+        return run_ranks(address, workers, rank, timeout=600)
+    names = ["0.weight", "0.bias", "1.weight", "1.bias", "2.weight", "2.bias"]
+
+    def each(linear, norm):
+        return {n: norm if n.startswith("1.") else linear for n in names}
+    assert pulls(2) == [("sparse", each("sparse", "sparse"))] * 2
+    assert pulls(8) == [("recompressed", each("recompressed", "sparse"))] * 8
+    assert pulls(8, pull="sparse") == [("sparse", each("sparse", "sparse"))] * 8

@@ -102,7 +102,8 @@ _TORCH_FLAGS = (
     ("--pull", "ADAPS_PULL", "sparse, dense or recompressed (default: sparse where the "
      "servers' step allows it, else dense; recompressed in local mode: the servers "
      "recompress the running sum of the workers' mean updates at the bin size / 10: about "
-     "two pushes' bytes at any worker count, for a little delay; not the default)",
+     "two pushes' bytes at any worker count, for a little delay; the default of local "
+     "mode's compressed updates from 8 workers on)",
      dict(choices=("sparse", "dense", "recompressed"))),
     ("--bin-size", "ADAPS_BIN_SIZE", "AdaComp bin size of non-conv layers (default 500)",
      dict(type=int)),

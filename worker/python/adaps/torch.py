@@ -63,14 +63,15 @@ the defaults): server_optimizer (ADAPS_SERVER_OPTIMIZER, from --server-optimizer
 either, what the servers' --optimizer is, from the cluster view; mean -> local mode,
 sgd/momentum/nesterov/adam -> server mode, checked against the torch optimizer and against
 what the servers run; sum is refused), compression (ADAPS_COMPRESSION, "adacomp"; the dict form there as
-"TYPE:NAME,...", e.g. "embedding:topk,conv:dense"), pull (ADAPS_PULL: "sparse" in
-local mode and with servers running plain SGD without weight decay, else "dense";
-"recompressed" in local mode, with the update exchange only: the servers keep the running sum
+"TYPE:NAME,...", e.g. "embedding:topk,conv:dense"), pull (ADAPS_PULL: in local mode
+"sparse", and "recompressed" from 8 workers on for the update exchange's compressed tensors
+(rank 0 decides from the job's workers); "sparse" with servers running plain SGD without
+weight decay, else "dense"; "recompressed" in local mode, with the update exchange only: the servers keep the running sum
 of the steps' mean updates and recompress its change at each AdaComp tensor's bin size divided
 by 10, one message for every replica, about 2 pushes' bytes at any number of workers where an
 exact pull carries W - 1 pushes (at 16 workers 8x fewer pull bytes), for the delay of what
-the downlink holds back; not the default: docs/accuracy.md, "Recompressed pulls in local
-mode"), bin_size
+the downlink holds back, which long runs do not feel: docs/accuracy.md, "Recompressed pulls in
+local mode"), bin_size
 (ADAPS_BIN_SIZE, 500), conv_bin_size (ADAPS_CONV_BIN_SIZE, 50), topk_fraction
 (ADAPS_TOPK_FRACTION, 0.001), lr (ADAPS_LR, from --lr: when set it replaces every group's
 lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see below),
@@ -227,6 +228,13 @@ _ROW_SPARSE_MIN_ROWS = 4096
 # (the same at 4 workers): the mean of W pushes holds up to W times one push's elements,
 # and a downlink that followed them cost a worker W/4 times the bytes.
 _PULL_BIN_DIVISOR = 10
+# ... and from this many workers on it is local mode's default (the update exchange with a
+# compressor): the exact pull costs W - 1 pushes there, at least 3.5x the recompressed one,
+# so about 4x fewer bytes in all at 16 workers for a delay that long runs do not feel (the
+# zoo's transformer at 16 workers over 1,500 steps: -0.3% against dense at 88x in all,
+# exact pulls +0.6% at 23x; docs/accuracy.md). Below it the exact pull costs at most about
+# 3 pushes against 2, not worth the delay.
+_RECOMPRESSED_FROM_WORKERS = 8
 _USED_PREFIX = "__adaps_used__/"
 
 
@@ -578,6 +586,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             _servers_agree(self.worker, self.server_kind, self.mode)
         broadcast_parameters(model.state_dict(), self.worker)
         broadcast_optimizer_state(optimizer, self.worker)
+        if pull is None and self.mode == "local" and self.exchange == "update" and \
+                compressing:
+            # Where the exact pull carries the others' pushes (W - 1 of them) and the
+            # recompressed one about two, the recompressed one is the default. Rank 0
+            # decides from the job's workers; a worker that joins later takes its decision
+            # (every worker must declare a tensor's pulls alike).
+            self.pull = broadcast_object(
+                "recompressed" if self.worker.num_workers >= _RECOMPRESSED_FROM_WORKERS
+                else "sparse", self.worker)
         super().__init__(optimizer.param_groups, optimizer.defaults)
         self._bind()
         self._sent_hyper = None
