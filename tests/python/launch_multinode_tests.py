@@ -4,6 +4,7 @@ tests/deploy/launch_multinode_test.sh runs the two-node launch across real addre
   - the torchrun way: 4 processes of checksum_worker.py given RANK, WORLD_SIZE, LOCAL_RANK,
     MASTER_ADDR and MASTER_PORT and no ADAPS_SCHEDULER; rank 0 hosts the scheduler and the
     server, every replica ends equal, and the hosted processes are gone afterwards;
+  - the same with srun's and mpirun's variables (2 processes each);
   - rank 0 killed: the scheduler it hosts dies with it (PR_SET_PDEATHSIG);
   - adaps.launch --nnodes 2: two launches, one per "node", 2 workers each;
   - a worker failing on node 1: node 1 exits with its code, and the scheduler fails the job
@@ -18,6 +19,8 @@ import socket
 import subprocess
 import sys
 import time
+
+import pytest
 
 from conftest import SCHEDULER_BIN
 
@@ -115,6 +118,36 @@ def test_a_job_started_the_torchrun_way_completes_with_equal_replicas():
     assert len({f[0][2] for f in found}) == 1, everything  # every replica the same
     # Rank 0's scheduler (at MASTER_PORT + 1) ended with the job.
     wait_until(lambda: not port_listens(master_port + 1), 120, "the scheduler to end")
+
+
+def launcher_env(launcher, rank, size, port):
+    """What srun or mpirun gives rank `rank` of `size` on this one node (the scheduler's
+    port by ADAPS_SCHEDULER_PORT: Slurm's default is derived from the job id)."""
+    if launcher == "slurm":
+        return {"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(size),
+                "SLURM_LOCALID": str(rank), "SLURM_JOB_NODELIST": "localhost,nohost[2-3]",
+                "SLURM_JOB_ID": "4242", "ADAPS_SCHEDULER_PORT": str(port)}
+    return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(size),
+            "ADAPS_SCHEDULER_PORT": str(port)}
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "mpi"])
+def test_jobs_started_by_srun_and_mpirun_variables_complete(launcher):
+    port = free_port_pair()
+    procs = []
+    for r in range(2):
+        env = base_env()
+        env.update(launcher_env(launcher, r, 2, port))
+        procs.append(start([sys.executable, SCRIPT], env))
+    results = finish(procs, DEADLINE_S)
+    everything = "\n".join("== rank %d, exit %d\n%s" % (r, c, o)
+                           for r, (c, o) in enumerate(results))
+    assert all(c == 0 for c, _ in results), everything
+    found = [f for _, o in results for f in checksums(o)]
+    assert sorted(int(f[0]) for f in found) == [0, 1], everything
+    assert len({f[2] for f in found}) == 1, everything
+    wait_until(lambda: not port_listens(port), 120, "the scheduler to end")
 
 
 def test_the_scheduler_rank_0_hosts_dies_with_it():

@@ -223,3 +223,13 @@ def test_launch_help_documents_several_nodes(capsys):
     assert code == 0, out
     for w in ("--nnodes", "--node-rank", "--rdzv", "--node-addr", "torchrun's shape"):
         assert w in out, w
+
+
+def test_a_node_whose_scheduler_never_answers_fails_naming_it(capsys):
+    from adaps import launch
+    port = closed_port()
+    code = launch.main(["--nnodes", "2", "--node-rank", "1", "--rdzv", "127.0.0.1:%d" % port,
+                        "--rdzv-timeout", "1", "-n", "1", "x.py"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "no scheduler answered at 127.0.0.1:%d within 1s" % port in err, err
