@@ -131,18 +131,21 @@ class CountingWorker:
         return getattr(self._w, name)
 
 
-@pytest.mark.parametrize("own_updates", ["off", "share"])
-def test_only_every_h_th_step_sends_and_the_replicas_meet_there(cluster, own_updates):
+@pytest.mark.parametrize("own_updates,pull", [("off", "sparse"), ("share", "sparse"),
+                                             ("off", "recompressed")])
+def test_only_every_h_th_step_sends_and_the_replicas_meet_there(cluster, own_updates, pull):
     # 4 local steps: the steps between push nothing (no push_pull, no bytes); an exchange
     # pushes once per tensor. With own_updates="off" the replicas are equal after each
     # exchange; with "share" each worker's model is the replica plus 1/W of its residue
-    # (e.held) there, and the replica (the model less it) is every worker's.
+    # (e.held) there, and the replica (the model less it) is every worker's. Recompressed
+    # pulls (the servers' running sum of the exchanges' means) give every replica the same.
     h, steps = 4, 12
 
     def rank(w):
         counting = CountingWorker(w)
         p, opt = wrapped(counting, local_steps=h, own_updates=own_updates,
-                         second_moment="global")
+                         second_moment="global", pull=pull)
+        assert opt.pull == pull
         calls, wire, replicas = [], [], []
         for s in range(steps):
             train(p, opt, w.rank, 1, first=s)
