@@ -29,7 +29,8 @@ def test_a_constant_rate_keeps_the_declared_bins_however_long_it_is_held():
 
 
 def test_a_long_cosine_shrinks_the_bins_only_at_its_end_and_a_short_one_from_its_middle():
-    long_run, short_run = _run(_cosine(3000), 50), _run(_cosine(300), 50)
+    # (A delay of 20 steps: the transformer's residues hold 10-30 through such a decay.)
+    long_run, short_run = _run(_cosine(3000), 20), _run(_cosine(300), 20)
     assert sum(d == 1 for d in long_run) > 0.9 * 3000
     assert long_run[-1] == 4
     assert set(short_run[:120]) == {1} and short_run[-1] == 4
@@ -41,7 +42,7 @@ def test_a_step_down_shrinks_the_bins_until_the_delay_has_passed_then_they_come_
     d = _run(rates, delay=40)
     assert set(d[:500]) == {1}
     assert d[500] == 4 and d[500 + 25] == 4   # the residues still hold steps at 1.0
-    assert d[500 + 41] == 1                   # they hold only steps at 0.1 now
+    assert d[500 + 3 * 40 + 1] == 1           # three delays on: only steps at 0.1
 
 
 def test_nothing_shrinks_before_the_optimizers_first_steps():

@@ -9,13 +9,15 @@ carry steps of a larger rate into a model that now moves in smaller ones; smalle
 deliver them sooner. So the rule compares the learning rate now with its mean over the
 residue's delay:
 
-    ratio = lr now / mean(lr over the last D steps)     D measured, not assumed
+    ratio = lr now / mean(lr over the last 3 D steps)   D measured, not assumed
     bins / 2 at ratio <= 3/4, / 4 at ratio <= 3/8       back up as the ratio recovers
 
-It depends on how fast the rate changes against the delay, not on the run's length or the
-fraction of a peak: a cosine over 300 steps falls by a quarter within a 50-step delay from
-about its middle on; over 3,000 steps only in its last few percent; a constant rate (or the
-plateau of a warm-up-stable-decay schedule) never. D is measured on the declared bins
+D is the residues' mean age; their mass was gathered over about three of it (an element
+waits until it stands out in its bin, some much longer than the mean), hence the window. It
+depends on how fast the rate changes against the delay, not on the run's length or the
+fraction of a peak: a cosine over 300 steps shrinks the bins from about its first half on
+(the transformer's delay there is 10-30 steps), over 3,000 steps in its last tenth; a
+constant rate (or the plateau of a warm-up-stable-decay schedule) never. D is measured on the declared bins
 (the measured delay times the divisor in force), so that shrinking bins, which shorten the
 delay, do not undo their own reason.
 
@@ -28,6 +30,8 @@ import collections
 # halving at half the ratio before it.
 MAX_DIVISOR = 4
 FIRST_RATIO = 0.75
+# The window of learning rates the ratio's mean is taken over, in delays.
+WINDOW_DELAYS = 3
 # The delay is measured every this many steps (a pass over the residues and the updates)
 # and smoothed over a few measurements.
 MEASURE_EVERY = 10
@@ -76,7 +80,7 @@ class BinSchedule:
         if steps < self.start_step or self.delay is None or not past:
             self.divisor = 1
             return self.divisor
-        window = past[-max(1, int(round(self.delay))):]
+        window = past[-max(1, int(round(WINDOW_DELAYS * self.delay))):]
         mean = sum(window) / len(window)
         self.divisor = divisor_for(lr / mean) if mean > 0 else 1
         return self.divisor
