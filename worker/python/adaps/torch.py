@@ -119,13 +119,13 @@ without gradient on this worker is skipped by its torch optimizer (no change sen
 torch.cuda.amp.GradScaler a worker whose gradient has inf/NaN sends a zero update for that
 step instead of skipping it (every worker must send every step); with bin_schedule="auto" (the
 default) and the optimizers above, every AdaComp tensor's bin size but a convolution's is
-divided by 2 while the learning rate is at most 3/4 of its mean over the residues' delay (the
-last D steps, D the unsent mass in units of one step's update, measured), by 4 at 3/8, and
-back as it recovers, never before the optimizer has taken 10 / (1 - beta1) steps: what a
-residue holds back was taken at the rates of those D steps, and when the rate has fallen
+divided by 2 while the learning rate is at most 3/4 of its mean over the last 3 D steps (D
+the residues' delay: the unsent mass in units of one step's update, measured), by 4 at 3/8,
+and back as it recovers, never before the optimizer has taken 10 / (1 - beta1) steps: what a
+residue holds back was taken at the rates of those steps, and when the rate has fallen
 since, a smaller bin delivers it sooner. It depends on how fast the rate falls against the
 delay, not on the run's length: a constant rate or a plateau keeps the declared bins, a
-3,000-step cosine shrinks them in its last few percent (adaps.torch_bins; "off" keeps the
+3,000-step cosine shrinks them in its last tenth (adaps.torch_bins; "off" keeps the
 declared sizes; other optimizers are not changed);
 with row_sparse="exact" (the default) an nn.Embedding or nn.EmbeddingBag of at least 4096
 rows, whose gradient is zero but for the rows a batch touches (and whose weight is not tied
