@@ -100,8 +100,11 @@ def blas_info(measure=True):
 
 def warn_if_reference(info, out=sys.stderr):
     """Says loudly when `info` (from blas_info) is the reference BLAS; True if it is."""
+    # The library decides; the speed only where the library is unknown (a loaded machine
+    # measures an optimized BLAS slow too).
     slow = info.get("kind") == "reference" or (
-        info.get("gflops_1thread") is not None and info["gflops_1thread"] < 2.0)
+        info.get("kind") == "unknown" and info.get("gflops_1thread") is not None and
+        info["gflops_1thread"] < 2.0)
     if slow:
         bar = "!" * 78
         print("%s\nWARNING: PyTorch runs on the reference BLAS (%s, %s GFLOP/s on one thread):\n"
