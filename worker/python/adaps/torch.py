@@ -231,9 +231,9 @@ _PULL_BIN_DIVISOR = 10
 # ... and from this many workers on it is local mode's default (the update exchange with a
 # compressor): the exact pull costs W - 1 pushes there, at least 3.5x the recompressed one,
 # so about 4x fewer bytes in all at 16 workers for a delay that long runs do not feel (the
-# zoo's transformer at 16 workers over 1,500 steps: -0.3% against dense at 88x in all,
-# exact pulls +0.6% at 23x; docs/accuracy.md). Below it the exact pull costs at most about
-# 3 pushes against 2, not worth the delay.
+# zoo's transformer at 16 workers over 1,500 steps, seeds 1 and 2: -0.1% against dense at
+# 90x in all after step 300, exact pulls -0.0% at 26x; docs/accuracy.md). Below it the exact
+# pull costs at most about 3 pushes against 2, not worth the delay.
 _RECOMPRESSED_FROM_WORKERS = 8
 _USED_PREFIX = "__adaps_used__/"
 
