@@ -21,7 +21,7 @@ BUILD_PACKAGES=(
 TEST_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
-  python3-pytest python3-matplotlib python3-torch
+  python3-pytest python3-matplotlib python3-torch python3-venv
   clang-14 libclang-rt-14-dev
   docker-compose iproute2 python3-zmq
   docker.io debootstrap

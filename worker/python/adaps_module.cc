@@ -438,8 +438,13 @@ void DefineModule(py::module_& m) {
           [](PyWorker& w, const std::string& name) {
             absl::StatusOr<std::vector<uint32_t>> sent = w.get().LastSent(name);
             if (!sent.ok()) RaiseStatus(sent.status());
-            py::array_t<int64_t> out(static_cast<py::ssize_t>(sent->size()));
-            int64_t* p = out.mutable_data();
+            // Made by NumPy and written through the buffer protocol: Debian's pybind11
+            // (2.10) reads a dtype's item size at NumPy 1's offsets, so under NumPy 2 an
+            // array_t it allocates itself gets strides of 0.
+            py::object out = py::module_::import("numpy").attr("empty")(
+                static_cast<py::ssize_t>(sent->size()), "int64");
+            py::buffer_info info = py::reinterpret_borrow<py::buffer>(out).request(true);
+            int64_t* p = static_cast<int64_t*>(info.ptr);
             for (size_t k = 0; k < sent->size(); ++k) p[k] = (*sent)[k];
             return out;
           },

@@ -36,6 +36,10 @@ def _loaded_blas_libraries():
 
 def _kind(paths, config):
     text = " ".join(paths).lower()
+    # The Python package index's torch carries MKL inside libtorch_cpu (BLAS_INFO=mkl): its
+    # products run there whatever else is mapped (numpy's own OpenBLAS, say).
+    if "blas_info=mkl" in config.lower():
+        return "mkl"
     # Debian's reference BLAS lives in .../blas/libblas.so.3 (the alternative with the lowest
     # priority). torch links libblas.so.3 itself, so where that is the reference one its
     # sgemm is the one called, even when OpenBLAS is mapped too (as LAPACK's provider).
@@ -92,6 +96,8 @@ def blas_info(measure=True):
     kind = _kind(paths, config)
     mark = "/blas/libblas.so" if kind == "reference" else kind
     library = next((p for p in paths if mark in p.lower()), paths[0] if paths else None)
+    if kind == "mkl" and "blas_info=mkl" in config.lower():
+        library = "MKL inside torch " + torch.__version__
     return dict(library=library, kind=kind,
                 gflops_1thread=round(gflops, 2) if gflops is not None else None,
                 torch_threads=torch.get_num_threads(),

@@ -1268,8 +1268,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 e.pushed_grad = None
                 e.passes = 0
         if self.mode == "server":
+            # The torch optimizer's own step never runs here: a scheduler made on it must
+            # still see a step before its own (torch 1.x counts _step_count, 2.x reads
+            # _opt_called), or it warns that the order is wrong.
             if hasattr(self.optimizer, "_step_count"):
-                self.optimizer._step_count += 1  # a scheduler made on the torch optimizer
+                self.optimizer._step_count += 1
+            self.optimizer._opt_called = True
             return loss
         result = self.optimizer.step()
         return loss if closure is not None else result
