@@ -249,12 +249,15 @@ void Server::Handle(InMessage in) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
   if (cluster_->Handle(in)) return;  // views and shutdowns (forged ones refused there)
   const msg::Envelope* env = in.envelope();
-  // Until registered (and restored), a pull or push would find no slice or an older one:
-  // the worker retries kUnavailable (a restarted server's first moments).
+  // Until registered (and restored), a pull or push would find no slice or an older one,
+  // and no secret can be checked (the views carry them): the worker retries kUnavailable
+  // (a restarted server's first moments), where kPermissionDenied would end it.
   if (!serving_ && (env->body_type() == msg::Body::Push ||
                     env->body_type() == msg::Body::PullRequest ||
                     env->body_type() == msg::Body::Resume ||
-                    env->body_type() == msg::Body::DeclareSlice)) {
+                    env->body_type() == msg::Body::DeclareSlice ||
+                    env->body_type() == msg::Body::SetHyper ||
+                    env->body_type() == msg::Body::Checkpoint)) {
     return ReplyError(in, absl::UnavailableError("server starting: not registered yet"));
   }
   switch (env->body_type()) {

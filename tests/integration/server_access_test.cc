@@ -19,6 +19,7 @@ namespace {
 
 using ::adaps::testing::ClusterOptions;
 using ::adaps::testing::LocalCluster;
+using ::adaps::testing::RawAnswer;
 using ::adaps::testing::RawClient;
 using ::adaps::testing::Process;
 using ::adaps::testing::WaitForPortFile;
@@ -96,6 +97,41 @@ TEST(ServerAccess, SetHyperCheckpointAndDeclareSliceFromAStrangerAreRefused) {
   EXPECT_TRUE((*w)->Checkpoint("").ok());
   EXPECT_TRUE((*w)->Stop().ok());
   EXPECT_EQ(server.WaitExit(absl::Seconds(10)), 0) << server.Log();
+}
+
+// A server that has not registered yet (a restarted one, before its first view) cannot
+// check a secret: SetHyper and Checkpoint get kUnavailable, which a worker asks again, not
+// kPermissionDenied, which ended the worker (adaps-worker exited 1 when a restarted server
+// took a learning-rate change before its view).
+TEST(ServerAccess, SetHyperAndCheckpointBeforeTheServersFirstViewAreUnavailable) {
+  zmq::context_t ctx(1);
+  auto free_port = [&ctx] {
+    zmq::socket_t probe(ctx, zmq::socket_type::router);
+    probe.bind("tcp://127.0.0.1:*");
+    const std::string ep = probe.get(zmq::sockopt::last_endpoint);
+    return ep.substr(ep.rfind(':') + 1);
+  };
+  // The scheduler's address reaches nobody: the server listens but never gets a view.
+  const std::string nobody = free_port(), port = free_port();
+  const std::string dir = ::testing::TempDir();
+  Process server(ADAPS_SERVER_BIN,
+                 {"--scheduler=tcp://127.0.0.1:" + nobody, "--port=" + port,
+                  "--register_timeout_ms=600000", "--log_level=warn"},
+                 dir + "/unregistered_server.log");
+  RawClient raw(ctx, "tcp://127.0.0.1:" + port);
+  const std::string secret(32, '7');
+  // (Asked until the server has bound its port; a request before that is not answered.)
+  RawAnswer a;
+  for (uint64_t id = 1; id < 2000 && !a.answered; ++id) {
+    raw.Send(SetHyper(0.1, secret, id));
+    a = raw.Wait(id, absl::Milliseconds(200));
+  }
+  ASSERT_TRUE(a.answered) << server.Log();
+  EXPECT_EQ(a.status.code(), absl::StatusCode::kUnavailable) << a.status;
+  raw.Send(Checkpoint(secret, 5000));
+  a = raw.Wait(5000, absl::Seconds(60));
+  ASSERT_TRUE(a.answered);
+  EXPECT_EQ(a.status.code(), absl::StatusCode::kUnavailable) << a.status;
 }
 
 // Each ~100-byte DeclareSlice used to make the server allocate up to 1 GiB: a worker of the
