@@ -15,6 +15,11 @@ cd "$(dirname "$0")/.."
 start=$(date +%s)
 build_dir=${ADAPS_BUILD_DIR:-build}
 
+echo "== python environment (the package index's torch 2.x, Lightning, Transformers, PEFT)"
+# Before the build: its configure registers the torch 2.x tests when the environment exists.
+bash deploy/install-deps.sh
+bash deploy/install-python-env.sh >/dev/null
+
 echo "== build"
 bash deploy/build.sh
 

@@ -410,7 +410,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
       optimizer: the torch optimizer over the parameters to train (it shares its
         param_groups and state with this object; state_dict() is its state_dict() plus
         this worker's exchange state under "adaps": residues, velocities, own shares).
-      model: the torch.nn.Module (names, layer types, the state broadcast at start).
+      model: the torch.nn.Module (names, layer types, the state broadcast at start), or
+        the torch.compile of one (its names are the module's own).
       worker: an adaps.Worker (default: adaps.worker_from_env()).
       mode: "server" or "local" (default: from server_optimizer).
       server_optimizer: what the servers run: mean, sgd, momentum, nesterov or adam.
@@ -469,6 +470,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         second_moment = _setting("second_moment", second_moment, "ADAPS_SECOND_MOMENT",
                                  "global")
         self._check_names(compression, pull)
+        # A torch.compile'd model (torch 2.x) wraps the module as _orig_mod: names, layer
+        # types and the broadcast state are the module's own, the same compiled or not.
+        model = getattr(model, "_orig_mod", model)
         names = {}
         for name, p in model.named_parameters():
             names[id(p)] = name
@@ -1010,7 +1014,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     @property
     def _step_supports_amp_scaling(self):
-        # torch.cuda.amp.GradScaler.step(opt) then calls step(grad_scaler=scaler) instead of
+        # GradScaler.step(opt) then calls step() (see step's docstring) instead of
         # skipping it on an inf/NaN gradient: every worker must push every step (a worker
         # that skipped would leave the others waiting), so a skipped local step pushes a
         # zero update.
@@ -1023,6 +1027,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if state["stage"].name != "UNSCALED":
                 grad_scaler.unscale_(self)
             skip = bool(sum(v.item() for v in state["found_inf_per_device"].values()))
+        elif getattr(self, "found_inf", None) is not None:
+            # torch 2.x's GradScaler: found_inf says this worker's gradient had an inf or a
+            # NaN; grad_scale, unless its unscale_ ran already, that they are still scaled.
+            skip = bool(self.found_inf.item())
+            scale = getattr(self, "grad_scale", None)
+            if scale is not None and not skip:
+                inv = 1.0 / float(scale)
+                with torch.no_grad():
+                    for group in self.param_groups:
+                        for p in group["params"]:
+                            if p.grad is not None:
+                                p.grad.mul_(inv)
         self._exchange_row_sparse(skip)  # raises before anything changed
         if self._local_step == 0:
             # The first step since the last exchange: e.snap is where it left the model (the
@@ -1239,11 +1255,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     "(requires_grad_(False)) right after: a parameter without gradient "
                     "sends nothing" % (name,))
 
-    def step(self, closure=None, grad_scaler=None):
+    def step(self, closure=None, **kwargs):
         """Server mode: the parameters after the servers' step. Local mode: the torch
         optimizer's step over the averaged gradients. A closure (torch's step(closure)) is
         evaluated once first, with gradients enabled, and its loss returned. Raises
-        adaps.Error when the cluster fails (the parameters are then left as they were)."""
+        adaps.Error when the cluster fails (the parameters are then left as they were).
+        AMP's GradScaler.step(opt) calls it (the update exchange): torch 1.x's passes
+        grad_scaler=itself; torch 2.x's, seeing no such parameter, sets this object's
+        found_inf and grad_scale instead."""
+        grad_scaler = kwargs.pop("grad_scaler", None)
+        if kwargs:
+            raise TypeError("adaps.torch: step() got unexpected keyword arguments %s"
+                            % sorted(kwargs))
         loss = None
         if closure is not None:
             # As torch's optimizers (and Horovod's) do: the closure recomputes the loss and
@@ -1306,7 +1329,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         yet), its momentum-correction velocity and its own-update share, the learning rate as
         the bin schedule has seen it (its peak, and since when it has been what it is), and
         the rank. Each
-        worker saves its own to resume exactly; torch's load_state_dict ignores the key."""
+        worker saves its own to resume exactly; torch's load_state_dict ignores the key.
+        Hooks registered on this object (torch 2.x's register_state_dict_pre_hook and
+        _post_hook, and the load_state_dict ones) run as on a torch optimizer."""
+        for hook in getattr(self, "_optimizer_state_dict_pre_hooks", {}).values():
+            hook(self)
+        sd = self._state_dict()
+        for hook in getattr(self, "_optimizer_state_dict_post_hooks", {}).values():
+            result = hook(self, sd)
+            sd = sd if result is None else result
+        return sd
+
+    def _state_dict(self):
         sd = self.optimizer.state_dict()
         residues, velocity, held = {}, {}, {}
         for e in self._params:
@@ -1335,6 +1369,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Loads a state_dict(): the torch optimizer's part, and this worker's exchange state
         when the "adaps" part was saved by the same rank (another rank's residues would send
         that rank's mass twice: it is then left out, with a warning)."""
+        for hook in getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values():
+            result = hook(self, state_dict)
+            state_dict = state_dict if result is None else result
+        self._load_state_dict(state_dict)
+        for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
+            hook(self)
+
+    def _load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
         extra = state_dict.pop("adaps", None)
         # The bin schedule's rates and delay (the same on every rank): a resumed run keeps
