@@ -45,8 +45,9 @@ def param_sha(module):
 
 
 class MLP(L.LightningModule):
-    def __init__(self, lr, check_mean_grads):
+    def __init__(self, lr, check_mean_grads, manual=False):
         super().__init__()
+        self.automatic_optimization = not manual
         self.net = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
         self.lr = lr
         self.check_mean_grads = check_mean_grads
@@ -61,7 +62,16 @@ class MLP(L.LightningModule):
         self.seen[-1].extend(idx.tolist())
         loss = F.cross_entropy(self(x), y)
         self.log("train_loss", loss, on_epoch=True, sync_dist=True)
+        if not self.automatic_optimization:
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
         return loss
+
+    def on_train_epoch_end(self):
+        if not self.automatic_optimization:
+            self.lr_schedulers().step()
 
     def on_train_epoch_start(self):
         self.seen.append([])
@@ -123,6 +133,7 @@ def main():
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--accumulate", type=int, default=1)
     ap.add_argument("--clip", type=float, default=None)
+    ap.add_argument("--manual", action="store_true", help="manual optimization")
     ap.add_argument("--single", action="store_true", help="one process, no adaps")
     ap.add_argument("--workers", type=int, default=2, help="with --single: the batch scale")
     ap.add_argument("--strategy-kwargs", default="{}", help="JSON, to AdapsStrategy")
@@ -136,7 +147,8 @@ def main():
     else:
         from adaps.lightning import AdapsStrategy
         strategy, batch = AdapsStrategy(**kwargs), a.batch
-    model = MLP(a.lr, check_mean_grads=kwargs.get("compression") == "dense" and not a.single)
+    model = MLP(a.lr, check_mean_grads=kwargs.get("compression") == "dense" and not a.single,
+                manual=a.manual)
     train = torch.utils.data.DataLoader(fashion_mnist("train", a.train), batch_size=batch,
                                         shuffle=True)
     val = torch.utils.data.DataLoader(fashion_mnist("test", a.test), batch_size=500)

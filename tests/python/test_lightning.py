@@ -93,6 +93,15 @@ def test_gradient_exchange_accumulates_and_clips_the_mean_gradient(tmp_path):
     assert r0["test_acc"] >= MIN_ACC - 0.05
 
 
+def test_manual_optimization_with_one_optimizer(tmp_path):
+    (r0, r1), _ = launch(tmp_path, "--manual",
+                         "--strategy-kwargs", json.dumps({"own_updates": "off"}))
+    assert r0["global_step"] == r1["global_step"] == 3 * (TRAIN // 2 // 64 + 1)
+    assert r0["lrs"] == r1["lrs"] == pytest.approx([2e-3, 1e-3, 5e-4])
+    assert r0["sha256"] == r1["sha256"]
+    assert r0["test_acc"] >= MIN_ACC
+
+
 # -- the collectives, 2 ranks in threads ------------------------------------------------
 def test_reduce_all_gather_broadcast_on_two_ranks(cluster):
     address = cluster(2, server_args=["--optimizer=mean"]).address
