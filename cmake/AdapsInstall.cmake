@@ -35,6 +35,7 @@ install(TARGETS adaps_worker_shared EXPORT adapsTargets
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/worker/include/adaps/worker.h
               ${PROJECT_SOURCE_DIR}/worker/include/adaps/adaps_c.h
+              ${PROJECT_SOURCE_DIR}/worker/include/adaps/local_steps.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/adaps)
 install(TARGETS adaps-scheduler adaps-server adaps-worker
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

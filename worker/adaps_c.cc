@@ -5,11 +5,14 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "adaps/local_steps.h"
 #include "adaps/worker.h"
 
 struct adaps_worker {
   std::unique_ptr<adaps::Worker> worker;
   std::string server_optimizer;  // from the registration's view, fixed afterwards
+  std::unique_ptr<adaps::LocalSteps> local_steps;  // adaps_worker_local_steps
+  bool declared = false;
   mutable absl::Mutex mu;
   std::string last_error ABSL_GUARDED_BY(mu);
 
@@ -82,7 +85,40 @@ int adaps_worker_declare(adaps_worker* worker, const adaps_tensor_spec* spec, fl
   s.compression = static_cast<adaps::Compression>(spec->compression);
   s.topk_fraction = spec->topk_fraction;
   s.pull = static_cast<adaps::PullFormat>(spec->pull_format);
+  worker->declared = true;
+  if (worker->local_steps) {
+    return worker->Record(worker->local_steps->Declare(s, absl::MakeSpan(values, count)));
+  }
   return worker->Record(worker->worker->Declare(s, absl::MakeSpan(values, count)));
+}
+
+int adaps_worker_local_steps(adaps_worker* worker, int outer) {
+  if (outer != 0 && outer != 1) {
+    return worker->Record(absl::InvalidArgumentError("outer must be 0 (average) or 1 (nesterov)"));
+  }
+  if (worker->declared || worker->local_steps) {
+    return worker->Record(absl::FailedPreconditionError(
+        "adaps_worker_local_steps must come once, before the first declaration"));
+  }
+  adaps::LocalStepsOptions o;
+  o.outer = outer == 1 ? adaps::LocalStepsOptions::Outer::kNesterov
+                       : adaps::LocalStepsOptions::Outer::kAverage;
+  auto steps = adaps::LocalSteps::Create(worker->worker.get(), o);
+  if (!steps.ok()) return worker->Record(steps.status());
+  worker->local_steps = *std::move(steps);
+  return 0;
+}
+
+int adaps_worker_exchange(adaps_worker* worker, const char* name, float* params, size_t count) {
+  if (name == nullptr) return worker->Record(absl::InvalidArgumentError("null name"));
+  if (params == nullptr && count > 0) {
+    return worker->Record(absl::InvalidArgumentError("null params"));
+  }
+  if (!worker->local_steps) {
+    return worker->Record(absl::FailedPreconditionError(
+        "adaps_worker_exchange without adaps_worker_local_steps before the declarations"));
+  }
+  return worker->Record(worker->local_steps->Exchange(name, absl::MakeSpan(params, count)).get());
 }
 
 int adaps_worker_push_pull(adaps_worker* worker, const char* name, const float* grad, float* out,

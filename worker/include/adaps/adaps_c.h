@@ -63,6 +63,17 @@ int adaps_worker_set_hyper(adaps_worker* worker, const char* name, double value)
 int adaps_worker_traffic(const adaps_worker* worker, const char* name, uint64_t* wire_bytes,
                          uint64_t* dense_bytes);
 
+/* Local steps (adaps/local_steps.h; servers --optimizer=mean): call
+ * adaps_worker_local_steps once, before declaring; every tensor adaps_worker_declare declares
+ * afterwards keeps the values it comes back with as its anchor. Every `H` steps of the
+ * trainer's own optimizer, adaps_worker_exchange for each tensor (collective, blocking)
+ * pushes params - anchor and writes anchor + the outer step of the workers' mean change into
+ * `params`. outer: 0 the mean change itself, 1 DiLoCo's Nesterov outer step (rate 0.7,
+ * momentum 0.9). 9 (failed precondition) when the servers do not run mean or when called
+ * after a declaration. */
+int adaps_worker_local_steps(adaps_worker* worker, int outer);
+int adaps_worker_exchange(adaps_worker* worker, const char* name, float* params, size_t count);
+
 #ifdef __cplusplus
 }
 #endif
