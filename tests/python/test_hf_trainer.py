@@ -68,20 +68,9 @@ def test_trainer_two_workers_matches_one_process(tmp_path):
     log = _launch(out, ["--own-updates", "off"], ["--batch", "8"])
     r0, r1 = _results(out)
     assert r0["exchange"] == "update" and r0["num_workers"] == 2
-    assert r0["steps"] == r1["steps"] == ref["steps"] == 48  # 3 epochs of 256 / (2 x 8)
-    # Rank 0's model before training is the single run's (same seed); it trained.
-    assert abs(r0["start_eval_loss"] - ref["start_eval_loss"]) < 1e-5
-    assert r0["final_eval_loss"] < r0["start_eval_loss"] - 1.0, (r0, ref)
-    assert abs(r0["final_eval_loss"] - ref["final_eval_loss"]) < LOSS_TOLERANCE, \
-        (r0["final_eval_loss"], ref["final_eval_loss"])
-    # The replicas are the same model, bit for bit, and rank 1 evaluates it alike.
-    assert r0["checksum"] == r1["checksum"]
-    assert r0["final_eval_loss"] == r1["final_eval_loss"]
-    assert sorted(r0["exchanged"]) == sorted(r0["trained_names"])
-    # Each epoch, the two ranks' samples are disjoint and cover the training set; the order
-    # changes from epoch to epoch (DistributedSampler reshuffled with the epoch).
-    n, per = r0["len_train"], r0["len_train"] // 2
-    assert len(r0["seen"]) == len(r1["seen"]) == 3 * per
+    # Each epoch (3), the two ranks' samples are disjoint and cover the training set; the
+    # order changes from epoch to epoch (DistributedSampler reshuffled with the epoch).
+    n, per = r0["len_train"], len(r0["seen"]) // 3
     epochs = []
     for e in range(3):
         a, b = r0["seen"][e * per:(e + 1) * per], r1["seen"][e * per:(e + 1) * per]
@@ -89,6 +78,16 @@ def test_trainer_two_workers_matches_one_process(tmp_path):
         assert sorted(a + b) == list(range(n))
         epochs.append(a)
     assert epochs[0] != epochs[1] != epochs[2]
+    assert r0["steps"] == r1["steps"] == ref["steps"] == 48  # 3 epochs of 256 / (2 x 8)
+    # The replicas are the same model, bit for bit, and rank 1 evaluates it alike.
+    assert r0["checksum"] == r1["checksum"]
+    assert r0["final_eval_loss"] == r1["final_eval_loss"]
+    # Rank 0's model before training is the single run's (same seed); it trained.
+    assert abs(r0["start_eval_loss"] - ref["start_eval_loss"]) < 1e-5
+    assert r0["final_eval_loss"] < r0["start_eval_loss"] - 1.0, (r0, ref)
+    assert abs(r0["final_eval_loss"] - ref["final_eval_loss"]) < LOSS_TOLERANCE, \
+        (r0["final_eval_loss"], ref["final_eval_loss"])
+    assert sorted(r0["exchanged"]) == sorted(r0["trained_names"])
     _only_rank0_wrote(out, log)
     # The checkpoint's training_args.bin loads without adaps, as the plain class.
     args = torch.load(os.path.join(out, "trainer", "final", "training_args.bin"),
