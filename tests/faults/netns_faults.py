@@ -216,8 +216,8 @@ def make_schedule(seed):
 
 
 def describe(f):
-    who = {0: "scheduler"}.get(f["host"], f"server {f['host'] - 1}" if f["host"] <= NUM_SERVERS
-                               else f"worker {f['host'] - NUM_SERVERS - 1}")
+    who = {0: "scheduler"}.get(f["host"], f"server s{f['host'] - 1}" if f["host"] <= NUM_SERVERS
+                               else f"worker w{f['host'] - NUM_SERVERS - 1}")
     p = "".join(f" {k}={v}" for k, v in f["params"].items())
     return f"{f['kind']}({who} host, at +{f['start']}s, {f['dur']}s{p})"
 
@@ -444,9 +444,14 @@ class Run:
 
     def end_deadline_s(self):
         # A server that lost the scheduler waits --scheduler_grace_s for it.
-        return self.args.grace_s + self.args.dead_timeout_s + 60
+        return max(self.args.grace_s, self.args.register_timeout_s) + 30
 
     # -- invariants ------------------------------------------------------------------------
+    def rank_of(self, s):
+        """The scheduler's rank of server process s (--identity=s<s>): the layout's index."""
+        m = re.search(r"registered as server (\d+)", open(self.servers[s].logs[0]).read())
+        return int(m.group(1)) if m else None
+
     def check(self):
         a, inv, notes = self.args, {}, []
         n = a.steps
@@ -490,7 +495,7 @@ class Run:
                     ok_restore = False
                     notes.append(f"server{s} incarnation {k} did not restore a checkpoint: "
                                  f"{last_error(self.servers[s].logs[k])}")
-                restored.setdefault(s, []).append((vers, kills[k - 1] if k - 1 < len(kills) else n))
+                restored.setdefault(self.rank_of(s), []).append((vers, kills[k - 1] if k - 1 < len(kills) else n))
         inv["restored"] = ok_restore
         # Exact counts.
         layout = None
@@ -521,7 +526,7 @@ class Run:
                     if any(lo <= j <= hi for lo, hi in windows) and 0 <= got <= acked[j]:
                         continue
                     exact = False
-                    notes.append(f"tensor t{t} (server {server}) step {j}: value {got}, "
+                    notes.append(f"tensor t{t} (server rank {server}) step {j}: value {got}, "
                                  f"{acked[j]} pushes acknowledged, restore windows {windows}")
                     break
         inv["exact"] = exact
@@ -603,8 +608,11 @@ def main():
     a.bin_server = os.path.join(a.build, "server", "adaps-server")
     # Timeouts of adaps itself: partitions last at most 8 s; nodes are declared dead after
     # 30 s (the default) and requests time out after 30 s, both far beyond any fault here.
+    # A restarted node re-registers within a heartbeat (1 s) and a killed one is back within
+    # 3 s, so a minute of registration or of grace without the scheduler is only reached by
+    # a failure; the end of such a run is bounded by these.
     a.dead_timeout_s, a.request_timeout_s = 30, 30
-    a.register_timeout_s, a.grace_s = 120, 60
+    a.register_timeout_s, a.grace_s = 60, 30
     why = skip_reason()
     if why:
         print(f"SKIPPED: {why}")
