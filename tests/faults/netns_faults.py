@@ -243,6 +243,11 @@ class Run:
         except Exception as e:  # a fault that could not be injected fails the run
             with self.lock:
                 self.harness_errors.append(f"{describe(f)}: could not inject: {e}")
+            if f["kind"] == "netem":
+                try:
+                    self.degrade(f, False)  # what was applied of it
+                except Exception:
+                    pass
 
     def inject_one(self, f, t_ready):
         hosts, ns = self.hosts, self.hosts.ns(f["host"])
@@ -323,11 +328,11 @@ class Run:
             if on:
                 sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root",
                    "netem", *spec, check=True)
-                sh("ip", "-n", sw, "tc", "qdisc", "add", "dev", f"p{i}", "root", "netem", *spec,
+                sh("ip", "netns", "exec", sw, "tc", "qdisc", "add", "dev", f"p{i}", "root", "netem", *spec,
                    check=True)
             else:
                 sh("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root")
-                sh("ip", "-n", sw, "tc", "qdisc", "del", "dev", f"p{i}", "root")
+                sh("ip", "netns", "exec", sw, "tc", "qdisc", "del", "dev", f"p{i}", "root")
             return "netem " + " ".join(spec)
         done = []
         if p["loss"]:
@@ -345,10 +350,10 @@ class Run:
                 tbf = ["tbf", "rate", rate, "burst", "4kb", "latency", "2s"]
                 sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", *tbf,
                    check=True)
-                sh("ip", "-n", sw, "tc", "qdisc", "add", "dev", f"p{i}", "root", *tbf, check=True)
+                sh("ip", "netns", "exec", sw, "tc", "qdisc", "add", "dev", f"p{i}", "root", *tbf, check=True)
             else:
                 sh("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root")
-                sh("ip", "-n", sw, "tc", "qdisc", "del", "dev", f"p{i}", "root")
+                sh("ip", "netns", "exec", sw, "tc", "qdisc", "del", "dev", f"p{i}", "root")
             done.append(f"rate {rate} each way (tbf: queueing delay)")
         if p["reorder"]:
             done.append("no reordering (no sch_netem in this kernel)")
