@@ -32,14 +32,19 @@ LOSS_TOLERANCE = 0.08
 def offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    # Generous deadlines: importing transformers takes minutes on a loaded machine, and the
+    # first worker to register waits for the last (no timing is asserted here).
+    monkeypatch.setenv("ADAPS_REGISTER_TIMEOUT_S", "900")
+    monkeypatch.setenv("ADAPS_REQUEST_TIMEOUT_S", "300")
 
 
 def _results(out, n=2):
     return [json.load(open(os.path.join(out, "rank%d.json" % r))) for r in range(n)]
 
 
-def _launch(out, extra_launch, extra_script, timeout=600):
-    rc, log = run_launch(["-n", "2", "--server-optimizer", "mean", "--python", sys.executable]
+def _launch(out, extra_launch, extra_script, timeout=1200):
+    rc, log = run_launch(["-n", "2", "--server-optimizer", "mean", "--python", sys.executable,
+                          "--server-arg=--register_timeout_ms=900000"]
                          + extra_launch + [WORKER, out] + extra_script, timeout=timeout)
     assert rc == 0, log[-6000:]
     return log
@@ -58,7 +63,7 @@ def _only_rank0_wrote(out, log):
 def test_trainer_two_workers_matches_one_process(tmp_path):
     single = str(tmp_path / "single")
     p = subprocess.run([sys.executable, WORKER, single, "--single", "--batch", "16"],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1200)
     assert p.returncode == 0, p.stdout.decode(errors="replace")[-4000:]
     ref = _results(single, 1)[0]
 
@@ -104,6 +109,16 @@ def test_lora_two_workers(tmp_path):
                             "4", "--lr", "1e-2"])
     r0, r1 = _results(out)
     assert r0["exchange"] == "gradient"
+    # Dense gradients averaged over 2 workers of 4 x 2 accumulated samples are the one
+    # process's 8 x 2: the same held-out loss (measured equal to 7 digits).
+    single = str(tmp_path / "single")
+    p = subprocess.run([sys.executable, WORKER, single, "--single", "--lora", "--accum", "2",
+                        "--batch", "8", "--lr", "1e-2"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1200)
+    assert p.returncode == 0, p.stdout.decode(errors="replace")[-4000:]
+    ref = _results(single, 1)[0]
+    assert abs(r0["final_eval_loss"] - ref["final_eval_loss"]) < 1e-3, \
+        (r0["final_eval_loss"], ref["final_eval_loss"])
     assert r0["steps"] == r1["steps"] == 48  # 3 epochs of 256 / (2 x 4 x 2)
     # Only the LoRA parameters are trained and exchanged, and they moved (lora_B starts 0).
     assert r0["exchanged"] and all("lora_" in n for n in r0["exchanged"])
@@ -168,6 +183,13 @@ def test_refuses_settings(tmp_path, field, value, match):
     object.__setattr__(args, field, value)
     with pytest.raises(ValueError, match=match):
         _trainer(tmp_path, args=args)
+
+
+def test_refuses_settings_the_trainer_gives(tmp_path):
+    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
+        _trainer(tmp_path, adaps_settings={"backward_passes_per_step": 2})
+    with pytest.raises(ValueError, match="Trainer's to give"):
+        _trainer(tmp_path, adaps_settings={"model": None})
 
 
 def test_refuses_torch_distributed(tmp_path):

@@ -159,6 +159,10 @@ class Trainer(transformers.Trainer):
         for key in ("model", "worker", "optimizer"):
             if key in settings:
                 raise ValueError("adaps.hf: adaps_settings[%r] is the Trainer's to give" % key)
+        if "backward_passes_per_step" in settings:
+            raise ValueError("adaps.hf: accumulate with TrainingArguments("
+                             "gradient_accumulation_steps=N), not backward_passes_per_step: "
+                             "the Trainer's micro-batches but the last run under no_sync()")
         w = worker(adaps_worker)
         # Server mode applies the servers' SGD/Adam and cannot honour the Trainer's clipping,
         # weight-decay groups or schedulers' per-group rates: refused before anything
