@@ -184,6 +184,7 @@ class Trainer(transformers.Trainer):
         self.adaps_settings = settings
         self.adaps_shard_data = adaps_shard_data
         self._adaps_optimizer = None
+        self._adaps_synced = False
         super().__init__(model, _ranked_args(args, w.rank, w.rank), *rest, **kwargs)
         if self.is_deepspeed_enabled or self.is_fsdp_enabled:
             raise ValueError("adaps.hf: Accelerate is set up for DeepSpeed or FSDP; adaps "
@@ -210,6 +211,7 @@ class Trainer(transformers.Trainer):
         # (accelerator.no_sync is a no-op without torch.distributed): adaps' no_sync keeps
         # their gradients in p.grad and the last pass pushes the sum.
         opt = self._adaps_optimizer
+        self._adaps_synced = False  # this backward pushes: the step synchronizes again
         if opt is not None and not self.accelerator.sync_gradients:
             with opt.no_sync():
                 return super().training_step(model, inputs, num_items_in_batch)
@@ -219,9 +221,12 @@ class Trainer(transformers.Trainer):
         # Before the Trainer reads or clips the gradients: with the gradient exchange p.grad
         # becomes the step's mean here (a change after backward would be refused by step()),
         # with the update exchange this worker's own gradient stays (nothing to wait for).
+        # Once per step, tracked here: a step that GradScaler skips (inf/NaN in the mean
+        # gradient, alike on every worker) calls no step() after it.
         opt = self._adaps_optimizer
-        if opt is not None and not opt._synchronized:
+        if opt is not None and not self._adaps_synced:
             opt.synchronize()
+            self._adaps_synced = True
 
     def _clip_grad_norm(self, model):
         self._adaps_synchronize()
