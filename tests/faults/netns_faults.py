@@ -134,6 +134,9 @@ class Proc:
         self.name, self.hosts, self.host, self.argv = name, hosts, host, argv
         self.logdir, self.env, self.p, self.incarnation = logdir, env, None, 0
         self.logs = []
+        # Held by a kill fault from the kill to the restart: a second kill of the same
+        # process waits for the first restart and kills the new incarnation.
+        self.lock = threading.Lock()
 
     def start(self):
         log = os.path.join(self.logdir, f"{self.name}.{self.incarnation}.log")
@@ -296,7 +299,14 @@ class Run:
             if kind != "kill-sched":
                 procs.append((self.servers[f["host"] - 1], dur))
             if kind != "kill-server":
-                procs.append((self.sched, dur if kind == "kill-sched" else f["params"]["sched_down"]))
+                procs.insert(0, (self.sched, dur if kind == "kill-sched" else f["params"]["sched_down"]))
+            for p, _ in procs:  # scheduler first, then the server: one order, no deadlock
+                p.lock.acquire()
+            if self.all_workers_exited() or any(p.poll() is not None for p, _ in procs):
+                for p, _ in procs:  # the job ended meanwhile: a restart would outlive it
+                    p.lock.release()
+                self.log(f"{describe(f)}: not injected, the job had ended")
+                return
             for p, _ in procs:  # together
                 p.kill9()
             if kind != "kill-sched":
@@ -308,6 +318,7 @@ class Run:
                 if wait > 0:
                     time.sleep(wait)  # restart even when the run is being stopped: logs
                 p.start()
+                p.lock.release()
         self.log(f"{describe(f)} injected at step {step}")
 
     def degrade(self, f, on):
