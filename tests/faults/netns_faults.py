@@ -651,6 +651,7 @@ def main():
 
     def on_signal(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGINT, on_signal)  # also when started with SIGINT ignored (&)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
 
@@ -728,6 +729,7 @@ def main():
                     [r.sched] if hasattr(r, "sched") else []):
                 p.kill9()
             r.hosts.down()
+        print(f"logs: {root}")
         return 130
     finally:
         r = live["run"]
