@@ -56,7 +56,8 @@ and ADAPS_NNODES say where they run). Nodes I > 0 wait for the scheduler's port 
 worker's failure stops this node's processes with its exit code, and (unless
 --worker-restarts or --max-workers) the scheduler then fails the job on the other nodes
 (--on_worker_death=fail). Node 0 keeps the scheduler until every node's workers have left
-(up to --rdzv-timeout after its own finished). Without --nnodes, nothing changes.
+(up to --rdzv-timeout after its own finished). Without --nnodes, --rdzv-timeout is how long
+the job may take to form: the servers and the workers wait that long for the others.
 
 Server restarts: every server runs with --identity=s<i>. With --checkpoint-dir, servers
 checkpoint there (every --checkpoint-interval seconds, default 30) and a server that dies
@@ -339,9 +340,10 @@ def main(argv=None):
                          "advertised by its servers (default: HOST on node 0, else this "
                          "node's address on the route to HOST)")
     ap.add_argument("--rdzv-timeout", type=float, default=600,
-                    help="with --nnodes: seconds a node waits for node 0's scheduler, and "
-                         "node 0 for the other nodes' workers to leave after its own "
-                         "finished (default 600)")
+                    help="seconds the job may take to form (the servers and workers wait "
+                         "that long for the others to register); with --nnodes also how "
+                         "long a node waits for node 0's scheduler, and node 0 for the "
+                         "other nodes' workers to leave after its own finished (default 600)")
     ap.add_argument("--worker-restarts", type=int, default=0,
                     help="restart a worker that exits with an error, up to this many times in "
                          "all; it rejoins with its rank (default 0)")
@@ -491,9 +493,13 @@ def main(argv=None):
             os.makedirs(a.checkpoint_dir, exist_ok=True)
         server_argv, servers = [], []
         for s in local_servers:
+            # The launcher watches the workers (one that fails stops the job), so the
+            # servers wait for slow starters (torch 2.x imports on a busy machine take
+            # minutes) as long as the rendezvous does, not adaps-server's default minute.
             argv_s = [server_bin, "--scheduler=" + address, "--identity=s%d" % s,
                       "--optimizer=" + a.server_optimizer, "--mode=" + a.mode,
-                      "--log_level=" + a.log_level]
+                      "--log_level=" + a.log_level,
+                      "--register_timeout_ms=%d" % int(a.rdzv_timeout * 1000)]
             if a.nnodes is not None:
                 # Every interface, advertised at this node's address the others reach.
                 port = rendezvous.free_port()
@@ -531,6 +537,7 @@ def main(argv=None):
                 if value is not None:
                     wenv[env] = str(value)
             wenv.setdefault("OMP_NUM_THREADS", threads)
+            wenv.setdefault("ADAPS_REGISTER_TIMEOUT_S", "%g" % a.rdzv_timeout)
             if sys.stdout.isatty():
                 # adaps.progress draws its live line for a terminal; the pipe is not one.
                 wenv.setdefault("ADAPS_PROGRESS", "tty")
