@@ -552,6 +552,46 @@ def test_adam_bins_shrink_while_the_residues_hold_steps_of_a_higher_rate(cluster
         assert off == [] and sgd == []
 
 
+def test_recompressed_pulls_push_at_a_quarter_of_the_bin_and_the_schedule_on_top(cluster):
+    # With recompressed pulls an update waits twice, in the worker's residue and in the
+    # servers' downlink; the push bins of the tensors pulled so (convolutions aside) are 4x
+    # finer than declared (the downlink keeps the declared bin / 10), and the bin schedule
+    # divides further, to 8x in all. Exact pulls keep the declared bins.
+    address = mean_cluster(cluster)
+
+    def lr_at(t):  # 0.1x from step 55 on: the schedule's 4x on top of the fixed 4x
+        return 1e-2 if t < 55 else 0.1e-2
+
+    def rank(w):
+        torch.manual_seed(0)
+        spies = [SpyWorker(w) for _ in range(3)]
+        m = nn.Sequential()
+        for i, layer in enumerate((nn.Conv1d(2, 4, 3), nn.Flatten(), nn.Linear(24, 40))):
+            m.add_module("c%d" % i, layer)
+        rc = adaps.torch.DistributedOptimizer(
+            torch.optim.Adam(m.parameters(), lr=1e-2, betas=(0.8, 0.999)), m, spies[0],
+            server_optimizer="mean", compression="adacomp", bin_size=400, conv_bin_size=8,
+            pull="recompressed")
+        at_start = list(spies[0].bin_sizes)
+        exact = linear_on("exact", spies[1], pull="sparse")
+        for t in range(60):
+            for opt in (rc, exact[1]):
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(t)
+            rc.zero_grad()
+            m(torch.randn(8, 2, 8)).pow(2).mean().backward()
+            rc.step()
+            exact[1].zero_grad()
+            exact[0](torch.randn(8, 40)).pow(2).mean().backward()
+            exact[1].step()
+        return at_start, spies[0].bin_sizes, spies[1].bin_sizes
+    for at_start, rc, exact in run_ranks(address, 2, rank):
+        assert sorted(at_start) == [("c2.bias", 100), ("c2.weight", 100)], at_start
+        assert sorted(rc[-2:]) == [("c2.bias", 50), ("c2.weight", 50)], rc  # 400 / 8
+        assert all(not name.startswith("c0.") for name, _ in rc)
+        assert all(size == 10 for _, size in exact), exact  # 40 / 4: the schedule only
+
+
 def test_bins_keep_their_size_at_a_held_or_slowly_decaying_rate_and_convolutions_always(
         cluster):
     # A constant rate (or a plateau) keeps the declared bins however long it is held, and so

@@ -70,8 +70,9 @@ weight decay, else "dense"; "recompressed" in local mode, with the update exchan
 of the steps' mean updates and recompress its change at each AdaComp tensor's bin size divided
 by 10, one message for every replica, about 2 pushes' bytes at any number of workers where an
 exact pull carries W - 1 pushes (at 16 workers 8x fewer pull bytes), for the delay of what
-the downlink holds back, which long runs do not feel: docs/accuracy.md, "Recompressed pulls in
-local mode"), bin_size
+the downlink holds back; to make up for it the workers push those tensors at a quarter of
+their bin (convolutions aside; adaps.torch_update.RECOMPRESSED_PUSH_DIVISOR):
+docs/accuracy.md, "Where users train"), bin_size
 (ADAPS_BIN_SIZE, 500), conv_bin_size (ADAPS_CONV_BIN_SIZE, 50), topk_fraction
 (ADAPS_TOPK_FRACTION, 0.001), lr (ADAPS_LR, from --lr: when set it replaces every group's
 lr at construction; unset: the torch optimizer's), exchange (ADAPS_EXCHANGE, see below),

@@ -29,6 +29,8 @@ import collections
 # The most the bins shrink, and the ratio at which the first halving comes; each further
 # halving at half the ratio before it.
 MAX_DIVISOR = 4
+# The most a bin shrinks in all, with a fixed divisor (recompressed pulls' pushes) on top.
+MAX_TOTAL_DIVISOR = 8
 FIRST_RATIO = 0.75
 # The window of learning rates the ratio's mean is taken over, in delays.
 WINDOW_DELAYS = 3
@@ -57,6 +59,7 @@ class BinSchedule:
         self.rates = collections.deque(maxlen=HISTORY)
         self.delay = None  # steps, on the declared bins; None until first measured
         self.divisor = 1
+        self.fixed_divisor = 1  # the bins' own divisor before the schedule's (1: declared)
 
     def wants_measure(self, steps):
         """Whether the caller should measure the residues and updates at this step."""
@@ -68,7 +71,8 @@ class BinSchedule:
         exchange)."""
         if update_mass <= 0 or residue_mass < 0:
             return  # no update this step (a zero rate, no gradient): nothing to learn
-        d = residue_mass * steps_covered / update_mass * self.divisor
+        d = residue_mass * steps_covered / update_mass * \
+            min(MAX_TOTAL_DIVISOR, self.divisor * self.fixed_divisor)
         d = min(float(HISTORY), max(1.0, d))
         self.delay = d if self.delay is None else \
             (1 - _SMOOTHING) * self.delay + _SMOOTHING * d

@@ -98,6 +98,17 @@ class OwnUpdates:
         return change
 
 
+# Recompressed pulls hold an update back twice, in the worker's residue and in the servers'
+# downlink (at the declared bin / 10): the push bins of the tensors pulled so (convolutions
+# aside) are this many times finer than declared, the bin schedule dividing further up to
+# torch_bins.MAX_TOTAL_DIVISOR. A 4x finer bin about halves the residues' delay (about 13,
+# 9 and 6 steps at bins 500, 250, 125 on the zoo's transformer) for pushes about twice as
+# large, paid out of what the recompressed downlink saves: the transformer at 16 workers
+# over 300 steps went from +5.4% against dense at 88x in all to +1.2% at 66x (seeds 1, 2;
+# docs/accuracy.md). Exact pulls (below 8 workers by default) keep the declared bins.
+RECOMPRESSED_PUSH_DIVISOR = 4
+
+
 class LateBins:
     """bin_schedule="auto" (adaps.torch_bins): after the optimizer's step, before the push,
     every AdaComp tensor's bin but a convolution's follows the schedule's divisor."""
@@ -106,6 +117,7 @@ class LateBins:
         self.schedule = _bins.BinSchedule(start_step)
         self.worker = worker
         self.optimizer = optimizer
+        self.fixed = {}  # {name: the bin's own divisor} (UpdateExchange.declare)
 
     def after_step(self, entries, local_step):
         # The residues' delay is measured now and then: the unsent mass against this
@@ -129,7 +141,8 @@ class LateBins:
         if divisor != before:
             for e in entries:
                 if e.adacomp and e.kind != "conv":
-                    self.worker.set_bin_size(e.name, max(1, e.bin_size // divisor))
+                    total = min(_bins.MAX_TOTAL_DIVISOR, divisor * self.fixed.get(e.name, 1))
+                    self.worker.set_bin_size(e.name, max(1, e.bin_size // total))
 
 
 class RowSparse:
@@ -207,6 +220,17 @@ class UpdateExchange(Exchange):
             if settings.own_updates != "off" else None
         self.bins = LateBins(bins_from, worker, optimizer) if bins_from is not None else None
         self.row_sparse = RowSparse([e for e in self.entries if e.row_sparse], worker)
+
+    def declare(self, pull_bin_divisor):
+        super().declare(pull_bin_divisor)
+        fixed = {e.name: RECOMPRESSED_PUSH_DIVISOR for e in self.entries
+                 if e.adacomp and e.kind != "conv" and self.entry_pull(e) == "recompressed"}
+        for e in self.entries:
+            if e.name in fixed:
+                self.worker.set_bin_size(e.name, max(1, e.bin_size // fixed[e.name]))
+        if self.bins is not None:
+            self.bins.fixed = fixed
+            self.bins.schedule.fixed_divisor = RECOMPRESSED_PUSH_DIVISOR if fixed else 1
 
     def step(self, owner, grad_scaler, synchronized):
         owner._synchronized = False
