@@ -241,9 +241,19 @@ void Scheduler::OnRegister(InMessage& in) {
                       "already have ", want, " ", msg::EnumNameRole(reg->role()), "s")),
                   metric_labels::kReasonClusterFull);
   }
+  // Before the job forms no node has been told its rank: a node that claims the rank it had
+  // before this scheduler started (a survivor of a scheduler restart) takes it from a fresh
+  // node given it meanwhile (a server restarted at the same time), which moves to a free one.
+  auto provisional = std::find_if(nodes_.begin(), nodes_.end(), [&](const Node& n) {
+    return n.role == reg->role() && n.rank == reg->rank() && reg->rank() >= 0 && !n.rank_claimed;
+  });
+  const bool moves = provisional != nodes_.end();
+  const size_t moved = moves ? provisional - nodes_.begin() : 0;
+  if (moves) nodes_[moved].rank = -1;
   Node node;
   node.role = reg->role();
   node.rank = PickRank(reg->role(), reg->rank(), want);
+  node.rank_claimed = reg->rank() >= 0 && node.rank == reg->rank();
   node.address = address;
   node.identity = identity;
   node.checkpoint_steps = StepList(reg->checkpoint_steps());
@@ -253,6 +263,13 @@ void Scheduler::OnRegister(InMessage& in) {
   node.register_request = in.envelope()->request_id();
   node.last_seen = absl::Now();
   nodes_.push_back(node);
+  if (moves) {
+    Node& m = nodes_[moved];
+    m.rank = PickRank(m.role, -1, want);
+    log_.get()->info("{} {} claimed its rank back; the node registered before it at {} is {} {} "
+                     "now", msg::EnumNameRole(node.role), node.rank, m.address,
+                     msg::EnumNameRole(m.role), m.rank);
+  }
   metrics_->Registered(node.role);
   UpdateNodeMetrics();
   log_.get()->info("{} {} registered{}{}", msg::EnumNameRole(node.role), node.rank,
@@ -432,6 +449,13 @@ void Scheduler::OnHeartbeat(InMessage& in) {
   const msg::Envelope* env = in.envelope();
   Node* claimed = FindNode(env->sender_role(), env->sender_rank());
   Node* node = Authenticated(in);
+  if (claimed != nullptr && node == nullptr && !formed_ && !claimed->rank_claimed) {
+    // A node that had this rank before this scheduler started, while a fresh node holds it
+    // provisionally (nobody has been told a rank yet): its claim will win; register.
+    Reject(in, absl::FailedPreconditionError("register again: ranks are settled when the job forms"),
+           metric_labels::kReasonUnknownNode);
+    return;
+  }
   if (claimed != nullptr && node == nullptr) {
     // Someone else claims a registered node's rank: refuse, and keep the node's route.
     Reject(in,

@@ -110,6 +110,9 @@ class Scheduler {
     absl::Time last_seen;
     bool alive = true;
     bool left = false;
+    // Its rank is one it claimed (it had it before this scheduler started), not one given to
+    // a fresh node before the job formed, which a claim of the same rank takes over.
+    bool rank_claimed = false;
     std::string secret;  // workers: random, sent only in this node's views (kept on rejoin)
     // Servers: the steps of their step checkpoints (latest Register or Heartbeat).
     std::vector<uint64_t> checkpoint_steps;

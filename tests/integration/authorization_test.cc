@@ -117,6 +117,47 @@ TEST_F(Authorization, HeartbeatClaimingAWorkersRankDoesNotTakeItsPlace) {
   ExpectCleanEnd();
 }
 
+OutMessage Register(msg::Role role, int rank, uint32_t epoch, const std::string& address,
+                    const std::string& identity, uint64_t id) {
+  flatbuffers::FlatBufferBuilder fbb;
+  auto body = msg::CreateRegister(fbb, role, fbb.CreateString(address),
+                                  fbb.CreateString(identity), rank, epoch, 0,
+                                  fbb.CreateString(role == msg::Role::Server ? "sum" : ""));
+  return FinishEnvelope(fbb, Sender{role, rank}, body, id, 0);
+}
+
+// A server and the scheduler killed together: the restarted scheduler first hears from the
+// restarted server (no rank: a fresh process) and gives it rank 0, which the surviving
+// server still holds. Until the job forms no node has been told its rank, so the survivor's
+// claim wins: its heartbeat is told to register again (not refused as a takeover, which
+// left the job unable to re-form), it gets rank 0 back and the fresh server the free rank.
+TEST_F(Authorization, ARankClaimedAfterASchedulerRestartWinsOverAFreshNodesBeforeTheJobForms) {
+  ClusterOptions o;
+  o.num_servers = 0;  // the nodes are raw clients below
+  o.num_workers = 0;
+  o.scheduler_args = {"--num_servers=2", "--num_workers=1"};
+  LocalCluster cluster(o);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  RawClient fresh(ctx_, cluster.scheduler_address()), survivor(ctx_, cluster.scheduler_address()),
+      worker(ctx_, cluster.scheduler_address());
+  fresh.Send(Register(msg::Role::Server, -1, 0, "tcp://127.0.0.1:9001", "s0", 1));
+  absl::SleepFor(absl::Milliseconds(200));  // (registered first; no answer until formed)
+  absl::Status beat = survivor.Call(Heartbeat({msg::Role::Server, 0}, 2), 2, nullptr,
+                                    absl::Seconds(30));
+  EXPECT_EQ(beat.code(), absl::StatusCode::kFailedPrecondition) << beat;
+  survivor.Send(Register(msg::Role::Server, 0, 7, "tcp://127.0.0.1:9002", "s1", 3));
+  absl::SleepFor(absl::Milliseconds(200));
+  worker.Send(Register(msg::Role::Worker, -1, 0, "", "w0", 4));
+  auto rank_in_view = [](RawClient& c, uint64_t id) {
+    testing::RawAnswer a = c.Wait(id, absl::Seconds(60));
+    if (!a.answered || a.body != msg::Body::ClusterView) return -100;
+    return flatbuffers::GetRoot<msg::Envelope>(a.header.data())->body_as_ClusterView()->your_rank();
+  };
+  EXPECT_EQ(rank_in_view(survivor, 3), 0);
+  EXPECT_EQ(rank_in_view(fresh, 1), 1);
+  EXPECT_EQ(rank_in_view(worker, 4), 0);
+}
+
 TEST_F(Authorization, ShutdownIsRefusedWithoutTheOperatorToken) {
   StartCluster({"--admin_token=s3cret"});
   RawClient raw(ctx_, cluster_->scheduler_address());
