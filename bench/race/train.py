@@ -10,7 +10,11 @@
 
 Every system runs the same torch optimizer (SGD, momentum 0.9, cosine learning rate over the
 whole run) on the same shard (every world-th image of the first --train-size), the same
-batches and the same initial values. The clock counts training steps only: every
+batches and the same initial values. --model gpt is the accuracy zoo's character-level
+transformer instead (bench/accuracy/zoo_models.py: AdamW, warm-up then cosine, clipping at
+1.0, 16 sequences of 32 characters a worker and step, --steps steps, held-out bits/char):
+DDP and its hooks compress the gradient before AdamW, as their users run them; adaps runs
+adaps.torch's defaults in local mode (the servers run --optimizer=mean). The clock counts training steps only: every
 --eval-every steps all ranks stop it, rank 0 evaluates on --test-size test images, all meet
 at a barrier, and the clock restarts. Rank 0 writes a JSON result to --out.
 """
@@ -25,9 +29,14 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "accuracy"))
+import zoo_models  # noqa: E402
 import adaps.blas  # noqa: E402
 
 DDP_SYSTEMS = ("ddp", "powersgd", "fp16")
+# Models of the accuracy zoo (bench/accuracy/zoo_models.py) the race can run, each with its
+# own optimizer, schedule, batches and held-out metric.
+TASKS = ("gpt",)
 ADAPS_SYSTEMS = ("adaps", "adacomp")
 
 
@@ -35,7 +44,9 @@ def parse():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--system", required=True, choices=DDP_SYSTEMS + ADAPS_SYSTEMS)
-    ap.add_argument("--model", default="mlp", choices=sorted(common.MODELS))
+    ap.add_argument("--model", default="mlp", choices=sorted(common.MODELS) + list(TASKS))
+    ap.add_argument("--steps", type=int, default=300,
+                    help="--model gpt: the run's length (its schedule spans it)")
     ap.add_argument("--rank", type=int, default=0, help="DDP rank (adaps: the scheduler's)")
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--master", default="127.0.0.1:29500", help="DDP: rank 0's addr:port")
@@ -116,7 +127,7 @@ def parse():
 class Ddp:
     """torch.distributed + DDP, with an optional comm hook."""
 
-    def __init__(self, a, model):
+    def __init__(self, a, model, optimizer=None):
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
         self.dist = dist
@@ -140,7 +151,11 @@ class Ddp:
         elif a.system == "fp16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             self.model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        self.opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
+        self.opt = optimizer or torch.optim.SGD(model.parameters(), lr=a.lr,
+                                                momentum=a.momentum)
+
+    def synchronize(self):
+        """The gradients are averaged when backward returns."""
 
     def barrier(self):
         self.dist.barrier()
@@ -156,20 +171,31 @@ class Ddp:
         os._exit(0)
 
 
+def make_worker(a):
+    import adaps
+    return adaps.Worker(scheduler=a.scheduler, request_timeout=300.0,
+                        compression_threads=a.compression_threads)
+
+
 class Adaps:
     """adaps.torch.DistributedOptimizer: server mode (the servers run the torch optimizer's
     momentum SGD with its hyper-parameters, rank 0 sends the scheduler's learning rate) or
     local mode (the servers answer each step's mean gradient, the torch optimizer runs
     here)."""
 
-    def __init__(self, a, model):
+    def __init__(self, a, model, optimizer=None, worker=None):
         import adaps
         import adaps.torch
-        self.worker = adaps.Worker(scheduler=a.scheduler, request_timeout=300.0,
-                                   compression_threads=a.compression_threads)
+        self.worker = worker or make_worker(a)
         self.rank = self.worker.rank
         self.model = model
         dense = a.system == "adaps"
+        self.final_pull, self.warmup = None, []
+        if optimizer is not None:  # a zoo task: its optimizer, adaps.torch's defaults
+            self.opt = adaps.torch.DistributedOptimizer(
+                optimizer, model, self.worker, compression="dense" if dense else None)
+            self.synchronize = self.opt.synchronize
+            return
         # Momentum correction (DGC; worker/app/trainer/exchange.h MomentumCorrection): the
         # velocity u = m u + g is what gets compressed and pushed; the servers run SGD.
         self.correct = (not dense and a.adaps_mode == "server" and a.adacomp_recipe == "dgc")
@@ -333,9 +359,85 @@ def train(a, sysobj, raw_model, x_train, y_train, x_test, y_test):
                 rx_bytes=rx1 - rx0, tx_bytes=tx1 - tx0, final_pull=final)
 
 
+def train_task(a, sysobj, task):
+    """A zoo task's loop: its schedule, batches, clipping and held-out metric, clocked as
+    train() clocks a classifier's."""
+    model, opt = sysobj.model, sysobj.opt
+    evals, step_times = [], []
+    clock = 0.0
+    rx0, tx0 = common.netdev_bytes()
+    steps = a.steps if a.max_steps <= 0 else min(a.steps, a.max_steps)
+    for step in range(steps):
+        t0 = time.perf_counter()
+        for g in opt.param_groups:
+            g["lr"] = task.lr_at(step)
+        x, y = task.batch(step)
+        opt.zero_grad()
+        loss = task.loss(model(x), y)
+        loss.backward()
+        if task.clip:
+            sysobj.synchronize()  # the averaged gradient is what is clipped, as in DDP
+            torch.nn.utils.clip_grad_norm_(task.model.parameters(), task.clip)
+        opt.step()
+        dt = time.perf_counter() - t0
+        clock += dt
+        step_times.append(dt)
+        if (step + 1) % a.eval_every == 0 or step + 1 == steps:
+            metric = task.evaluate() if sysobj.rank == 0 else None
+            sysobj.barrier()
+            if sysobj.rank == 0:
+                evals.append((step + 1, clock, metric))
+                print("step %4d  loss %.4f  %s %.4f  train_time %.1f s" %
+                      (step + 1, loss.item(), task.metric, metric, clock), flush=True)
+    rx1, tx1 = common.netdev_bytes()
+    return dict(evals=evals, step_times=step_times, steps=steps,
+                rx_bytes=rx1 - rx0, tx_bytes=tx1 - tx0, final_pull=None)
+
+
+def task_compute_ms(a, rank, steps=20):
+    """compute_ms for a zoo task: forward and backward of a fresh copy on its batches."""
+    task = zoo_models.make_task(a.model, rank, a.world, a.seed, a.steps)
+    times = []
+    for i in range(steps + 3):
+        x, y = task.batch(i)
+        t0 = time.perf_counter()
+        task.model.zero_grad()
+        task.loss(task.model(x), y).backward()
+        times.append(time.perf_counter() - t0)
+    times = sorted(times[3:])
+    return 1e3 * times[len(times) // 2]
+
+
+def write_result(a, r, model, wall, traffic, blas, compute_ms, metric, higher_is_better,
+                 total_steps):
+    steady = sorted(r["step_times"][5:] or r["step_times"])
+    res = dict(system=a.system_name or a.system, model=a.model, label=a.label, seed=a.seed,
+               world=a.world, batch_size=a.batch_size, epochs=a.epochs,
+               train_size=a.train_size, test_size=a.test_size, lr=a.lr,
+               momentum=a.momentum, adacomp_recipe=a.adacomp_recipe
+               if a.system == "adacomp" else None,
+               lr_in_push=a.lr_in_push if a.system == "adacomp" else None,
+               adacomp_bins=dict(one_d=a.adacomp_1d_bin, fc=a.adacomp_fc_bin)
+               if a.system == "adacomp" else None,
+               params=sum(p.numel() for p in model.parameters()),
+               steps=r["steps"], total_steps=total_steps,
+               max_steps=a.max_steps, evals=r["evals"], metric=metric,
+               higher_is_better=higher_is_better,
+               train_time=sum(r["step_times"]) + (r["final_pull"] or {}).get("seconds", 0.0),
+               wall_time=wall, step_ms_mean=1e3 * sum(r["step_times"]) / r["steps"],
+               step_ms_median=1e3 * steady[len(steady) // 2],
+               rx_bytes=r["rx_bytes"], tx_bytes=r["tx_bytes"], library_traffic=traffic,
+               final_pull=r["final_pull"], blas=blas, compute_ms=compute_ms,
+               compute_share=compute_ms / (1e3 * steady[len(steady) // 2]))
+    with open(a.out, "w") as f:
+        json.dump(res, f)
+
+
 def main():
     a = parse()
-    torch.set_num_threads(1)  # 4 workers (+ servers) share the machine's cores
+    torch.set_num_threads(1)  # the workers (+ servers) share the machine's cores
+    if a.model in TASKS:
+        return main_task(a)
     model = common.make_model(a.model, a.seed)
     if a.system in DDP_SYSTEMS:
         sysobj = Ddp(a, model)
@@ -361,25 +463,38 @@ def main():
     print("RACE_BYTES rank %d steps %d rx %d tx %d" % (rank, r["steps"], r["rx_bytes"],
                                                        r["tx_bytes"]), flush=True)
     if rank == 0 and a.out:
-        steady = sorted(r["step_times"][5:] or r["step_times"])
-        res = dict(system=a.system_name or a.system, model=a.model, label=a.label, seed=a.seed,
-                   world=a.world, batch_size=a.batch_size, epochs=a.epochs,
-                   train_size=a.train_size, test_size=a.test_size, lr=a.lr,
-                   momentum=a.momentum, adacomp_recipe=a.adacomp_recipe
-                   if a.system == "adacomp" else None,
-                   lr_in_push=a.lr_in_push if a.system == "adacomp" else None,
-                   adacomp_bins=dict(one_d=a.adacomp_1d_bin, fc=a.adacomp_fc_bin)
-                   if a.system == "adacomp" else None, params=sum(p.numel() for p in model.parameters()),
-                   steps=r["steps"], total_steps=a.epochs * (len(x_train) // a.batch_size),
-                   max_steps=a.max_steps, evals=r["evals"],
-                   train_time=sum(r["step_times"]) + (r["final_pull"] or {}).get("seconds", 0.0),
-                   wall_time=wall, step_ms_mean=1e3 * sum(r["step_times"]) / r["steps"],
-                   step_ms_median=1e3 * steady[len(steady) // 2],
-                   rx_bytes=r["rx_bytes"], tx_bytes=r["tx_bytes"], library_traffic=traffic,
-                   final_pull=r["final_pull"], blas=blas, compute_ms=compute_ms,
-                   compute_share=compute_ms / (1e3 * steady[len(steady) // 2]))
-        with open(a.out, "w") as f:
-            json.dump(res, f)
+        write_result(a, r, model, wall, traffic, blas, compute_ms, metric="test accuracy",
+                     higher_is_better=True,
+                     total_steps=a.epochs * (len(x_train) // a.batch_size))
+    sysobj.stop()
+
+
+def main_task(a):
+    a.batch_size, a.epochs, a.train_size, a.test_size = 16, None, None, None  # the task's
+    worker = None
+    if a.system in ADAPS_SYSTEMS:
+        worker = make_worker(a)  # the scheduler gives the rank, which the batches need
+    rank = worker.rank if worker is not None else a.rank
+    task = zoo_models.make_task(a.model, rank, a.world, a.seed, a.steps)
+    if a.system in DDP_SYSTEMS:
+        sysobj = Ddp(a, task.model, task.optimizer)
+    else:
+        sysobj = Adaps(a, task.model, task.optimizer, worker)
+    blas = adaps.blas.blas_info(measure=rank == 0)
+    compute_ms = None
+    if rank == 0:
+        adaps.blas.warn_if_reference(blas)
+        compute_ms = task_compute_ms(a, rank)
+    sysobj.barrier()
+    wall0 = time.time()
+    r = train_task(a, sysobj, task)
+    wall = time.time() - wall0
+    traffic = sysobj.traffic()
+    print("RACE_BYTES rank %d steps %d rx %d tx %d" % (rank, r["steps"], r["rx_bytes"],
+                                                       r["tx_bytes"]), flush=True)
+    if rank == 0 and a.out:
+        write_result(a, r, task.model, wall, traffic, blas, compute_ms, metric=task.metric,
+                     higher_is_better=task.higher_is_better, total_steps=a.steps)
     sysobj.stop()
 
 
