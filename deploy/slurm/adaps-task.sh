@@ -23,6 +23,8 @@
 #   ADAPS_SLURM_SERVERS   number of servers; ADAPS_SLURM_WORKERS number of workers
 #   ADAPS_SLURM_ADDRS     "node=address ..." for every node of the job (Slurm's NodeAddr)
 #   ADAPS_SLURM_REGISTER_MS  how long servers and workers wait for the cluster to form
+#   ADAPS_SLURM_CURVE     a directory of CURVE keys (deploy/curve-keys.sh), or empty: each
+#                         role gets the keys it needs (docs/reliability.md, "Access")
 set -euo pipefail
 role=${1:-}
 [[ -n $role ]] || { echo "adaps-task: usage: adaps-task.sh scheduler|server|worker|python [ARGS...]" >&2; exit 2; }
@@ -33,6 +35,16 @@ done
 bin=$ADAPS_SLURM_BIN
 register_ms=${ADAPS_SLURM_REGISTER_MS:-300000}
 node=${SLURMD_NODENAME:-$(hostname -s)}
+curve=()
+if [[ -n ${ADAPS_SLURM_CURVE:-} ]]; then
+  keys=$ADAPS_SLURM_CURVE
+  case "$role" in
+    scheduler) curve=(--curve_server_key="$keys/server.key" --curve_allowed_clients="$keys/allowed_clients") ;;
+    server) curve=(--curve_server_key="$keys/server.key" --curve_allowed_clients="$keys/allowed_clients"
+                   --curve_client_key="$keys/client.key") ;;
+    worker) curve=(--curve_server_key="$keys/server.pub" --curve_client_key="$keys/client.key") ;;
+  esac
+fi
 
 # This node's address as the other nodes reach it: its NodeAddr in the job's map, else its name.
 # supervise COMMAND...: runs COMMAND as a child; SIGTERM/SIGINT are passed on, and a child
@@ -81,7 +93,7 @@ case "$role" in
   scheduler)
     echo "adaps-task: scheduler on $node at $ADAPS_SLURM_SCHED (job ${SLURM_JOB_ID:-?}, restart ${SLURM_RESTART_COUNT:-0})"
     exec "$bin/scheduler/adaps-scheduler" --host=0.0.0.0 --port="$ADAPS_SLURM_PORT" \
-      --num_servers="$ADAPS_SLURM_SERVERS" --num_workers="$ADAPS_SLURM_WORKERS" "$@"
+      --num_servers="$ADAPS_SLURM_SERVERS" --num_workers="$ADAPS_SLURM_WORKERS" "${curve[@]}" "$@"
     ;;
   server)
     port=$((ADAPS_SLURM_PORT + 1 + SLURM_PROCID))
@@ -89,12 +101,12 @@ case "$role" in
     echo "adaps-task: server s$SLURM_PROCID on $node at tcp://$addr:$port"
     exec "$bin/server/adaps-server" --scheduler="$ADAPS_SLURM_SCHED" --identity="s$SLURM_PROCID" \
       --host=0.0.0.0 --port="$port" --advertise="tcp://$addr:$port" \
-      --register_timeout_ms="$register_ms" "$@"
+      --register_timeout_ms="$register_ms" "${curve[@]}" "$@"
     ;;
   worker)
     echo "adaps-task: worker w$SLURM_PROCID on $node"
     supervise "$bin/worker/adaps-worker" --scheduler="$ADAPS_SLURM_SCHED" --identity="w$SLURM_PROCID" \
-      --register_timeout_ms="$register_ms" "$@"
+      --register_timeout_ms="$register_ms" "${curve[@]}" "$@"
     ;;
   python)
     [[ $# -ge 1 ]] || { echo "adaps-task: python needs a script" >&2; exit 2; }

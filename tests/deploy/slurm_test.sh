@@ -3,8 +3,10 @@
 # namespaces by tests/deploy/slurm_cluster.sh: a controller host and 4 nodes, each slurmd on
 # its own host with its own address. Every job is deploy/slurm/adaps.sbatch, submitted with
 # sbatch:
-#   (a) the main command (3 epochs, 1 scheduler, 2 servers, 4 workers on 3 nodes) ends
-#       COMPLETED with test accuracy >= 0.85; beside it, on 2 nodes, a PyTorch script
+#   (a) the main command (3 epochs, 1 scheduler, 2 servers, 4 workers on 3 nodes), encrypted
+#       (--curve: keys made by deploy/curve-keys.sh on the shared file system), ends
+#       COMPLETED with test accuracy >= 0.85, and a plaintext adaps-worker started on a node
+#       while it trains is refused (exit 1, never answered); beside it, on 2 nodes, a PyTorch script
 #       (examples/pytorch/train_fashion_mnist.py, one epoch of 4000 images) with a server
 #       beside each worker (--colocate) ends COMPLETED with test accuracy >= 0.60 (0.663
 #       seen; 62 steps of 32 images per worker); a job whose workers fail (a bad flag) ends
@@ -116,8 +118,10 @@ echo "== cluster: slurmctld and 4 slurmd nodes, each in its own network namespac
 bash "$cluster" up "$dir" 4 >"$dir/up.log" 2>&1 || { cat "$dir/up.log"; fail "the Slurm cluster did not come up"; }
 sl sinfo -N
 
-echo "== (a) the main command as one sbatch job (3 nodes, 4 workers, 2 servers)"
-main_job=$(submit -N3 -n4 "$repo/deploy/slurm/adaps.sbatch")
+echo "== (a) the main command as one sbatch job (3 nodes, 4 workers, 2 servers), encrypted (CURVE)"
+ADAPS_KEYGEN=$bin/scheduler/adaps-keygen bash "$repo/deploy/curve-keys.sh" "$dir/curve" ||
+  fail "deploy/curve-keys.sh could not make the keys"
+main_job=$(submit -N3 -n4 "$repo/deploy/slurm/adaps.sbatch" --curve "$dir/curve")
 [[ $main_job =~ ^[0-9]+$ ]] || fail "sbatch did not give a job id: '$main_job'"
 py_job=""
 if [[ $with_python == 1 ]]; then
@@ -133,12 +137,25 @@ bad_job=$(submit -N1 -n1 "$repo/deploy/slurm/adaps.sbatch" -- --epochs=-1)
 wait_state "$bad_job" 600 FAILED
 grep -q -- "--epochs=-1" "$dir/job-$bad_job.out" || fail "job $bad_job: the failing flag is not named in its output"
 echo "job $bad_job FAILED (exit code $(field "$bad_job" ExitCode)) ($(elapsed))"
+# A worker without keys, on a node, while the encrypted job trains: its handshake fails, so
+# the scheduler never answers it (not a refusal the scheduler sends, such as a full job).
+wait_line "$dir/job-$main_job.out" 600 "epoch 1/3 +step"
+grep -q "encrypted (CURVE keys in $dir/curve)" "$dir/job-$main_job.out" || fail "job $main_job: not encrypted"
+sched=$(sed -n 's/.* scheduler \(tcp:[^,]*\),.*/\1/p' "$dir/job-$main_job.out" | head -1)
+[[ -n $sched ]] || fail "job $main_job: no scheduler address in its output"
+bash "$cluster" node "$dir" 1 timeout 300 "$bin/worker/adaps-worker" --scheduler="$sched" --mode=synthetic \
+  --register_timeout_ms=5000 >"$dir/plaintext.log" 2>&1
+rc=$?
+# shellcheck disable=SC2015  # either failing is the failure
+grep -qE "adaps-worker: [A-Z_]+: (scheduler at [^ ]+ unreachable|no cluster view from the scheduler)" "$dir/plaintext.log" &&
+  [[ $rc -eq 1 ]] || { tail -3 "$dir/plaintext.log"; fail "a plaintext worker was not refused by job $main_job (exit $rc)"; }
+echo "a plaintext worker was refused by the encrypted job $main_job ($(elapsed))"
 wait_state "$main_job" 1200 COMPLETED
 [[ $(field "$main_job" ExitCode) == 0:0 ]] || fail "job $main_job exit code $(field "$main_job" ExitCode)"
 a=$(acc "$main_job" 's/.*final: .* test_acc \([0-9.]*\) .*/\1/p')
 [[ -n $a ]] || fail "job $main_job printed no final accuracy"
 at_least "$a" 0.85 || fail "job $main_job: test accuracy $a < 0.85"
-echo "job $main_job COMPLETED: test_acc $a ($(elapsed))"
+echo "job $main_job (encrypted) COMPLETED: test_acc $a ($(elapsed))"
 if [[ -n $py_job ]]; then
   wait_state "$py_job" 1200 COMPLETED
   p=$(acc "$py_job" 's/.*final test accuracy \([0-9.]*\).*/\1/p')
@@ -186,4 +203,4 @@ b=$(acc "$loss_job" 's/.*final: .* test_acc \([0-9.]*\) .*/\1/p')
 at_least "$b" 0.80 || fail "job $loss_job: test accuracy $b < 0.80"
 echo "job $loss_job COMPLETED after $restarts requeue(s) on $(field "$loss_job" NodeList): test_acc $b ($(elapsed))"
 
-echo "PASSED: Slurm: main job test_acc $a${p:+, PyTorch job $p}; scancel stops every process; a lost node's job requeued and completed (test_acc $b); $(elapsed)"
+echo "PASSED: Slurm: main job (encrypted; a plaintext worker refused) test_acc $a${p:+, PyTorch job $p}; scancel stops every process; a lost node's job requeued and completed (test_acc $b); $(elapsed)"
