@@ -10,6 +10,9 @@
 #                       runs or can be started, and says SKIPPED with the reason otherwise)
 #   ADAPS_SLURM         0 skips the Slurm step (default 1: it runs as root where slurm-wlm,
 #                       munge and network namespaces are available, SKIPPED otherwise)
+#   ADAPS_FAULTS        0 skips the fault schedules (default 1: tests/faults/netns_faults.py
+#                       --short runs as root where network namespaces, tc and iptables work,
+#                       SKIPPED otherwise)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -47,6 +50,18 @@ if [[ ${ADAPS_SLURM:-1} != 0 ]]; then
     echo "== slurm: SKIPPED (the reason is above); the Slurm deployment was not tested"
   elif [[ $rc -ne 0 ]]; then
     echo "== slurm: FAILED"
+    exit 1
+  fi
+fi
+
+if [[ ${ADAPS_FAULTS:-1} != 0 ]]; then
+  echo "== faults (seeded partitions, loss and kills of a running job on network namespaces; tests/faults/netns_faults.py --short)"
+  rc=0
+  /usr/bin/python3 tests/faults/netns_faults.py --short --build "$build_dir" || rc=$?
+  if [[ $rc -eq 77 ]]; then
+    echo "== faults: SKIPPED (the reason is above); partitions and several faults at once were not tested"
+  elif [[ $rc -ne 0 ]]; then
+    echo "== faults: FAILED (a schedule's invariants did not hold: its seed, notes and logs are above)"
     exit 1
   fi
 fi
