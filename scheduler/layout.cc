@@ -1,13 +1,10 @@
-// The scheduler's tensor layouts and barriers: how a declared tensor is split into slices
-// over the servers, and when a barrier is released. Part of scheduler/scheduler.h.
+#include "scheduler/layout.h"
+
 #include <algorithm>
 #include <numeric>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "scheduler/scheduler.h"
-#include "scheduler/scheduler_metrics.h"
 
 namespace adaps {
 
@@ -47,99 +44,31 @@ absl::StatusOr<std::vector<SliceLayout>> SplitTensor(uint64_t length, uint32_t b
   return slices;
 }
 
-void Scheduler::OnBarrier(InMessage& in) {
-  ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  const msg::Envelope* env = in.envelope();
-  if (env->sender_role() != msg::Role::Worker || Authenticated(in) == nullptr) {
-    Reject(in, absl::FailedPreconditionError("barrier: not a known worker"),
-           metric_labels::kReasonUnknownNode);
-    return;
-  }
-  for (auto& n : nodes_) {
-    if (n.role == msg::Role::Worker && n.rank == env->sender_rank()) n.barrier_seen = true;
-  }
-  barriers_[env->body_as_Barrier()->seq()].push_back(
-      BarrierWaiter{in.route(), env->request_id(), env->sender_rank()});
-  ReleaseBarriers();
-}
+TensorLayouts::TensorLayouts(int num_servers, uint64_t split_threshold)
+    : split_threshold_(split_threshold), server_load_(num_servers, 0) {}
 
-void Scheduler::ReleaseBarriers() {
-  ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  if (!formed_) return;  // a restarted scheduler waits until every node is back
-  for (auto it = barriers_.begin(); it != barriers_.end();) {
-    int arrived = 0, expected = 0;
-    for (const auto& n : nodes_) {
-      if (n.role != msg::Role::Worker || !n.alive || n.left) continue;
-      if (n.first_barrier > it->first) continue;  // joined while the others waited here
-      if (!n.barrier_seen) continue;  // joined, and has not called a barrier yet
-      ++expected;
-      for (const auto& w : it->second) {
-        if (w.rank == n.rank) {
-          ++arrived;
-          break;
-        }
-      }
-    }
-    if (arrived >= expected) {
-      for (const auto& w : it->second) {
-        transport_->SendRoute(w.route, MakeAck(transport_->self(), w.request_id));
-      }
-      next_barrier_ = std::max(next_barrier_, it->first + 1);
-      it = barriers_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-void Scheduler::OnDeclare(InMessage& in) {
-  ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  const msg::Envelope* env = in.envelope();
-  const msg::DeclareTensor* d = env->body_as_DeclareTensor();
-  auto fail = [&](absl::Status s) {
-    Reject(in, s, s.code() == absl::StatusCode::kFailedPrecondition
-                      ? metric_labels::kReasonNotFormed
-                      : metric_labels::kReasonInvalid);
-  };
-  if (!formed_) return fail(absl::FailedPreconditionError("cluster not complete yet"));
-  if (d->name() == nullptr || d->name()->size() == 0) {
-    return fail(absl::InvalidArgumentError("tensor name is empty"));
-  }
-  // A stranger declaring a tensor first (with another length) would break the real one.
-  Node* sender = env->sender_role() == msg::Role::Worker ? Authenticated(in) : nullptr;
-  if (sender == nullptr) {
-    return Reject(in, absl::PermissionDeniedError("tensors are declared only by the job's workers"),
-                  metric_labels::kReasonForbidden);
-  }
-  // A joiner takes part in the steps from its first declaration (the servers count it from
-  // its declaration to them; a server restarted later, from its first view).
-  sender->stepping = true;
-  const std::string name = d->name()->str();
+absl::StatusOr<const TensorLayouts::Layout*> TensorLayouts::Declare(const std::string& name,
+                                                                     uint64_t length,
+                                                                     uint32_t bin_size,
+                                                                     bool* created) {
+  *created = false;
   auto it = layouts_.find(name);
   if (it == layouts_.end()) {
-    auto slices = SplitTensor(d->length(), d->bin_size(), config_.split_threshold, server_load_);
-    if (!slices.ok()) return fail(slices.status());
+    auto slices = SplitTensor(length, bin_size, split_threshold_, server_load_);
+    if (!slices.ok()) return slices.status();
     Layout layout;
     layout.tensor_id = static_cast<uint32_t>(layouts_.size());
-    layout.length = d->length();
-    layout.bin_size = d->bin_size();
+    layout.length = length;
+    layout.bin_size = bin_size;
     layout.slices = *std::move(slices);
     it = layouts_.emplace(name, std::move(layout)).first;
-    log_.get()->info("tensor '{}' ({} elements, bin {}) -> {} slice(s)", name, d->length(),
-                     d->bin_size(), it->second.slices.size());
-  } else if (it->second.length != d->length() || it->second.bin_size != d->bin_size()) {
-    return fail(absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", name, "' already declared with length ", it->second.length, " and bin size ",
-        it->second.bin_size, " (now ", d->length(), ", ", d->bin_size(), ")")));
+    *created = true;
+  } else if (it->second.length != length || it->second.bin_size != bin_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "' already declared with length ", it->second.length,
+        " and bin size ", it->second.bin_size, " (now ", length, ", ", bin_size, ")"));
   }
-  const Layout& layout = it->second;
-  flatbuffers::FlatBufferBuilder fbb(256);
-  std::vector<msg::Slice> slices;
-  for (const auto& s : layout.slices) slices.emplace_back(s.offset, s.length, s.server);
-  auto body = msg::CreateTensorLayout(fbb, layout.tensor_id, fbb.CreateString(name),
-                                      layout.length, layout.bin_size,
-                                      fbb.CreateVectorOfStructs(slices));
-  transport_->Reply(in, FinishEnvelope(fbb, transport_->self(), body, 0, env->request_id()));
+  return &it->second;
 }
 
 }  // namespace adaps

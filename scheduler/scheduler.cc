@@ -2,58 +2,25 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
-#include <random>
-#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "scheduler/scheduler_metrics.h"
 
 namespace adaps {
-namespace {
-
-// `bytes` random bytes from the OS (std::random_device), as lower-case hex.
-std::string RandomHex(int bytes) {
-  std::random_device rd;
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (int i = 0; i < bytes; ++i) {
-    const unsigned b = rd() & 0xff;
-    out.push_back(kHex[b >> 4]);
-    out.push_back(kHex[b & 15]);
-  }
-  return out;
-}
-
-}  // namespace
-}  // namespace adaps
-
-namespace adaps {
-
-absl::Status ValidateSchedulerConfig(const SchedulerConfig& c) {
-  ADAPS_RET_CHECK(c.num_servers >= 1, absl::StatusCode::kInvalidArgument,
-                  "num_servers must be at least 1");
-  ADAPS_RET_CHECK(c.num_workers >= 1, absl::StatusCode::kInvalidArgument,
-                  "num_workers must be at least 1");
-  ADAPS_RET_CHECK(c.max_workers == 0 || c.max_workers >= c.num_workers,
-                  absl::StatusCode::kInvalidArgument,
-                  absl::StrCat("max_workers (", c.max_workers, ") must be 0 or at least "
-                               "num_workers (", c.num_workers, ")"));
-  ADAPS_RET_CHECK(c.heartbeat_interval > absl::ZeroDuration(),
-                  absl::StatusCode::kInvalidArgument, "heartbeat interval must be positive");
-  ADAPS_RET_CHECK(c.dead_timeout > c.heartbeat_interval, absl::StatusCode::kInvalidArgument,
-                  "dead timeout must exceed the heartbeat interval");
-  ADAPS_RET_CHECK(!c.bind.empty(), absl::StatusCode::kInvalidArgument, "empty bind address");
-  return ValidateLogLevel(c.log_level);
-}
-
 
 Scheduler::Scheduler(SchedulerConfig config, std::shared_ptr<TransportContext> context,
                      Metrics* metrics)
     : config_(std::move(config)),
       job_id_(config_.job_id.empty() ? RandomHex(16) : config_.job_id),
-      log_("scheduler", config_.log_level) {
+      log_("scheduler", config_.log_level),
+      roster_(config_.num_servers, config_.num_workers, config_.max_workers,
+              config_.dead_timeout),
+      layouts_(config_.num_servers, config_.split_threshold),
+      restore_step_(config_.num_servers, roster_, log_),
+      server_optimizer_(roster_),
+      job_end_(config_.admin_token) {
   log_.SetRank(0);
   if (metrics == nullptr) {
     own_metrics_ = Metrics::Disabled();
@@ -76,7 +43,6 @@ Scheduler::Scheduler(SchedulerConfig config, std::shared_ptr<TransportContext> c
     transport_->AddTimer(absl::Milliseconds(500),
                          [this] { metrics_->UpdateTransport(transport_->stats()); });
   }
-  server_load_.assign(config_.num_servers, 0);
 }
 
 Scheduler::~Scheduler() { Stop(); }
@@ -95,16 +61,9 @@ absl::Status Scheduler::Start() {
 
 std::string Scheduler::endpoint() const { return transport_->bound_endpoint(); }
 
-absl::Status Scheduler::exit_status() const {
-  absl::MutexLock lock(&mu_);
-  return exit_status_;
-}
+absl::Status Scheduler::exit_status() const { return job_end_.exit_status(); }
 
-bool Scheduler::WaitForShutdown(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
-  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
-}
+bool Scheduler::WaitForShutdown(absl::Duration timeout) { return job_end_.Wait(timeout); }
 
 void Scheduler::Stop() { transport_->Stop(); }
 
@@ -117,41 +76,14 @@ void Scheduler::Reject(const InMessage& in, const absl::Status& status, const ch
 void Scheduler::UpdateNodeMetrics() {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
   for (msg::Role role : {msg::Role::Server, msg::Role::Worker}) {
-    SchedulerMetrics::NodeCounts counts;
-    for (const auto& n : nodes_) {
-      if (n.role != role) continue;
-      if (n.left) {
-        ++counts.left;
-      } else if (n.alive) {
-        ++counts.live;
-      } else {
-        ++counts.dead;
-      }
-    }
-    metrics_->SetNodes(role, counts);
+    metrics_->SetNodes(role, roster_.Counts(role));
   }
-}
-
-Scheduler::Node* Scheduler::FindNode(msg::Role role, int rank) {
-  ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  for (auto& n : nodes_) {
-    if (n.role == role && n.rank == rank && rank >= 0) return &n;
-  }
-  return nullptr;
 }
 
 Scheduler::Node* Scheduler::Authenticated(const InMessage& in) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  Node* node = FindNode(in.envelope()->sender_role(), in.envelope()->sender_rank());
-  return node != nullptr && node->route == in.route() ? node : nullptr;
-}
-
-int Scheduler::AliveWorkers() const {
-  int n = 0;
-  for (const auto& node : nodes_) {
-    n += node.role == msg::Role::Worker && node.alive && !node.left;
-  }
-  return n;
+  return roster_.Authenticated(in.envelope()->sender_role(), in.envelope()->sender_rank(),
+                               in.route());
 }
 
 void Scheduler::Handle(InMessage in) {
@@ -201,204 +133,100 @@ void Scheduler::OnRegister(InMessage& in) {
     return Reject(in, absl::InvalidArgumentError("a server must register its address"),
                   metric_labels::kReasonInvalid);
   }
-  const std::string optimizer = ServerOptimizerOf(*reg);
-  if (absl::Status st = CheckServerOptimizer(optimizer, identity); !st.ok()) {
+  const std::string optimizer = ServerOptimizerRule::Of(*reg);
+  if (absl::Status st = server_optimizer_.Check(optimizer, identity); !st.ok()) {
     return Reject(in, st, metric_labels::kReasonInvalid);
   }
   max_seen_epoch_ = std::max(max_seen_epoch_, reg->epoch());
-  if (!identity.empty() && Rejoin(in, identity, address)) return;
-  if (formed_) {
-    if (reg->role() == msg::Role::Worker && Join(in, identity)) return;
-    const bool elastic = config_.max_workers > config_.num_workers;
-    return Reject(
-        in,
-        absl::FailedPreconditionError(
-            reg->role() == msg::Role::Server
-                ? std::string("cluster already complete (every server rank is taken)")
-            : elastic ? absl::StrCat("cluster already complete: ", AliveWorkers(),
-                                     " live workers, --max_workers=", config_.max_workers)
-                      : absl::StrCat("cluster already complete: the job runs ",
-                                     config_.num_workers,
-                                     " workers (start the scheduler with --max_workers to let "
-                                     "workers join a running job)")),
-        metric_labels::kReasonClusterFull);
+  Node fresh;
+  fresh.role = reg->role();
+  fresh.address = address;
+  fresh.identity = identity;
+  fresh.route = in.route();
+  fresh.register_request = in.envelope()->request_id();
+  fresh.last_seen = absl::Now();
+  fresh.checkpoint_steps = RestoreStep::StepList(reg->checkpoint_steps());
+  fresh.optimizer = optimizer;
+  if (!identity.empty() && Rejoin(in, fresh)) return;
+  const Roster::Admission added =
+      roster_.Admit(std::move(fresh), reg->rank(), barriers_.FirstForJoiner());
+  using Outcome = Roster::Admission::Outcome;
+  if (added.outcome == Outcome::kRefused) {
+    return Reject(in, added.refusal, metric_labels::kReasonClusterFull);
   }
-  const int want =
-      reg->role() == msg::Role::Server ? config_.num_servers : config_.num_workers;
-  const int have = static_cast<int>(std::count_if(
-      nodes_.begin(), nodes_.end(), [&](const Node& n) { return n.role == reg->role(); }));
-  if (have >= want && reg->role() == msg::Role::Worker &&
-      config_.num_workers + static_cast<int>(early_joiners_.size()) < config_.max_workers) {
-    // Elastic: more workers than the job starts with came at once; they join once it forms.
+  if (added.outcome == Outcome::kHeld) {
     log_.get()->info("a worker beyond --num_workers={} registered before the job formed: it "
                      "joins once it has", config_.num_workers);
     early_joiners_.push_back(std::move(in));
     return;
   }
-  if (have >= want) {
-    return Reject(in,
-                  absl::FailedPreconditionError(absl::StrCat(
-                      "already have ", want, " ", msg::EnumNameRole(reg->role()), "s")),
-                  metric_labels::kReasonClusterFull);
-  }
-  // Before the job forms no node has been told its rank: a node that claims the rank it had
-  // before this scheduler started (a survivor of a scheduler restart) takes it from a fresh
-  // node given it meanwhile (a server restarted at the same time), which moves to a free one.
-  auto provisional = std::find_if(nodes_.begin(), nodes_.end(), [&](const Node& n) {
-    return n.role == reg->role() && n.rank == reg->rank() && reg->rank() >= 0 && !n.rank_claimed;
-  });
-  const bool moves = provisional != nodes_.end();
-  const size_t moved = moves ? provisional - nodes_.begin() : 0;
-  if (moves) nodes_[moved].rank = -1;
-  Node node;
-  node.role = reg->role();
-  node.rank = PickRank(reg->role(), reg->rank(), want);
-  node.rank_claimed = reg->rank() >= 0 && node.rank == reg->rank();
-  node.address = address;
-  node.identity = identity;
-  node.checkpoint_steps = StepList(reg->checkpoint_steps());
-  node.optimizer = optimizer;
-  if (node.role == msg::Role::Worker) node.secret = RandomHex(16);
-  node.route = in.route();
-  node.register_request = in.envelope()->request_id();
-  node.last_seen = absl::Now();
-  nodes_.push_back(node);
-  if (moves) {
-    Node& m = nodes_[moved];
-    m.rank = PickRank(m.role, -1, want);
-    log_.get()->info("{} {} claimed its rank back; the node registered before it at {} is {} {} "
-                     "now", msg::EnumNameRole(node.role), node.rank, m.address,
-                     msg::EnumNameRole(m.role), m.rank);
-  }
+  Node& node = *added.node;
   metrics_->Registered(node.role);
   UpdateNodeMetrics();
+  if (added.outcome == Outcome::kJoined) {
+    log_.get()->info("worker {} joined the running job ({} live workers, at most {})",
+                     node.rank, roster_.AliveWorkers(),
+                     std::max(config_.max_workers, config_.num_workers));
+    // The servers learn its rank and secret from this view before it can reach them (and a
+    // worker refused for a secret not seen yet asks again: worker/membership.cc).
+    BroadcastView();
+    return SendView(node, node.register_request, /*rejoined=*/true);
+  }
+  if (added.moved != nullptr) {
+    log_.get()->info("{} {} claimed its rank back; the node registered before it at {} is {} {} "
+                     "now", msg::EnumNameRole(node.role), node.rank, added.moved->address,
+                     msg::EnumNameRole(added.moved->role), added.moved->rank);
+  }
   log_.get()->info("{} {} registered{}{}", msg::EnumNameRole(node.role), node.rank,
                    address.empty() ? "" : " at ", address);
-  if (static_cast<int>(nodes_.size()) == config_.num_servers + config_.num_workers) Form();
+  if (roster_.complete()) Form();
 }
 
-bool Scheduler::Rejoin(const InMessage& in, const std::string& identity,
-                       const std::string& address) {
+bool Scheduler::Rejoin(const InMessage& in, const Node& fresh) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  const msg::Register* reg = in.envelope()->body_as_Register();
-  for (auto& n : nodes_) {
-    if (n.identity != identity || n.role != reg->role()) continue;
-    // A restarted node with a known identity gets its old rank back.
-    const bool moved = n.address != address;
-    n.route = in.route();
-    n.address = address;
-    n.checkpoint_steps = StepList(reg->checkpoint_steps());
-    if (std::string o = ServerOptimizerOf(*reg); !o.empty()) n.optimizer = std::move(o);
-    n.register_request = in.envelope()->request_id();
-    n.last_seen = absl::Now();
-    // (One that had left, e.g. a script that stopped its worker as it failed, is announced
-    // as one that died: the servers count it again only from the view that says it is back.)
-    const bool was_dead = !n.alive || n.left;
-    n.alive = true;
-    n.left = false;
-    metrics_->Registered(n.role);
-    UpdateNodeMetrics();
-    if (formed_) {
-      log_.get()->info("{} '{}' re-registered with rank {}", msg::EnumNameRole(n.role),
-                       identity, n.rank);
-      if (was_dead || moved) {
-        BroadcastView();  // includes n, but as an unsolicited view: answer it too
-      } else if (n.role == msg::Role::Server) {
-        // Restarted at the same address: workers cannot tell by the address. Show it
-        // dead, then alive, so they fail what the old process held and resynchronize.
-        n.alive = false;
-        BroadcastView();
-        n.alive = true;
-        BroadcastView();
-      }
-      SendView(n, in.envelope()->request_id(), /*rejoined=*/true);
-    }
-    return true;
-  }
-  return false;
-}
-
-bool Scheduler::Join(const InMessage& in, const std::string& identity) {
-  ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  const int bound = std::max(config_.max_workers, config_.num_workers);
-  if (AliveWorkers() >= bound) return false;
-  const msg::Register* reg = in.envelope()->body_as_Register();
-  Node node;
-  node.role = msg::Role::Worker;
-  node.rank = PickRank(msg::Role::Worker, reg->rank(), bound);
-  node.identity = identity;
-  node.secret = RandomHex(16);
-  node.route = in.route();
-  node.register_request = in.envelope()->request_id();
-  node.last_seen = absl::Now();
-  // The barriers the others wait at now complete without it; it meets them at the next.
-  node.first_barrier = next_barrier_;
-  if (!barriers_.empty()) {
-    node.first_barrier = std::max(node.first_barrier, barriers_.rbegin()->first + 1);
-  }
-  node.barrier_seen = false;
-  node.stepping = false;
-  nodes_.push_back(node);
-  metrics_->Registered(node.role);
+  const Roster::Rejoined r = roster_.Rejoin(fresh);
+  if (r.node == nullptr) return false;
+  Node& n = *r.node;
+  metrics_->Registered(n.role);
   UpdateNodeMetrics();
-  log_.get()->info("worker {} joined the running job ({} live workers, at most {})", node.rank,
-                   AliveWorkers(), bound);
-  // The servers learn its rank and secret from this view before it can reach them (and a
-  // worker refused for a secret not seen yet asks again: worker/membership.cc).
-  BroadcastView();
-  SendView(nodes_.back(), node.register_request, /*rejoined=*/true);
+  if (roster_.formed()) {
+    log_.get()->info("{} '{}' re-registered with rank {}", msg::EnumNameRole(n.role),
+                     n.identity, n.rank);
+    if (r.was_dead || r.moved) {
+      BroadcastView();  // includes n, but as an unsolicited view: answer it too
+    } else if (n.role == msg::Role::Server) {
+      // Restarted at the same address: workers cannot tell by the address. Show it
+      // dead, then alive, so they fail what the old process held and resynchronize.
+      n.alive = false;
+      BroadcastView();
+      n.alive = true;
+      BroadcastView();
+    }
+    SendView(n, in.envelope()->request_id(), /*rejoined=*/true);
+  }
   return true;
-}
-
-int Scheduler::WorkerRanks() const {
-  int ranks = config_.num_workers;
-  for (const auto& n : nodes_) {
-    if (n.role == msg::Role::Worker) ranks = std::max(ranks, n.rank + 1);
-  }
-  return ranks;
-}
-
-int Scheduler::PickRank(msg::Role role, int claimed, int want) const {
-  // A node re-registering with a restarted scheduler keeps the rank it had.
-  if (claimed >= 0 && claimed < want &&
-      std::none_of(nodes_.begin(), nodes_.end(), [&](const Node& n) {
-        return n.role == role && n.rank == claimed;
-      })) {
-    return claimed;
-  }
-  std::set<int> taken;
-  for (const auto& n : nodes_) {
-    if (n.role == role) taken.insert(n.rank);
-  }
-  int rank = 0;
-  while (taken.count(rank)) ++rank;
-  return rank;
 }
 
 void Scheduler::Form() {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  formed_ = true;
+  roster_.Form(absl::Now());
   metrics_->Formed();
   epoch_ = max_seen_epoch_ + 1;
   log_.get()->info("cluster complete: {} servers, {} workers", config_.num_servers,
                    config_.num_workers);
-  const absl::Time now = absl::Now();
-  for (auto& n : nodes_) {
-    n.last_seen = now;
-    SendView(n, n.register_request);
-  }
+  for (auto& n : roster_.nodes()) SendView(n, n.register_request);
   ReleaseBarriers();
   std::vector<InMessage> early = std::move(early_joiners_);
   early_joiners_.clear();
   for (InMessage& in : early) OnRegister(in);  // formed now: each joins (or is refused)
 }
 
-void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
+void Scheduler::SendView(Node& node, uint64_t reply_to, bool rejoined) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
   flatbuffers::FlatBufferBuilder fbb(1024);
   std::vector<flatbuffers::Offset<msg::NodeInfo>> infos;
   std::vector<flatbuffers::Offset<flatbuffers::String>> secrets;
-  for (const auto& n : nodes_) {
+  for (const auto& n : roster_.nodes()) {
     infos.push_back(msg::CreateNodeInfo(fbb, n.role, n.rank, fbb.CreateString(n.address),
                                         fbb.CreateString(n.identity), n.alive && !n.left,
                                         n.stepping, fbb.CreateString(n.optimizer)));
@@ -410,11 +238,11 @@ void Scheduler::SendView(const Node& node, uint64_t reply_to, bool rejoined) {
   auto worker_secrets = fbb.CreateVector(secrets);
   // A server restores the latest step checkpoint every server has: one step across shards.
   const uint64_t restore_step =
-      node.role == msg::Role::Server ? RestoreStepFor(node, /*answering=*/reply_to != 0) : 0;
+      node.role == msg::Role::Server ? restore_step_.For(node, /*answering=*/reply_to != 0) : 0;
   auto body = msg::CreateClusterView(
-      fbb, node.rank, config_.num_servers, WorkerRanks(), epoch_, fbb.CreateVector(infos),
+      fbb, node.rank, config_.num_servers, roster_.WorkerRanks(), epoch_, fbb.CreateVector(infos),
       static_cast<uint32_t>(absl::ToInt64Milliseconds(config_.heartbeat_interval)), rejoined,
-      std::max(next_barrier_, node.first_barrier), fbb.CreateString(job_id_), secret,
+      std::max(barriers_.next(), node.first_barrier), fbb.CreateString(job_id_), secret,
       worker_secrets, restore_step);
   transport_->SendRoute(node.route,
                         FinishEnvelope(fbb, transport_->self(), body, 0, reply_to));
@@ -427,11 +255,8 @@ void Scheduler::BroadcastViewSoon() {
   view_broadcast_posted_ = true;
   const bool posted = transport_->Post([this] {
     view_broadcast_posted_ = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (done_) return;  // the cluster was shut down meanwhile
-    }
-    if (AliveWorkers() > 0) BroadcastView();
+    if (job_end_.ended()) return;  // the cluster was shut down meanwhile
+    if (roster_.AliveWorkers() > 0) BroadcastView();
   });
   if (!posted) view_broadcast_posted_ = false;  // stopping: nobody to tell
 }
@@ -439,7 +264,7 @@ void Scheduler::BroadcastViewSoon() {
 void Scheduler::BroadcastView() {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
   ++epoch_;
-  for (const auto& n : nodes_) {
+  for (auto& n : roster_.nodes()) {
     if (n.alive && !n.left) SendView(n, 0);
   }
 }
@@ -447,92 +272,126 @@ void Scheduler::BroadcastView() {
 void Scheduler::OnHeartbeat(InMessage& in) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const msg::Envelope* env = in.envelope();
-  Node* claimed = FindNode(env->sender_role(), env->sender_rank());
-  Node* node = Authenticated(in);
-  if (claimed != nullptr && node == nullptr && !formed_ && !claimed->rank_claimed) {
-    // A node that had this rank before this scheduler started, while a fresh node holds it
-    // provisionally (nobody has been told a rank yet): its claim will win; register.
-    Reject(in, absl::FailedPreconditionError("register again: ranks are settled when the job forms"),
-           metric_labels::kReasonUnknownNode);
+  const absl::StatusOr<Node*> from =
+      roster_.FromHeartbeat(env->sender_role(), env->sender_rank(), in.route());
+  if (from.status().code() == absl::StatusCode::kAborted) {
+    // Declared dead for good: told so, not counted as a rejected message.
+    transport_->Reply(in, MakeError(transport_->self(), env->request_id(), from.status()));
     return;
   }
-  if (claimed != nullptr && node == nullptr) {
-    // Someone else claims a registered node's rank: refuse, and keep the node's route.
-    Reject(in,
-           absl::PermissionDeniedError(absl::StrCat("heartbeat for ",
-                                                    msg::EnumNameRole(claimed->role), " ",
-                                                    claimed->rank, " from another connection")),
-           metric_labels::kReasonForbidden);
-    return;
+  if (!from.ok()) {
+    return Reject(in, from.status(),
+                  from.status().code() == absl::StatusCode::kPermissionDenied
+                      ? metric_labels::kReasonForbidden
+                      : metric_labels::kReasonUnknownNode);
   }
-  if (node != nullptr && !node->alive && node->identity.empty()) {
-    // It was declared dead and cannot take its rank back (no identity): tell it so.
-    transport_->Reply(in, MakeError(transport_->self(), env->request_id(),
-                                    absl::AbortedError(absl::StrCat(
-                                        "this node was declared dead after ",
-                                        absl::FormatDuration(config_.dead_timeout),
-                                        " of silence; the cluster went on without it"))));
-    return;
-  }
-  if (node == nullptr || !node->alive) {
-    Reject(in, absl::FailedPreconditionError("unknown or dead node; register again"),
-           metric_labels::kReasonUnknownNode);
-    return;
-  }
+  Node* node = *from;
   node->last_seen = absl::Now();
   if (node->role == msg::Role::Server) {
-    node->checkpoint_steps = StepList(env->body_as_Heartbeat()->checkpoint_steps());
+    node->checkpoint_steps = RestoreStep::StepList(env->body_as_Heartbeat()->checkpoint_steps());
   } else {
     const float norm = env->body_as_Heartbeat()->residue_norm();
     node->residue_norm = std::isfinite(norm) && norm >= 0 ? norm : -1.0f;
   }
   flatbuffers::FlatBufferBuilder fbb(64);
   auto body = msg::CreateHeartbeatAck(fbb, epoch_,
-                                      node->role == msg::Role::Server ? CommonStep() : 0);
+                                      node->role == msg::Role::Server ? restore_step_.Common() : 0);
   transport_->Reply(in, FinishEnvelope(fbb, transport_->self(), body, 0, env->request_id()));
 }
 
 void Scheduler::CheckHeartbeats() {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  if (!formed_) return;
+  if (!roster_.formed()) return;
   const absl::Time now = absl::Now();
-  bool changed = false;
-  for (auto& n : nodes_) {
-    if (n.alive && !n.left && now - n.last_seen > config_.dead_timeout) {
-      n.alive = false;
-      changed = true;
-      log_.get()->warn("{} {} silent for {}: declared dead", msg::EnumNameRole(n.role), n.rank,
-                       absl::FormatDuration(now - n.last_seen));
-      if (n.role == msg::Role::Worker && n.residue_norm >= 0) {
-        // What its error feedback held back is gone with it (Worker::Leave would have sent it).
-        log_.get()->warn("worker {} took residues of L2 norm {:.6g} with it (its last heartbeat)",
-                         n.rank, n.residue_norm);
-        metrics_->LostResidue(n.residue_norm);
-        n.residue_norm = -1.0f;  // counted once, even if it comes back and dies again silent
-      }
+  const std::vector<Node*> dead = roster_.DeclareSilentDead(now);
+  for (Node* n : dead) {
+    log_.get()->warn("{} {} silent for {}: declared dead", msg::EnumNameRole(n->role), n->rank,
+                     absl::FormatDuration(now - n->last_seen));
+    if (n->role == msg::Role::Worker && n->residue_norm >= 0) {
+      // What its error feedback held back is gone with it (Worker::Leave would have sent it).
+      log_.get()->warn("worker {} took residues of L2 norm {:.6g} with it (its last heartbeat)",
+                       n->rank, n->residue_norm);
+      metrics_->LostResidue(n->residue_norm);
+      n->residue_norm = -1.0f;  // counted once, even if it comes back and dies again silent
     }
   }
-  if (changed) {
-    UpdateNodeMetrics();
-    // Fail policy: stop before telling anyone the worker is gone, so that no server
-    // completes a step without it.
-    if (config_.on_worker_death == SchedulerConfig::OnWorkerDeath::kFail) {
-      for (const auto& n : nodes_) {
-        if (n.role == msg::Role::Worker && !n.alive && !n.left) {
-          ShutdownCluster(absl::StrCat("worker ", n.rank, " died (--on_worker_death=fail)"),
-                          absl::StatusCode::kAborted);
-          return;
-        }
-      }
+  if (dead.empty()) return;
+  UpdateNodeMetrics();
+  // Fail policy: stop before telling anyone the worker is gone, so that no server completes
+  // a step without it.
+  if (config_.on_worker_death == SchedulerConfig::OnWorkerDeath::kFail) {
+    if (const Node* w = roster_.DeadWorker(); w != nullptr) {
+      ShutdownCluster({absl::StrCat("worker ", w->rank, " died (--on_worker_death=fail)"),
+                       absl::StatusCode::kAborted});
+      return;
     }
-    BroadcastView();
-    ReleaseBarriers();
-    MaybeShutdown();
+  }
+  BroadcastView();
+  ReleaseBarriers();
+  MaybeShutdown();
+}
+
+void Scheduler::OnBarrier(InMessage& in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
+  const msg::Envelope* env = in.envelope();
+  Node* node = env->sender_role() == msg::Role::Worker ? Authenticated(in) : nullptr;
+  if (node == nullptr) {
+    Reject(in, absl::FailedPreconditionError("barrier: not a known worker"),
+           metric_labels::kReasonUnknownNode);
+    return;
+  }
+  node->barrier_seen = true;
+  barriers_.Arrive(env->body_as_Barrier()->seq(),
+                   Barriers::Waiter{in.route(), env->request_id(), env->sender_rank()});
+  ReleaseBarriers();
+}
+
+void Scheduler::ReleaseBarriers() {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
+  if (!roster_.formed()) return;  // a restarted scheduler waits until every node is back
+  for (const Barriers::Waiter& w : barriers_.Release(roster_.nodes())) {
+    transport_->SendRoute(w.route, MakeAck(transport_->self(), w.request_id));
   }
 }
 
-
-
+void Scheduler::OnDeclare(InMessage& in) {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
+  const msg::Envelope* env = in.envelope();
+  const msg::DeclareTensor* d = env->body_as_DeclareTensor();
+  auto fail = [&](absl::Status s) {
+    Reject(in, s, s.code() == absl::StatusCode::kFailedPrecondition
+                      ? metric_labels::kReasonNotFormed
+                      : metric_labels::kReasonInvalid);
+  };
+  if (!roster_.formed()) return fail(absl::FailedPreconditionError("cluster not complete yet"));
+  if (d->name() == nullptr || d->name()->size() == 0) {
+    return fail(absl::InvalidArgumentError("tensor name is empty"));
+  }
+  // A stranger declaring a tensor first (with another length) would break the real one.
+  Node* sender = env->sender_role() == msg::Role::Worker ? Authenticated(in) : nullptr;
+  if (sender == nullptr) {
+    return Reject(in, absl::PermissionDeniedError("tensors are declared only by the job's workers"),
+                  metric_labels::kReasonForbidden);
+  }
+  // A joiner takes part in the steps from its first declaration (the servers count it from
+  // its declaration to them; a server restarted later, from its first view).
+  sender->stepping = true;
+  const std::string name = d->name()->str();
+  bool created = false;
+  auto layout = layouts_.Declare(name, d->length(), d->bin_size(), &created);
+  if (!layout.ok()) return fail(layout.status());
+  if (created) {
+    log_.get()->info("tensor '{}' ({} elements, bin {}) -> {} slice(s)", name, d->length(),
+                     d->bin_size(), (*layout)->slices.size());
+  }
+  flatbuffers::FlatBufferBuilder fbb(256);
+  std::vector<msg::Slice> slices;
+  for (const auto& s : (*layout)->slices) slices.emplace_back(s.offset, s.length, s.server);
+  auto body = msg::CreateTensorLayout(fbb, (*layout)->tensor_id, fbb.CreateString(name),
+                                      (*layout)->length, (*layout)->bin_size,
+                                      fbb.CreateVectorOfStructs(slices));
+  transport_->Reply(in, FinishEnvelope(fbb, transport_->self(), body, 0, env->request_id()));
+}
 
 void Scheduler::OnLeave(InMessage& in) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
@@ -561,69 +420,37 @@ void Scheduler::OnLeave(InMessage& in) {
 void Scheduler::OnShutdownRequest(InMessage& in) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
   const msg::Shutdown* sd = in.envelope()->body_as_Shutdown();
-  const std::string token = sd->token() ? sd->token()->str() : "";
-  if (config_.admin_token.empty() || token != config_.admin_token) {
-    const absl::Status refused = absl::PermissionDeniedError(
-        config_.admin_token.empty()
-            ? "this scheduler accepts no Shutdown requests (start it with --admin_token)"
-            : "Shutdown refused: wrong or missing token");
-    if (in.envelope()->request_id()) {
-      Reject(in, refused, metric_labels::kReasonForbidden);
-    } else {
-      metrics_->Rejected(metric_labels::kReasonForbidden);
-    }
-    return;
+  const uint64_t request = in.envelope()->request_id();
+  if (absl::Status st = job_end_.CheckOperator(sd->token() ? sd->token()->str() : "");
+      !st.ok()) {
+    if (request) return Reject(in, st, metric_labels::kReasonForbidden);
+    return metrics_->Rejected(metric_labels::kReasonForbidden);
   }
-  if (in.envelope()->request_id()) {
-    transport_->Reply(in, MakeAck(transport_->self(), in.envelope()->request_id()));
-  }
-  const std::string reason = sd->reason() ? sd->reason()->str() : "";
-  const int code = sd->code();
+  if (request) transport_->Reply(in, MakeAck(transport_->self(), request));
   ShutdownCluster(
-      absl::StrCat("an operator requested shutdown", reason.empty() ? "" : ": ", reason),
-      code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
-          ? static_cast<absl::StatusCode>(code)
-          : absl::StatusCode::kOk);
+      JobEnd::OperatorRequested(sd->reason() ? sd->reason()->str() : "", sd->code()));
 }
 
 void Scheduler::MaybeShutdown() {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  if (!formed_ || AliveWorkers() > 0) return;
-  // Completed only if no node is still dead (one that came back with its identity is not).
-  std::string dead;
-  for (const auto& n : nodes_) {
-    if (n.alive || n.left) continue;
-    absl::StrAppend(&dead, dead.empty() ? "" : ", ", msg::EnumNameRole(n.role), " ", n.rank);
-  }
-  if (!dead.empty()) {
-    return ShutdownCluster(
-        absl::StrCat("every worker has left, but the job did not complete: ", dead,
-                     " declared dead"),
-        absl::StatusCode::kAborted);
-  }
-  ShutdownCluster("every worker has left");
+  if (auto end = JobEnd::WhenNoWorkerIsLive(roster_)) ShutdownCluster(*end);
 }
 
-void Scheduler::ShutdownCluster(const std::string& reason, absl::StatusCode code) {
+void Scheduler::ShutdownCluster(const JobEnd::Reason& end) {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  {
-    absl::MutexLock lock(&mu_);
-    if (done_) return;
-  }
-  if (code == absl::StatusCode::kOk) {
-    log_.get()->info("shutting down the cluster: {}", reason);
+  if (job_end_.ended()) return;
+  if (end.code == absl::StatusCode::kOk) {
+    log_.get()->info("shutting down the cluster: {}", end.text);
   } else {
-    log_.get()->error("shutting down the cluster: {}", reason);
+    log_.get()->error("shutting down the cluster: {}", end.text);
   }
-  for (const auto& n : nodes_) {
+  for (const auto& n : roster_.nodes()) {
     if (!n.alive) continue;
     flatbuffers::FlatBufferBuilder fbb(128);
-    auto body = msg::CreateShutdown(fbb, fbb.CreateString(reason), static_cast<int>(code));
+    auto body = msg::CreateShutdown(fbb, fbb.CreateString(end.text), static_cast<int>(end.code));
     transport_->SendRoute(n.route, FinishEnvelope(fbb, transport_->self(), body, 0, 0));
   }
-  absl::MutexLock lock(&mu_);
-  done_ = true;
-  if (code != absl::StatusCode::kOk) exit_status_ = absl::Status(code, reason);
+  job_end_.End(end);
 }
 
 }  // namespace adaps

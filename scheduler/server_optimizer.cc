@@ -1,19 +1,20 @@
-// The scheduler's check of the servers' --optimizer (Register.optimizer): it goes into every
-// cluster view, where workers read what a pull answers (a mean gradient, or parameters).
+#include "scheduler/server_optimizer.h"
+
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/optimizer.h"
-#include "scheduler/scheduler.h"
 
 namespace adaps {
 
-std::string Scheduler::ServerOptimizerOf(const msg::Register& reg) {
+ServerOptimizerRule::ServerOptimizerRule(const Roster& roster) : roster_(roster) {}
+
+std::string ServerOptimizerRule::Of(const msg::Register& reg) {
   return reg.role() == msg::Role::Server && reg.optimizer() ? reg.optimizer()->str() : "";
 }
 
-absl::Status Scheduler::CheckServerOptimizer(const std::string& optimizer,
-                                             const std::string& identity) const {
+absl::Status ServerOptimizerRule::Check(const std::string& optimizer,
+                                        const std::string& identity) const {
   if (optimizer.empty()) return absl::OkStatus();
   // A name the servers know, or nothing: it goes into every view.
   if (!ParseOptimizerKind(optimizer).ok()) {
@@ -23,7 +24,7 @@ absl::Status Scheduler::CheckServerOptimizer(const std::string& optimizer,
         ": expected sum, mean, sgd, momentum, nesterov or adam"));
   }
   // One job, one optimizer. (A restarted server is compared with the others.)
-  for (const auto& n : nodes_) {
+  for (const auto& n : roster_.nodes()) {
     if (n.role != msg::Role::Server || n.optimizer.empty() || n.optimizer == optimizer ||
         (!identity.empty() && n.identity == identity)) {
       continue;
