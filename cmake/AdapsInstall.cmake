@@ -37,7 +37,7 @@ install(FILES ${PROJECT_SOURCE_DIR}/worker/include/adaps/worker.h
               ${PROJECT_SOURCE_DIR}/worker/include/adaps/adaps_c.h
               ${PROJECT_SOURCE_DIR}/worker/include/adaps/local_steps.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/adaps)
-install(TARGETS adaps-scheduler adaps-server adaps-worker
+install(TARGETS adaps-scheduler adaps-server adaps-worker adaps-keygen
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 set(ADAPS_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/adaps)

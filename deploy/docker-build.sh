@@ -11,5 +11,5 @@ prefix=${2:?install prefix}
 bash deploy/install-deps.sh build
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DADAPS_CUDA=OFF \
   -DADAPS_BUILD_TESTS=OFF -DADAPS_BUILD_BENCH=OFF
-ninja -C "$build_dir" adaps-scheduler adaps-server adaps-worker adaps_worker_shared adaps_python
+ninja -C "$build_dir" adaps-scheduler adaps-server adaps-worker adaps-keygen adaps_worker_shared adaps_python
 cmake --install "$build_dir" --prefix "$prefix"

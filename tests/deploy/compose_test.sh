@@ -4,8 +4,10 @@
 #     2 servers and 4 workers, each with a health check that tests the process (its port,
 #     or a worker's ready file) and a bounded restart policy that leaves a finished job
 #     down; .dockerignore keeps build folders and .git out of the build context;
-#  2. every ADAPS_* variable it sets names a flag of that role's executable, and so does
-#     every flag of the training recipe (deploy/recipe.flags), which the image carries;
+#     deploy/docker-compose.curve.yml gives each role only its CURVE keys, read-only;
+#  2. every ADAPS_* variable it sets (with the CURVE override too) names a flag of that
+#     role's executable, and so does every flag of the training recipe (deploy/recipe.flags),
+#     which the image carries;
 #  3. the Dockerfile's build steps: the same install script and install rules
 #     (deploy/docker-build.sh) -- install-deps.sh build succeeds, the targets it builds
 #     exist, `cmake --install` of this build yields the executables and the Python module;
@@ -63,7 +65,35 @@ for name, svc in cfg["services"].items():
 print("compose: restart policies bounded, health checks test ports and ready files")
 PY
 
-echo "== 1b. .dockerignore keeps build folders and .git out of the context"
+echo "== 1b. the encrypted override (deploy/docker-compose.curve.yml) gives each role its keys"
+curve_config=$(ADAPS_CURVE_DIR=/keys docker-compose -f "$compose" -f "$repo/deploy/docker-compose.curve.yml" config 2>&1) ||
+  fail "docker-compose config with the CURVE override: $curve_config"
+curve_json=$(/usr/bin/python3 -c 'import sys, yaml, json; print(json.dumps(yaml.safe_load(sys.stdin)))' <<<"$curve_config") ||
+  fail "cannot read the CURVE compose config as YAML"
+/usr/bin/python3 - "$curve_json" <<'PY' || exit 1
+import json, sys
+cfg = json.loads(sys.argv[1])
+want = {"scheduler": {"ADAPS_CURVE_SERVER_KEY": "server.key", "ADAPS_CURVE_ALLOWED_CLIENTS": "allowed_clients"},
+        "server": {"ADAPS_CURVE_SERVER_KEY": "server.key", "ADAPS_CURVE_CLIENT_KEY": "client.key",
+                   "ADAPS_CURVE_ALLOWED_CLIENTS": "allowed_clients"},
+        "worker": {"ADAPS_CURVE_SERVER_KEY": "server.pub", "ADAPS_CURVE_CLIENT_KEY": "client.key"}}
+for name, svc in cfg["services"].items():
+    env = svc["environment"]
+    curve = {k: v for k, v in env.items() if k.startswith("ADAPS_CURVE_")}
+    mounts = {v["target"]: v for v in svc.get("volumes", []) if isinstance(v, dict) and v.get("type") == "bind"}
+    need = want[env["ADAPS_ROLE"]]
+    if set(curve) != set(need):
+        sys.exit(f"FAILED: {name}: CURVE variables {sorted(curve)}, want {sorted(need)}")
+    for var, f in need.items():
+        m = mounts.get(curve[var])
+        if not curve[var].endswith("/" + f) or not m or m["source"] != "/keys/" + f or not m.get("read_only"):
+            sys.exit(f"FAILED: {name}: {var}={curve[var]} is not /keys/{f} mounted read-only")
+    if len(mounts) != len(need):
+        sys.exit(f"FAILED: {name} mounts {sorted(m['source'] for m in mounts.values())}: only its own keys")
+print("compose curve: every service gets its role's keys, read-only; workers no server secret")
+PY
+
+echo "== 1c. .dockerignore keeps build folders and .git out of the context"
 /usr/bin/python3 - "$repo" "$build" <<'PY' || exit 1
 import os, re, subprocess, sys
 repo, build = sys.argv[1], sys.argv[2]
@@ -100,7 +130,7 @@ PY
 echo "== 2. ADAPS_* variables name real flags"
 for role in scheduler server worker; do
   help=$("$build/$role/adaps-$role" --helpfull 2>&1)
-  vars=$(/usr/bin/python3 - "$json" "$role" <<'PY'
+  vars=$(/usr/bin/python3 - "$curve_json" "$role" <<'PY'
 import json, sys
 cfg, role = json.loads(sys.argv[1]), sys.argv[2]
 names = set()
@@ -146,7 +176,7 @@ done
 prefix=$(mktemp -d)
 trap 'rm -rf "$prefix"' EXIT
 cmake --install "$build" --prefix "$prefix" >/dev/null || fail "cmake --install failed"
-for f in bin/adaps-scheduler bin/adaps-server bin/adaps-worker; do
+for f in bin/adaps-scheduler bin/adaps-server bin/adaps-worker bin/adaps-keygen; do
   [[ -x $prefix/$f ]] || fail "$f not installed"
 done
 module=$(find "$prefix" -name '_core*.so' | head -1)

@@ -10,9 +10,12 @@
 #  4. run 1: `up` trains the main command's recipe and ends by itself: every container exits
 #     0, the workers' final test accuracy is the main command's (ACC_LO..ACC_HI), each server
 #     wrote its checkpoint (its log and its volume);
-#  5. run 2: server0's process is killed (SIGKILL, a crash: docker's restart policy applies)
-#     mid-training, after a checkpoint of the model; the container restarts, restores the
-#     checkpoint and the job still ends with every container exiting 0.
+#  5. run 2, encrypted (deploy/docker-compose.curve.yml, keys made by deploy/curve-keys.sh
+#     with the image's adaps-keygen): a plaintext worker container on the job's network is
+#     refused (exit 1, no cluster view); server0's process is killed (SIGKILL, a crash:
+#     docker's restart policy applies) mid-training, after a checkpoint of the model; the
+#     container restarts, restores the checkpoint and the job still ends with every
+#     container exiting 0.
 # Each run is its own compose project (adaps-test-<time>-<pid>-<run>), taken down with its
 # volumes (`down -v`) whatever happens. Every wait has a deadline.
 #   tests/deploy/docker_test.sh
@@ -135,14 +138,14 @@ logs() { timeout 60 docker logs "$(awk -v s="$2" '$2 == s {print $1}' "$work/$1.
 # (Not `logs | grep -q`: grep's early exit kills `docker logs` with SIGPIPE, and pipefail then
 # says no match.)
 logged() { logs "$1" "$2" >"$work/logged" && grep -qE -- "$3" "$work/logged"; }
-# up PROJECT [COMPOSE OVERRIDE FILE]: starts the job (detached; `up` itself waits for the
+# up PROJECT [COMPOSE OVERRIDE FILE...]: starts the job (detached; `up` itself waits for the
 # scheduler's and servers' health checks before starting what depends on them).
 up() {
-  local p=$1
+  local p=$1 f
   compose_files=(-f "$compose_file")
   [[ -n $override ]] && compose_files+=(-f "$override")
   [[ -s $work/image.yml ]] && compose_files+=(-f "$work/image.yml")
-  [[ -n ${2:-} ]] && compose_files+=(-f "$2")
+  for f in "${@:2}"; do compose_files+=(-f "$f"); done
   projects+=("$p")
   timeout 600 docker-compose -p "$p" "${compose_files[@]}" up -d --no-build >"$work/$p.up.log" 2>&1 ||
     { cat "$work/$p.up.log"; fail "$p: docker-compose up (exit or 600 s timeout)"; }
@@ -240,7 +243,10 @@ for s in server0 server1; do
   say "$s wrote $(wc -l <<<"$found") checkpoint file(s) to its volume: $(tr "\n" " " <<<"$found")"
 done
 
-echo "== docker 5. run 2: a killed server restarts from its checkpoint, the job ends with 0"
+echo "== docker 5. run 2, encrypted (CURVE): a plaintext worker is refused; a killed server restarts from its checkpoint, the job ends with 0"
+# The keys as an operator makes them: with the image's adaps-keygen, owned by its user.
+bash deploy/curve-keys.sh "$work/curve" --image "$image" || fail "run 2: deploy/curve-keys.sh"
+export ADAPS_CURVE_DIR=$work/curve
 cat >"$work/override.yml" <<'EOF'
 version: "3.8"
 services:
@@ -253,7 +259,15 @@ services:
 EOF
 t=$(date +%s)
 p2=$project-2
-up "$p2" "$work/override.yml"
+up "$p2" "$work/override.yml" deploy/docker-compose.curve.yml
+# A worker without keys on the job's network: its handshake fails, so the scheduler never
+# answers it and it gives up registering (exit 1), while the encrypted job goes on.
+sched=$(awk '$2 == "scheduler" {print $1}' "$work/$p2.containers")
+net=$(docker inspect -f '{{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{end}}' "$sched" | awk '{print $1}')
+[[ -n $net ]] || fail "run 2: the scheduler's container has no network"
+timeout 300 docker run --rm --network "$net" -e ADAPS_ROLE=worker -e ADAPS_SCHEDULER=tcp://scheduler:5510 \
+  -e ADAPS_REGISTER_TIMEOUT_MS=5000 "$image" >"$work/plaintext.log" 2>&1 &
+plaintext=$!
 # Training has started (every tensor declared) once a worker reports a step; a checkpoint
 # after that holds server0's whole shard. The job takes a minute or more: no race with its end.
 deadline=$(( $(date +%s) + 300 ))
@@ -274,9 +288,21 @@ pid=$(docker inspect -f '{{.State.Pid}}' "$s0")
 # Not `docker kill`: Docker takes that for a stop by hand and does not restart the container.
 kill -KILL "$pid" || fail "run 2: cannot kill server0's process $pid"
 say "run 2: killed server0 (pid $pid) at $(elapsed "$t")s, after its checkpoint"
+wait "$plaintext"
+rc=$?
+# Never answered (the handshake fails): not a refusal the scheduler sends, such as a full job.
+refused="adaps-worker: [A-Z_]+: (scheduler at [^ ]+ unreachable|no cluster view from the scheduler)"
+# shellcheck disable=SC2015  # either failing is the failure
+grep -qE "$refused" "$work/plaintext.log" && [[ $rc -eq 1 ]] ||
+  { tail -5 "$work/plaintext.log"; fail "run 2: a plaintext worker was not refused by the encrypted cluster (exit $rc)"; }
+say "run 2: a plaintext worker was refused (exit 1: $(grep -oE "$refused" "$work/plaintext.log" | head -1))"
 wait_end "$p2"
 t_run2=$(elapsed "$t")
 check_exits "$p2"
+for s in scheduler server0 server1 worker0 worker1 worker2 worker3; do
+  logged "$p2" "$s" "effective config: .*curve_server_key=/etc/adaps/curve/" ||
+    fail "run 2: $s did not run with CURVE keys"
+done
 say "run 2 ended in ${t_run2}s; service:exit:restarts $exits"
 [[ $exits == *"server0:0:"[1-9]* ]] || { dump "$p2"; fail "run 2: server0 was not restarted"; }
 logged "$p2" server0 "restored [0-9]+ slices from|restored at step" ||
@@ -284,5 +310,5 @@ logged "$p2" server0 "restored [0-9]+ slices from|restored at step" ||
 final=$(final_line "$p2")
 [[ -n $final ]] || { dump "$p2"; fail "run 2: the job did not finish training"; }
 echo "$final"
-say "PASSED: base images ${t_base}s, build ${t_build}s, run 1 ${t_run1}s, run 2 ${t_run2}s," \
+say "PASSED: base images ${t_base}s, build ${t_build}s, run 1 ${t_run1}s, run 2 (encrypted) ${t_run2}s," \
   "in all $(elapsed "$t_start")s"
