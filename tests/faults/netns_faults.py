@@ -38,7 +38,7 @@ Invariants checked at the end of every run:
 
 Usage (as root, from the repository root; build/ must be built):
 
-  /usr/bin/python3 tests/faults/netns_faults.py --short          # CI: fixed seeds, minutes
+  /usr/bin/python3 tests/faults/netns_faults.py --short          # tests/run-all.sh: 3 seeds, ~70 s
   /usr/bin/python3 tests/faults/netns_faults.py --seed 17        # replay one seed
   /usr/bin/python3 tests/faults/netns_faults.py --runs 10 --seed 100   # seeds 100..109
   /usr/bin/python3 tests/faults/netns_faults.py --minutes 20     # a long run for a person
