@@ -21,8 +21,7 @@ absl::StatusOr<Shard> Shard::Create(uint64_t key, std::string name, uint32_t len
   s.bin_size_ = bin_size;
   s.params_.assign(length, 0.0f);
   s.agg_.assign(length, 0.0f);
-  s.published_.assign(length, 0.0f);
-  s.down_residue_ = std::make_unique<SliceState>(length);
+  s.recompressed_ = RecompressedAnswer(length);
   return s;
 }
 
@@ -63,9 +62,8 @@ void Shard::Grow(absl::Span<const WireSegment> table) {
   length_ = length;
   params_.resize(length, 0.0f);
   agg_.resize(length, 0.0f);
-  published_.resize(length, 0.0f);
-  down_residue_ = std::make_unique<SliceState>(length);  // nothing was recompressed yet
-  dense_version_ = UINT64_MAX;
+  recompressed_.Resize(length);
+  dense_.Invalidate();
 }
 
 absl::Status Shard::DeclareSegments(absl::Span<const WireSegment> table,
@@ -107,8 +105,8 @@ absl::Status Shard::DeclareSegments(absl::Span<const WireSegment> table,
     if (init_of_last.size() == uint64_t{last.length} * sizeof(float)) {
       const uint64_t at = total - last.length;
       std::memcpy(params_.data() + at, init_of_last.data(), init_of_last.size());
-      std::memcpy(published_.data() + at, init_of_last.data(), init_of_last.size());
-      dense_version_ = UINT64_MAX;
+      recompressed_.SetPublished(at, absl::MakeConstSpan(params_).subspan(at, last.length));
+      dense_.Invalidate();
     }
   }
   return absl::OkStatus();
@@ -133,13 +131,8 @@ absl::StatusOr<Shard> Shard::FromRecord(SliceRecord r) {
   s.optimizer_.v = std::move(r.v);
   s.optimizer_.adam_t = r.adam_t;
   s.agg_.assign(r.length, 0.0f);
-  s.published_ = std::move(r.published);
-  s.down_residue_ = std::make_unique<SliceState>(r.length);
-  std::copy(r.residue.begin(), r.residue.end(), s.down_residue_->residue().begin());
-  s.down_base_ = r.down_base;
-  s.down_version_ = r.down_version;
+  s.recompressed_ = RecompressedAnswer::FromRecord(r);
   s.running_mean_ = r.running_mean;
-  s.down_bin_divisor_ = std::max(1u, r.down_bin_divisor);
   return s;
 }
 
@@ -150,17 +143,12 @@ SliceRecord Shard::ToRecord() const {
   r.bin_size = bin_size_;
   r.version = version_;
   r.adam_t = optimizer_.adam_t;
-  r.down_base = down_base_;
-  r.down_version = down_version_;
   r.running_mean = running_mean_;
-  r.down_bin_divisor = down_bin_divisor_;
   r.name = name_;
   r.params = params_;
   r.m = optimizer_.m;
   r.v = optimizer_.v;
-  r.published = published_;
-  const absl::Span<const float> residue = down_residue_->residue();
-  r.residue.assign(residue.begin(), residue.end());
+  recompressed_.SaveTo(r);
   return r;
 }
 
@@ -183,8 +171,8 @@ void Shard::Initialize(absl::Span<const uint8_t> bytes) {
   if (version_ != 0 || !pushed_.empty() || restored_) return;
   if (bytes.size() != params_.size() * sizeof(float)) return;  // unchecked: ignored
   std::memcpy(params_.data(), bytes.data(), bytes.size());
-  published_ = params_;
-  dense_version_ = UINT64_MAX;
+  recompressed_.SetPublished(0, params_);
+  dense_.Invalidate();
 }
 
 absl::Status Shard::CheckLength(absl::Span<const uint8_t> payload,
@@ -256,52 +244,15 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", worker, " already pushed step ", step));
   }
-  if (pushed_.empty() && late_in_step_ == 0) {  // the step's first push (or a refused one's)
-    step_tracked_ = track_touched_;
-    touched_.clear();
-    const size_t words = (size_t{length_} + 63) / 64;
-    if (step_tracked_ && (touched_pending_ || touched_bits_.size() != words)) {
-      touched_bits_.assign(words, 0);  // (a step dropped half-way, or a bucket that grew)
-    }
-    touched_pending_ = false;
-    step_push_count_ = 0;
-    step_push_workers_.clear();
-    step_by_push_ = step_tracked_ && step_each_push;
-    step_parts_used_ = 0;
+  if (pushed_.empty() && late_in_step_ == 0 && sparse_ != nullptr) {
+    sparse_->BeginStep(length_, step_each_push);  // the step's first push (or a refused one's)
   }
-  // A tracked step takes the elements each push touched from the decode that adds it (one
-  // parse), or, stepped push by push, from the push decoded and kept; on an error neither
-  // agg_ nor touched_ changed.
-  if (step_by_push_) {
-    const size_t first = step_parts_used_;
-    bool sparse = true;
-    ADAPS_RETURN_IF_ERROR(DecodePushParts(payload, length_, step_parts_, &step_parts_used_,
-                                          &sparse));
-    for (size_t k = first; k < step_parts_used_; ++k) {
-      const DecodedPart& part = step_parts_[k];
-      const CompressedUpdate& u = part.update;
-      if (u.kind == CompressorKind::kAdaComp || u.kind == CompressorKind::kTopK) {
-        for (uint32_t i : u.indices) touched_.push_back(part.offset + i);
-      } else {
-        for (uint32_t i = 0; i < u.length; ++i) touched_.push_back(part.offset + i);
-      }
-    }
+  // A tracked step's elements and pushes are kept by the sparse answer, which decodes the
+  // push (one parse); on an error agg_ did not change.
+  if (sparse_ != nullptr && sparse_->step_tracked()) {
+    ADAPS_RETURN_IF_ERROR(sparse_->AddPush(worker, payload, length_, absl::MakeSpan(agg_)));
   } else {
-    ADAPS_RETURN_IF_ERROR(step_tracked_
-                              ? DecodeAddTouched(payload, 1.0f, absl::MakeSpan(agg_), &touched_)
-                              : DecodeAdd(payload, 1.0f, absl::MakeSpan(agg_)));
-  }
-  if (step_tracked_) {
-    // One push's elements are ascending and distinct already (the codec refuses others):
-    // they stay the list; from the second push on, every list goes into the bitmap.
-    if (step_push_count_ > 0) {
-      for (uint32_t i : touched_) touched_bits_[i >> 6] |= uint64_t{1} << (i & 63);
-      touched_pending_ = true;
-      touched_.clear();
-    }
-    if (step_push_count_ == step_pushes_.size()) step_pushes_.emplace_back();
-    step_pushes_[step_push_count_++].assign(payload.begin(), payload.end());
-    step_push_workers_.push_back(worker);
+    ADAPS_RETURN_IF_ERROR(DecodeAdd(payload, 1.0f, absl::MakeSpan(agg_)));
   }
   if (late) {
     last_late_[worker] = step;
@@ -313,20 +264,15 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
   return absl::OkStatus();
 }
 
-void Shard::AddKeptPushes() {
-  // Each was decoded once already (AddPush): adding it cannot fail now.
-  for (size_t k = 0; k < step_push_count_; ++k) {
-    (void)DecodeAdd(step_pushes_[k], 1.0f, absl::MakeSpan(agg_));
-  }
-}
-
 void Shard::JumpTo(uint64_t step) {
   std::fill(agg_.begin(), agg_.end(), 0.0f);
   pushed_.clear();
   late_in_step_ = 0;
   version_ = step;
-  last_sparse_ = false;
-  last_forwardable_ = false;
+  StepResult result;
+  result.version = version_;
+  result.zero_outside = mean_zero_outside_;
+  Stepped(result);
 }
 
 bool Shard::ResumeAt(uint64_t seen) {
@@ -355,13 +301,16 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
   // The mean of the pushes (sum-only: their sum), applied, and agg_ cleared, in one pass;
   // a tracked step with an elementwise optimizer touches only the elements pushed to.
   const float scale = 1.0f / static_cast<float>(pushed_.size() + late_in_step_);
-  if (step_tracked_ && SparseStepAllowed(optimizer).ok()) {
-    CollectTouched();
+  StepResult result;
+  const bool tracked = sparse_ != nullptr && sparse_->step_tracked();
+  const bool by_push_kept = tracked && sparse_->by_push();
+  if (tracked && SparseStepAllowed(optimizer).ok()) {
+    const absl::Span<const uint32_t> touched = sparse_->CollectTouched();
     if (optimizer.kind == OptimizerKind::kMean) {
       // The full pass would set every element untouched now to 0: those set before are
       // the only nonzero ones.
       if (mean_zero_outside_) {
-        for (uint32_t i : last_touched_) params_[i] = 0.0f;
+        for (uint32_t i : sparse_->last_touched()) params_[i] = 0.0f;
       } else {
         std::fill(params_.begin(), params_.end(), 0.0f);
       }
@@ -372,42 +321,33 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
     // pushes repeats (DecodeForwardedSgdCopy). Otherwise agg_ started at 0 and took the
     // pushes in this order, and the step is the optimizer's at the touched elements; the
     // mean is agg_ * scale, which DecodeForwardedCopy repeats.
-    const bool by_push = step_by_push_ && optimizer.kind == OptimizerKind::kSgd;
+    const bool by_push = by_push_kept && optimizer.kind == OptimizerKind::kSgd;
     if (by_push) {
-      ApplySgdParts(absl::MakeConstSpan(step_parts_.data(), step_parts_used_), scale,
-                    optimizer.learning_rate, absl::MakeSpan(params_));
+      ApplySgdParts(sparse_->parts(), scale, optimizer.learning_rate, absl::MakeSpan(params_));
     } else {
-      if (step_by_push_) AddKeptPushes();
-      ApplyOptimizerAndClearAt(optimizer, scale, touched_, absl::MakeSpan(agg_),
+      if (by_push_kept) sparse_->AddKeptPushes(absl::MakeSpan(agg_));
+      ApplyOptimizerAndClearAt(optimizer, scale, touched, absl::MakeSpan(agg_),
                                absl::MakeSpan(params_), optimizer_);
     }
-    last_touched_.swap(touched_);
-    last_sparse_ = true;
-    last_sgd_ = by_push;
-    last_lr_ = optimizer.learning_rate;
-    last_forwardable_ = optimizer.kind == OptimizerKind::kMean ||
-                        (last_sgd_ && std::isfinite(last_lr_) && last_lr_ >= 0.0f);
-    last_pushes_.swap(step_pushes_);
-    last_push_workers_.swap(step_push_workers_);
-    last_push_count_ = step_push_count_;
-    last_scale_ = scale;
+    result.sparse = true;
+    result.mean = optimizer.kind == OptimizerKind::kMean;
+    result.sgd_by_push = by_push;
+    result.learning_rate = optimizer.learning_rate;
+    result.scale = scale;
   } else {
-    if (step_by_push_) AddKeptPushes();  // (an optimizer set mid-step that needs the sum)
+    // (A step kept push by push whose optimizer, set mid-step, needs the sum.)
+    if (by_push_kept) sparse_->AddKeptPushes(absl::MakeSpan(agg_));
     ApplyOptimizerAndClear(optimizer, scale, absl::MakeSpan(agg_), absl::MakeSpan(params_),
                            optimizer_);
-    last_sparse_ = false;
-    last_forwardable_ = false;
     mean_zero_outside_ = false;
   }
-  step_push_count_ = 0;
-  step_parts_used_ = 0;
-  step_by_push_ = false;
-  touched_.clear();
-  step_tracked_ = false;
   pushed_.clear();
   late_in_step_ = 0;
   ++version_;
   resuming_ = false;
+  result.version = version_;
+  result.zero_outside = mean_zero_outside_;
+  Stepped(result);
   return true;
 }
 
@@ -420,10 +360,60 @@ absl::Status Shard::ApplyPush(absl::Span<const uint8_t> payload,
   if (!learned.empty()) segments_ = std::move(learned);
   ApplyOptimizer(StepConfig(optimizer, running_mean_), agg_, absl::MakeSpan(params_), optimizer_);
   ++version_;
-  last_sparse_ = false;
-  last_forwardable_ = false;
   mean_zero_outside_ = false;
+  StepResult result;
+  result.version = version_;
+  Stepped(result);
   return absl::OkStatus();
+}
+
+void Shard::Stepped(const StepResult& result) {
+  // The dense and recompressed answers publish at the first pull of a version: they need
+  // no word of the steps in between.
+  if (sparse_ != nullptr) sparse_->OnStep(result);
+}
+
+SliceNow Shard::Now() const {
+  SliceNow now;
+  now.name = name_;
+  now.version = version_;
+  now.params = params_;
+  now.bin_size = bin_size_;
+  now.segments = segments_;
+  return now;
+}
+
+void Shard::Hold(Pull pull) {
+  if (pull.format == Format::kSparse) TrackSteps();
+  held_.push_back(std::move(pull));
+}
+
+std::vector<Shard::Pull> Shard::TakeReadyPulls() {
+  std::vector<Pull> ready, still;
+  for (Pull& pull : held_) {
+    (pull.min_version > version_ ? still : ready).push_back(std::move(pull));
+  }
+  held_ = std::move(still);
+  return ready;
+}
+
+absl::StatusOr<Shard::Answer> Shard::AnswerPull(const Pull& pull) {
+  const SliceNow now = Now();
+  switch (pull.format) {
+    case Format::kSparse:
+      // Steps are tracked from the declaration with sparse pulls or the first sparse pull
+      // on (untracked ones are answered dense).
+      TrackSteps();
+      return sparse_->Answer(pull, now, dense_);
+    case Format::kRecompressed:
+      return recompressed_.Answer(pull, now);
+    case Format::kReplica:
+      return recompressed_.Replica(now);
+    case Format::kDense:
+    case Format::kForwarded:  // (an answer's format only; the server never asks it)
+      break;
+  }
+  return dense_.Answer(now);
 }
 
 void Shard::CountStepWork(absl::Duration elapsed, bool completed) {

@@ -1,15 +1,18 @@
-// One slice of the server's parameters with everything it needs to serve it: parameters,
-// optimizer state, the aggregation buffer of the current step, the published (downlink)
-// replica with its residue, the encoded pull answers of the current
-// version, and the pulls held until a later version (docs/architecture.md).
+// One slice of the server's parameters and its step: parameters, optimizer state, the
+// aggregation buffer of the current step, the version, and the pulls held until a later
+// version (docs/architecture.md "The server's shard").
 //
 // Sync mode: AddPush decodes a worker's wire payload straight into the aggregation buffer;
 // CompleteStepIfReady averages it (sum-only: not), runs the optimizer once and advances
 // the version when every live worker has pushed. Async mode: ApplyPush applies each push.
-// Pulls: dense float32, or recompressed (AdaComp over the change since the last published
-// state, with the shard's downlink residue); each is encoded at most once per version and
-// the same bytes go to every worker, so workers applying the same messages hold
-// bitwise-identical replicas.
+//
+// Pulls are answered by the shard's answer kinds, parts with their own state, chosen by the
+// pull's format in AnswerPull: DenseAnswer (server/pull_answer.h), RecompressedAnswer
+// (server/recompressed_answer.h: the published replica and the downlink residue) and
+// SparseAnswer (server/sparse_answer.h: made once steps are tracked, TrackSteps). Each
+// answer is encoded at most once per version and the same bytes go to every worker, so
+// workers applying the same messages hold bitwise-identical replicas. Each change of
+// version is told to the answers in one call (StepResult).
 //
 // A fusion bucket (docs/architecture.md "Fusion") is a shard too: several small tensors of
 // the workers laid out one after another, each a segment with its own bin size. Its pushes
@@ -20,9 +23,10 @@
 // declaration until the bucket first steps.
 //
 // Knows nothing of sockets or FlatBuffers: takes spans, returns status and bytes. Ownership:
-// a shard owns all its state (no globals, nothing shared with another shard); answer
-// bytes are shared with whoever sends them and never changed while anyone else holds them.
-// Thread-safety: none; one thread owns a shard (its engine thread, server/engine.h).
+// a shard owns all its state and its parts (no globals, nothing shared with another shard);
+// answer bytes are shared with whoever sends them and never changed while anyone else
+// holds them. Thread-safety: none; one thread owns a shard (its engine thread,
+// server/engine.h).
 #ifndef ADAPS_SERVER_SHARD_H_
 #define ADAPS_SERVER_SHARD_H_
 
@@ -41,53 +45,19 @@
 #include "common/optimizer.h"
 #include "common/wire_codec.h"
 #include "server/checkpoint.h"
+#include "server/pull_answer.h"
+#include "server/recompressed_answer.h"
+#include "server/sparse_answer.h"
 
 namespace adaps {
 
-// The bin size of recompressed pulls of a slice (or a bucket's member) declared with bin size
-// `declared`: min(pull_bin_size, declared / divisor) (at least 1; pull_bin_size 0: no cap,
-// the server's --pull_bin_size; divisor: DeclareSlice.pull_bin_divisor, 0 or 1: none).
-uint32_t PullBinSize(uint32_t declared, uint32_t pull_bin_size, uint32_t divisor = 1);
-
 class Shard {
  public:
-  // The same type as SharedBytes in common/messages.h (an immutable shared payload).
-  using PayloadBytes = std::shared_ptr<const std::vector<uint8_t>>;
-  // kReplica: published_ (what recompressed pulls have published) as dense floats, the
-  // answer's base being its version down_version_ and its version the shard's, as for a
-  // dense answer (nothing is published for it): the replica a worker takes when it declares
-  // or resynchronizes a tensor it pulls recompressed.
-  // kSparse: the step's exact change (schemas/README.md "Sparse pulls"): the new values at
-  // the elements some worker sent in the step, answered as kSparse, or as kDense when that
-  // is no larger or the only exact answer (the step was not tracked, or ran a dense
-  // optimizer, or the puller's replica is not at the version before).
-  // kForwarded: an answer format only (to a kSparse pull, when it is the smallest exact
-  // answer of a mean step): the step's pushes as they came, which the worker replays.
-  enum class Format { kDense, kRecompressed, kReplica, kSparse, kForwarded };
-  // A pull waiting for (or being answered at) a version. `route` is opaque to the shard.
-  struct Pull {
-    std::string route;
-    uint64_t request_id = 0;
-    uint64_t min_version = 0;
-    uint64_t have_version = 0;
-    Format format = Format::kDense;
-    int peer = -1;  // opaque too: the route's alternative (a DEALER peer) when >= 0
-    // The puller's rank (-1: unknown) and the step + 1 of its push to this slice that it
-    // holds (0: none): a forwarded answer at the version that step made leaves it out.
-    int worker = -1;
-    uint64_t held_push = 0;
-  };
-  // What a pull is answered with: the version it brings the puller to, the version the
-  // payload is a change from (recompressed; 0 for dense), and the payload (null: nothing
-  // new since have_version).
-  struct Answer {
-    uint64_t version = 0;
-    uint64_t base = 0;
-    PayloadBytes payload;
-    Format format = Format::kDense;  // what the payload is (a kSparse pull: kSparse,
-                                     // kForwarded or kDense)
-    bool zero_base = false;          // kSparse: the elements not listed are 0 (mean)
-  };
+  // The pull side's types (server/pull_answer.h), by their names in the shard.
+  using PayloadBytes = adaps::PayloadBytes;
+  using Format = AnswerFormat;
+  using Pull = SlicePull;
+  using Answer = SliceAnswer;
 
   // A fresh slice of zeros. kInvalidArgument for a zero length or bin size.
   static absl::StatusOr<Shard> Create(uint64_t key, std::string name, uint32_t length,
@@ -111,7 +81,8 @@ class Shard {
   uint64_t version() const { return version_; }
   bool restored() const { return restored_; }
   absl::Span<const float> params() const { return params_; }
-  absl::Span<const float> published() const { return published_; }
+  // The published replica of recompressed pulls (RecompressedAnswer).
+  absl::Span<const float> published() const { return recompressed_.published(); }
   size_t held_pulls() const { return held_.size(); }
   // A bucket's segments (empty for a plain slice, and for a bucket restored from a
   // checkpoint until a declaration or a push told it its table again).
@@ -119,11 +90,11 @@ class Shard {
   // A fusion bucket's recompressed pulls encode each member at min(its bin size, cap) (the
   // server's --pull_bin_size; 0: the member's own). A plain shard's downlink bin is the one
   // it was created with.
-  void set_downlink_bin_cap(uint32_t cap) { down_bin_cap_ = cap; }
+  void set_downlink_bin_cap(uint32_t cap) { recompressed_.set_bin_cap(cap); }
   // A bucket's members' downlink bins are their bin sizes divided by this first (at least
   // 1; DeclareSlice.pull_bin_divisor; kept in checkpoints). A plain shard's is folded into
   // its bin size.
-  void set_downlink_bin_divisor(uint32_t divisor) { down_bin_divisor_ = std::max(1u, divisor); }
+  void set_downlink_bin_divisor(uint32_t divisor) { recompressed_.set_bin_divisor(divisor); }
 
   // Running mean (a slice declared with recompressed pulls on servers running `mean`, local
   // mode's update exchange): each step adds the step's mean to the parameters instead of
@@ -190,22 +161,26 @@ class Shard {
 
   // Whether the current version's change is known element by element (the last step was
   // tracked and ran an optimizer SparseStepAllowed accepts): sparse answers are possible.
-  bool sparse_step() const { return last_sparse_; }
+  bool sparse_step() const { return sparse_ != nullptr && sparse_->last_sparse(); }
   // The elements the last step changed (ascending), when sparse_step().
-  absl::Span<const uint32_t> last_touched() const { return last_touched_; }
+  absl::Span<const uint32_t> last_touched() const {
+    return sparse_ != nullptr ? sparse_->last_touched() : absl::Span<const uint32_t>();
+  }
 
   // Tracks the elements of every step from the next one on, so a sparse pull's answer is
   // exact without the dense one: called when a worker declares the slice with sparse pulls
   // (and by the first sparse pull held or answered, for a shard restored without that).
-  void TrackSteps() { track_touched_ = true; }
+  void TrackSteps() {
+    if (sparse_ == nullptr) sparse_ = std::make_unique<SparseAnswer>();
+  }
   // Keeps a pull until the version reaches its min_version.
   void Hold(Pull pull);
   // Removes and returns the held pulls the current version satisfies, in arrival order.
   std::vector<Pull> TakeReadyPulls();
-  // The answer to `pull` at the current version, encoding it if this version has not been
-  // yet. Recompressed: kFailedPrecondition when the puller's replica (have_version) is
-  // neither the current version nor the one before; the codec's error if encoding fails
-  // (the published replica is then unchanged).
+  // The answer to `pull` at the current version, by the answer kind of its format, which
+  // encodes it if this version has not been yet. Recompressed: kAborted when the puller's
+  // replica (have_version) is neither the published version nor the one before; kOutOfRange
+  // or the codec's error if encoding fails (the published replica is then unchanged).
   absl::StatusOr<Answer> AnswerPull(const Pull& pull);
 
  private:
@@ -214,112 +189,49 @@ class Shard {
   // to a bucket that has none yet (restored), to be adopted once the push is applied.
   absl::Status CheckLength(absl::Span<const uint8_t> payload,
                            std::vector<WireSegment>* learned) const;
-  absl::Status PublishRecompressed();
-  // The tracked step's elements, ascending and distinct, into touched_ (a single push's list
-  // as it is; otherwise from touched_bits_, which it leaves all zero).
-  void CollectTouched();
-  // Encodes the current version's sparse answer (or decides it is dense), once per version.
-  absl::Status PublishSparse();
-  // The forwarded answer for `pull`: without its own push when it holds that, else the
-  // one for everybody.
-  PayloadBytes ForwardedFor(const Pull& pull);
-  // The last step's pushes forwarded (a mean's, or an SGD step's with its rate).
-  absl::Status EncodeForwardedFor(absl::Span<const absl::Span<const uint8_t>> pushes,
-                                  std::vector<uint8_t>* out, int own) const;
-  // The dense answer's bytes at the current version, encoded once.
-  void PublishDense();
-  uint32_t DownlinkBin(uint32_t member_bin) const;
-  absl::Status PublishRecompressedSegments();
   void Grow(absl::Span<const WireSegment> table);
-  // A step kept push by push whose completion needs the sum after all (an optimizer that
-  // the sparse step does not allow, or not SGD): the kept pushes added into agg_.
-  void AddKeptPushes();
   // Resuming: goes on at `step`, dropping the step in progress (AddPush, ResumeAt).
   void JumpTo(uint64_t step);
-  // `bytes` if nobody else holds it (to overwrite it in place), else a new buffer.
-  static std::shared_ptr<std::vector<uint8_t>> Reusable(
-      std::shared_ptr<std::vector<uint8_t>>& bytes);
+  // The version changed (`result`): tells the answers that follow steps.
+  void Stepped(const StepResult& result);
+  // What the answers read of the slice now.
+  SliceNow Now() const;
+  // The optimizer a step runs: `optimizer`, except that a running mean's `mean` becomes
+  // SGD at learning rate -1 without weight decay (params += the mean).
+  static OptimizerConfig StepConfig(const OptimizerConfig& optimizer, bool running_mean);
 
+  // The slice.
   uint64_t key_ = 0;
   std::string name_;
   uint32_t length_ = 0;
   uint32_t bin_size_ = 0;
-  uint64_t version_ = 0;
-  absl::Duration step_work_, version_work_;  // CountStepWork
-  bool restored_ = false;
-  bool resuming_ = false;  // restored, and no step completed since (see AddPush)
-  std::vector<float> params_;
-  OptimizerState optimizer_;
-  std::vector<float> agg_;  // sync: the step's sum; async: the push being applied
-  std::set<int> pushed_;    // worker ranks that pushed the current step (sync)
-  size_t late_in_step_ = 0;  // stragglers' pushes of earlier steps added to this one
-  std::map<int, uint64_t> last_late_;  // each straggler's last late step added
-  std::vector<Pull> held_;
-
-  std::shared_ptr<std::vector<uint8_t>> dense_bytes_;
-  uint64_t dense_version_ = UINT64_MAX;
-
-  // Downlink (recompressed pulls): what workers hold, the residue of what they do not yet,
-  // the change from down_base_ to down_version_, and buffers reused from version to version.
-  std::vector<float> published_;
-  std::unique_ptr<SliceState> down_residue_;
-  std::shared_ptr<std::vector<uint8_t>> down_bytes_, down_spare_;
-  uint64_t down_base_ = 0, down_version_ = 0;
-  // Scratch of the fused pass (common/compressor.h, internal::AdaCompChangeStep), kept
-  // from version to version: no allocation per version once sized.
-  std::vector<float> down_gmax_, down_scratch_;
-  CompressedUpdate down_update_;
-
-  // Sparse pulls: tracking of the elements each step touches starts with a declaration
-  // with sparse pulls or the first sparse pull (track_touched_); step_tracked_: the step in progress is tracked from its first
-  // push; touched_bits_: its elements so far, one bit each (a bitmap of length_ / 64 words,
-  // a 32nd of the parameters' bytes: setting a bit per element pushed and one scan at the
-  // step's end cost less than merging the pushes' index lists, 14% of a server's step at 4
-  // workers); touched_pending_: some bit may be set; touched_: the first push's elements
-  // (then each later push's, as decoded, until they go into the bitmap), then the step's
-  // (ascending, distinct); last_touched_: the last
-  // step's when last_sparse_. mean_zero_outside_: (mean) every parameter outside
-  // last_touched_ is 0, so a step need only clear those.
-  bool track_touched_ = false, step_tracked_ = false, last_sparse_ = false;
-  bool mean_zero_outside_ = false, touched_pending_ = false;
-  std::vector<uint32_t> touched_, last_touched_;
-  std::vector<uint64_t> touched_bits_;
-  // The tracked step's pushes as they came (step_pushes_[0, step_push_count_), buffers kept
-  // from step to step), and the last step's with the scale of its mean, when
-  // last_forwardable_ (a tracked mean step, or SGD's: last_sgd_, at rate last_lr_): what a
-  // forwarded answer carries.
-  std::vector<std::vector<uint8_t>> step_pushes_, last_pushes_;
-  // A tracked step stepped push by push (AddPush's step_each_push, decided at its first
-  // push): its pushes decoded, step_parts_[0, step_parts_used_); agg_ stays 0 for it.
-  bool step_by_push_ = false;
-  std::vector<DecodedPart> step_parts_;
-  size_t step_parts_used_ = 0;
-  std::vector<int> step_push_workers_, last_push_workers_;  // who sent each
-  size_t step_push_count_ = 0, last_push_count_ = 0;
-  // This version's forwarded answers without one worker's own push, made on first ask.
-  std::vector<std::pair<int, std::shared_ptr<std::vector<uint8_t>>>> forwarded_without_;
-  float last_scale_ = 1.0f, last_lr_ = 0.0f;
-  bool last_forwardable_ = false, last_sgd_ = false;
-  // The current version's sparse answer: its bytes (null: the dense one is no larger) at
-  // sparse_version_, forwarded pushes (sparse_forwarded_) or the merged list.
-  std::shared_ptr<std::vector<uint8_t>> sparse_bytes_, sparse_spare_;
-  bool sparse_forwarded_ = false;
-  uint64_t sparse_version_ = UINT64_MAX;
-  bool sparse_zero_base_ = false;
-  CompressedUpdate sparse_update_;
-
-  // A fusion bucket: its segments; their updates and encodings of the current version
-  // (reused from version to version).
+  // A fusion bucket: its segments (docs/architecture.md "Fusion").
   bool bucket_ = false;
   std::vector<WireSegment> segments_;
-  uint32_t down_bin_cap_ = 0;  // set_downlink_bin_cap
-  uint32_t down_bin_divisor_ = 1;  // set_downlink_bin_divisor
-  bool running_mean_ = false;      // set_running_mean
-  // The optimizer a step runs: `optimizer`, except that a running mean's `mean` becomes
-  // SGD at learning rate -1 without weight decay (params += the mean).
-  static OptimizerConfig StepConfig(const OptimizerConfig& optimizer, bool running_mean);
-  std::vector<CompressedUpdate> seg_updates_;
-  std::vector<std::vector<uint8_t>> seg_bytes_;
+
+  // The step: the version, the parameters and the optimizer's state, and the step in
+  // progress: sync: the sum of its pushes and who sent them; async: the push being applied.
+  uint64_t version_ = 0;
+  bool restored_ = false;
+  bool resuming_ = false;      // restored, and no step completed since (see AddPush)
+  bool running_mean_ = false;  // set_running_mean
+  // (Mean) every parameter outside the last step's elements (SparseAnswer::last_touched)
+  // is 0, so a tracked step need only clear those.
+  bool mean_zero_outside_ = false;
+  std::vector<float> params_;
+  OptimizerState optimizer_;
+  std::vector<float> agg_;
+  std::set<int> pushed_;               // worker ranks that pushed the current step (sync)
+  size_t late_in_step_ = 0;            // stragglers' pushes of earlier steps added to this one
+  std::map<int, uint64_t> last_late_;  // each straggler's last late step added
+  absl::Duration step_work_, version_work_;  // CountStepWork
+  std::vector<Pull> held_;
+
+  // The answer kinds (server/pull_answer.h). The sparse one exists once steps are tracked
+  // (TrackSteps); it also tracks the elements and pushes of each step.
+  DenseAnswer dense_;
+  RecompressedAnswer recompressed_{0};
+  std::unique_ptr<SparseAnswer> sparse_;
 };
 
 }  // namespace adaps
