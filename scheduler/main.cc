@@ -24,6 +24,10 @@ ABSL_FLAG(int, heartbeat_ms, 1000, "Heartbeat interval told to every node");
 ABSL_FLAG(int, dead_timeout_ms, 30000,
           "A node silent this long is declared dead (long enough for a loaded host or a GC "
           "pause to pass; a node that comes back later is told it was declared dead)");
+ABSL_FLAG(int, reform_timeout_ms, 300000,
+          "After a restart (nodes register again with the ranks they had), every node of the "
+          "job must be back within this long of the first; otherwise the scheduler stops the "
+          "nodes that came back and exits 1 naming the missing ones");
 ABSL_FLAG(std::string, admin_token, "",
           "Secret an operator's Shutdown request must carry; empty: no Shutdown request is "
           "accepted (the job ends when every worker has left)");
@@ -52,6 +56,7 @@ int main(int argc, char** argv) {
           adaps::CheckPositive("num_workers", absl::GetFlag(FLAGS_num_workers)),
           adaps::CheckPositive("heartbeat_ms", absl::GetFlag(FLAGS_heartbeat_ms)),
           adaps::CheckPositive("dead_timeout_ms", absl::GetFlag(FLAGS_dead_timeout_ms)),
+          adaps::CheckPositive("reform_timeout_ms", absl::GetFlag(FLAGS_reform_timeout_ms)),
           adaps::CheckPositive("split_threshold", absl::GetFlag(FLAGS_split_threshold)),
           adaps::CheckSharedFlags(),
       });
@@ -65,6 +70,7 @@ int main(int argc, char** argv) {
   config.max_workers = absl::GetFlag(FLAGS_max_workers);
   config.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   config.dead_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_dead_timeout_ms));
+  config.reform_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_reform_timeout_ms));
   const std::string on_death = absl::GetFlag(FLAGS_on_worker_death);
   if (on_death != "continue" && on_death != "fail") {
     return program.UsageError(

@@ -20,11 +20,13 @@ std::string RandomHex(int bytes) {
   return out;
 }
 
-Roster::Roster(int num_servers, int num_workers, int max_workers, absl::Duration dead_timeout)
+Roster::Roster(int num_servers, int num_workers, int max_workers, absl::Duration dead_timeout,
+               absl::Duration reform_timeout)
     : num_servers_(num_servers),
       num_workers_(num_workers),
       max_workers_(max_workers),
-      dead_timeout_(dead_timeout) {}
+      dead_timeout_(dead_timeout),
+      reform_timeout_(reform_timeout) {}
 
 int Roster::Want(msg::Role role) const {
   return role == msg::Role::Server ? num_servers_ : num_workers_;
@@ -38,6 +40,33 @@ void Roster::Form(absl::Time now) {
   formed_ = true;
   held_ = 0;  // the held workers join now (the caller registers them again)
   for (auto& n : nodes_) n.last_seen = now;
+}
+
+void Roster::NoteReformingNode(absl::Time now) {
+  if (!formed_ && !reform_since_) reform_since_ = now;
+}
+
+absl::Status Roster::Reforming(absl::Time now) const {
+  if (formed_ || !reform_since_ || now - *reform_since_ <= reform_timeout_) {
+    return absl::OkStatus();
+  }
+  // The expected ranks nobody holds. (A fresh node's provisional rank counts as held: a node
+  // that had it before would have claimed it.)
+  std::string missing;
+  for (msg::Role role : {msg::Role::Server, msg::Role::Worker}) {
+    for (int rank = 0; rank < Want(role); ++rank) {
+      if (std::none_of(nodes_.begin(), nodes_.end(), [&](const Node& n) {
+            return n.role == role && n.rank == rank;
+          })) {
+        absl::StrAppend(&missing, missing.empty() ? "" : ", ",
+                        role == msg::Role::Server ? "server " : "worker ", rank);
+      }
+    }
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "the job did not re-form after the scheduler restarted: ", nodes_.size(), " of ",
+      num_servers_ + num_workers_, " nodes registered again within --reform_timeout_ms (",
+      absl::FormatDuration(reform_timeout_), " from the first); never came back: ", missing));
 }
 
 Roster::Rejoined Roster::Rejoin(const Node& fresh) {

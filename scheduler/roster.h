@@ -12,6 +12,7 @@
 #define ADAPS_SCHEDULER_ROSTER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,8 +62,10 @@ class Roster {
   };
 
   // The counts as SchedulerConfig's (`max_workers` 0: num_workers, nobody joins); a node
-  // silent for longer than `dead_timeout` is declared dead.
-  Roster(int num_servers, int num_workers, int max_workers, absl::Duration dead_timeout);
+  // silent for longer than `dead_timeout` is declared dead; after a scheduler restart every
+  // node is back within `reform_timeout` of the first, or the job is given up (Reforming).
+  Roster(int num_servers, int num_workers, int max_workers, absl::Duration dead_timeout,
+         absl::Duration reform_timeout = absl::InfiniteDuration());
 
   const std::vector<Node>& nodes() const { return nodes_; }
   std::vector<Node>& nodes() { return nodes_; }
@@ -72,6 +75,13 @@ class Roster {
   bool complete() const;
   // The job forms: every node counts as seen `now`.
   void Form(absl::Time now);
+  // A node registered at `now` saying it was in this job before (the rank or the view epoch
+  // it had from an earlier scheduler): the job re-forms, by reform_timeout from the first.
+  void NoteReformingNode(absl::Time now);
+  // OK while the job forms or re-forms in time, or formed; kDeadlineExceeded at `now` once
+  // reform_timeout passed since the first node came back and some never did, naming them
+  // ("never came back: worker 1") and how many are back.
+  absl::Status Reforming(absl::Time now) const;
 
   // A node with `identity` (non-empty) and `fresh.role` takes its rank back: it gets
   // `fresh`'s route, address, checkpoint steps, register request and time, its optimizer
@@ -139,8 +149,10 @@ class Roster {
   const int num_workers_;
   const int max_workers_;
   const absl::Duration dead_timeout_;
+  const absl::Duration reform_timeout_;
   std::vector<Node> nodes_;
   bool formed_ = false;
+  std::optional<absl::Time> reform_since_;  // the first NoteReformingNode before forming
   int held_ = 0;  // workers held before the job formed (Admission::Outcome::kHeld)
 };
 

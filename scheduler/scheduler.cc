@@ -16,7 +16,7 @@ Scheduler::Scheduler(SchedulerConfig config, std::shared_ptr<TransportContext> c
       job_id_(config_.job_id.empty() ? RandomHex(16) : config_.job_id),
       log_("scheduler", config_.log_level),
       roster_(config_.num_servers, config_.num_workers, config_.max_workers,
-              config_.dead_timeout),
+              config_.dead_timeout, config_.reform_timeout),
       layouts_(config_.num_servers, config_.split_threshold),
       restore_step_(config_.num_servers, roster_, log_),
       server_optimizer_(roster_),
@@ -138,6 +138,7 @@ void Scheduler::OnRegister(InMessage& in) {
     return Reject(in, st, metric_labels::kReasonInvalid);
   }
   max_seen_epoch_ = std::max(max_seen_epoch_, reg->epoch());
+  if (reg->rank() >= 0 || reg->epoch() > 0) roster_.NoteReformingNode(absl::Now());
   Node fresh;
   fresh.role = reg->role();
   fresh.address = address;
@@ -301,8 +302,13 @@ void Scheduler::OnHeartbeat(InMessage& in) {
 
 void Scheduler::CheckHeartbeats() {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  if (!roster_.formed()) return;
   const absl::Time now = absl::Now();
+  if (!roster_.formed()) {
+    // A restarted scheduler waits for every node it had, but not for ever.
+    const absl::Status late = roster_.Reforming(now);
+    if (!late.ok()) ShutdownCluster({std::string(late.message()), late.code()});
+    return;
+  }
   const std::vector<Node*> dead = roster_.DeclareSilentDead(now);
   for (Node* n : dead) {
     log_.get()->warn("{} {} silent for {}: declared dead", msg::EnumNameRole(n->role), n->rank,

@@ -16,8 +16,10 @@
 // Restarts: a node that registers with a known identity gets its rank back (and everyone a
 // new view when its address changed). A restarted scheduler knows nobody: nodes re-register
 // when their heartbeat is refused, claiming their old rank and last epoch, and the cluster
-// re-forms with the same ranks once every expected node is back; tensor layouts are
-// recomputed identically when tensors are declared again in the same order.
+// re-forms with the same ranks once every expected node is back (within
+// SchedulerConfig::reform_timeout of the first, or the job ends naming who is missing);
+// tensor layouts are recomputed identically when tensors are declared again in the same
+// order.
 #ifndef ADAPS_SCHEDULER_SCHEDULER_H_
 #define ADAPS_SCHEDULER_SCHEDULER_H_
 

@@ -19,6 +19,8 @@ absl::Status ValidateSchedulerConfig(const SchedulerConfig& c) {
                   absl::StatusCode::kInvalidArgument, "heartbeat interval must be positive");
   ADAPS_RET_CHECK(c.dead_timeout > c.heartbeat_interval, absl::StatusCode::kInvalidArgument,
                   "dead timeout must exceed the heartbeat interval");
+  ADAPS_RET_CHECK(c.reform_timeout > absl::ZeroDuration(), absl::StatusCode::kInvalidArgument,
+                  "reform timeout must be positive");
   ADAPS_RET_CHECK(!c.bind.empty(), absl::StatusCode::kInvalidArgument, "empty bind address");
   return ValidateLogLevel(c.log_level);
 }

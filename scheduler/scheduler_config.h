@@ -22,6 +22,10 @@ struct SchedulerConfig {
   int max_workers = 0;
   absl::Duration heartbeat_interval = absl::Seconds(1);  // told to every node
   absl::Duration dead_timeout = absl::Seconds(30);       // silent this long: dead
+  // A restarted scheduler (a node registers with the rank it had before) waits this long,
+  // from the first node back, for every node of the job; then it stops the nodes that came
+  // back and ends with kDeadlineExceeded naming the missing ones.
+  absl::Duration reform_timeout = absl::Minutes(5);
   // Tensors with at least this many elements are split over all servers; smaller ones go
   // whole to the least-loaded server.
   uint64_t split_threshold = 1 << 16;

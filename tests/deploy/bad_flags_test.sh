@@ -58,6 +58,7 @@ expect scheduler num_workers --num_workers=0
 expect scheduler num_servers --num_servers=-1
 expect scheduler heartbeat_ms --heartbeat_ms=0
 expect scheduler dead_timeout_ms --dead_timeout_ms=0
+expect scheduler reform_timeout_ms --reform_timeout_ms=0
 expect server scheduler --scheduler=tcp://127.0.0.1:70000
 expect server register_timeout_ms "$sched" --register_timeout_ms=0
 expect server max_slice_elements "$sched" --max_slice_elements=0

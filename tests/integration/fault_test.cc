@@ -641,5 +641,53 @@ TEST(Faults, TrainingGoesOnWhileTheSchedulerIsDownAndARestartedOneTakesNodesBack
   EXPECT_THAT(server.Log(), HasSubstr("registered again"));
 }
 
+// A restarted scheduler re-forms the job only when every node it had is back. A worker killed
+// with the scheduler never comes back: the restarted one must not wait for it forever. After
+// --reform_timeout_ms (short here: only this failing side has a short deadline) it stops the
+// nodes that came back and exits 1 naming the missing worker, as the nodes do on theirs.
+TEST(Faults, ARestartedSchedulerWhoseWorkerNeverComesBackStopsTheJobNamingIt) {
+  const std::string dir = testing::MakeTempDir();
+  auto start_scheduler = [&](const std::string& port, const std::string& log,
+                             std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--num_servers=1", "--num_workers=2", "--port=" + port,
+                                     "--port_file=" + dir + "/port", "--heartbeat_ms=100",
+                                     "--log_level=info"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return std::make_unique<Process>(ADAPS_SCHEDULER_BIN, args, dir + "/" + log);
+  };
+  auto scheduler = start_scheduler("0", "sched-a.log", {});
+  const std::string port = WaitForPortFile(dir + "/port", kGenerous);
+  ASSERT_FALSE(port.empty());
+  const std::string address = "tcp://127.0.0.1:" + port;
+  Process server(ADAPS_SERVER_BIN,
+                 {"--scheduler=" + address, "--optimizer=sum", "--identity=s0",
+                  "--log_level=info"},
+                 dir + "/server.log");
+  Process victim(::testing::internal::GetArgvs()[0],
+                 {"--gtest_also_run_disabled_tests",
+                  "--gtest_filter=FaultChild.DISABLED_PushOnesForever",
+                  "--child_scheduler=" + address, "--child_identity=w1"},
+                 dir + "/victim.log");
+  auto w = Worker::Create(Options(address, "w0"));
+  ASSERT_TRUE(w.ok()) << w.status();
+  const int missing = 1 - (*w)->rank();
+  // One step together: every node has its view from the first scheduler.
+  std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
+  ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+  ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok());
+  ASSERT_TRUE(victim.WaitForLog(kFirstStepDone, kGenerous)) << victim.Log();
+  ASSERT_TRUE(server.WaitForLog("registered as server", kGenerous)) << server.Log();
+  scheduler->Kill();
+  victim.Kill();
+  std::remove((dir + "/port").c_str());
+  auto restarted = start_scheduler(port, "sched-b.log", {"--reform_timeout_ms=2000"});
+  EXPECT_EQ(restarted->WaitExit(kGenerous), 1) << restarted->Log();
+  EXPECT_THAT(restarted->Log(), HasSubstr(absl::StrCat("never came back: worker ", missing)));
+  // The server came back and is told to stop, with the reason.
+  EXPECT_EQ(server.WaitExit(kGenerous), 1) << server.Log();
+  EXPECT_THAT(server.Log(), HasSubstr("did not re-form"));
+  (*w)->Stop().IgnoreError();
+}
+
 }  // namespace
 }  // namespace adaps

@@ -148,5 +148,27 @@ TEST(Roster, ASilentNodeIsDeclaredDeadAndOneWithoutIdentityIsToldItCannotComeBac
   EXPECT_EQ(counts.dead, 1);
 }
 
+TEST(Roster, AJobThatDoesNotReFormInTimeAfterARestartNamesWhoNeverCameBack) {
+  Roster roster(2, 2, 0, kDead, absl::Seconds(10));
+  const absl::Time t0 = absl::Now();
+  // A fresh job: no deadline, however long it takes.
+  roster.Admit(Fresh(msg::Role::Server, "fresh"), -1, 0);
+  EXPECT_TRUE(roster.Reforming(t0 + absl::Hours(1)).ok());
+  // A node that had rank 1 before the scheduler restarted: the job re-forms from now on.
+  roster.NoteReformingNode(t0);
+  roster.Admit(Fresh(msg::Role::Worker, "w1"), 1, 0);
+  roster.NoteReformingNode(t0 + absl::Seconds(5));  // the deadline counts from the first
+  EXPECT_TRUE(roster.Reforming(t0 + absl::Seconds(10)).ok());
+  const absl::Status late = roster.Reforming(t0 + absl::Seconds(11));
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(late.message(), HasSubstr("2 of 4 nodes"));
+  EXPECT_THAT(late.message(), HasSubstr("never came back: server 1, worker 0"));
+  // Once every node is back and the job formed, no deadline is left.
+  roster.Admit(Fresh(msg::Role::Server, "s1"), 1, 0);
+  roster.Admit(Fresh(msg::Role::Worker, "w0"), 0, 0);
+  roster.Form(t0 + absl::Seconds(12));
+  EXPECT_TRUE(roster.Reforming(t0 + absl::Seconds(20)).ok());
+}
+
 }  // namespace
 }  // namespace adaps
