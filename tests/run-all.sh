@@ -61,7 +61,7 @@ if [[ ${ADAPS_FAULTS:-1} != 0 ]]; then
   if [[ $rc -eq 77 ]]; then
     echo "== faults: SKIPPED (the reason is above); partitions and several faults at once were not tested"
   elif [[ $rc -ne 0 ]]; then
-    echo "== faults: FAILED (a schedule's invariants did not hold: its seed, notes and logs are above)"
+    echo "== faults: FAILED (a run's invariants did not hold: the run, its notes and its logs are above)"
     exit 1
   fi
 fi
