@@ -161,6 +161,7 @@ run() {  # system
       [[ $colo == 1 ]] && h=$i
       on "$h" "$bin/server/adaps-server" --scheduler="$sched" --host=0.0.0.0 --port="$sp" \
         --advertise="tcp://$(addr "$h"):$sp" --optimizer="$server_opt" "${server_extra[@]}" --mode=sync --log_level=warn \
+        --register_timeout_ms=600000 \
         > >(sed -u "s/^/[s$i] /" >>"$log") 2>&1 &
       infra+=($!)
     done

@@ -173,7 +173,9 @@ class Ddp:
 
 def make_worker(a):
     import adaps
-    return adaps.Worker(scheduler=a.scheduler, request_timeout=300.0,
+    # Ten minutes to form, as adaps.launch gives: 16 workers importing torch on a loaded
+    # machine take minutes, and DDP's rendezvous waits as long.
+    return adaps.Worker(scheduler=a.scheduler, register_timeout=600.0, request_timeout=300.0,
                         compression_threads=a.compression_threads)
 
 
