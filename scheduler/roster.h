@@ -3,7 +3,8 @@
 // else the lowest free), provisional ranks before the job forms (a node that claims the rank
 // it had before a scheduler restart takes it from a fresh node, which moves), a node with a
 // known identity taking its rank back, workers joining the formed job (--max_workers), who a
-// heartbeat comes from, and who is declared dead.
+// heartbeat comes from, who is declared dead, and when a restarted scheduler gives up
+// waiting for every node to come back (--reform_timeout_ms).
 //
 // Owned by the Scheduler, which wires it to its messages; used only on the scheduler's I/O
 // thread (the Scheduler checks), so it has no lock. Node pointers it returns stay valid
