@@ -242,8 +242,10 @@ void BM_Recompress(benchmark::State& state) {
   auto shard = Shard::Create(1, "bench", static_cast<uint32_t>(d.n), kBinSize);
   if (!shard.ok()) return state.SkipWithError("create");
   OptimizerConfig sgd;
+  auto push = ParseUpdate(*d.dense);  // as Server::OnPush parses it
+  if (!push.ok()) return state.SkipWithError("parse");
   for (int s = 0; s < kSteps; ++s) {  // warm the downlink residue up
-    if (!shard->ApplyPush(*d.dense, sgd).ok()) return state.SkipWithError("push");
+    if (!shard->ApplyPush(*push, sgd).ok()) return state.SkipWithError("push");
     if (!shard->AnswerPull({"r", 1, 0, shard->version() - 1, Shard::Format::kRecompressed})
              .ok()) {
       return state.SkipWithError("pull");
@@ -251,7 +253,7 @@ void BM_Recompress(benchmark::State& state) {
   }
   for (auto _ : state) {
     state.PauseTiming();
-    if (!shard->ApplyPush(*d.dense, sgd).ok()) return state.SkipWithError("push");
+    if (!shard->ApplyPush(*push, sgd).ok()) return state.SkipWithError("push");
     if (!g_warm) EvictCaches();
     state.ResumeTiming();
     auto a = shard->AnswerPull({"r", 1, 0, shard->version() - 1, Shard::Format::kRecompressed});
@@ -344,6 +346,7 @@ class EngineRig {
       push.worker = 0;
       push.step = step_;
       push.bytes = d.slice_pushes[key];
+      push.push = *ParseUpdate(*push.bytes);  // as Server::OnPush parses it
       engine_.Submit(engine_.OwnerOf(key), std::move(push));
       PullWork pull;
       pull.key = key;

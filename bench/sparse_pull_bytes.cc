@@ -67,7 +67,10 @@ Figures Run(uint32_t length, int steps, int workers, Shard::Format format, bool 
     const absl::Time start = absl::Now();
     for (int w = 0; w < workers; ++w) {
       // As the engine: SGD (no weight decay) steps a tracked step push by push.
-      if (!shard.AddPush(w, step, pushes[w], 0, /*step_each_push=*/!mean).ok()) std::abort();
+      // (Parsed as the server parses a push: Server::OnPush.)
+      auto push = ParseUpdate(pushes[w]);
+      if (!push.ok()) std::abort();
+      if (!shard.AddPush(w, step, *push, 0, /*step_each_push=*/!mean).ok()) std::abort();
     }
     if (!shard.CompleteStepIfReady(live, sgd)) std::abort();
     pull.have_version = shard.version() - 1;

@@ -100,11 +100,10 @@ struct Parsed {
   const uint8_t* bits = nullptr;    // sign: ceil(length / 8) bytes
 };
 
-absl::Status Parse(absl::Span<const uint8_t> bytes, Parsed* p, std::vector<uint32_t>* idx,
-                   std::vector<uint8_t>* neg) {
-  ByteReader r(bytes);
-  WireHeader* h = &p->h;
-  ADAPS_RETURN_IF_ERROR(ReadHeader(r, h));
+// The body of a single update whose header is p->h, `r` at its start.
+absl::Status ParseBody(ByteReader& r, Parsed* p, std::vector<uint32_t>* idx,
+                       std::vector<uint8_t>* neg) {
+  const WireHeader* h = &p->h;
   if (h->segments != 0) {
     return absl::InvalidArgumentError("a segmented container is not a single update");
   }
@@ -165,6 +164,22 @@ absl::Status Parse(absl::Span<const uint8_t> bytes, Parsed* p, std::vector<uint3
     return absl::DataLossError(absl::StrCat(r.remaining(), " unexpected bytes after the update"));
   }
   return absl::OkStatus();
+}
+
+absl::Status Parse(absl::Span<const uint8_t> bytes, Parsed* p, std::vector<uint32_t>* idx,
+                   std::vector<uint8_t>* neg) {
+  ByteReader r(bytes);
+  ADAPS_RETURN_IF_ERROR(ReadHeader(r, &p->h));
+  return ParseBody(r, p, idx, neg);
+}
+
+// The body of `u`, a single update parsed already.
+absl::Status ParseBody(const ParsedUpdate& u, Parsed* p, std::vector<uint32_t>* idx,
+                       std::vector<uint8_t>* neg) {
+  ByteReader r(u.bytes);
+  ADAPS_RETURN_IF_ERROR(r.Skip(u.body));
+  p->h = u.header;
+  return ParseBody(r, p, idx, neg);
 }
 
 void PutHeader(CompressorKind kind, IndexCoding coding, uint64_t length,
@@ -278,14 +293,30 @@ absl::StatusOr<WireHeader> PeekHeader(absl::Span<const uint8_t> bytes) {
   return h;
 }
 
-absl::Status DecodeUpdate(absl::Span<const uint8_t> bytes, CompressedUpdate* out) {
-  out->Clear();
-  Parsed p;
-  absl::Status st = Parse(bytes, &p, &out->indices, &out->negative);
-  if (!st.ok()) {
-    out->Clear();
-    return st;
+absl::StatusOr<ParsedUpdate> ParseUpdate(absl::Span<const uint8_t> bytes) {
+  ByteReader r(bytes);
+  ParsedUpdate u;
+  ADAPS_RETURN_IF_ERROR(ReadHeader(r, &u.header));
+  u.bytes = bytes;
+  u.body = r.pos();
+  if (u.header.segments != 0) {
+    ADAPS_RETURN_IF_ERROR(wire_internal::ReadSegmentTable(r, u.header, bytes, &u.segments));
   }
+  return u;
+}
+
+void ParsedUpdate::MoveTo(absl::Span<const uint8_t> moved) {
+  if (moved.data() == bytes.data()) return;
+  for (SegmentView& v : segments) {
+    v.bytes = moved.subspan(static_cast<size_t>(v.bytes.data() - bytes.data()), v.bytes.size());
+  }
+  bytes = moved;
+}
+
+namespace {
+
+// The rest of DecodeUpdate, once `p` (and out's indices and signs) hold the parse.
+void FillUpdate(const Parsed& p, CompressedUpdate* out) {
   const WireHeader& h = p.h;
   out->kind = h.kind;
   out->length = h.length;
@@ -316,22 +347,53 @@ absl::Status DecodeUpdate(absl::Span<const uint8_t> bytes, CompressedUpdate* out
       break;
     }
   }
+}
+
+}  // namespace
+
+absl::Status DecodeUpdate(absl::Span<const uint8_t> bytes, CompressedUpdate* out) {
+  out->Clear();
+  Parsed p;
+  absl::Status st = Parse(bytes, &p, &out->indices, &out->negative);
+  if (!st.ok()) {
+    out->Clear();
+    return st;
+  }
+  FillUpdate(p, out);
+  return absl::OkStatus();
+}
+
+absl::Status DecodeUpdate(const ParsedUpdate& update, CompressedUpdate* out) {
+  out->Clear();
+  Parsed p;
+  absl::Status st = ParseBody(update, &p, &out->indices, &out->negative);
+  if (!st.ok()) {
+    out->Clear();
+    return st;
+  }
+  FillUpdate(p, out);
   return absl::OkStatus();
 }
 
 absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span<float> dst) {
-  ADAPS_ASSIGN_OR_RETURN(WireHeader head, PeekHeader(bytes));
-  if (head.length != dst.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("update is for ", head.length,
+  ADAPS_ASSIGN_OR_RETURN(ParsedUpdate u, ParseUpdate(bytes));
+  return DecodeAdd(u, factor, dst);
+}
+
+absl::Status DecodeAdd(const ParsedUpdate& u, float factor, absl::Span<float> dst) {
+  if (u.header.length != dst.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("update is for ", u.header.length,
                                                    " elements, buffer has ", dst.size()));
   }
-  if (head.segments != 0) return wire_internal::DecodeAddSegmented(bytes, factor, dst);
+  if (u.header.segments != 0) {
+    return wire_internal::DecodeAddSegments(u.segments, factor, dst, nullptr);
+  }
   // Validate and decode once, into per-thread scratch (kept between calls, so a server adding
   // push after push allocates nothing); only a fully valid buffer is then applied.
   std::vector<uint32_t>& idx = ScratchIndices();
   std::vector<uint8_t>& neg = ScratchSigns();
   Parsed p;
-  ADAPS_RETURN_IF_ERROR(Parse(bytes, &p, &idx, &neg));
+  ADAPS_RETURN_IF_ERROR(ParseBody(u, &p, &idx, &neg));
   const WireHeader& h = p.h;
   float* d = dst.data();
   switch (h.kind) {
@@ -362,9 +424,18 @@ absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span
 
 absl::Status DecodeAddTouched(absl::Span<const uint8_t> bytes, float factor,
                               absl::Span<float> dst, std::vector<uint32_t>* touched) {
-  ADAPS_ASSIGN_OR_RETURN(WireHeader head, PeekHeader(bytes));
-  if (head.segments != 0) return wire_internal::DecodeAddSegmentedTouched(bytes, factor, dst, touched);
-  ADAPS_RETURN_IF_ERROR(DecodeAdd(bytes, factor, dst));
+  ADAPS_ASSIGN_OR_RETURN(ParsedUpdate u, ParseUpdate(bytes));
+  return DecodeAddTouched(u, factor, dst, touched);
+}
+
+absl::Status DecodeAddTouched(const ParsedUpdate& u, float factor, absl::Span<float> dst,
+                              std::vector<uint32_t>* touched) {
+  const WireHeader& head = u.header;
+  if (head.segments != 0) {
+    if (head.length != dst.size()) return DecodeAdd(u, factor, dst);  // its length error
+    return wire_internal::DecodeAddSegments(u.segments, factor, dst, touched);
+  }
+  ADAPS_RETURN_IF_ERROR(DecodeAdd(u, factor, dst));
   // DecodeAdd parsed an AdaComp or Top-k update's indices into this thread's scratch.
   if (head.kind == CompressorKind::kAdaComp || head.kind == CompressorKind::kTopK) {
     const std::vector<uint32_t>& idx = ScratchIndices();
@@ -421,18 +492,19 @@ absl::Status DecodeAddCopy(absl::Span<const uint8_t> bytes, float factor, absl::
     return absl::InvalidArgumentError(absl::StrCat("copy of ", copy.size(), " elements for ",
                                                    dst.size()));
   }
+  ADAPS_ASSIGN_OR_RETURN(ParsedUpdate u, ParseUpdate(bytes));
   // In place (the caller's buffer is the replica): only the elements the update names.
-  if (copy.data() == dst.data()) return DecodeAdd(bytes, factor, dst);
-  ADAPS_ASSIGN_OR_RETURN(WireHeader head, PeekHeader(bytes));
+  if (copy.data() == dst.data()) return DecodeAdd(u, factor, dst);
+  const WireHeader& head = u.header;
   if (head.segments != 0 || head.kind != CompressorKind::kAdaComp || head.length != dst.size()) {
-    ADAPS_RETURN_IF_ERROR(DecodeAdd(bytes, factor, dst));
+    ADAPS_RETURN_IF_ERROR(DecodeAdd(u, factor, dst));
     if (!dst.empty()) std::memcpy(copy.data(), dst.data(), dst.size() * sizeof(float));
     return absl::OkStatus();
   }
   std::vector<uint32_t>& idx = ScratchIndices();
   std::vector<uint8_t>& neg = ScratchSigns();
   Parsed p;
-  ADAPS_RETURN_IF_ERROR(Parse(bytes, &p, &idx, &neg));
+  ADAPS_RETURN_IF_ERROR(ParseBody(u, &p, &idx, &neg));
   const float pos = factor * p.scale;
   const uint32_t* ix = idx.data();
   const uint8_t* ng = neg.data();

@@ -110,9 +110,31 @@ absl::Status EncodeDense(absl::Span<const float> values, IndexCoding coding,
 // Reads and checks the header only.
 absl::StatusOr<WireHeader> PeekHeader(absl::Span<const uint8_t> bytes);
 
+// An update parsed once, where it enters (a server's push: Server::OnPush), and handed
+// inward so that no decoder reads its header again: the checked header, the bytes (not
+// owned: the parse is valid while they are), where the body starts, and a segmented
+// container's checked segments (SplitSegmented; empty for a single update).
+struct ParsedUpdate {
+  WireHeader header;
+  absl::Span<const uint8_t> bytes;
+  size_t body = 0;  // offset in `bytes` of what follows the header (a container: its table)
+  std::vector<SegmentView> segments;
+
+  // Re-points the parse at `moved`, the same bytes elsewhere (a small ZeroMQ message keeps
+  // its bytes inside itself, so they move with it). `moved` must hold the same bytes.
+  void MoveTo(absl::Span<const uint8_t> moved);
+};
+
+// The one parse of an update's header: everything PeekHeader checks, and for a segmented
+// container its table and each segment's header as SplitSegmented checks them (the bodies
+// are checked by the decoders). kDataLoss for a damaged buffer.
+absl::StatusOr<ParsedUpdate> ParseUpdate(absl::Span<const uint8_t> bytes);
+
 // Decodes a whole buffer into `*out` (previous contents replaced). On error `*out` is left
 // cleared. A segmented container is kInvalidArgument here (use DecodeAdd or SplitSegmented).
 absl::Status DecodeUpdate(absl::Span<const uint8_t> bytes, CompressedUpdate* out);
+// The same, for an update parsed already (its header is not read again).
+absl::Status DecodeUpdate(const ParsedUpdate& update, CompressedUpdate* out);
 
 // dst += factor * decompress(bytes), without building a dense copy. The whole buffer is
 // validated before anything is written, so on any error dst is unchanged. A segmented
@@ -120,6 +142,8 @@ absl::Status DecodeUpdate(absl::Span<const uint8_t> bytes, CompressedUpdate* out
 // kInvalidArgument when dst.size() differs from the encoded length; kDataLoss when the
 // buffer is damaged.
 absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span<float> dst);
+// The same, for an update parsed already (its header is not read again).
+absl::Status DecodeAdd(const ParsedUpdate& update, float factor, absl::Span<float> dst);
 
 // DecodeAdd(bytes, factor, dst), and appends to `*touched` the elements the update holds,
 // ascending: an AdaComp or Top-k update's indices, every element of a dense or sign one (a
@@ -128,6 +152,8 @@ absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span
 // any error neither dst nor `*touched` changes.
 absl::Status DecodeAddTouched(absl::Span<const uint8_t> bytes, float factor,
                               absl::Span<float> dst, std::vector<uint32_t>* touched);
+absl::Status DecodeAddTouched(const ParsedUpdate& update, float factor, absl::Span<float> dst,
+                              std::vector<uint32_t>* touched);
 
 // DecodeAdd(bytes, factor, dst), then copy = dst: a worker's recompressed pull (replica +=
 // update, parameters = replica). A single AdaComp update takes one pass over dst: each block
@@ -179,6 +205,8 @@ struct DecodedPart {
 // dense or sign part (every element). kDataLoss / the codec's error otherwise, and then
 // *used is where it was.
 absl::Status DecodePushParts(absl::Span<const uint8_t> bytes, size_t length,
+                             std::vector<DecodedPart>& parts, size_t* used, bool* sparse);
+absl::Status DecodePushParts(const ParsedUpdate& update, size_t length,
                              std::vector<DecodedPart>& parts, size_t* used, bool* sparse);
 // The servers' tracked SGD step (no weight decay) over the step's pushes, decoded, in the
 // order the server took them: for each part in order, at each element it carries,

@@ -29,29 +29,36 @@ constexpr uint32_t kOwnPush = 0xFFFFFFFF;  // the size that says: the puller's o
 
 absl::Status DecodePushParts(absl::Span<const uint8_t> bytes, size_t length,
                              std::vector<DecodedPart>& parts, size_t* used, bool* sparse) {
+  ADAPS_ASSIGN_OR_RETURN(ParsedUpdate update, ParseUpdate(bytes));
+  return DecodePushParts(update, length, parts, used, sparse);
+}
+
+absl::Status DecodePushParts(const ParsedUpdate& update, size_t length,
+                             std::vector<DecodedPart>& parts, size_t* used, bool* sparse) {
   const size_t start = *used;
   absl::Status st = [&]() -> absl::Status {
-    ADAPS_ASSIGN_OR_RETURN(WireHeader head, PeekHeader(bytes));
+    const WireHeader& head = update.header;
     if (head.length != length) {
       return absl::DataLossError(
           absl::StrCat("forwarded push of ", head.length, " elements for ", length));
     }
-    auto add = [&](absl::Span<const uint8_t> part, uint32_t offset) -> absl::Status {
+    // `part`: a segment's bytes, or null: the push itself, parsed already.
+    auto add = [&](const absl::Span<const uint8_t>* part, uint32_t offset) -> absl::Status {
       if (*used == parts.size()) parts.emplace_back();
       DecodedPart& p = parts[(*used)++];
       p.offset = offset;
-      ADAPS_RETURN_IF_ERROR(DecodeUpdate(part, &p.update));
+      ADAPS_RETURN_IF_ERROR(part != nullptr ? DecodeUpdate(*part, &p.update)
+                                            : DecodeUpdate(update, &p.update));
       if (p.update.kind != CompressorKind::kAdaComp &&
           p.update.kind != CompressorKind::kTopK) {
         *sparse = false;
       }
       return absl::OkStatus();
     };
-    if (head.segments == 0) return add(bytes, 0);
-    ADAPS_ASSIGN_OR_RETURN(std::vector<SegmentView> views, SplitSegmented(bytes));
+    if (head.segments == 0) return add(nullptr, 0);
     uint64_t at = 0;
-    for (const SegmentView& v : views) {
-      ADAPS_RETURN_IF_ERROR(add(v.bytes, static_cast<uint32_t>(at)));
+    for (const SegmentView& v : update.segments) {
+      ADAPS_RETURN_IF_ERROR(add(&v.bytes, static_cast<uint32_t>(at)));
       at += v.segment.length;
     }
     if (at != length) return absl::DataLossError("segments do not cover the forwarded push");

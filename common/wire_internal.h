@@ -155,12 +155,14 @@ class BitWriter {
 absl::Status ReadHeader(ByteReader& r, WireHeader* h);
 // The rest of a segmented container's fixed part, after its kind byte.
 absl::Status ReadSegmentedHeader(ByteReader& r, WireHeader* h);
-// DecodeAdd of a segmented container whose total length is dst.size().
-absl::Status DecodeAddSegmented(absl::Span<const uint8_t> bytes, float factor,
-                                absl::Span<float> dst);
-// DecodeAddTouched of a segmented container (each segment's elements at its offset).
-absl::Status DecodeAddSegmentedTouched(absl::Span<const uint8_t> bytes, float factor,
-                                       absl::Span<float> dst, std::vector<uint32_t>* touched);
+// The segment table of a container whose header `r` has read (`h`), and each segment's
+// header checked against it (SplitSegmented).
+absl::Status ReadSegmentTable(ByteReader& r, const WireHeader& h,
+                              absl::Span<const uint8_t> bytes, std::vector<SegmentView>* views);
+// DecodeAdd of a parsed segmented container whose total length is dst.size(); `touched`
+// (DecodeAddTouched: each segment's elements at its offset) may be null.
+absl::Status DecodeAddSegments(absl::Span<const SegmentView> segments, float factor,
+                               absl::Span<float> dst, std::vector<uint32_t>* touched);
 
 // ---- index streams (wire_indices.cc) ------------------------------------------------------
 

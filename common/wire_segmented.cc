@@ -32,12 +32,8 @@ absl::Status ReadSegmentedHeader(ByteReader& r, WireHeader* h) {
   return absl::OkStatus();
 }
 
-namespace {
-
-// Both segmented decode-adds; `touched` null: no elements collected.
-absl::Status AddSegments(absl::Span<const uint8_t> bytes, float factor, absl::Span<float> dst,
-                         std::vector<uint32_t>* touched) {
-  ADAPS_ASSIGN_OR_RETURN(std::vector<SegmentView> views, SplitSegmented(bytes));
+absl::Status DecodeAddSegments(absl::Span<const SegmentView> segments, float factor,
+                               absl::Span<float> dst, std::vector<uint32_t>* touched) {
   // Every segment is validated by adding it into a copy; only a wholly valid container
   // reaches dst (the same additions, so the result is bit for bit that of adding directly).
   thread_local std::vector<float> scratch;
@@ -46,7 +42,11 @@ absl::Status AddSegments(absl::Span<const uint8_t> bytes, float factor, absl::Sp
   const size_t touched_before = touched != nullptr ? touched->size() : 0;
   size_t at = 0;
   absl::Status status;
-  for (const SegmentView& v : views) {
+  for (const SegmentView& v : segments) {
+    if (v.segment.length > scratch.size() - at) {
+      status = absl::DataLossError("segments do not cover the update");
+      break;
+    }
     const absl::Span<float> seg = absl::MakeSpan(scratch.data() + at, v.segment.length);
     if (touched == nullptr) {
       status = DecodeAdd(v.bytes, factor, seg);
@@ -67,18 +67,6 @@ absl::Status AddSegments(absl::Span<const uint8_t> bytes, float factor, absl::Sp
   }
   std::copy(scratch.begin(), scratch.end(), dst.begin());
   return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::Status DecodeAddSegmented(absl::Span<const uint8_t> bytes, float factor,
-                                absl::Span<float> dst) {
-  return AddSegments(bytes, factor, dst, nullptr);
-}
-
-absl::Status DecodeAddSegmentedTouched(absl::Span<const uint8_t> bytes, float factor,
-                                       absl::Span<float> dst, std::vector<uint32_t>* touched) {
-  return AddSegments(bytes, factor, dst, touched);
 }
 
 }  // namespace wire_internal
@@ -149,14 +137,20 @@ absl::Status EncodeSegmented(absl::Span<const WireSegment> table,
 }
 
 absl::StatusOr<std::vector<SegmentView>> SplitSegmented(absl::Span<const uint8_t> bytes) {
-  wire_internal::ByteReader r(bytes);
-  WireHeader h;
-  ADAPS_RETURN_IF_ERROR(wire_internal::ReadHeader(r, &h));
-  if (h.segments == 0) return absl::InvalidArgumentError("not a segmented container");
+  ADAPS_ASSIGN_OR_RETURN(ParsedUpdate parsed, ParseUpdate(bytes));
+  if (parsed.header.segments == 0) return absl::InvalidArgumentError("not a segmented container");
+  return std::move(parsed.segments);
+}
+
+namespace wire_internal {
+
+absl::Status ReadSegmentTable(ByteReader& r, const WireHeader& h,
+                              absl::Span<const uint8_t> bytes, std::vector<SegmentView>* out) {
   // Each table entry takes at least 3 bytes: a count past that is damage, found before
   // anything is sized by it.
-  if (uint64_t{h.segments} * 3 > r.remaining()) return wire_internal::ByteReader::Truncated();
-  std::vector<SegmentView> views(h.segments);
+  if (uint64_t{h.segments} * 3 > r.remaining()) return ByteReader::Truncated();
+  std::vector<SegmentView>& views = *out;
+  views.assign(h.segments, SegmentView());
   uint64_t total = 0, body = 0;
   for (uint32_t i = 0; i < h.segments; ++i) {
     uint32_t nbytes = 0;
@@ -187,7 +181,9 @@ absl::StatusOr<std::vector<SegmentView>> SplitSegmented(absl::Span<const uint8_t
     ADAPS_RETURN_IF_ERROR(CheckPart(views[i].bytes, views[i].segment, i,
                                     absl::StatusCode::kDataLoss));
   }
-  return views;
+  return absl::OkStatus();
 }
+
+}  // namespace wire_internal
 
 }  // namespace adaps

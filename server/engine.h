@@ -98,6 +98,9 @@ struct DeclareWork : EngineRequest {
 struct PushWork : EngineRequest {
   int worker = -1;
   uint64_t step = 0;
+  // The payload parsed where it arrived (Server::OnPush: ParseUpdate), not read again; the
+  // engine thread re-points it at payload() (ParsedUpdate::MoveTo) before use.
+  ParsedUpdate push;
 };
 
 struct PullWork : EngineRequest {

@@ -110,6 +110,8 @@ void EngineThread::OnDeclare(DeclareWork& work) {
   ADAPS_DCHECK(OnThread(), "an engine thread's shards are touched only on it");
   if (!work.segments.empty()) return OnDeclareBucket(work);
   auto it = shards_.find(work.key);
+  // The server checks this too, but only for a key with no owner yet: a re-declaration after
+  // this thread refused the first one (no shard here, an owner there) is checked only here.
   if (work.length > options_.max_slice_elements && it == shards_.end()) {
     return ReplyError(work, absl::ResourceExhaustedError(absl::StrCat(
                                 "slice of ", work.length, " elements exceeds --max_slice_elements ",
@@ -152,13 +154,14 @@ void EngineThread::OnPush(PushWork& work) {
   Shard& shard = *found;
   ServerMetrics::Work timing = Time(shard, /*push=*/true);
   const absl::Time start = absl::Now();
+  work.push.MoveTo(work.payload());
   if (options_.sync) {
     const uint64_t version = shard.version();
     // SGD that a sparse step allows: a tracked step's pushes are kept and stepped one by
     // one at its end (Shard::AddPush).
     const bool each_push =
         optimizer_.kind == OptimizerKind::kSgd && SparseStepAllowed(optimizer_).ok();
-    if (auto st = shard.AddPush(work.worker, work.step, work.payload(), options_.backup_workers,
+    if (auto st = shard.AddPush(work.worker, work.step, work.push, options_.backup_workers,
                                 each_push);
         !st.ok()) {
       return ReplyError(work, st);
@@ -172,7 +175,7 @@ void EngineThread::OnPush(PushWork& work) {
     if (completed) MaybeStepRecord(shard);
     return;
   }
-  if (auto st = shard.ApplyPush(work.payload(), optimizer_); !st.ok()) {
+  if (auto st = shard.ApplyPush(work.push, optimizer_); !st.ok()) {
     return ReplyError(work, st);
   }
   shard.CountStepWork(absl::Now() - start, /*completed=*/true);

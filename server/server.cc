@@ -327,6 +327,8 @@ void Server::OnDeclare(InMessage& in) {
   // which must not hold up every socket): a refused declaration there leaves no shard, and
   // the engine is told so (EngineThread::Handle, CheckpointWriter::SetShardHeld).
   if (engine_->OwnerOf(d->key()) < 0) {
+    // Before the budget is charged (the engine thread checks it again for a key whose first
+    // declaration it refused, which has an owner and so skips this).
     if (d->length() > config_.max_slice_elements) {
       return ReplyError(in, absl::ResourceExhaustedError(absl::StrCat(
                                 "slice of ", d->length(), " elements exceeds --max_slice_elements ",
@@ -396,16 +398,18 @@ void Server::OnPush(InMessage& in) {
   if (worker < 0) {
     return ReplyError(in, absl::InvalidArgumentError("push from an unknown worker"));
   }
-  auto header = PeekHeader(in.payload());
-  if (!header.ok()) return ReplyError(in, header.status());
-  const uint8_t carried =
-      header->segments ? kSegmentedKind : static_cast<uint8_t>(header->kind);
+  // The one parse of the push's header (and a container's table): the engine thread and
+  // its shard take the parse, and only the bodies are read there.
+  auto parsed = ParseUpdate(in.payload());
+  if (!parsed.ok()) return ReplyError(in, parsed.status());
+  const WireHeader& header = parsed->header;
+  const uint8_t carried = header.segments ? kSegmentedKind : static_cast<uint8_t>(header.kind);
   if (carried != static_cast<uint8_t>(p->kind())) {
     return ReplyError(in, absl::InvalidArgumentError(absl::StrCat(
                               "push says payload kind ", msg::EnumNamePayloadKind(p->kind()),
                               " but carries ",
-                              header->segments ? "a segmented container"
-                                               : CompressorKindName(header->kind))));
+                              header.segments ? "a segmented container"
+                                              : CompressorKindName(header.kind))));
   }
   CountWorker(worker);
   SyncLiveWorkers();  // the step completes against the live workers as of this push
@@ -413,6 +417,7 @@ void Server::OnPush(InMessage& in) {
   work.key = p->key();
   work.worker = worker;
   work.step = p->step();
+  work.push = *std::move(parsed);
   Route(std::move(in), owner, std::move(work));
 }
 

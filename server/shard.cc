@@ -175,10 +175,10 @@ void Shard::Initialize(absl::Span<const uint8_t> bytes) {
   dense_.Invalidate();
 }
 
-absl::Status Shard::CheckLength(absl::Span<const uint8_t> payload,
+absl::Status Shard::CheckLength(const ParsedUpdate& push,
                                 std::vector<WireSegment>* learned) const {
   learned->clear();
-  ADAPS_ASSIGN_OR_RETURN(WireHeader header, PeekHeader(payload));
+  const WireHeader& header = push.header;
   if (header.length != length_) {
     return absl::InvalidArgumentError(absl::StrCat("push of ", header.length,
                                                    " elements to slice '", name_, "' of ",
@@ -195,7 +195,7 @@ absl::Status Shard::CheckLength(absl::Span<const uint8_t> payload,
     return absl::InvalidArgumentError(
         absl::StrCat("segmented push to slice '", name_, "', which is not a fusion bucket"));
   }
-  ADAPS_ASSIGN_OR_RETURN(std::vector<SegmentView> views, SplitSegmented(payload));
+  const std::vector<SegmentView>& views = push.segments;
   const bool learn = segments_.empty();
   for (size_t i = 0; i < views.size(); ++i) {
     if (learn) {
@@ -214,10 +214,10 @@ absl::Status Shard::CheckLength(absl::Span<const uint8_t> payload,
   return absl::OkStatus();
 }
 
-absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t> payload,
+absl::Status Shard::AddPush(int worker, uint64_t step, const ParsedUpdate& push,
                             int backup_workers, bool step_each_push) {
   std::vector<WireSegment> learned;
-  ADAPS_RETURN_IF_ERROR(CheckLength(payload, &learned));
+  ADAPS_RETURN_IF_ERROR(CheckLength(push, &learned));
   if (step != version_ && resuming_) {
     // The workers' steps went on after the checkpoint. A worker pushes step s only once it
     // saw step s - 1 complete, so every step before the highest pushed one completed before
@@ -250,9 +250,9 @@ absl::Status Shard::AddPush(int worker, uint64_t step, absl::Span<const uint8_t>
   // A tracked step's elements and pushes are kept by the sparse answer, which decodes the
   // push (one parse); on an error agg_ did not change.
   if (sparse_ != nullptr && sparse_->step_tracked()) {
-    ADAPS_RETURN_IF_ERROR(sparse_->AddPush(worker, payload, length_, absl::MakeSpan(agg_)));
+    ADAPS_RETURN_IF_ERROR(sparse_->AddPush(worker, push, length_, absl::MakeSpan(agg_)));
   } else {
-    ADAPS_RETURN_IF_ERROR(DecodeAdd(payload, 1.0f, absl::MakeSpan(agg_)));
+    ADAPS_RETURN_IF_ERROR(DecodeAdd(push, 1.0f, absl::MakeSpan(agg_)));
   }
   if (late) {
     last_late_[worker] = step;
@@ -351,12 +351,11 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
   return true;
 }
 
-absl::Status Shard::ApplyPush(absl::Span<const uint8_t> payload,
-                              const OptimizerConfig& optimizer) {
+absl::Status Shard::ApplyPush(const ParsedUpdate& push, const OptimizerConfig& optimizer) {
   std::vector<WireSegment> learned;
-  ADAPS_RETURN_IF_ERROR(CheckLength(payload, &learned));
+  ADAPS_RETURN_IF_ERROR(CheckLength(push, &learned));
   std::fill(agg_.begin(), agg_.end(), 0.0f);
-  ADAPS_RETURN_IF_ERROR(DecodeAdd(payload, 1.0f, absl::MakeSpan(agg_)));
+  ADAPS_RETURN_IF_ERROR(DecodeAdd(push, 1.0f, absl::MakeSpan(agg_)));
   if (!learned.empty()) segments_ = std::move(learned);
   ApplyOptimizer(StepConfig(optimizer, running_mean_), agg_, absl::MakeSpan(params_), optimizer_);
   ++version_;

@@ -119,13 +119,14 @@ class Shard {
   // nothing happened yet: version 0, no push of step 0, not restored. Ignored otherwise.
   void Initialize(absl::Span<const uint8_t> bytes);
 
-  // Sync: adds worker `worker`'s push for `step` (a wire-encoded update) to the step's sum.
-  // kInvalidArgument for a payload of another length, kFailedPrecondition for another
-  // step or a second push of the worker, the codec's error (kDataLoss...) for bad bytes;
-  // the state is then unchanged. A restored shard, until its first step completes, takes
-  // the workers' steps (their steps went on after the checkpoint): a later step moves the
-  // version there (dropping the sum of the earlier one: that step completed before the
-  // restart), an earlier one is acknowledged and not applied (it was applied already).
+  // Sync: adds worker `worker`'s push for `step` (a wire-encoded update, parsed at the edge:
+  // ParseUpdate) to the step's sum. kInvalidArgument for a payload of another length,
+  // kFailedPrecondition for another step or a second push of the worker, the codec's error
+  // (kDataLoss...) for bad bytes; the state is then unchanged. A restored shard, until its
+  // first step completes, takes the workers' steps (their steps went on after the
+  // checkpoint): a later step moves the version there (dropping the sum of the earlier one:
+  // that step completed before the restart), an earlier one is acknowledged and not applied
+  // (it was applied already).
   // With `backup_workers` > 0 (--backup_workers), a push for a step that completed without
   // it (a straggler's) is not refused: it is added to the step in progress, so nothing it
   // carried is lost (kFailedPrecondition for a second push of a step the worker had pushed).
@@ -133,7 +134,7 @@ class Shard {
   // step keeps its pushes decoded instead of adding them into the sum, and its completion
   // steps the parameters with each in turn (ApplySgdParts, common/wire_codec.h): no pass over
   // a sum of the slice's size, and the step a forwarded SGD answer replays.
-  absl::Status AddPush(int worker, uint64_t step, absl::Span<const uint8_t> payload,
+  absl::Status AddPush(int worker, uint64_t step, const ParsedUpdate& push,
                        int backup_workers = 0, bool step_each_push = false);
   // Sync: a worker saw version `seen` of this slice before a restart (Resume). A restored
   // shard that completed no step since and is behind it moves there, as a push for step
@@ -147,7 +148,7 @@ class Shard {
                            int backup_workers = 0);
   // Async: applies one push at once and advances the version. Errors as AddPush (length,
   // codec); on error the parameters are unchanged.
-  absl::Status ApplyPush(absl::Span<const uint8_t> payload, const OptimizerConfig& optimizer);
+  absl::Status ApplyPush(const ParsedUpdate& push, const OptimizerConfig& optimizer);
 
   // The engine's time on this shard (for the workers' per-step breakdown): `elapsed` of
   // work on the step in progress (pushes), closing that step when `completed` (the step's
@@ -187,8 +188,7 @@ class Shard {
   Shard() = default;
   // Length and segment table of a push; `learned` receives the table of a segmented push
   // to a bucket that has none yet (restored), to be adopted once the push is applied.
-  absl::Status CheckLength(absl::Span<const uint8_t> payload,
-                           std::vector<WireSegment>* learned) const;
+  absl::Status CheckLength(const ParsedUpdate& push, std::vector<WireSegment>* learned) const;
   void Grow(absl::Span<const WireSegment> table);
   // Resuming: goes on at `step`, dropping the step in progress (AddPush, ResumeAt).
   void JumpTo(uint64_t step);

@@ -24,15 +24,15 @@ void SparseAnswer::BeginStep(uint32_t length, bool step_each_push) {
   parts_used_ = 0;
 }
 
-absl::Status SparseAnswer::AddPush(int worker, absl::Span<const uint8_t> payload,
-                                   uint32_t length, absl::Span<float> agg) {
+absl::Status SparseAnswer::AddPush(int worker, const ParsedUpdate& push, uint32_t length,
+                                   absl::Span<float> agg) {
   // The elements each push touched come from the decode that adds it (one parse), or,
   // stepped push by push, from the push decoded and kept; on an error neither `agg` nor
   // touched_ changed.
   if (by_push_) {
     const size_t first = parts_used_;
     bool sparse = true;
-    ADAPS_RETURN_IF_ERROR(DecodePushParts(payload, length, parts_, &parts_used_, &sparse));
+    ADAPS_RETURN_IF_ERROR(DecodePushParts(push, length, parts_, &parts_used_, &sparse));
     for (size_t k = first; k < parts_used_; ++k) {
       const DecodedPart& part = parts_[k];
       const CompressedUpdate& u = part.update;
@@ -43,7 +43,7 @@ absl::Status SparseAnswer::AddPush(int worker, absl::Span<const uint8_t> payload
       }
     }
   } else {
-    ADAPS_RETURN_IF_ERROR(DecodeAddTouched(payload, 1.0f, agg, &touched_));
+    ADAPS_RETURN_IF_ERROR(DecodeAddTouched(push, 1.0f, agg, &touched_));
   }
   // One push's elements are ascending and distinct already (the codec refuses others):
   // they stay the list; from the second push on, every list goes into the bitmap.
@@ -53,7 +53,7 @@ absl::Status SparseAnswer::AddPush(int worker, absl::Span<const uint8_t> payload
     touched_.clear();
   }
   if (push_count_ == pushes_.size()) pushes_.emplace_back();
-  pushes_[push_count_++].assign(payload.begin(), payload.end());
+  pushes_[push_count_++].assign(push.bytes.begin(), push.bytes.end());
   workers_.push_back(worker);
   return absl::OkStatus();
 }

@@ -37,10 +37,10 @@ class SparseAnswer {
   bool step_tracked() const { return step_tracked_; }
   // Whether its pushes are kept decoded instead of added into the sum.
   bool by_push() const { return by_push_; }
-  // A push of the tracked step: decode-added into `agg` collecting its elements, or (by
-  // push) decoded and kept; its bytes and sender kept. The codec's error for bad bytes,
-  // `agg` and the elements then unchanged.
-  absl::Status AddPush(int worker, absl::Span<const uint8_t> payload, uint32_t length,
+  // A push of the tracked step (parsed: ParseUpdate): decode-added into `agg` collecting its
+  // elements, or (by push) decoded and kept; its bytes and sender kept. The codec's error
+  // for bad bytes, `agg` and the elements then unchanged.
+  absl::Status AddPush(int worker, const ParsedUpdate& push, uint32_t length,
                        absl::Span<float> agg);
   // The tracked step's elements, ascending and distinct (the bitmap is left all zero).
   absl::Span<const uint32_t> CollectTouched();

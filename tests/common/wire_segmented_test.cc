@@ -1,4 +1,5 @@
 // Segmented containers of the wire codec (common/wire_codec.h): a fusion bucket's payload.
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -229,6 +230,76 @@ TEST(WireSegmented, RandomDamageNeverWritesOnError) {
       EXPECT_EQ(0, std::memcmp(dst.data(), before.data(), dst.size() * sizeof(float)));
     }
   }
+}
+
+TEST(WireParse, ParsesAContainersTableOnceAndDecodesAsTheBytesDo) {
+  const Bucket b = ThreeKinds();
+  auto parsed = ParseUpdate(b.bytes);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->header.segments, b.table.size());
+  EXPECT_EQ(parsed->header.length, b.total);
+  ASSERT_EQ(parsed->segments.size(), b.table.size());
+  for (size_t i = 0; i < b.table.size(); ++i) {
+    EXPECT_EQ(parsed->segments[i].segment.length, b.table[i].length);
+    EXPECT_TRUE(std::equal(parsed->segments[i].bytes.begin(), parsed->segments[i].bytes.end(),
+                           b.parts[i].begin(), b.parts[i].end()));
+  }
+  std::vector<float> from_bytes(b.total, 1.0f), from_parse(b.total, 1.0f);
+  ASSERT_TRUE(DecodeAdd(b.bytes, 0.5f, absl::MakeSpan(from_bytes)).ok());
+  ASSERT_TRUE(DecodeAdd(*parsed, 0.5f, absl::MakeSpan(from_parse)).ok());
+  EXPECT_EQ(std::memcmp(from_bytes.data(), from_parse.data(), 4 * b.total), 0);
+}
+
+TEST(WireParse, ASingleUpdatesBodyStartsAfterItsHeader) {
+  const std::vector<uint8_t> a = Encoded(CompressorKind::kAdaComp, 120, 50, 1);
+  auto parsed = ParseUpdate(a);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->header.kind, CompressorKind::kAdaComp);
+  EXPECT_EQ(parsed->header.bin_size, 50u);
+  EXPECT_TRUE(parsed->segments.empty());
+  EXPECT_GT(parsed->body, 4u);
+  EXPECT_LT(parsed->body, a.size());
+  std::vector<float> from_bytes(120), from_parse(120);
+  ASSERT_TRUE(DecodeAdd(a, 1.0f, absl::MakeSpan(from_bytes)).ok());
+  ASSERT_TRUE(DecodeAdd(*parsed, 1.0f, absl::MakeSpan(from_parse)).ok());
+  EXPECT_EQ(from_bytes, from_parse);
+  std::vector<float> wrong(119);
+  EXPECT_EQ(DecodeAdd(*parsed, 1.0f, absl::MakeSpan(wrong)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WireParse, DamagedTablesAreRefusedByTheParse) {
+  const std::vector<uint8_t> a = Encoded(CompressorKind::kAdaComp, 10, 50, 1);
+  const std::vector<uint8_t> d = Encoded(CompressorKind::kDense, 4, 1, 2);
+  std::vector<uint8_t> both = a;
+  both.insert(both.end(), d.begin(), d.end());
+  const uint32_t na = a.size(), nd = d.size();
+  EXPECT_TRUE(ParseUpdate(Handmade(14, 2, {10, 50, na, 4, 1, nd}, both)).ok());
+  EXPECT_EQ(ParseUpdate(Handmade(14, 2, {10, 51, na, 4, 1, nd}, both)).status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ParseUpdate(Handmade(14, 2, {10, 50, na, 4, 1, nd - 1}, both)).status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ParseUpdate(std::vector<uint8_t>{kWireMagic}).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+// A small ZeroMQ message keeps its bytes inside itself: they move with it, and the parse
+// made before the move is re-pointed at them.
+TEST(WireParse, MoveToRepointsTheParseAtTheMovedBytes) {
+  const Bucket b = ThreeKinds();
+  auto parsed = ParseUpdate(b.bytes);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const std::vector<uint8_t> moved = b.bytes;
+  parsed->MoveTo(moved);
+  EXPECT_EQ(parsed->bytes.data(), moved.data());
+  for (const SegmentView& v : parsed->segments) {
+    EXPECT_GE(v.bytes.data(), moved.data());
+    EXPECT_LE(v.bytes.data() + v.bytes.size(), moved.data() + moved.size());
+  }
+  std::vector<float> from_bytes(b.total), from_parse(b.total);
+  ASSERT_TRUE(DecodeAdd(moved, 1.0f, absl::MakeSpan(from_bytes)).ok());
+  ASSERT_TRUE(DecodeAdd(*parsed, 1.0f, absl::MakeSpan(from_parse)).ok());
+  EXPECT_EQ(std::memcmp(from_bytes.data(), from_parse.data(), 4 * b.total), 0);
 }
 
 }  // namespace

@@ -17,6 +17,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::Status decoded = adaps::DecodeUpdate(bytes, &update);
   auto header = adaps::PeekHeader(bytes);
   if (decoded.ok() && !header.ok()) std::abort();  // a decodable buffer has a valid header
+  // The one parse a server makes of a push (ParseUpdate) checks the header and a container's
+  // table: it passes what decodes, and nothing without a valid header.
+  auto parsed = adaps::ParseUpdate(bytes);
+  if (parsed.ok() && !header.ok()) std::abort();
+  if (decoded.ok() && !parsed.ok()) std::abort();
 
   // DecodeAdd into a buffer of the claimed length (capped), with guard cells either side.
   size_t n = header.ok() ? header->length : 16;

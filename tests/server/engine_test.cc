@@ -131,6 +131,7 @@ class EngineHarness {
     w.worker = worker;
     w.step = step;
     w.bytes = DenseBytes(g);
+    w.push = *ParseUpdate(*w.bytes);  // as Server::OnPush parses it
     const uint64_t id = w.request_id;
     EXPECT_TRUE(engine->Submit(engine->OwnerOf(key), std::move(w)));
     return id;
@@ -310,6 +311,7 @@ TEST(Engine, PushToAKeyTheThreadDoesNotHoldIsRefused) {
   w.key = 99;
   w.request_id = 1000;
   w.bytes = DenseBytes(std::vector<float>(kLen, 1.0f));
+  w.push = *ParseUpdate(*w.bytes);
   ASSERT_TRUE(h.engine->Submit(owner, std::move(w)));
   RecordingSink::Answer a = h.sink.Wait(1000);
   EXPECT_EQ(a.status.code(), absl::StatusCode::kInvalidArgument) << a.status;

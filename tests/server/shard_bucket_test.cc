@@ -9,6 +9,7 @@
 #include "common/compressor.h"
 #include "common/wire_codec.h"
 #include "gtest/gtest.h"
+#include "tests/server/parsed_push.h"
 #include "server/shard.h"
 
 namespace adaps {
@@ -114,12 +115,12 @@ TEST(ShardBucket, StepsEachMemberBitForBitAsAShardOfItsOwn) {
   const Shard::Pull recompressed{"r", 1, 0, 0, Shard::Format::kRecompressed};
   for (int step = 0; step < 20; ++step) {
     const auto parts0 = w0.Encode(rng), parts1 = w1.Encode(rng);
-    ASSERT_TRUE(p.bucket.AddPush(0, step, Container(parts0)).ok());
-    ASSERT_TRUE(p.bucket.AddPush(1, step, Container(parts1)).ok());
+    ASSERT_TRUE(AddPushBytes(p.bucket, 0, step, Container(parts0)).ok());
+    ASSERT_TRUE(AddPushBytes(p.bucket, 1, step, Container(parts1)).ok());
     ASSERT_TRUE(p.bucket.CompleteStepIfReady({0, 1}, adam));
     for (size_t i = 0; i < kTable.size(); ++i) {
-      ASSERT_TRUE(p.own[i].AddPush(0, step, parts0[i]).ok());
-      ASSERT_TRUE(p.own[i].AddPush(1, step, parts1[i]).ok());
+      ASSERT_TRUE(AddPushBytes(p.own[i], 0, step, parts0[i]).ok());
+      ASSERT_TRUE(AddPushBytes(p.own[i], 1, step, parts1[i]).ok());
       ASSERT_TRUE(p.own[i].CompleteStepIfReady({0, 1}, adam));
     }
     // The recompressed pull: each segment is the member's own answer, byte for byte.
@@ -157,10 +158,10 @@ TEST(ShardBucket, DownlinkBinCapEncodesEachMemberAtTheSmallerBin) {
   Shard::Pull pull{"r", 1, 0, 0, Shard::Format::kRecompressed};
   for (int step = 0; step < 5; ++step) {
     const auto parts = w0.Encode(rng);
-    ASSERT_TRUE(p.bucket.AddPush(0, step, Container(parts)).ok());
+    ASSERT_TRUE(AddPushBytes(p.bucket, 0, step, Container(parts)).ok());
     ASSERT_TRUE(p.bucket.CompleteStepIfReady({0}, sgd));
     for (size_t i = 0; i < kTable.size(); ++i) {
-      ASSERT_TRUE(p.own[i].AddPush(0, step, parts[i]).ok());
+      ASSERT_TRUE(AddPushBytes(p.own[i], 0, step, parts[i]).ok());
       ASSERT_TRUE(p.own[i].CompleteStepIfReady({0}, sgd));
     }
     pull.have_version = step;
@@ -193,7 +194,7 @@ TEST(ShardBucket, GrowsOnlyUntilItSteps) {
   auto parts = w.Encode(rng);
   parts.pop_back();
   const std::vector<WireSegment> two(kTable.begin(), kTable.begin() + 2);
-  ASSERT_TRUE(b.AddPush(0, 0, Container(parts, two)).ok());
+  ASSERT_TRUE(AddPushBytes(b, 0, 0, Container(parts, two)).ok());
   EXPECT_EQ(b.DeclareSegments(kTable, {}).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(b.length(), 127u);
   EXPECT_EQ(b.segments(), two);
@@ -217,22 +218,23 @@ TEST(ShardBucket, RefusesPushesThatDoNotMatchItsTableAndChangesNothing) {
     ASSERT_TRUE(EncodeDense(Random(seg.length, rng), IndexCoding::kRice, &dense_parts.back()).ok());
   }
   const std::vector<float> before(p.bucket.params().begin(), p.bucket.params().end());
-  EXPECT_EQ(p.bucket.AddPush(0, 0, Container(dense_parts, swapped)).code(),
+  EXPECT_EQ(AddPushBytes(p.bucket, 0, 0, Container(dense_parts, swapped)).code(),
             absl::StatusCode::kInvalidArgument);
   std::vector<uint8_t> plain;
   ASSERT_TRUE(EncodeDense(Random(p.bucket.length(), rng), IndexCoding::kRice, &plain).ok());
-  EXPECT_EQ(p.bucket.AddPush(0, 0, plain).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AddPushBytes(p.bucket, 0, 0, plain).code(), absl::StatusCode::kInvalidArgument);
   // A truncated container.
   std::vector<uint8_t> cut = Container(parts);
   cut.pop_back();
-  EXPECT_EQ(p.bucket.AddPush(0, 0, cut).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(AddPushBytes(p.bucket, 0, 0, cut).code(), absl::StatusCode::kDataLoss);
   ExpectSameFloats(p.bucket.params(), before, "params after refused pushes");
   // Nothing was counted: a good push of worker 0 is still its first.
-  ASSERT_TRUE(p.bucket.AddPush(0, 0, Container(parts)).ok());
+  ASSERT_TRUE(AddPushBytes(p.bucket, 0, 0, Container(parts)).ok());
   EXPECT_TRUE(p.bucket.CompleteStepIfReady({0}, OptimizerConfig{}));
   // A plain slice takes no container and no table.
   Shard plain_shard = *Shard::Create(1, "p", p.bucket.length(), 50);
-  EXPECT_EQ(plain_shard.AddPush(0, 0, Container(parts)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AddPushBytes(plain_shard, 0, 0, Container(parts)).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(plain_shard.DeclareSegments(kTable, {}).code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -240,14 +242,14 @@ TEST(ShardBucket, RestoredFromACheckpointLearnsItsTableFromThePushes) {
   std::mt19937 rng(6);
   Pair p = MakePair(rng);
   WorkerSide w;
-  ASSERT_TRUE(p.bucket.AddPush(0, 0, Container(w.Encode(rng))).ok());
+  ASSERT_TRUE(AddPushBytes(p.bucket, 0, 0, Container(w.Encode(rng))).ok());
   ASSERT_TRUE(p.bucket.CompleteStepIfReady({0}, OptimizerConfig{}));
   Shard restored = *Shard::FromRecord(p.bucket.ToRecord());
   EXPECT_TRUE(restored.segments().empty());
   // A shorter table (a rejoining worker's first member) is accepted without being adopted.
   EXPECT_TRUE(restored.DeclareSegments(absl::MakeConstSpan(kTable).subspan(0, 1), {}).ok());
   EXPECT_TRUE(restored.segments().empty());
-  ASSERT_TRUE(restored.AddPush(0, 1, Container(w.Encode(rng))).ok());
+  ASSERT_TRUE(AddPushBytes(restored, 0, 1, Container(w.Encode(rng))).ok());
   EXPECT_EQ(restored.segments(), kTable);
   ASSERT_TRUE(restored.CompleteStepIfReady({0}, OptimizerConfig{}));
   auto answer = restored.AnswerPull(Shard::Pull{"r", 1, 0, 0, Shard::Format::kRecompressed});

@@ -15,6 +15,7 @@
 #include "common/compressor.h"
 #include "common/wire_codec.h"
 #include "gtest/gtest.h"
+#include "tests/server/parsed_push.h"
 #include "server/shard.h"
 
 namespace adaps {
@@ -183,8 +184,8 @@ std::vector<Shard::Format> ExpectReplicaFollowsTheParameters(const Scenario& run
   for (int step = 0; step < run.steps; ++step) {
     for (int w : live) {
       const std::vector<uint8_t> push = pushers[w].Push(rng, run.bucket);
-      EXPECT_TRUE(shard.AddPush(w, step, push, 0, EachPush(run.optimizer)).ok());
-      EXPECT_TRUE(twin.AddPush(w, step, push, 0, EachPush(run.optimizer)).ok());
+      EXPECT_TRUE(AddPushBytes(shard, w, step, push, 0, EachPush(run.optimizer)).ok());
+      EXPECT_TRUE(AddPushBytes(twin, w, step, push, 0, EachPush(run.optimizer)).ok());
     }
     if (step == run.die_at && run.dies >= 0) {
       live.erase(run.dies);  // the view without it: the step completes with its push in
@@ -263,7 +264,7 @@ TEST(ShardSparse, MeanUntouchedElementsAreExactlyZero) {
   std::vector<uint8_t> push;
   ASSERT_TRUE(EncodeUpdate(u, IndexCoding::kRice, &push).ok());
   for (uint64_t step = 0; step < 2; ++step) {
-    ASSERT_TRUE(s.AddPush(0, step, push).ok());
+    ASSERT_TRUE(AddPushBytes(s, 0, step, push).ok());
     ASSERT_TRUE(s.CompleteStepIfReady({0}, Mean()));
   }
   EXPECT_EQ(std::vector<float>(s.params().begin(), s.params().end()),
@@ -289,7 +290,7 @@ TEST(ShardSparse, EachStepAnswersWhicheverOfSparseAndDenseIsSmaller) {
     const CompressedUpdate u = TopKAt(kLen, density, 0.5f, rng);
     std::vector<uint8_t> push;
     ASSERT_TRUE(EncodeUpdate(u, IndexCoding::kRice, &push).ok());
-    ASSERT_TRUE(s.AddPush(0, 0, push, 0, true).ok());
+    ASSERT_TRUE(AddPushBytes(s, 0, 0, push, 0, true).ok());
     ASSERT_TRUE(s.CompleteStepIfReady({0}, Sgd()));
     // What the sparse answer would take: the same indices, the new values.
     CompressedUpdate expect = u;
@@ -327,7 +328,7 @@ TEST(ShardSparse, AMeanStepAnswersTheSmallestOfMergedForwardedAndDense) {
     std::vector<std::vector<uint8_t>> sent;
     for (int w : {2, 0, 1}) {
       sent.push_back(pushers[w].Push(rng, false));
-      ASSERT_TRUE(s.AddPush(w, 0, sent.back()).ok());
+      ASSERT_TRUE(AddPushBytes(s, w, 0, sent.back()).ok());
     }
     ASSERT_TRUE(s.CompleteStepIfReady({0, 1, 2}, Mean()));
     auto a = s.AnswerPull(SparsePull(0));
@@ -368,7 +369,7 @@ TEST(ShardSparse, AMeanStepAnswersTheSmallestOfMergedForwardedAndDense) {
     ASSERT_TRUE(s.AnswerPull(SparsePull(0)).ok());
     std::vector<uint8_t> push;
     ASSERT_TRUE(EncodeUpdate(TopKAt(kLen, density, 0.25f, rng), IndexCoding::kRice, &push).ok());
-    for (int w = 0; w < 3; ++w) ASSERT_TRUE(s.AddPush(w, 0, push).ok());
+    for (int w = 0; w < 3; ++w) ASSERT_TRUE(AddPushBytes(s, w, 0, push).ok());
     ASSERT_TRUE(s.CompleteStepIfReady({0, 1, 2}, Mean()));
     auto a = s.AnswerPull(SparsePull(0));
     ASSERT_TRUE(a.ok());
@@ -395,7 +396,7 @@ TEST(ShardSparse, AnSgdStepIsForwardedWithItsRate) {
     std::vector<std::vector<uint8_t>> sent;
     for (int w : {3, 1, 0, 2}) {
       sent.push_back(pushers[w].Push(rng, false));
-      ASSERT_TRUE(s.AddPush(w, step, sent.back(), 0, true).ok());
+      ASSERT_TRUE(AddPushBytes(s, w, step, sent.back(), 0, true).ok());
     }
     ASSERT_TRUE(s.CompleteStepIfReady({0, 1, 2, 3}, Sgd(lr)));
     Shard::Pull mine = SparsePull(step);
@@ -424,7 +425,7 @@ TEST(ShardSparse, AReplicaNotAtTheVersionBeforeGetsTheDenseParameters) {
   ASSERT_TRUE(s.AnswerPull(SparsePull(0)).ok());
   Pusher p({{1000, 50}});
   for (uint64_t step = 0; step < 3; ++step) {
-    ASSERT_TRUE(s.AddPush(0, step, p.Push(rng, false), 0, true).ok());
+    ASSERT_TRUE(AddPushBytes(s, 0, step, p.Push(rng, false), 0, true).ok());
     ASSERT_TRUE(s.CompleteStepIfReady({0}, Sgd()));
   }
   EXPECT_EQ(s.AnswerPull(SparsePull(2))->format, Shard::Format::kForwarded);
@@ -447,7 +448,7 @@ TEST(ShardSparse, AStepWithADenseOptimizerIsAnsweredDense) {
   decayed.weight_decay = 0.01f;  // e.g. set by SetHyper after the declaration
   Replica r{std::vector<float>(s.params().begin(), s.params().end()), 0};
   for (uint64_t step = 0; step < 4; ++step) {
-    ASSERT_TRUE(s.AddPush(0, step, p.Push(rng, false), 0, true).ok());
+    ASSERT_TRUE(AddPushBytes(s, 0, step, p.Push(rng, false), 0, true).ok());
     ASSERT_TRUE(s.CompleteStepIfReady({0}, step == 2 ? decayed : Sgd()));
     auto a = s.AnswerPull(SparsePull(r.version));
     ASSERT_TRUE(a.ok());
@@ -467,7 +468,7 @@ TEST(ShardSparse, ARestoredShardAnswersDenseUntilItTrackedAStep) {
   ASSERT_TRUE(s.AnswerPull(SparsePull(0)).ok());
   for (uint64_t step = 0; step < 5; ++step) {
     for (int w = 0; w < 2; ++w) {
-      ASSERT_TRUE(s.AddPush(w, step, pushers[w].Push(rng, false), 0, true).ok());
+      ASSERT_TRUE(AddPushBytes(s, w, step, pushers[w].Push(rng, false), 0, true).ok());
     }
     ASSERT_TRUE(s.CompleteStepIfReady({0, 1}, Sgd()));
     ASSERT_TRUE(r.Apply(*s.AnswerPull(SparsePull(r.version))));
@@ -479,7 +480,7 @@ TEST(ShardSparse, ARestoredShardAnswersDenseUntilItTrackedAStep) {
   for (uint64_t step = 5; step < 10; ++step) {
     // The worker resynchronizes first: a dense pull (ReplicaFormat) of the restored state.
     for (int w = 0; w < 2; ++w) {
-      ASSERT_TRUE(t.AddPush(w, step, pushers[w].Push(rng, false), 0, true).ok());
+      ASSERT_TRUE(AddPushBytes(t, w, step, pushers[w].Push(rng, false), 0, true).ok());
     }
     ASSERT_TRUE(t.CompleteStepIfReady({0, 1}, Sgd()));
     auto a = t.AnswerPull(SparsePull(r.version));
@@ -503,7 +504,7 @@ TEST(ShardSparse, AStepDroppedHalfWayTouchesNothingOfTheNextStep) {
   for (int w = 0; w < 3; ++w) pushers.emplace_back(std::vector<WireSegment>{{n, 50}});
   for (uint64_t step = 0; step < 3; ++step) {
     for (int w = 0; w < 3; ++w) {
-      ASSERT_TRUE(s.AddPush(w, step, pushers[w].Push(rng, false), 0, true).ok());
+      ASSERT_TRUE(AddPushBytes(s, w, step, pushers[w].Push(rng, false), 0, true).ok());
     }
     ASSERT_TRUE(s.CompleteStepIfReady({0, 1, 2}, Sgd()));
   }
@@ -513,7 +514,7 @@ TEST(ShardSparse, AStepDroppedHalfWayTouchesNothingOfTheNextStep) {
   t.TrackSteps();
   // Two pushes of step 3 (each touching its own elements), then the workers are at step 4.
   for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(t.AddPush(w, 3, pushers[w].Push(rng, false), 0, true).ok());
+    ASSERT_TRUE(AddPushBytes(t, w, 3, pushers[w].Push(rng, false), 0, true).ok());
   }
   std::set<uint32_t> expected;
   for (int w : {2, 0, 1}) {
@@ -521,7 +522,7 @@ TEST(ShardSparse, AStepDroppedHalfWayTouchesNothingOfTheNextStep) {
     CompressedUpdate u;
     ASSERT_TRUE(DecodeUpdate(push, &u).ok());
     expected.insert(u.indices.begin(), u.indices.end());
-    ASSERT_TRUE(t.AddPush(w, 4, push, 0, true).ok());
+    ASSERT_TRUE(AddPushBytes(t, w, 4, push, 0, true).ok());
   }
   ASSERT_TRUE(t.CompleteStepIfReady({0, 1, 2}, Sgd()));
   ASSERT_EQ(t.version(), 5u);

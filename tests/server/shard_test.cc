@@ -11,6 +11,7 @@
 #include "common/compressor.h"
 #include "common/wire_codec.h"
 #include "gtest/gtest.h"
+#include "tests/server/parsed_push.h"
 
 namespace adaps {
 namespace {
@@ -52,7 +53,7 @@ Shard::Pull DensePull(uint64_t min_version = 0) {
 // `steps` sum-only steps of one worker pushing ones.
 void SumSteps(Shard& shard, uint64_t steps) {
   for (uint64_t k = 0; k < steps; ++k) {
-    EXPECT_TRUE(shard.AddPush(0, k, Dense({1, 1, 1, 1})).ok());
+    EXPECT_TRUE(AddPushBytes(shard, 0, k, Dense({1, 1, 1, 1})).ok());
     EXPECT_TRUE(shard.CompleteStepIfReady({0}, Kind(OptimizerKind::kSumOnly)));
   }
 }
@@ -60,9 +61,9 @@ void SumSteps(Shard& shard, uint64_t steps) {
 TEST(Shard, AveragesThePushesOfEveryLiveWorkerExactly) {
   Shard s = Make();
   const std::vector<float> g0 = {0.1f, -3.0f, 7.5f, 1e-3f}, g1 = {0.3f, 2.0f, -0.5f, 1e3f};
-  ASSERT_TRUE(s.AddPush(0, 0, Dense(g0)).ok());
+  ASSERT_TRUE(AddPushBytes(s, 0, 0, Dense(g0)).ok());
   EXPECT_FALSE(s.CompleteStepIfReady({0, 1}, Kind(OptimizerKind::kMean)));
-  ASSERT_TRUE(s.AddPush(1, 0, Dense(g1)).ok());
+  ASSERT_TRUE(AddPushBytes(s, 1, 0, Dense(g1)).ok());
   EXPECT_TRUE(s.CompleteStepIfReady({0, 1}, Kind(OptimizerKind::kMean)));
   EXPECT_EQ(s.version(), 1u);
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(s.params()[i], (g0[i] + g1[i]) * 0.5f) << i;
@@ -71,8 +72,8 @@ TEST(Shard, AveragesThePushesOfEveryLiveWorkerExactly) {
 TEST(Shard, SumOnlyAddsThePushesWithoutAveraging) {
   Shard s = Make();
   s.Initialize(Raw({1, 2, 3, 4}));
-  ASSERT_TRUE(s.AddPush(0, 0, Dense({1, 1, 1, 1})).ok());
-  ASSERT_TRUE(s.AddPush(1, 0, Dense({2, 2, 2, 2})).ok());
+  ASSERT_TRUE(AddPushBytes(s, 0, 0, Dense({1, 1, 1, 1})).ok());
+  ASSERT_TRUE(AddPushBytes(s, 1, 0, Dense({2, 2, 2, 2})).ok());
   ASSERT_TRUE(s.CompleteStepIfReady({0, 1}, Kind(OptimizerKind::kSumOnly)));
   EXPECT_EQ(std::vector<float>(s.params().begin(), s.params().end()),
             (std::vector<float>{4, 5, 6, 7}));
@@ -80,7 +81,7 @@ TEST(Shard, SumOnlyAddsThePushesWithoutAveraging) {
 
 TEST(Shard, StepCompletesWithoutADeadWorkerAndAveragesOverThosePushed) {
   Shard s = Make();
-  ASSERT_TRUE(s.AddPush(0, 0, Dense({2, 4, 6, 8})).ok());
+  ASSERT_TRUE(AddPushBytes(s, 0, 0, Dense({2, 4, 6, 8})).ok());
   EXPECT_FALSE(s.CompleteStepIfReady({0, 1}, Kind(OptimizerKind::kMean)));
   EXPECT_TRUE(s.CompleteStepIfReady({0}, Kind(OptimizerKind::kMean)));  // worker 1 died
   EXPECT_EQ(std::vector<float>(s.params().begin(), s.params().end()),
@@ -90,14 +91,16 @@ TEST(Shard, StepCompletesWithoutADeadWorkerAndAveragesOverThosePushed) {
 
 TEST(Shard, DuplicateOrWrongStepOrWrongLengthPushIsRefusedAndChangesNothing) {
   Shard s = Make();
-  ASSERT_TRUE(s.AddPush(0, 0, Dense({1, 1, 1, 1})).ok());
-  EXPECT_EQ(s.AddPush(0, 0, Dense({5, 5, 5, 5})).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(s.AddPush(1, 1, Dense({5, 5, 5, 5})).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(s.AddPush(1, 0, Dense({5, 5, 5})).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(AddPushBytes(s, 0, 0, Dense({1, 1, 1, 1})).ok());
+  EXPECT_EQ(AddPushBytes(s, 0, 0, Dense({5, 5, 5, 5})).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(AddPushBytes(s, 1, 1, Dense({5, 5, 5, 5})).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(AddPushBytes(s, 1, 0, Dense({5, 5, 5})).code(), absl::StatusCode::kInvalidArgument);
   std::vector<uint8_t> bad = Dense({5, 5, 5, 5});
   bad.resize(bad.size() - 2);
-  EXPECT_FALSE(s.AddPush(1, 0, bad).ok());
-  ASSERT_TRUE(s.AddPush(1, 0, Dense({3, 3, 3, 3})).ok());
+  EXPECT_FALSE(AddPushBytes(s, 1, 0, bad).ok());
+  ASSERT_TRUE(AddPushBytes(s, 1, 0, Dense({3, 3, 3, 3})).ok());
   ASSERT_TRUE(s.CompleteStepIfReady({0, 1}, Kind(OptimizerKind::kMean)));
   EXPECT_EQ(s.params()[0], 2.0f);  // (1 + 3) / 2: none of the refused pushes counted
 }
@@ -111,7 +114,7 @@ TEST(Shard, AStragglersPushGoesIntoTheNextStepWithBackupWorkers) {
   const std::set<int> live = {0, 1, 2};
   float pushed = 0;  // every push is (k, k, k, k) with k its value; exact in float
   auto push = [&](int w, uint64_t step, float k) {
-    const absl::Status st = s.AddPush(w, step, Dense({k, k, k, k}), /*backup_workers=*/1);
+    const absl::Status st = AddPushBytes(s, w, step, Dense({k, k, k, k}), /*backup_workers=*/1);
     if (st.ok()) pushed += k;
     return st;
   };
@@ -141,27 +144,28 @@ TEST(Shard, AStragglersPushGoesIntoTheNextStepWithBackupWorkers) {
   EXPECT_EQ(s.params()[0], pushed);
   EXPECT_EQ(pushed, 1 + 2 + 4 + 8 + 16 + 32 + 128 + 256.0f);
   // Without backup workers a late push is refused, as before.
-  EXPECT_EQ(s.AddPush(2, 2, Dense({1, 1, 1, 1})).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(AddPushBytes(s, 2, 2, Dense({1, 1, 1, 1})).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 // The mean over every push the step holds, late ones included.
 TEST(Shard, AStepWithALatePushAveragesOverEveryPushItHolds) {
   Shard s = Make();
   const OptimizerConfig mean = Kind(OptimizerKind::kMean);
-  ASSERT_TRUE(s.AddPush(0, 0, Dense({3, 3, 3, 3}), 1).ok());
+  ASSERT_TRUE(AddPushBytes(s, 0, 0, Dense({3, 3, 3, 3}), 1).ok());
   ASSERT_TRUE(s.CompleteStepIfReady({0, 1}, mean, 1));
-  ASSERT_TRUE(s.AddPush(1, 0, Dense({6, 6, 6, 6}), 1).ok());
-  ASSERT_TRUE(s.AddPush(0, 1, Dense({0, 0, 0, 0}), 1).ok());
+  ASSERT_TRUE(AddPushBytes(s, 1, 0, Dense({6, 6, 6, 6}), 1).ok());
+  ASSERT_TRUE(AddPushBytes(s, 0, 1, Dense({0, 0, 0, 0}), 1).ok());
   ASSERT_TRUE(s.CompleteStepIfReady({0, 1}, mean, 1));
   EXPECT_EQ(s.params()[0], 3.0f);  // (6 + 0) / 2
 }
 
 TEST(Shard, AsyncPushIsAppliedAtOnce) {
   Shard s = Make();
-  ASSERT_TRUE(s.ApplyPush(Dense({1, 2, 3, 4}), Kind(OptimizerKind::kMean)).ok());
+  ASSERT_TRUE(ApplyPushBytes(s, Dense({1, 2, 3, 4}), Kind(OptimizerKind::kMean)).ok());
   EXPECT_EQ(s.version(), 1u);
   EXPECT_EQ(s.params()[3], 4.0f);
-  EXPECT_FALSE(s.ApplyPush(Dense({1, 2}), Kind(OptimizerKind::kMean)).ok());
+  EXPECT_FALSE(ApplyPushBytes(s, Dense({1, 2}), Kind(OptimizerKind::kMean)).ok());
   EXPECT_EQ(s.version(), 1u);
 }
 
@@ -173,7 +177,7 @@ TEST(Shard, InitialValuesAreCheckedAndTakenOnlyBeforeTheFirstStep) {
   Shard s = Make();
   s.Initialize(Raw({1, 2, 3, 4}));
   EXPECT_EQ(s.params()[1], 2.0f);
-  ASSERT_TRUE(s.AddPush(0, 0, Dense({0, 0, 0, 0})).ok());
+  ASSERT_TRUE(AddPushBytes(s, 0, 0, Dense({0, 0, 0, 0})).ok());
   s.Initialize(Raw({9, 9, 9, 9}));  // a push is in: too late
   EXPECT_EQ(s.params()[1], 2.0f);
 }
@@ -186,7 +190,7 @@ TEST(Shard, DenseBytesAreEncodedOncePerVersionAndReused) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->payload.get(), b->payload.get());  // the same bytes for every worker
   EXPECT_EQ(Floats(a->payload), (std::vector<float>{1, 2, 3, 4}));
-  ASSERT_TRUE(s.ApplyPush(Dense({5, 6, 7, 8}), Kind(OptimizerKind::kMean)).ok());
+  ASSERT_TRUE(ApplyPushBytes(s, Dense({5, 6, 7, 8}), Kind(OptimizerKind::kMean)).ok());
   auto c = s.AnswerPull(DensePull());
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->version, 1u);
@@ -203,7 +207,7 @@ TEST(Shard, DenseBufferIsReusedOnceNobodyHoldsIt) {
     ASSERT_TRUE(a.ok());
     first = a->payload.get();
   }
-  ASSERT_TRUE(s.ApplyPush(Dense({5, 6, 7, 8}), Kind(OptimizerKind::kMean)).ok());
+  ASSERT_TRUE(ApplyPushBytes(s, Dense({5, 6, 7, 8}), Kind(OptimizerKind::kMean)).ok());
   auto b = s.AnswerPull(DensePull());
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->payload.get(), first);  // no allocation for the new version
@@ -215,7 +219,7 @@ TEST(Shard, HeldPullsAreReleasedWhenTheirVersionArrives) {
   s.Hold(DensePull(1));
   s.Hold(DensePull(2));
   EXPECT_TRUE(s.TakeReadyPulls().empty());
-  ASSERT_TRUE(s.ApplyPush(Dense({1, 1, 1, 1}), Kind(OptimizerKind::kMean)).ok());
+  ASSERT_TRUE(ApplyPushBytes(s, Dense({1, 1, 1, 1}), Kind(OptimizerKind::kMean)).ok());
   auto ready = s.TakeReadyPulls();
   ASSERT_EQ(ready.size(), 1u);
   EXPECT_EQ(ready[0].min_version, 1u);
@@ -243,7 +247,7 @@ TEST(Shard, RecompressedReplicaEqualsThePublishedStateBitwiseOverManySteps) {
   for (int step = 0; step < 8; ++step) {
     std::vector<float> g(kLen);
     for (float& x : g) x = normal(rng);
-    ASSERT_TRUE(s.AddPush(0, step, Dense(g)).ok());
+    ASSERT_TRUE(AddPushBytes(s, 0, step, Dense(g)).ok());
     ASSERT_TRUE(s.CompleteStepIfReady({0}, sgd));
     Shard::Pull pull{"r", 1, s.version(), have, Shard::Format::kRecompressed};
     auto a = s.AnswerPull(pull);
@@ -277,7 +281,7 @@ TEST(Shard, ReplicaPullGivesThePublishedStateAndPublishesNothing) {
   const auto step = [&](uint64_t at) {
     std::vector<float> g(kLen);
     for (float& x : g) x = normal(rng);
-    ASSERT_TRUE(s.AddPush(0, at, Dense(g)).ok());
+    ASSERT_TRUE(AddPushBytes(s, 0, at, Dense(g)).ok());
     ASSERT_TRUE(s.CompleteStepIfReady({0}, sgd));
   };
   for (uint64_t at = 0; at < 3; ++at) {
@@ -331,8 +335,8 @@ TEST(Shard, ARunningMeanAddsEachStepsMeanAndItsRecompressedPullsFollowTheSum) {
   for (uint64_t step = 0; step < 6; ++step) {
     for (uint32_t i = 0; i < kLen; ++i) g0[i] = normal(rng), g1[i] = normal(rng);
     for (Shard* t : {&s, &plain}) {
-      ASSERT_TRUE(t->AddPush(0, step, Dense(g0)).ok());
-      ASSERT_TRUE(t->AddPush(1, step, Dense(g1)).ok());
+      ASSERT_TRUE(AddPushBytes(*t, 0, step, Dense(g0)).ok());
+      ASSERT_TRUE(AddPushBytes(*t, 1, step, Dense(g1)).ok());
       ASSERT_TRUE(t->CompleteStepIfReady({0, 1}, mean));
     }
     for (uint32_t i = 0; i < kLen; ++i) {
@@ -359,7 +363,7 @@ TEST(Shard, ARunningMeanAddsEachStepsMeanAndItsRecompressedPullsFollowTheSum) {
   auto back = Shard::FromRecord(r);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(back->running_mean()) << "a restored running mean must keep adding";
-  ASSERT_TRUE(back->AddPush(0, 6, Dense(g0)).ok());
+  ASSERT_TRUE(AddPushBytes(*back, 0, 6, Dense(g0)).ok());
   ASSERT_TRUE(back->CompleteStepIfReady({0}, mean));
   for (uint32_t i = 0; i < kLen; ++i) EXPECT_NEAR(back->params()[i], sum[i] + g0[i], 1e-4f);
 }
@@ -369,7 +373,7 @@ TEST(Shard, CheckpointRecordRoundTripsEveryPartOfTheState) {
   s.Initialize(Raw({1, 2, 3, 4}));
   OptimizerConfig adam = Kind(OptimizerKind::kAdam);
   for (uint64_t step = 0; step < 3; ++step) {
-    ASSERT_TRUE(s.AddPush(0, step, Dense({0.5f, -1, 2, 0.25f})).ok());
+    ASSERT_TRUE(AddPushBytes(s, 0, step, Dense({0.5f, -1, 2, 0.25f})).ok());
     ASSERT_TRUE(s.CompleteStepIfReady({0}, adam));
     ASSERT_TRUE(s.AnswerPull({"r", 1, 0, step, Shard::Format::kRecompressed}).ok());
   }
@@ -390,8 +394,8 @@ TEST(Shard, CheckpointRecordRoundTripsEveryPartOfTheState) {
   EXPECT_EQ(again.published, r.published);
   EXPECT_EQ(again.residue, r.residue);
   // The restored shard continues exactly as the original.
-  ASSERT_TRUE(s.AddPush(0, 3, Dense({1, 1, 1, 1})).ok());
-  ASSERT_TRUE(back->AddPush(0, 3, Dense({1, 1, 1, 1})).ok());
+  ASSERT_TRUE(AddPushBytes(s, 0, 3, Dense({1, 1, 1, 1})).ok());
+  ASSERT_TRUE(AddPushBytes(*back, 0, 3, Dense({1, 1, 1, 1})).ok());
   ASSERT_TRUE(s.CompleteStepIfReady({0}, adam));
   ASSERT_TRUE(back->CompleteStepIfReady({0}, adam));
   EXPECT_EQ(std::memcmp(s.params().data(), back->params().data(), 4 * sizeof(float)), 0);
@@ -423,24 +427,26 @@ TEST(Shard, RestoredShardGoesOnAtTheWorkersStepAndDropsAPushOfAStepCompletedBefo
   Shard s = RestoredAtStepFive();
   ASSERT_EQ(s.version(), 5u);
   // Worker 1 pushes step 8 again (its answer was lost): the shard moves to step 8.
-  ASSERT_TRUE(s.AddPush(1, 8, Dense({1, 1, 1, 1})).ok());
+  ASSERT_TRUE(AddPushBytes(s, 1, 8, Dense({1, 1, 1, 1})).ok());
   EXPECT_EQ(s.version(), 8u);
   s.Hold(DensePull(9));
   // Worker 0 saw step 8 complete and pushes step 9: step 8 completed before the restart,
   // its sum (worker 1's push) is dropped and the pull for version 9 is ready.
-  ASSERT_TRUE(s.AddPush(0, 9, Dense({1, 1, 1, 1})).ok());
+  ASSERT_TRUE(AddPushBytes(s, 0, 9, Dense({1, 1, 1, 1})).ok());
   EXPECT_EQ(s.version(), 9u);
   EXPECT_EQ(s.TakeReadyPulls().size(), 1u);
   // A push of step 8 now is acknowledged and not applied: it was, before the restart.
-  ASSERT_TRUE(s.AddPush(1, 8, Dense({100, 100, 100, 100})).ok());
-  ASSERT_TRUE(s.AddPush(1, 9, Dense({1, 1, 1, 1})).ok());
+  ASSERT_TRUE(AddPushBytes(s, 1, 8, Dense({100, 100, 100, 100})).ok());
+  ASSERT_TRUE(AddPushBytes(s, 1, 9, Dense({1, 1, 1, 1})).ok());
   ASSERT_TRUE(s.CompleteStepIfReady({0, 1}, sum));
   EXPECT_EQ(s.version(), 10u);
   EXPECT_EQ(std::vector<float>(s.params().begin(), s.params().end()),
             (std::vector<float>{7, 7, 7, 7}));  // 5 restored steps of 1, then one of 2
   // From the first completed step on, steps are checked again.
-  EXPECT_EQ(s.AddPush(0, 12, Dense({1, 1, 1, 1})).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(s.AddPush(0, 9, Dense({1, 1, 1, 1})).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(AddPushBytes(s, 0, 12, Dense({1, 1, 1, 1})).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(AddPushBytes(s, 0, 9, Dense({1, 1, 1, 1})).code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.version(), 10u);
 }
 
@@ -451,7 +457,7 @@ TEST(Shard, RestoredShardGoesOnAtTheWorkersStepAndDropsAPushOfAStepCompletedBefo
 TEST(Shard, RestoredShardGoesOnAtAVersionAWorkerSawBeforeTheRestart) {
   const OptimizerConfig sum = Kind(OptimizerKind::kSumOnly);
   Shard s = RestoredAtStepFive();
-  ASSERT_TRUE(s.AddPush(1, 5, Dense({100, 100, 100, 100})).ok());
+  ASSERT_TRUE(AddPushBytes(s, 1, 5, Dense({100, 100, 100, 100})).ok());
   s.Hold(DensePull(6));
   EXPECT_FALSE(s.CompleteStepIfReady({0, 1}, sum));
   EXPECT_FALSE(s.ResumeAt(5));  // not ahead: nothing changes
@@ -461,9 +467,9 @@ TEST(Shard, RestoredShardGoesOnAtAVersionAWorkerSawBeforeTheRestart) {
   EXPECT_EQ(s.TakeReadyPulls().size(), 1u);  // worker 1's pull is answered
   // Step 5's sum was dropped (that step completed before the restart); a resent push of it
   // is acknowledged and not applied, and step 6 goes on with both workers.
-  ASSERT_TRUE(s.AddPush(1, 5, Dense({100, 100, 100, 100})).ok());
-  ASSERT_TRUE(s.AddPush(0, 6, Dense({1, 1, 1, 1})).ok());
-  ASSERT_TRUE(s.AddPush(1, 6, Dense({1, 1, 1, 1})).ok());
+  ASSERT_TRUE(AddPushBytes(s, 1, 5, Dense({100, 100, 100, 100})).ok());
+  ASSERT_TRUE(AddPushBytes(s, 0, 6, Dense({1, 1, 1, 1})).ok());
+  ASSERT_TRUE(AddPushBytes(s, 1, 6, Dense({1, 1, 1, 1})).ok());
   ASSERT_TRUE(s.CompleteStepIfReady({0, 1}, sum));
   EXPECT_EQ(s.version(), 7u);
   EXPECT_EQ(std::vector<float>(s.params().begin(), s.params().end()),
@@ -481,7 +487,8 @@ TEST(Shard, AFreshShardNeverResumesAtAVersionAWorkerSaw) {
 
 TEST(Shard, AFreshShardNeverJumpsToAnotherStep) {
   Shard s = Make();
-  EXPECT_EQ(s.AddPush(0, 3, Dense({1, 1, 1, 1})).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(AddPushBytes(s, 0, 3, Dense({1, 1, 1, 1})).code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.version(), 0u);
 }
 

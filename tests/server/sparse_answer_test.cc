@@ -9,6 +9,7 @@
 #include "common/compressor.h"
 #include "common/wire_codec.h"
 #include "gtest/gtest.h"
+#include "tests/server/parsed_push.h"
 #include "server/sparse_answer.h"
 
 namespace adaps {
@@ -32,7 +33,7 @@ void TrackAStep(SparseAnswer& answer, std::vector<float>& agg, std::mt19937& rng
     ASSERT_TRUE(c->Compress(grad, residue, u).ok());
     std::vector<uint8_t> bytes;
     ASSERT_TRUE(EncodeUpdate(u, IndexCoding::kRice, &bytes).ok());
-    ASSERT_TRUE(answer.AddPush(w, bytes, kLength, absl::MakeSpan(agg)).ok());
+    ASSERT_TRUE(AddPushBytes(answer, w, bytes, kLength, absl::MakeSpan(agg)).ok());
   }
   EXPECT_FALSE(answer.CollectTouched().empty());
 }
