@@ -237,7 +237,8 @@ def plot(a):
         ax.set_ylabel(next(iter(g.values()))[0].get("metric", "test accuracy"))
         ax.set_title("%s, %d workers, links %s" % (model.upper(), world, rate))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        higher = next(iter(g.values()))[0].get("higher_is_better", True) if g else True
+        ax.legend(fontsize=8, loc="lower right" if higher else "upper right")
         fig.tight_layout()
         path = os.path.join(a.plots, "%s-%s.png" % (model, rate) if world == 4 else
                             "%s-w%d-%s.png" % (model, world, rate))

@@ -298,7 +298,11 @@ class Adaps:
                 for k in ("push_dense", "push_wire", "pull_dense", "pull_wire")}
 
     def stop(self):
-        self.worker.stop()
+        import adaps
+        try:
+            self.worker.stop()
+        except adaps.Error as err:  # the run is over; the scheduler ends it by its silence
+            print("race: leaving the cluster: %s" % err, file=sys.stderr, flush=True)
 
 
 def train(a, sysobj, raw_model, x_train, y_train, x_test, y_test):
