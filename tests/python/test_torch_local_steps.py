@@ -14,7 +14,7 @@ import torch.nn as nn
 import adaps
 import adaps.torch
 from conftest import run_launch
-from torch_ranks import one_parameter, run_ranks
+from torch_ranks import Declared, one_parameter, run_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N = 600           # elements of the one trained tensor
@@ -272,3 +272,35 @@ def test_launch_local_steps_reaches_a_script_that_reads_no_environment():
                             os.path.join(HERE, "local_steps_worker.py")], timeout=TIMEOUT)
     assert code == 0, out
     assert out.count("LOCAL local_steps=3 outer=average sent_after=[3, 6]") == 2, out
+
+
+
+@pytest.mark.parametrize("h, named, expected", [
+    (4, {}, {"fc.weight": 125, "fc.bias": 125}),       # the default bin 500 / H
+    (16, {}, {"fc.weight": 31, "fc.bias": 31}),
+    (1, {}, {"fc.weight": 500, "fc.bias": 500}),       # every step: the default bin
+    (4, {"bin_size": 400}, {"fc.weight": 400, "fc.bias": 400}),  # a bin named is kept
+    (4, {"bin_sizes": {"fc.weight": 300}}, {"fc.weight": 300, "fc.bias": 125}),
+])
+def test_local_steps_declare_the_default_bin_divided_by_h(cluster, h, named, expected):
+    # Each exchange sends H steps' change, and what a residue holds back waits whole
+    # exchanges: unless a bin is named, a non-convolution AdaComp tensor is declared at
+    # bin_size / H (docs/local-steps.md); the convolution keeps its bin (50, bias too).
+    def rank(w):
+        torch.manual_seed(0)
+        m = nn.Sequential()
+        m.add_module("conv", nn.Conv2d(2, 4, 3))
+        m.add_module("fc", nn.Linear(40, 30))
+        spy = Declared(w)
+        opt = adaps.torch.DistributedOptimizer(
+            torch.optim.Adam(m.parameters(), lr=1e-2), m, spy, server_optimizer="mean",
+            compression="adacomp", local_steps=h, **named)
+        for _ in range(h):  # one exchange goes through at those bins
+            opt.zero_grad()
+            (m.conv(torch.randn(2, 2, 5, 5)).sum() + m.fc(torch.randn(8, 40)).pow(2).mean()
+             ).backward()
+            opt.step()
+        return {n: kw["bin_size"] for n, kw in spy.declared.items() if "bin_size" in kw}
+    conv = {"conv.weight": 50, "conv.bias": 50}
+    assert run_ranks(mean_cluster(cluster), 2, rank, timeout=TIMEOUT) == \
+        [dict(conv, **expected)] * 2

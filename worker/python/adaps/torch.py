@@ -173,12 +173,13 @@ estimated second moment (what H steps of the global batch would have), own_updat
 adds this worker's share of its residue at each exchange, and bin_schedule still counts the
 optimizer's (local) steps. state_dict() keeps the steps since the last exchange, where it
 left the model, and the outer momentum (loaded into any rank). A failed exchange leaves the
-model where the last exchange put it (the local steps since are lost). Measured on the zoo
-(docs/local-steps.md): AdaComp's bin must shrink with H (each exchange sends H steps'
-change, and what a residue holds back waits whole exchanges): local_steps=4 with
-bin_size=125 and outer="average" was as accurate as every step's exchange at 40-50% of its
-bytes, while the default bin lost 4.5% on a transformer at H = 4; DiLoCo's Nesterov outer
-step (tuned at H in the hundreds) was worse at every H <= 16 measured.
+model where the last exchange put it (the local steps since are lost). AdaComp's bin
+shrinks with H (each exchange sends H steps' change, and what a residue holds back waits
+whole exchanges): unless a bin size is named (bin_size, bin_sizes), a tensor at the default
+bin is declared at bin_size / H (500 / H; its pushes and recompressed pulls follow from it as
+at H = 1), convolutions keeping theirs; at the undivided bin the transformer lost 4.5% at
+H = 4 (docs/local-steps.md). DiLoCo's Nesterov outer step (tuned
+at H in the hundreds) was worse at every H <= 16 measured.
 
 Gradient accumulation: with the gradient exchange (server mode, and local mode with dense
 pushes) each backward pass pushes what it produced, so a second pass before step() is an
@@ -317,9 +318,12 @@ def _collect(optimizer, model, bin_size, conv_bin_size, bin_sizes, bin_size_name
                 # Plain SGD's recurrent weights: the small bin (docs/accuracy.md "Plain
                 # SGD": the char-LSTM with plain SGD +5.5% at 500, +1.7% at 50).
                 t = conv_bin_size
+            default = kind != "conv" and t == bin_size and not bin_size_named and \
+                name not in bin_sizes
             t = bin_sizes.pop(name, t)
             out.append(Entry(name, p, kind, int(t)))
             out[-1].row_sparse = id(p) in large
+            out[-1].bin_default = default
     if bin_sizes:
         raise ValueError("adaps.torch: bin_sizes names parameters that are not trained "
                          "(not in the optimizer or not requiring a gradient): %s"
@@ -435,6 +439,13 @@ def _decide(settings, optimizer, entries, mode, server_kind, compressing):
         e.row_sparse = e.row_sparse and settings.row_sparse == "exact" and update and \
             settings.local_steps == 1 and \
             _compressed(_kind_compression(settings.compression, e.kind))
+        if settings.local_steps > 1 and e.bin_default:
+            # Local steps: an exchange sends H steps' change, and what a residue holds back
+            # waits whole exchanges, so the default bin is divided by H (convolutions and
+            # named bins are kept). The transformer at H = 16 over 1,024 steps: +1.2% against
+            # dense at 4 workers, -2.1% at 16, where the undivided bin lost 4-16% over 320
+            # steps (docs/local-steps.md).
+            e.bin_size = max(1, e.bin_size // settings.local_steps)
     _choose_compression(entries, optimizer, settings.compression, settings.compression_named,
                         settings.topk_fraction)
     correction, pull = False, settings.pull

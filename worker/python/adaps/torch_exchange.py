@@ -74,7 +74,7 @@ def checked_local_steps(part, entries, local_steps):
 class Entry:
     """A trained tensor as every exchange sees it."""
     __slots__ = ("name", "param", "kind", "bin_size", "buf", "stage", "handle", "compressed",
-                 "adacomp", "row_sparse", "compression", "topk_fraction")
+                 "adacomp", "row_sparse", "compression", "topk_fraction", "bin_default")
 
     def __init__(self, name, param, kind, bin_size):
         self.name = name
@@ -89,6 +89,7 @@ class Entry:
         self.row_sparse = False  # a large embedding: its gradient's nonzeros sent exactly
         self.compression = "adacomp"  # what it is pushed with ("adacomp", "topk", ...)
         self.topk_fraction = None     # for compression "topk"
+        self.bin_default = False  # its bin is bin_size's default (nothing named, not a conv)
 
     @classmethod
     def of(cls, e):
