@@ -286,6 +286,28 @@ def wait_stopped(pid, timeout=5.0):
     return False
 
 
+def test_stop_after_the_scheduler_exited_warns_and_stops(cluster):
+    # A job's scheduler may exit before a worker says goodbye (the end of a run): stop()
+    # then warns and stops the worker, as Horovod's shutdown() returns, instead of failing
+    # a finished run. leave() still raises: what its residues held may not have arrived.
+    c = cluster(1)
+    w = adaps.Worker(c.address, request_timeout=3)
+    w.declare("x", np.zeros(10, np.float32))
+    c.scheduler.send_signal(signal.SIGKILL)
+    c.scheduler.wait()
+    with pytest.warns(RuntimeWarning, match="did not acknowledge its goodbye"):
+        w.stop()
+    with pytest.raises(adaps.Error):
+        w.rank  # stopped
+    c2 = cluster(1)
+    v = adaps.Worker(c2.address, request_timeout=3)
+    v.declare("y", np.zeros(10, np.float32))
+    c2.scheduler.send_signal(signal.SIGKILL)
+    c2.scheduler.wait()
+    with pytest.raises(adaps.Error):
+        v.leave()
+
+
 def test_stop_waits_for_a_slow_scheduler_within_the_request_timeout(cluster):
     # 64 workers leaving at once on 2 cores kept the scheduler's answer to Leave past the
     # fixed 2 s it had (two workers once ended with DEADLINE_EXCEEDED after training

@@ -195,7 +195,17 @@ class PyWorker {
       status = flush ? worker_->Leave() : worker_->Stop();
       worker_.reset();
     }
-    ThrowIfError(status);
+    if (status.ok()) return;
+    if (flush) ThrowIfError(status);  // leave(): what the residues held may not have arrived
+    // stop(): the worker is stopped either way, and a scheduler that exited first (the end of
+    // a job) cannot acknowledge a goodbye; a finished run does not fail on it (Horovod's
+    // shutdown() and torch's destroy_process_group() do not either). Said, not raised.
+    const std::string message = absl::StrCat(
+        "adaps: this worker is stopped, but the scheduler did not acknowledge its goodbye (",
+        status.ToString(), "); a running scheduler finds it gone by its silence");
+    if (PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) < 0) {
+      throw py::error_already_set();  // (warnings turned into errors)
+    }
   }
 
  private:
@@ -488,7 +498,9 @@ void DefineModule(py::module_& m) {
       .def("slices", &Slices, py::arg("name"))
       .def("tensor_names", [](PyWorker& w) { return w.get().TensorNames(); })
       .def("stop", [](PyWorker& w) { w.Stop(false); },
-           "Leaves the job and closes the connections (what the residues hold is not sent)")
+           "Leaves the job and closes the connections (what the residues hold is not sent). "
+           "A goodbye the scheduler does not acknowledge (it has exited) is a RuntimeWarning, "
+           "not an error: the worker is stopped either way")
       .def("leave", [](PyWorker& w) { w.Stop(true); },
            "Leaves the job with nothing lost: pushes every compressed tensor's residue (dense, "
            "as its next step), then stops. Call it between steps.");
