@@ -351,10 +351,15 @@ void FillUpdate(const Parsed& p, CompressedUpdate* out) {
 
 }  // namespace
 
-absl::Status DecodeUpdate(absl::Span<const uint8_t> bytes, CompressedUpdate* out) {
+namespace {
+
+// DecodeUpdate of bytes or of an update parsed already: `parse` fills p, out's indices and
+// signs; on error out is left cleared.
+template <typename ParseFn>
+absl::Status DecodeUpdateWith(ParseFn parse, CompressedUpdate* out) {
   out->Clear();
   Parsed p;
-  absl::Status st = Parse(bytes, &p, &out->indices, &out->negative);
+  absl::Status st = parse(&p, &out->indices, &out->negative);
   if (!st.ok()) {
     out->Clear();
     return st;
@@ -363,16 +368,22 @@ absl::Status DecodeUpdate(absl::Span<const uint8_t> bytes, CompressedUpdate* out
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::Status DecodeUpdate(absl::Span<const uint8_t> bytes, CompressedUpdate* out) {
+  return DecodeUpdateWith(
+      [&](Parsed* p, std::vector<uint32_t>* idx, std::vector<uint8_t>* neg) {
+        return Parse(bytes, p, idx, neg);
+      },
+      out);
+}
+
 absl::Status DecodeUpdate(const ParsedUpdate& update, CompressedUpdate* out) {
-  out->Clear();
-  Parsed p;
-  absl::Status st = ParseBody(update, &p, &out->indices, &out->negative);
-  if (!st.ok()) {
-    out->Clear();
-    return st;
-  }
-  FillUpdate(p, out);
-  return absl::OkStatus();
+  return DecodeUpdateWith(
+      [&](Parsed* p, std::vector<uint32_t>* idx, std::vector<uint8_t>* neg) {
+        return ParseBody(update, p, idx, neg);
+      },
+      out);
 }
 
 absl::Status DecodeAdd(absl::Span<const uint8_t> bytes, float factor, absl::Span<float> dst) {
