@@ -8,11 +8,14 @@
 #                        [--seeds "1 2"] [--rates "none 10mbit 1mbit"]
 #                        [--systems "ddp powersgd fp16 adacomp adacomp-colo"]
 #                        [--dense-steps N (20)]
+#                        [--local "mlp=4 gpt=10"]  (then, for each model named, the
+#                         AdaComp systems among --systems again, exchanging every H steps:
+#                         --local-steps H, the MLP in local mode; "" for none)
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 results="${ADAPS_RESULTS_DIR:-$repo/build/bench-results}/race-matrix"
 workers="4 16" models="mlp gpt" seeds="1 2" rates="none 10mbit 1mbit"
-systems="ddp powersgd fp16 adacomp adacomp-colo" dense_steps=20
+systems="ddp powersgd fp16 adacomp adacomp-colo" dense_steps=20 local="mlp=4 gpt=10"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --results) results=$2; shift 2 ;;
@@ -22,7 +25,8 @@ while [[ $# -gt 0 ]]; do
     --rates) rates=$2; shift 2 ;;
     --systems) systems=$2; shift 2 ;;
     --dense-steps) dense_steps=$2; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --local) local=$2; shift 2 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "race_matrix: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -41,6 +45,15 @@ for s in $seeds; do
         bash "$repo/bench/vs_torch.sh" --workers "$w" --model "$m" --seed "$s" --rate "$r" \
           --systems "$systems" --results "$results" "${cap[@]}" -- "${extra[@]}" \
           >/dev/null || failed=1
+        h=$(tr ' ' '\n' <<<"$local" | sed -n "s/^$m=//p")
+        lsys=$(tr ' ' '\n' <<<"$systems" | grep '^adacomp' | tr '\n' ' ')
+        if [[ -n $h && -n $lsys ]]; then
+          mode=()
+          [[ $m != gpt ]] && mode=(--adaps-mode local)
+          bash "$repo/bench/vs_torch.sh" --workers "$w" --model "$m" --seed "$s" --rate "$r" \
+            --systems "$lsys" --local-steps "$h" "${mode[@]}" \
+            --results "$results" -- "${extra[@]}" >/dev/null || failed=1
+        fi
       done
     done
   done

@@ -21,6 +21,8 @@
 #                      summary extrapolates their time to the target from another rate's run)
 #                     [--build DIR] [--results DIR] [--servers N] [--timeout S]
 #                     [--adacomp-recipe dgc|plain]  (dgc: the main command's, docs/accuracy.md)
+#                     [--local-steps H]  (adacomp, adacomp-colo in local mode: exchange every
+#                      H steps, adaps.torch's local_steps; named adacomp-hH, adacomp-colo-hH)
 #                     [-- trainer flags, e.g. --epochs 2 --train-size 16000 --eval-every 25]
 #   bench/vs_torch.sh --summarize [--results DIR] [--target ACC]   table + plots only
 # adacomp-colo is adacomp with one server beside every worker (BytePS-style, as
@@ -31,7 +33,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 rate=100mbit model=mlp seed=1 systems="ddp powersgd fp16 adaps adacomp" target=""
 bin="$repo/build" results="${ADAPS_RESULTS_DIR:-$repo/build/bench-results}/race" servers=1 timeout=900 summarize_only=0
-adaps_mode=server adacomp_recipe=dgc max_steps_dense=0 nworkers=4
+adaps_mode=server adacomp_recipe=dgc max_steps_dense=0 nworkers=4 local_steps=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rate) rate=$2; shift 2 ;;
@@ -47,8 +49,9 @@ while [[ $# -gt 0 ]]; do
     --adacomp-recipe) adacomp_recipe=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
     --max-steps-dense) max_steps_dense=$2; shift 2 ;;
+    --local-steps) local_steps=$2; shift 2 ;;
     --summarize) summarize_only=1; shift ;;
-    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) echo "vs_torch: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -74,6 +77,9 @@ if [[ $summarize_only == 1 ]]; then summarize; exit $?; fi
   { echo "vs_torch: --rate is like 100mbit, 1gbit or none" >&2; exit 2; }
 [[ $servers =~ ^[1-9]$ ]] || { echo "vs_torch: --servers is 1-9" >&2; exit 2; }
 [[ $max_steps_dense =~ ^[0-9]+$ ]] || { echo "vs_torch: --max-steps-dense is a step count" >&2; exit 2; }
+[[ $local_steps =~ ^[1-9][0-9]*$ ]] || { echo "vs_torch: --local-steps is a step count" >&2; exit 2; }
+[[ $local_steps == 1 || $adaps_mode == local || $model == gpt ]] ||
+  { echo "vs_torch: --local-steps needs --adaps-mode local (or --model gpt)" >&2; exit 2; }
 [[ $adacomp_recipe == dgc || $adacomp_recipe == plain ]] ||
   { echo "vs_torch: --adacomp-recipe is dgc or plain" >&2; exit 2; }
 [[ $adaps_mode == server || $adaps_mode == local ]] ||
@@ -118,7 +124,11 @@ host_bytes() {  # "rx tx" of host $1's eth0
 
 port=29500
 run() {  # system
-  local sys=$1
+  local sys=$1 lsteps=()
+  # Local steps: the AdaComp systems exchange every H steps and carry it in their name.
+  if [[ $local_steps -gt 1 && $sys == adacomp* ]]; then
+    sys=$sys-h$local_steps lsteps=(--local-steps "$local_steps")
+  fi
   local name="$model-$rate-$sys-s$seed"
   [[ $nworkers != 4 ]] && name="$model-w$nworkers-$rate-$sys-s$seed"
   local log="$results/$name.log" json="$results/$name.json"
@@ -126,9 +136,10 @@ run() {  # system
   rm -f "$json"
   echo "== $sys, $model, links $rate, seed $seed ($(uptime | sed 's/.*load/load/'))" >&2
   local tsys=$sys colo=0 nserv=$servers
-  [[ $sys == adacomp-colo ]] && tsys=adacomp colo=1 nserv=$nworkers
+  [[ $sys == adacomp-h* ]] && tsys=adacomp
+  [[ $sys == adacomp-colo* ]] && tsys=adacomp colo=1 nserv=$nworkers
   local common_args=(--system "$tsys" --system-name "$sys" --model "$model" --seed "$seed"
-                     --world "$nworkers" --label "$rate" "${extra[@]}")
+                     --world "$nworkers" --label "$rate" "${lsteps[@]}" "${extra[@]}")
   [[ $max_steps_dense -gt 0 && ($sys == ddp || $sys == fp16 || $sys == adaps) ]] &&
     common_args+=(--max-steps "$max_steps_dense")
   local workers=() infra=() sb=() s0

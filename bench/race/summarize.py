@@ -5,6 +5,7 @@ the tables, draw the plots.
   summarize.py merge --json F --log F [--server-before "rx tx" --server-after "rx tx"]
   summarize.py table --results DIR [--target ACC]
   summarize.py plot --results DIR --plots DIR [--target ACC]
+  summarize.py compact --results DIR [--target ACC]   one table per model and worker count
 
 Bytes per step per worker = (received + sent on the worker host's eth0, /proc/net/dev of
 its namespace, over the training loop) / steps, averaged over the workers; it counts every
@@ -27,6 +28,33 @@ NAMES = {"ddp": "DDP (gloo allreduce)", "powersgd": "DDP + PowerSGD rank 4",
          "fp16": "DDP + fp16 hook", "adaps": "adaps dense/dense",
          "adacomp": "adaps AdaComp/recompressed",
          "adacomp-colo": "adaps AdaComp/recompressed, a server beside each worker"}
+ADACOMP = ("adacomp", "adacomp-colo")
+
+
+def local_steps(system):
+    """H of a system run with local steps (vs_torch.sh --local-steps H names it
+    adacomp-hH or adacomp-colo-hH), else 1."""
+    m = re.fullmatch(r"(adacomp(?:-colo)?)-h(\d+)", system)
+    return int(m.group(2)) if m else 1
+
+
+def name(system):
+    m = re.fullmatch(r"(adacomp(?:-colo)?)-h(\d+)", system)
+    if m:
+        return "%s, exchange every %s steps" % (NAMES[m.group(1)], m.group(2))
+    return NAMES[system]
+
+
+def systems_in(found):
+    """The systems among `found`, in the table's order: the fixed ones, then each AdaComp
+    system with local steps after its own."""
+    out = []
+    for s in SYSTEMS:
+        if s in found:
+            out.append(s)
+        out += sorted((f for f in found if f.startswith(s + "-h") and local_steps(f) > 1),
+                      key=local_steps)
+    return out
 # gpt: the held-out bits/char dense DDP reaches at about two thirds of its 300 steps (seed
 # 1, step 200 of 300: 3.234 at 4 workers, 2.930 at 16), by worker count.
 TARGETS = {"mlp": 0.80, "cnn": 0.82, "gpt": {4: 3.25, 16: 2.95}}
@@ -129,6 +157,88 @@ def fmt(v, f):
     return f % v if v is not None else "—"
 
 
+def time_to(rs, runs, target):
+    """The mean time to `target` of one system's runs at one rate (a run stopped early is
+    extrapolated from the same system's whole runs at other rates); None where a run did not
+    reach it."""
+    rt = []
+    for r in rs:
+        if truncated(r):
+            others = [o for o in runs if o["model"] == r["model"] and o["system"] == r["system"]
+                      and o.get("world", 4) == r.get("world", 4) and o["label"] != r["label"]]
+            rt.append(extrapolated(r, target, others))
+        else:
+            rt.append(reach(r, target))
+    return mean(rt) if rt and all(t is not None for t in rt) else None
+
+
+def rate_name(rate):
+    return "no limit" if rate == "none" else rate.replace("mbit", " Mbit/s").replace(
+        "gbit", " Gbit/s")
+
+
+def compact(a):
+    """One table per model and worker count, a row per system: the time to the target at
+    each rate (mean over the seeds), the bytes on a worker's link a step at the slowest rate,
+    and the final metric of the no-limit runs; then each AdaComp system's ratios."""
+    runs = load(a.results)
+    groups = grouped(runs)
+    for model, world in sorted({(m, w) for m, w, _ in groups}, key=lambda k: (k[0] != "mlp",
+                                                                              k[0], k[1])):
+        rates = sorted({r for m, w, r in groups if (m, w) == (model, world)},
+                       key=lambda r: -RATES.index(r) if r in RATES else 9)
+        target = target_for(model, world, a.target)
+        found = {s for m, w, r in groups if (m, w) == (model, world) for s in groups[(m, w, r)]}
+        any_run = next(iter(groups[(model, world, rates[0])].values()))[0]
+        seeds = sorted({r["seed"] for (m, w, _), g in groups.items() if (m, w) == (model, world)
+                        for rs in g.values() for r in rs})
+        slow = rates[-1]
+        print("\n| %s, %d workers (target %.2f; seeds %s) | %s | KB a step a worker (%s) | "
+              "bits/param/step | final %s |" % (
+                  model.upper(), world, target, ",".join(map(str, seeds)),
+                  " | ".join(map(rate_name, rates)), rate_name(slow),
+                  any_run.get("metric", "test accuracy")))
+        print("|---|" + "---:|" * (len(rates) + 3))
+        times = {}
+        for s in systems_in(found):
+            cells = []
+            for r in rates:
+                rs = groups.get((model, world, r), {}).get(s, [])
+                t = time_to(rs, runs, target) if rs else None
+                times[(s, r)] = t
+                cut = any(truncated(x) for x in rs)
+                cells.append("—" if not rs else "not reached" if t is None
+                             else ("~" if cut else "") + "%.1f s" % t)
+            rs = groups.get((model, world, slow), {}).get(s, [])
+            kb = mean([x.get("bytes_per_step_worker") for x in rs])
+            whole = [x for r in rates for x in groups.get((model, world, r), {}).get(s, [])
+                     if not truncated(x) and x["evals"]]
+            final = mean([x["evals"][-1][2] for x in whole if x["label"] == "none"] or
+                         [x["evals"][-1][2] for x in whole])
+            print("| %s | %s | %s | %s | %s |" % (
+                name(s), " | ".join(cells), fmt(kb / 1e3 if kb else None, "%.1f"),
+                fmt(8 * kb / any_run["params"] if kb else None, "%.3g"),
+                fmt(final, "%.4f")))
+        print()
+        for s in systems_in(found):
+            if not s.startswith(ADACOMP):
+                continue
+            parts = []
+            for r in rates:
+                mine = times.get((s, r))
+                if r == "none" or not mine:
+                    continue
+                vs = ["%.0fx DDP" % (times[("ddp", r)] / mine) if times.get(("ddp", r)) else None,
+                      "%.1fx PowerSGD" % (times[("powersgd", r)] / mine)
+                      if times.get(("powersgd", r)) else
+                      "PowerSGD never" if ("powersgd", r) in times else None,
+                      "%.2fx its no-limit time" % (mine / times[(s, "none")])
+                      if times.get((s, "none")) else None]
+                parts.append("%s: %s" % (rate_name(r), ", ".join(v for v in vs if v)))
+            if parts:
+                print("- %s: %s" % (name(s), "; ".join(parts)))
+
+
 def table(a):
     runs = load(a.results)
     groups = grouped(runs)
@@ -151,24 +261,18 @@ def table(a):
               "steps to %.2f | final %s | load at the end |" % (target, target, target, metric))
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         reaches = {}
-        for s in SYSTEMS:
-            if s not in g:
-                continue
+        for s in systems_in(g):
             rs = g[s]
-            step = mean([r["step_ms_median"] for r in rs])
+            # With local steps the median is a step without an exchange: the mean instead.
+            key = "step_ms_median" if local_steps(s) == 1 else "step_ms_mean"
+            step = mean([r[key] for r in rs])
             base = none.get((model, world), {}).get(s)
-            base_step = mean([r["step_ms_median"] for r in base]) if base else None
+            base_step = mean([r[key] for r in base]) if base else None
             base_reach = [reach(r, target) for r in base] if base else []
             base_reach = mean(base_reach) if base_reach and None not in base_reach else None
             share = mean([100 * r["compute_share"] for r in rs if r.get("compute_share")])
-            rt = [reach(r, target) for r in rs]
             cut = [r for r in rs if truncated(r)]
-            if cut:
-                others = [o for o in runs if o["model"] == model and o["system"] == s
-                          and o.get("world", 4) == world and o["label"] != rate]
-                rt = [extrapolated(r, target, others) if truncated(r) else t
-                      for r, t in zip(rs, rt)]
-            reaches[s] = mean(rt) if all(t is not None for t in rt) else None
+            reaches[s] = time_to(rs, runs, target)
             kb = mean([r.get("bytes_per_step_worker") for r in rs])
             bits = mean([8 * r["bytes_per_step_worker"] / r["params"] for r in rs
                          if r.get("bytes_per_step_worker")])
@@ -179,38 +283,44 @@ def table(a):
                 notes.append("%s at %s: stopped after %d of %d steps; its time to %.2f is its "
                              "median step times the steps the same system took to it at "
                              "another rate (an extrapolation, marked ~)"
-                             % (NAMES[s], rate, cut[0]["steps"], cut[0]["total_steps"], target))
+                             % (name(s), rate, cut[0]["steps"], cut[0]["total_steps"], target))
             print("| %s | %.1f | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                NAMES[s], step, fmt(base_step, "%.1f"), fmt(share, "%.0f%%"),
+                name(s) + (" (mean step)" if local_steps(s) > 1 else ""), step, fmt(base_step, "%.1f"), fmt(share, "%.0f%%"),
                 fmt(kb, "%.1f"), fmt(bits, "%.3g"),
                 ("~" if cut else "") + fmt(reaches[s], "%.1f s") if reaches[s] is not None
                 else "not reached", fmt(base_reach, "%.1f s"),
                 fmt(st, "%.0f") if st is not None and not cut else "—",
                 "—" if cut else "%.4f" % mean([r["evals"][-1][2] for r in rs]),
                 "; ".join(r.get("load", "?") for r in rs)))
-        for mine in ("adacomp", "adacomp-colo"):
+        for mine in [s for s in systems_in(g) if s.startswith(ADACOMP)]:
             ac = reaches.get(mine)
-            ratios = ["%s %.1fx" % (NAMES[o], reaches[o] / ac)
-                      for o in ("ddp", "powersgd", "fp16", "adaps") if ac and reaches.get(o)]
+            rivals = ["ddp", "powersgd", "fp16", "adaps"]
+            if local_steps(mine) > 1:  # against the same system exchanging every step
+                rivals.append(re.sub(r"-h\d+$", "", mine))
+            ratios = ["%s %.1fx" % (name(o), reaches[o] / ac)
+                      for o in rivals if ac and reaches.get(o)]
             if ratios:
                 print("\nTime to %.2f of each system / %s's (above 1: AdaComp sooner): %s"
-                      % (target, NAMES[mine], ", ".join(ratios)), end="")
+                      % (target, name(mine), ", ".join(ratios)), end="")
             own = mean([reach(r, target) for r in none.get((model, world), {}).get(mine, [])])
             if ac and own and rate != "none":
                 print("\n%s's time to %.2f / its own no-limit time: %.2fx"
-                      % (NAMES[mine], target, ac / own), end="")
+                      % (name(mine), target, ac / own), end="")
         for n in notes:
             print("\n" + n, end="")
         notes.clear()
         ddp_final = mean([r["evals"][-1][2] for r in g.get("ddp", [])
                           if r["evals"] and not truncated(r)])
-        if "adacomp" in g and ddp_final is not None:
-            d = mean([r["evals"][-1][2] for r in g["adacomp"]]) - ddp_final
+        for mine in [s for s in systems_in(g) if s.startswith(ADACOMP)]:
+            if ddp_final is None:
+                break
+            d = mean([r["evals"][-1][2] for r in g[mine]]) - ddp_final
             if higher:
-                print("\nAdaComp final accuracy minus DDP's: %+.2f pp" % (100 * d))
+                print("\n%s: final accuracy minus DDP's: %+.2f pp" % (name(mine), 100 * d),
+                      end="")
             else:
-                print("\nAdaComp final %s against DDP's: %+.2f%%" % (metric,
-                                                                    100 * d / ddp_final))
+                print("\n%s: final %s against DDP's: %+.2f%%" % (name(mine), metric,
+                                                                100 * d / ddp_final), end="")
         print()
 
 
@@ -221,13 +331,14 @@ def plot(a):
     os.makedirs(a.plots, exist_ok=True)
     for (model, world, rate), g in sorted(grouped(load(a.results)).items()):
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for s in SYSTEMS:
+        order = systems_in(g)
+        for s in order:
             for i, r in enumerate(sorted(g.get(s, []), key=lambda r: r["seed"])):
                 t = [e[1] for e in r["evals"]]
                 acc = [e[2] for e in r["evals"]]
-                ax.plot(t, acc, marker=".", color="C%d" % SYSTEMS.index(s),
+                ax.plot(t, acc, marker=".", color="C%d" % (order.index(s) % 10),
                         linestyle="-" if i == 0 else "--",
-                        label=NAMES[s] + ("" if i == 0 else " (seed %d)" % r["seed"]))
+                        label=name(s) + ("" if i == 0 else " (seed %d)" % r["seed"]))
         target = target_for(model, world, a.target)
         ax.axhline(target, color="grey", linewidth=0.8, linestyle=":")
         ax.set_xscale("log")
@@ -257,14 +368,14 @@ def main():
     m.add_argument("--server-before", default="")
     m.add_argument("--server-after", default="")
     m.add_argument("--load", default="")
-    for name in ("table", "plot"):
-        p = sub.add_parser(name)
+    for cmd in ("table", "plot", "compact"):
+        p = sub.add_parser(cmd)
         p.add_argument("--results", required=True)
         p.add_argument("--target", type=float, default=None)
-        if name == "plot":
+        if cmd == "plot":
             p.add_argument("--plots", required=True)
     a = ap.parse_args()
-    {"merge": merge, "table": table, "plot": plot}[a.cmd](a)
+    {"merge": merge, "table": table, "plot": plot, "compact": compact}[a.cmd](a)
 
 
 if __name__ == "__main__":

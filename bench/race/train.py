@@ -109,6 +109,10 @@ def parse():
     ap.add_argument("--compression-threads", type=int, default=1,
                     help="adaps: the worker's compression pool (0: compress on the calling "
                          "thread, decode on the I/O thread)")
+    ap.add_argument("--local-steps", type=int, default=1,
+                    help="adacomp in local mode (the transformer, or --adaps-mode local): "
+                         "exchange every H steps (adaps.torch's local_steps; each worker "
+                         "runs its own optimizer between exchanges). 1: every step")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--max-steps", type=int, default=0,
                     help="stop after N steps (0: the whole run); the cosine schedule still "
@@ -193,9 +197,12 @@ class Adaps:
         self.model = model
         dense = a.system == "adaps"
         self.final_pull, self.warmup = None, []
+        if a.local_steps > 1 and (dense or (optimizer is None and a.adaps_mode != "local")):
+            raise SystemExit("race: --local-steps needs adacomp in local mode")
+        local = {"local_steps": a.local_steps} if a.local_steps > 1 else {}
         if optimizer is not None:  # a zoo task: its optimizer, adaps.torch's defaults
             self.opt = adaps.torch.DistributedOptimizer(
-                optimizer, model, self.worker, compression="dense" if dense else None)
+                optimizer, model, self.worker, compression="dense" if dense else None, **local)
             self.synchronize = self.opt.synchronize
             return
         # Momentum correction (DGC; worker/app/trainer/exchange.h MomentumCorrection): the
@@ -227,7 +234,7 @@ class Adaps:
             self.worker, server_optimizer=server_opt,
             compression="dense" if dense else "adacomp",
             pull="dense" if dense else a.adacomp_pull, bin_sizes=bin_sizes,
-            bin_size=a.adacomp_fc_bin or None)
+            bin_size=a.adacomp_fc_bin or None, **local)
         # (name, its own bin size) of the tensors whose bin sizes follow the schedule
         self.warmup = []
         self.warmup_steps, self.warmup_bin = a.adacomp_warmup_steps, a.adacomp_warmup_bin
@@ -425,6 +432,7 @@ def write_result(a, r, model, wall, traffic, blas, compute_ms, metric, higher_is
                lr_in_push=a.lr_in_push if a.system == "adacomp" else None,
                adacomp_bins=dict(one_d=a.adacomp_1d_bin, fc=a.adacomp_fc_bin)
                if a.system == "adacomp" else None,
+               local_steps=a.local_steps,
                params=sum(p.numel() for p in model.parameters()),
                steps=r["steps"], total_steps=total_steps,
                max_steps=a.max_steps, evals=r["evals"], metric=metric,
