@@ -5,6 +5,8 @@ steps) with the outer step averaging or DiLoCo's Nesterov, on models of the accu
     bash deploy/build.sh
     /usr/bin/python3 bench/accuracy/local_steps.py --models gpt,mlp-adam --seeds 1 --steps 320
     /usr/bin/python3 bench/accuracy/local_steps.py --summarize   # the table from the JSONs
+    /usr/bin/python3 bench/accuracy/local_steps.py --plot docs/figures/local-steps.png
+        # the H sweep's figure from docs/local-steps.md's 1,024-step table
 
 Each configuration is one bench/accuracy/zoo.py run per model and seed (a real 4-worker
 cluster through adaps.launch, the same data, initial values and schedule for every one),
@@ -76,6 +78,11 @@ def parse():
                     help="where the runs go (default $ADAPS_RESULTS_DIR/local-steps, "
                          "ADAPS_RESULTS_DIR defaulting to build/bench-results)")
     ap.add_argument("--summarize", action="store_true", help="only the table from the JSONs")
+    ap.add_argument("--plot", default="",
+                    help="draw the H sweep (gap to dense against bytes below dense, each "
+                         "model and worker count a line over H) from --doc's 1,024-step "
+                         "table into this PNG, and nothing else")
+    ap.add_argument("--doc", default=os.path.join(REPO, "docs", "local-steps.md"))
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per zoo run")
     a = ap.parse_args()
     try:
@@ -162,8 +169,73 @@ def table(a, results):
     return "\n".join(lines)
 
 
+def sweep_rows(doc):
+    """(model, workers, H, dense?, gap, against dense) of the 1,024-step table's rows at
+    the defaults (H1 and the bold Hh rows) and of DiLoCo sent dense."""
+    import re
+    rows, on = [], False
+    with open(doc) as f:
+        for line in f:
+            if line.startswith("### 1,024 steps"):
+                on = True
+            elif on and line.startswith("#"):
+                break
+            if not on or not line.startswith("| ") or line.startswith("| model"):
+                continue
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            model, workers, config, gap, against = cells[0], int(cells[1]), cells[2], cells[5], \
+                cells[9]
+            m = re.fullmatch(r"\**H(\d+)(?: \(defaults\)|, defaults)\**", config) or \
+                re.fullmatch(r"dense, H(\d+) \(DiLoCo\)", config)
+            if not m or not gap:
+                continue
+            rows.append((model, workers, int(m.group(1)), config.startswith("dense"),
+                         float(gap.split()[0].rstrip("%")), float(against.rstrip("x"))))
+    return rows
+
+
+def plot(doc, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = sweep_rows(doc)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, lm in zip(axes, (True, False)):
+        keys = sorted({(m, w) for m, w, *_ in rows if (m in ("gpt", "wordgpt")) == lm})
+        for i, (model, workers) in enumerate(keys):
+            for dense in (False, True):
+                pts = sorted((h, g, x) for m, w, h, d, g, x in rows
+                             if (m, w, d) == (model, workers, dense))
+                if not pts:
+                    continue
+                ax.plot([x for _, _, x in pts], [g for _, g, _ in pts], marker="o",
+                        color="C%d" % i, linestyle="--" if dense else "-",
+                        label="%s, %d workers%s" % (model, workers,
+                                                     ", sent dense" if dense else ""))
+                for h, g, x in pts:
+                    ax.annotate("H%d" % h, (x, g), textcoords="offset points", xytext=(4, 3),
+                                fontsize=7)
+        bound = 2.0 if lm else -0.3
+        ax.axhline(bound, color="grey", linewidth=0.8, linestyle=":")
+        ax.axhline(0, color="black", linewidth=0.5)
+        ax.set_xscale("log")
+        ax.set_xlabel("bytes in all, times below dense (log)")
+        ax.set_ylabel("held-out loss against dense, %" if lm else
+                      "accuracy against dense, pp")
+        ax.set_title("language models (bound +2%)" if lm else "classifiers (bound -0.3 pp)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Local steps over 1,024 steps: AdaComp at bin 500 / H (docs/local-steps.md)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    print("plot: %s (%d points)" % (out, len(rows)), file=sys.stderr)
+
+
 def main():
     a = parse()
+    if a.plot:
+        return plot(a.doc, a.plot)
     if not a.summarize:
         run(a)
     print(table(a, load(a)))
