@@ -324,36 +324,63 @@ def table(a):
         print()
 
 
+SHORT = {"ddp": "DDP", "powersgd": "DDP + PowerSGD r4", "fp16": "DDP + fp16",
+         "adaps": "adaps dense", "adacomp": "adaps, 1 server",
+         "adacomp-colo": "adaps, a server per worker"}
+
+
+def short(system):
+    h = local_steps(system)
+    base = re.sub(r"-h\d+$", "", system)
+    return SHORT[base] + (", H = %d" % h if h > 1 else "")
+
+
 def plot(a):
+    """Held-out metric against training time, a line per system and seed (seed 1 solid,
+    others dashed); a run stopped early (--max-steps) is not drawn, its extrapolated time to
+    the target is written in the corner."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     os.makedirs(a.plots, exist_ok=True)
-    for (model, world, rate), g in sorted(grouped(load(a.results)).items()):
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    runs = load(a.results)
+    for (model, world, rate), g in sorted(grouped(runs).items()):
+        fig, ax = plt.subplots(figsize=(7.5, 4.2))
         order = systems_in(g)
-        for s in order:
-            for i, r in enumerate(sorted(g.get(s, []), key=lambda r: r["seed"])):
-                t = [e[1] for e in r["evals"]]
-                acc = [e[2] for e in r["evals"]]
-                ax.plot(t, acc, marker=".", color="C%d" % (order.index(s) % 10),
-                        linestyle="-" if i == 0 else "--",
-                        label=name(s) + ("" if i == 0 else " (seed %d)" % r["seed"]))
         target = target_for(model, world, a.target)
+        notes = []
+        for s in order:
+            drawn = False
+            for r in sorted(g.get(s, []), key=lambda r: r["seed"]):
+                if truncated(r):
+                    continue
+                ax.plot([e[1] for e in r["evals"]], [e[2] for e in r["evals"]], marker=".",
+                        color="C%d" % (order.index(s) % 10),
+                        linestyle="-" if not drawn else "--",
+                        label=None if drawn else short(s))
+                drawn = True
+            if not drawn:
+                t = time_to(g[s], runs, target)
+                notes.append("%s: ~%s (extrapolated)" % (short(s), "%.0f s" % t if t else "—"))
         ax.axhline(target, color="grey", linewidth=0.8, linestyle=":")
         ax.set_xscale("log")
-        if g and next(iter(g.values()))[0].get("higher_is_better", True):
+        higher = next(iter(g.values()))[0].get("higher_is_better", True) if g else True
+        if higher:
             ax.set_ylim(0.5, 0.92)
+        if notes:
+            ax.text(0.99, 0.98 if not higher else 0.02, "time to %.2f:\n" % target +
+                    "\n".join(notes), transform=ax.transAxes, fontsize=7,
+                    ha="right", va="top" if not higher else "bottom")
         ax.set_xlabel("training time, s (evaluation excluded, log scale)")
         ax.set_ylabel(next(iter(g.values()))[0].get("metric", "test accuracy"))
-        ax.set_title("%s, %d workers, links %s" % (model.upper(), world, rate))
+        ax.set_title("%s, %d workers, links %s (seed 1 solid, seed 2 dashed)"
+                     % (model.upper(), world, rate_name(rate)), fontsize=10)
         ax.grid(alpha=0.3)
-        higher = next(iter(g.values()))[0].get("higher_is_better", True) if g else True
-        ax.legend(fontsize=8, loc="lower right" if higher else "upper right")
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.tight_layout()
         path = os.path.join(a.plots, "%s-%s.png" % (model, rate) if world == 4 else
                             "%s-w%d-%s.png" % (model, world, rate))
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=100)
         plt.close(fig)
         print("plot: %s" % path, file=sys.stderr)
 
