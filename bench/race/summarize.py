@@ -234,6 +234,9 @@ def compact(a):
                       "PowerSGD never" if ("powersgd", r) in times else None,
                       "%.2fx its no-limit time" % (mine / times[(s, "none")])
                       if times.get((s, "none")) else None]
+                every = re.sub(r"-h\d+$", "", s)
+                if every != s and times.get((every, r)):
+                    vs.append("%.1fx exchanging every step" % (times[(every, r)] / mine))
                 parts.append("%s: %s" % (rate_name(r), ", ".join(v for v in vs if v)))
             if parts:
                 print("- %s: %s" % (name(s), "; ".join(parts)))
