@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "absl/strings/strip.h"
 #include "common/config.h"
 
@@ -156,6 +157,16 @@ int MainProgram::WaitForShutdownOrSignal(const std::function<bool(absl::Duration
     if (g_signal != 0) return g_signal;
   }
   return 0;
+}
+
+int MainProgram::SleepUnlessSignalled(absl::Duration duration) {
+  const absl::Time end = absl::Now() + duration;
+  while (g_signal == 0) {
+    const absl::Duration left = end - absl::Now();
+    if (left <= absl::ZeroDuration()) return 0;
+    absl::SleepFor(std::min(left, absl::Milliseconds(50)));
+  }
+  return g_signal;
 }
 
 std::string BindEndpoint(const std::string& host, int port) {

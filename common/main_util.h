@@ -62,6 +62,8 @@ class MainProgram {
   static int StopSignal();
   // Calls wait(200 ms) until it returns true (0) or a stop signal was caught (its number).
   static int WaitForShutdownOrSignal(const std::function<bool(absl::Duration)>& wait);
+  // Sleeps for `duration` unless a stop signal is caught first; the signal's number, or 0.
+  static int SleepUnlessSignalled(absl::Duration duration);
 
  private:
   std::string program_;

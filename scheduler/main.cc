@@ -1,5 +1,6 @@
 // adaps-scheduler: the cluster's rendezvous point. Thin: builds SchedulerConfig from
 // defaults < config file < ADAPS_* environment < flags, then runs a Scheduler.
+#include <algorithm>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -40,6 +41,10 @@ ABSL_FLAG(std::string, on_worker_death, "continue",
           "an error naming the dead worker)");
 ABSL_FLAG(uint64_t, split_threshold, 1 << 16,
           "Tensors with at least this many elements are split over all servers");
+ABSL_FLAG(int, shutdown_grace_ms, 3000,
+          "When the job ends (every worker has left), keep answering this long before "
+          "exiting, so that the last workers' goodbyes are acknowledged and the servers told "
+          "to stop over slow or lossy links (a stop signal cuts it short)");
 
 int main(int argc, char** argv) {
   adaps::MainProgram program(
@@ -58,6 +63,9 @@ int main(int argc, char** argv) {
           adaps::CheckPositive("dead_timeout_ms", absl::GetFlag(FLAGS_dead_timeout_ms)),
           adaps::CheckPositive("reform_timeout_ms", absl::GetFlag(FLAGS_reform_timeout_ms)),
           adaps::CheckPositive("split_threshold", absl::GetFlag(FLAGS_split_threshold)),
+          absl::GetFlag(FLAGS_shutdown_grace_ms) >= 0
+              ? absl::OkStatus()
+              : absl::InvalidArgumentError("--shutdown_grace_ms must be 0 or more"),
           adaps::CheckSharedFlags(),
       });
       !s.ok()) {
@@ -108,8 +116,17 @@ int main(int argc, char** argv) {
   const int sig = adaps::MainProgram::WaitForShutdownOrSignal(
       [&](absl::Duration timeout) { return scheduler.WaitForShutdown(timeout); });
   if (sig != 0) logger->info("signal {}: stopping", sig);
-  // Give the final Shutdown messages a moment to leave.
-  absl::SleepFor(absl::Milliseconds(100));
+  // The job ended: the Ack of the last goodbyes and the Shutdown to every node are queued.
+  // Closing at once lost them on a slow link (16 workers with a server beside each on 10
+  // Mbit/s links: half the workers waited out their goodbye's deadline and every server gave
+  // up on a silent scheduler after 60 s, with an error): a TCP connection in retransmission
+  // back-off needs seconds, and closing a socket with unread input discards what it holds.
+  // So the transport keeps running (answering late goodbyes) for the grace, then stops.
+  const absl::Duration grace =
+      sig == 0 ? absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)) : absl::ZeroDuration();
+  if (adaps::MainProgram::SleepUnlessSignalled(std::max(grace, absl::Milliseconds(100))) != 0) {
+    logger->info("signal during the shutdown grace: stopping");
+  }
   scheduler.Stop();
   // Non-zero unless the job completed (a worker died under the fail policy, a node is
   // still dead at the end, an operator's Shutdown with an error code).

@@ -160,7 +160,10 @@ class LocalCluster {
     std::vector<std::string> args = {absl::StrCat("--num_servers=", options.num_servers),
                                      absl::StrCat("--num_workers=", options.num_workers),
                                      "--port_file=" + dir_ + "/port", "--heartbeat_ms=100",
-                                     "--dead_timeout_ms=3000", "--log_level=warn"};
+                                     "--dead_timeout_ms=3000", "--log_level=warn",
+                                     // Loopback delivers the last messages at once; tests
+                                     // wait for the scheduler's exit against deadlines.
+                                     "--shutdown_grace_ms=500"};
     args.insert(args.end(), options.scheduler_args.begin(), options.scheduler_args.end());
     scheduler_ = std::make_unique<Process>(ADAPS_SCHEDULER_BIN, args, dir_ + "/scheduler.log");
     const std::string port = WaitForPortFile(dir_ + "/port", absl::Minutes(2));

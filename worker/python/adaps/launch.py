@@ -581,8 +581,11 @@ def main(argv=None):
                         any(p.poll() is None for p in infra):
                     code = _wait_for_other_nodes(a, infra, scheduler, interrupted)
                     break
+                # Every worker's goodbye was answered; once the servers have their Shutdown
+                # (they exit), the scheduler's shutdown grace has nothing left to deliver:
+                # _stop_all ends it.
                 end = time.time() + 10
-                while time.time() < end and any(p.poll() is None for p in infra):
+                while time.time() < end and any(p.poll() is None for p in servers):
                     time.sleep(0.05)
                 break
             # Exit 0 is the orderly shutdown once every worker left (a worker process may
