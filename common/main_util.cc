@@ -10,8 +10,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "common/config.h"
 
 namespace adaps {

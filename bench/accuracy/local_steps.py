@@ -29,6 +29,7 @@ every H divides, so the last steps are exchanged too.
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -172,7 +173,6 @@ def table(a, results):
 def sweep_rows(doc):
     """(model, workers, H, dense?, gap, against dense) of the 1,024-step table's rows at
     the defaults (H1 and the bold Hh rows) and of DiLoCo sent dense."""
-    import re
     rows, on = [], False
     with open(doc) as f:
         for line in f:

@@ -31,18 +31,20 @@ NAMES = {"ddp": "DDP (gloo allreduce)", "powersgd": "DDP + PowerSGD rank 4",
 ADACOMP = ("adacomp", "adacomp-colo")
 
 
-def local_steps(system):
-    """H of a system run with local steps (vs_torch.sh --local-steps H names it
-    adacomp-hH or adacomp-colo-hH), else 1."""
+def split_system(system):
+    """(the system exchanging every step, H): vs_torch.sh --local-steps H names an AdaComp
+    system run with local steps adacomp-hH or adacomp-colo-hH; any other has H = 1."""
     m = re.fullmatch(r"(adacomp(?:-colo)?)-h(\d+)", system)
-    return int(m.group(2)) if m else 1
+    return (m.group(1), int(m.group(2))) if m else (system, 1)
+
+
+def local_steps(system):
+    return split_system(system)[1]
 
 
 def name(system):
-    m = re.fullmatch(r"(adacomp(?:-colo)?)-h(\d+)", system)
-    if m:
-        return "%s, exchange every %s steps" % (NAMES[m.group(1)], m.group(2))
-    return NAMES[system]
+    base, h = split_system(system)
+    return NAMES[base] + (", exchange every %d steps" % h if h > 1 else "")
 
 
 def systems_in(found):
@@ -52,7 +54,7 @@ def systems_in(found):
     for s in SYSTEMS:
         if s in found:
             out.append(s)
-        out += sorted((f for f in found if f.startswith(s + "-h") and local_steps(f) > 1),
+        out += sorted((f for f in found if f != s and split_system(f)[0] == s),
                       key=local_steps)
     return out
 # gpt: the held-out bits/char dense DDP reaches at about two thirds of its 300 steps (seed
@@ -234,7 +236,7 @@ def compact(a):
                       "PowerSGD never" if ("powersgd", r) in times else None,
                       "%.2fx its no-limit time" % (mine / times[(s, "none")])
                       if times.get((s, "none")) else None]
-                every = re.sub(r"-h\d+$", "", s)
+                every = split_system(s)[0]
                 if every != s and times.get((every, r)):
                     vs.append("%.1fx exchanging every step" % (times[(every, r)] / mine))
                 parts.append("%s: %s" % (rate_name(r), ", ".join(v for v in vs if v)))
@@ -288,7 +290,8 @@ def table(a):
                              "another rate (an extrapolation, marked ~)"
                              % (name(s), rate, cut[0]["steps"], cut[0]["total_steps"], target))
             print("| %s | %.1f | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                name(s) + (" (mean step)" if local_steps(s) > 1 else ""), step, fmt(base_step, "%.1f"), fmt(share, "%.0f%%"),
+                name(s) + (" (mean step)" if local_steps(s) > 1 else ""), step,
+                fmt(base_step, "%.1f"), fmt(share, "%.0f%%"),
                 fmt(kb, "%.1f"), fmt(bits, "%.3g"),
                 ("~" if cut else "") + fmt(reaches[s], "%.1f s") if reaches[s] is not None
                 else "not reached", fmt(base_reach, "%.1f s"),
@@ -299,7 +302,7 @@ def table(a):
             ac = reaches.get(mine)
             rivals = ["ddp", "powersgd", "fp16", "adaps"]
             if local_steps(mine) > 1:  # against the same system exchanging every step
-                rivals.append(re.sub(r"-h\d+$", "", mine))
+                rivals.append(split_system(mine)[0])
             ratios = ["%s %.1fx" % (name(o), reaches[o] / ac)
                       for o in rivals if ac and reaches.get(o)]
             if ratios:
@@ -314,9 +317,8 @@ def table(a):
         notes.clear()
         ddp_final = mean([r["evals"][-1][2] for r in g.get("ddp", [])
                           if r["evals"] and not truncated(r)])
-        for mine in [s for s in systems_in(g) if s.startswith(ADACOMP)]:
-            if ddp_final is None:
-                break
+        for mine in [s for s in systems_in(g) if s.startswith(ADACOMP)
+                     and ddp_final is not None]:
             d = mean([r["evals"][-1][2] for r in g[mine]]) - ddp_final
             if higher:
                 print("\n%s: final accuracy minus DDP's: %+.2f pp" % (name(mine), 100 * d),
@@ -333,8 +335,7 @@ SHORT = {"ddp": "DDP", "powersgd": "DDP + PowerSGD r4", "fp16": "DDP + fp16",
 
 
 def short(system):
-    h = local_steps(system)
-    base = re.sub(r"-h\d+$", "", system)
+    base, h = split_system(system)
     return SHORT[base] + (", H = %d" % h if h > 1 else "")
 
 

@@ -25,14 +25,16 @@ SERVER_BIN = _bin("adaps-server", "server")
 
 
 class Cluster:
-    def __init__(self, workers, servers=1, server_args=(), dead_timeout_ms=3000):
+    def __init__(self, workers, servers=1, server_args=(), dead_timeout_ms=3000,
+                 scheduler_args=()):
         self.dir = tempfile.mkdtemp(prefix="adaps-pytest-")
         self.procs = []
         port_file = os.path.join(self.dir, "port")
         self.scheduler = self._start("scheduler", [
             SCHEDULER_BIN, "--num_servers=%d" % servers, "--num_workers=%d" % workers,
             "--port_file=" + port_file, "--heartbeat_ms=100",
-            "--dead_timeout_ms=%d" % dead_timeout_ms, "--log_level=warn"])
+            "--dead_timeout_ms=%d" % dead_timeout_ms, "--log_level=warn"] +
+            list(scheduler_args))
         end = time.time() + 10
         port = ""
         while not port and time.time() < end:
@@ -64,7 +66,8 @@ class Cluster:
 
 @pytest.fixture
 def cluster():
-    """cluster(workers, servers=1, server_args=()) -> Cluster; all killed afterwards."""
+    """cluster(workers, servers=1, server_args=(), scheduler_args=()) -> Cluster; all killed
+    afterwards."""
     made = []
 
     def make(*args, **kwargs):

@@ -308,45 +308,23 @@ def test_stop_after_the_scheduler_exited_warns_and_stops(cluster):
         v.leave()
 
 
-def test_the_scheduler_keeps_answering_for_its_shutdown_grace_after_the_job_ended(tmp_path):
+def test_the_scheduler_keeps_answering_for_its_shutdown_grace_after_the_job_ended(cluster):
     # At the end of a job the scheduler's last messages (the Ack of the last goodbyes, the
     # Shutdown to every server) are queued when it decides to exit. It used to close 0.1 s
     # later: on 10 Mbit/s links with 16 workers and a server beside each, half the workers
     # waited out their goodbye's deadline and every server gave up on a silent scheduler
     # (exit 1). It now keeps its transport running for --shutdown_grace_ms (answering late
     # goodbyes), and a stop signal cuts that short with the job's exit code.
-    import subprocess
-    from conftest import SCHEDULER_BIN, SERVER_BIN
-    port_file = str(tmp_path / "port")
-    logs = [open(str(tmp_path / n), "wb") for n in ("scheduler.log", "server.log")]
-    sched = subprocess.Popen([SCHEDULER_BIN, "--num_servers=1", "--num_workers=1",
-                              "--port_file=" + port_file, "--shutdown_grace_ms=60000",
-                              "--log_level=info"], stdout=logs[0], stderr=subprocess.STDOUT)
-    server = None
-    try:
-        end = time.time() + 30
-        while not os.path.exists(port_file) and time.time() < end:
-            time.sleep(0.02)
-        address = "tcp://127.0.0.1:" + open(port_file).read().strip()
-        server = subprocess.Popen([SERVER_BIN, "--scheduler=" + address, "--log_level=warn"],
-                                  stdout=logs[1], stderr=subprocess.STDOUT)
-        w = adaps.Worker(address, request_timeout=60)
-        w.declare("x", np.zeros(10, np.float32))
-        w.stop()  # the only worker left: the job ended
-        assert server.wait(timeout=120) == 0  # the server had its Shutdown
-        time.sleep(2.0)
-        assert sched.poll() is None, "the scheduler exited within 2 s of the job's end"
-        sched.send_signal(signal.SIGTERM)
-        assert sched.wait(timeout=120) == 0
-        with open(str(tmp_path / "scheduler.log")) as f:
-            assert "every worker has left" in f.read()
-    finally:
-        for p in (sched, server):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait()
-        for f in logs:
-            f.close()
+    c = cluster(1, scheduler_args=["--shutdown_grace_ms=60000", "--log_level=info"])
+    w = adaps.Worker(c.address, request_timeout=60)
+    w.declare("x", np.zeros(10, np.float32))
+    w.stop()  # the only worker left: the job ended
+    assert c.servers[0].wait(timeout=120) == 0  # the server had its Shutdown
+    time.sleep(2.0)
+    assert c.scheduler.poll() is None, "the scheduler exited within 2 s of the job's end"
+    c.scheduler.send_signal(signal.SIGTERM)
+    assert c.scheduler.wait(timeout=120) == 0
+    assert "every worker has left" in c.log("scheduler")
 
 
 def test_stop_waits_for_a_slow_scheduler_within_the_request_timeout(cluster):
