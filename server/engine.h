@@ -108,6 +108,7 @@ struct PullWork : EngineRequest {
   uint64_t held_push = 0;  // the step + 1 of this slice's push the puller holds; 0: none
   uint64_t min_version = 0;
   uint64_t have_version = 0;
+  uint64_t offset = 0;  // Dense and Replica: the answer's first element
   Shard::Format format = Shard::Format::kDense;
 };
 

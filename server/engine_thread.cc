@@ -202,6 +202,7 @@ void EngineThread::OnPull(PullWork& work) {
   pull.peer = work.peer;
   pull.worker = work.worker;
   pull.held_push = work.held_push;
+  pull.offset = work.offset;
   if (pull.min_version > shard.version()) {
     shard.Hold(std::move(pull));
     return;
@@ -288,7 +289,8 @@ absl::Status EngineThread::SendAnswer(Shard& shard, const Shard::Pull& pull) {
   }
   flatbuffers::FlatBufferBuilder fbb(128);
   auto body = msg::CreatePullResponse(fbb, shard.key(), answer.version, answer.base, format,
-                                      shard.version_work_us(), answer.zero_base);
+                                      shard.version_work_us(), answer.zero_base,
+                                      answer.offset);
   OutMessage out =
       FinishEnvelope(fbb, sink_->self(), body, 0, pull.request_id, std::move(answer.payload));
   if (options_.metrics != nullptr) {

@@ -48,6 +48,8 @@ struct SlicePull {
   // holds (0: none): a forwarded answer at the version that step made leaves it out.
   int worker = -1;
   uint64_t held_push = 0;
+  // Dense and Replica: the answer holds the elements from here on (Shard::AnswerPull).
+  uint64_t offset = 0;
 };
 
 // What a pull is answered with: the version it brings the puller to, the version the
@@ -60,6 +62,7 @@ struct SliceAnswer {
   // What the payload is (a kSparse pull: kSparse, kForwarded or kDense).
   AnswerFormat format = AnswerFormat::kDense;
   bool zero_base = false;  // kSparse: the elements not listed are 0 (mean)
+  uint64_t offset = 0;     // kDense, kReplica: the first element the payload holds
 };
 
 // The slice as its answers read it: at its current version, valid for one call.

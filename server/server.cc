@@ -478,6 +478,10 @@ void Server::OnPull(InMessage& in) {
       return ReplyError(in, absl::InvalidArgumentError(absl::StrCat(
                                 "unknown pull format ", static_cast<int>(p->format()))));
   }
+  if (p->offset() != 0 && format != Shard::Format::kDense && format != Shard::Format::kReplica) {
+    return ReplyError(in, absl::InvalidArgumentError(
+                              "a pull from an offset is answered Dense or Replica only"));
+  }
   if (format != Shard::Format::kDense && !config_.sync) {
     return ReplyError(in, absl::FailedPreconditionError(
                               "recompressed and sparse pulls need a server in sync mode"));
@@ -486,6 +490,7 @@ void Server::OnPull(InMessage& in) {
   work.key = p->key();
   work.min_version = p->min_version();
   work.have_version = p->have_version();
+  work.offset = p->offset();
   work.format = format;
   // (A forwarded answer leaves out the puller's own push only for a worker's pull.)
   if (env->sender_role() == msg::Role::Worker && env->sender_rank() >= 0 &&

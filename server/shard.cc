@@ -407,12 +407,23 @@ absl::StatusOr<Shard::Answer> Shard::AnswerPull(const Pull& pull) {
     case Format::kRecompressed:
       return recompressed_.Answer(pull, now);
     case Format::kReplica:
-      return recompressed_.Replica(now);
     case Format::kDense:
     case Format::kForwarded:  // (an answer's format only; the server never asks it)
       break;
   }
-  return dense_.Answer(now);
+  Answer answer =
+      pull.format == Format::kReplica ? recompressed_.Replica(now) : dense_.Answer(now);
+  if (pull.offset == 0) return answer;
+  if (pull.offset > length_) {
+    return absl::OutOfRangeError(absl::StrCat("pull of '", name_, "' from element ", pull.offset,
+                                              " of ", length_));
+  }
+  // (Rare: a fusion bucket's member declared after others. The whole answer is cached.)
+  const size_t skip = pull.offset * sizeof(float);
+  answer.payload = std::make_shared<const std::vector<uint8_t>>(answer.payload->begin() + skip,
+                                                                answer.payload->end());
+  answer.offset = pull.offset;
+  return answer;
 }
 
 void Shard::CountStepWork(absl::Duration elapsed, bool completed) {

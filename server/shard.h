@@ -182,6 +182,7 @@ class Shard {
   // encodes it if this version has not been yet. Recompressed: kAborted when the puller's
   // replica (have_version) is neither the published version nor the one before; kOutOfRange
   // or the codec's error if encoding fails (the published replica is then unchanged).
+  // Dense and Replica from `pull.offset` on (kOutOfRange past the slice's end).
   absl::StatusOr<Answer> AnswerPull(const Pull& pull);
 
  private:

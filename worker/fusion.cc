@@ -146,19 +146,40 @@ absl::Status FusionTable::Declare(Tensor& t, absl::Span<float> values, bool* fus
   if (!membership_.rejoined()) ADAPS_RETURN_IF_ERROR(membership_.Barrier());
   uint64_t incarnation = 0;
   membership_.links().Peer(m.info.server, &incarnation);
+  // The bucket so far as this worker holds it: a later member pulls only its own elements
+  // (from `offset`), unless the bucket moved on or its server restarted since; pulling the
+  // whole bucket for each member would cost k^2 / 2 members' bytes for k of them.
+  uint64_t held_step = 0, held_replica_version = 0, held_incarnation = 0;
+  if (offset > 0) {
+    absl::MutexLock lock(&in.mu);
+    const SliceRt& rt = in.slices[0];
+    held_step = rt.step;
+    held_replica_version = rt.replica_version;
+    held_incarnation = rt.incarnation;
+  }
   // (Asked again of a server that restarts meanwhile, as Runner::PullDense does.)
-  ADAPS_ASSIGN_OR_RETURN(InMessage r, membership_.CallServerResuming(
-                                          m.info.server, [&](flatbuffers::FlatBufferBuilder& fbb) {
-                                            return msg::CreatePullRequest(
-                                                fbb, m.key, 0, 0, ReplicaFormat(in.spec.pull));
-                                          }));
+  auto pull = [&](uint64_t from) {
+    return membership_.CallServerResuming(m.info.server, [&](flatbuffers::FlatBufferBuilder& fbb) {
+      return msg::CreatePullRequest(fbb, m.key, 0, 0, ReplicaFormat(in.spec.pull), 0, from);
+    });
+  };
+  ADAPS_ASSIGN_OR_RETURN(InMessage r, pull(offset));
+  if (offset > 0) {
+    const msg::PullResponse* got = r.envelope()->body_as_PullResponse();
+    if (got == nullptr || got->offset() != offset || got->version() != held_step ||
+        ReplicaVersion(*got) != held_replica_version || incarnation != held_incarnation) {
+      ADAPS_ASSIGN_OR_RETURN(r, pull(0));
+    }
+  }
   const uint64_t end = offset + length;
+  const msg::PullResponse* resp = r.envelope()->body_as_PullResponse();
+  const uint64_t from = resp != nullptr ? resp->offset() : 0;
   // (Another worker may have declared the next member already: the bucket is then longer.)
-  ADAPS_RET_CHECK(r.envelope()->body_as_PullResponse() != nullptr &&
+  ADAPS_RET_CHECK(resp != nullptr && (from == 0 || from == offset) &&
                       r.payload().size() % sizeof(float) == 0 &&
-                      r.payload().size() >= end * sizeof(float),
+                      r.payload().size() >= (end - from) * sizeof(float),
                   absl::StatusCode::kDataLoss, "bad initial pull of a fusion bucket");
-  std::memcpy(values.data(), r.payload().data() + offset * sizeof(float),
+  std::memcpy(values.data(), r.payload().data() + (offset - from) * sizeof(float),
               uint64_t{length} * sizeof(float));
   {
     absl::MutexLock lock(&b->mu);
@@ -171,12 +192,16 @@ absl::Status FusionTable::Declare(Tensor& t, absl::Span<float> values, bool* fus
     in.meta[0].info.length = static_cast<uint32_t>(end);
     SliceRt& rt = in.slices[0];
     if (KeepsReplica(in.spec.pull)) {
+      // (An answer from `offset` extends the replica the earlier members' pulls made.)
+      ADAPS_RET_CHECK(from <= rt.replica.size(), absl::StatusCode::kInternal,
+                      "a fusion bucket's replica is shorter than its members");
+      std::vector<float> kept(rt.replica.begin(), rt.replica.begin() + from);
       rt.SetReplica(end);
-      std::memcpy(rt.replica.data(), r.payload().data(), end * sizeof(float));
+      std::copy(kept.begin(), kept.end(), rt.replica.begin());
+      std::memcpy(rt.replica.data() + from, r.payload().data(), (end - from) * sizeof(float));
     } else {
       rt.SetReplica(0);
     }
-    const msg::PullResponse* resp = r.envelope()->body_as_PullResponse();
     rt.replica_version = ReplicaVersion(*resp);
     rt.step = resp->version();
     rt.seen_version = resp->version();

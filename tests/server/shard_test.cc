@@ -199,6 +199,30 @@ TEST(Shard, DenseBytesAreEncodedOncePerVersionAndReused) {
   EXPECT_EQ(Floats(a->payload), (std::vector<float>{1, 2, 3, 4}));
 }
 
+// A pull from an offset (a fusion bucket's later member) holds the elements from there on,
+// says so, and leaves the whole answer that other pullers share untouched.
+TEST(Shard, APullFromAnOffsetHoldsTheElementsFromThereOn) {
+  Shard s = Make();
+  s.Initialize(Raw({1, 2, 3, 4}));
+  Shard::Pull from2 = DensePull();
+  from2.offset = 2;
+  auto part = s.AnswerPull(from2);
+  ASSERT_TRUE(part.ok()) << part.status();
+  EXPECT_EQ(part->offset, 2u);
+  EXPECT_EQ(Floats(part->payload), (std::vector<float>{3, 4}));
+  auto whole = s.AnswerPull(DensePull());
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(whole->offset, 0u);
+  EXPECT_EQ(Floats(whole->payload), (std::vector<float>{1, 2, 3, 4}));
+  from2.format = Shard::Format::kReplica;
+  auto replica = s.AnswerPull(from2);
+  ASSERT_TRUE(replica.ok()) << replica.status();
+  EXPECT_EQ(Floats(replica->payload), (std::vector<float>{3, 4}));
+  Shard::Pull past = DensePull();
+  past.offset = 5;
+  EXPECT_EQ(s.AnswerPull(past).status().code(), absl::StatusCode::kOutOfRange);
+}
+
 TEST(Shard, DenseBufferIsReusedOnceNobodyHoldsIt) {
   Shard s = Make();
   const void* first = nullptr;
