@@ -220,6 +220,20 @@ TEST(HostileInput, GarbageTruncatedVersionLengthsNanInfAndForgeriesChangeNothing
                  absl::StatusCode::kInvalidArgument, "pull of unknown slice");
   }
   {
+    // A pull from an offset: past the slice's end, or in a format that has no offset.
+    flatbuffers::FlatBufferBuilder fbb;
+    auto body =
+        msg::CreatePullRequest(fbb, dense_key, 0, 0, msg::PullFormat::Dense, 0, kLen + 1);
+    ++id;
+    expect_error(FinishEnvelope(fbb, kWorker0, body, id, 0), id, absl::StatusCode::kOutOfRange,
+                 "pull from past the end");
+    flatbuffers::FlatBufferBuilder fbb2;
+    auto sparse = msg::CreatePullRequest(fbb2, dense_key, 0, 0, msg::PullFormat::Sparse, 0, 2);
+    ++id;
+    expect_error(FinishEnvelope(fbb2, kWorker0, sparse, id, 0), id,
+                 absl::StatusCode::kInvalidArgument, "sparse pull from an offset");
+  }
+  {
     flatbuffers::FlatBufferBuilder fbb;
     auto body = msg::CreateDeclareSlice(fbb, dense_key, fbb.CreateString("d"), kLen + 5, 10, false);
     ++id;
