@@ -2,11 +2,6 @@
 // real adaps-server processes (--metrics_port=0), a library worker in this process
 // (WorkerOptions::metrics_port = 0). After N steps the worker's series equal its own
 // Worker::Traffic counters, and the servers' push series add up to the same bytes.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <map>
 #include <string>
@@ -14,9 +9,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "adaps/worker.h"
 #include "gtest/gtest.h"
+#include "tests/common/metrics_http.h"
 #include "tests/integration/cluster_harness.h"
 
 namespace adaps {
@@ -25,53 +20,15 @@ namespace {
 using testing::Process;
 using testing::WaitForPortFile;
 
-// The body of GET http://127.0.0.1:port/metrics; empty when it cannot be fetched.
+// The body of a role's /metrics on `port` (a string, as its port file holds it).
 std::string Scrape(const std::string& port) {
   int port_number = 0;
-  if (!absl::SimpleAtoi(port, &port_number)) return "";
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port_number));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buf[4096];
-      ssize_t got;
-      while ((got = read(fd, buf, sizeof(buf))) > 0) response.append(buf, got);
-    }
-  }
-  close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  if (response.rfind("HTTP/1.1 200", 0) != 0 || body == std::string::npos) return "";
-  return response.substr(body + 4);
+  return absl::SimpleAtoi(port, &port_number) ? testing::ScrapeMetrics(port_number) : "";
 }
 
-// The sum over the series `name` whose labels include every one of `labels`; -1 when no
-// series matches.
 double Value(const std::string& text, const std::string& name,
              const std::map<std::string, std::string>& labels = {}) {
-  double sum = 0;
-  bool found = false;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (line.empty() || line[0] == '#') continue;
-    const size_t end = line.find_first_of("{ ");
-    if (end == absl::string_view::npos || line.substr(0, end) != name) continue;
-    bool match = true;
-    for (const auto& [key, value] : labels) {
-      if (line.find(absl::StrCat(key, "=\"", value, "\"")) == absl::string_view::npos) {
-        match = false;
-      }
-    }
-    double v = 0;
-    if (!match || !absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) continue;
-    sum += v;
-    found = true;
-  }
-  return found ? sum : -1;
+  return testing::MetricValue(text, name, labels);
 }
 
 class MetricsScrape : public ::testing::Test {

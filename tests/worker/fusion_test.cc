@@ -2,11 +2,6 @@
 // Servers with momentum SGD, one Worker over inproc://): a fused run is bit for bit the
 // unfused one (fusion_threshold_bytes 0), a step is one push message for all the small
 // tensors, and misuse (a member given twice, a bucket left incomplete) fails cleanly.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -16,10 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "adaps/worker.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
@@ -27,42 +19,13 @@
 #include "gtest/gtest.h"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
+#include "tests/common/metrics_http.h"
 #include "tests/worker/inproc_cluster.h"
 
 namespace adaps {
 namespace {
 
 constexpr int kServers = 2;
-
-// The sum of every series of counter `name` served on 127.0.0.1:port; -1 on failure.
-double ServerCounter(int port, absl::string_view name) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buf[4096];
-      ssize_t got;
-      while ((got = read(fd, buf, sizeof(buf))) > 0) response.append(buf, got);
-    }
-  }
-  close(fd);
-  double sum = 0;
-  for (absl::string_view line : absl::StrSplit(response, '\n')) {
-    if (!absl::StartsWith(line, name) || line.size() <= name.size() ||
-        (line[name.size()] != '{' && line[name.size()] != ' ')) {
-      continue;
-    }
-    double v = 0;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) sum += v;
-  }
-  return sum;
-}
 
 struct Member {
   std::string name;
@@ -150,7 +113,7 @@ class Cluster {
   // The sum over the servers of counter `name`.
   double ServerSum(absl::string_view name) {
     double sum = 0;
-    for (auto& m : metrics_) sum += ServerCounter(m->port(), name);
+    for (auto& m : metrics_) sum += testing::MetricValue(testing::ScrapeMetrics(m->port()), name);
     return sum;
   }
   double Pushes() { return ServerSum("adaps_server_pushes_total"); }
