@@ -304,3 +304,43 @@ def test_local_steps_declare_the_default_bin_divided_by_h(cluster, h, named, exp
     conv = {"conv.weight": 50, "conv.bias": 50}
     assert run_ranks(mean_cluster(cluster), 2, rank, timeout=TIMEOUT) == \
         [dict(conv, **expected)] * 2
+
+
+@pytest.mark.parametrize("h", [1, 3])
+def test_a_worker_joining_a_local_mode_job_is_refused_before_it_trains_offset(cluster, h):
+    """In local mode the servers hold each exchange's mean change, not the model: a worker
+    that joined a running job would start from its own (or rank 0's initial) values and stay
+    offset from the others for good (measured before the refusal: 0.22 at H = 1 and 0.60 at
+    H = 3, constant over every later exchange). It is refused, naming what works, before it
+    declares anything, and the job's own workers finish without waiting for it."""
+    import threading
+    c = cluster(2, server_args=["--optimizer=mean"], scheduler_args=["--max_workers=3"])
+    asked, answered, result = threading.Event(), threading.Event(), {}
+
+    def joiner():
+        asked.wait(TIMEOUT)
+        w = adaps.Worker(scheduler=c.address, register_timeout=20, request_timeout=15)
+        try:
+            wrapped(w, local_steps=h)
+            result["error"] = None
+        except RuntimeError as e:
+            result["error"] = str(e)
+        finally:
+            answered.set()
+            w.stop()
+
+    def rank(w):
+        p, opt = wrapped(w, local_steps=h)
+        train(p, opt, w.rank, 2 * h)
+        if w.rank == 0:
+            asked.set()
+        assert answered.wait(TIMEOUT)
+        return train(p, opt, w.rank, 2 * h, first=2 * h)[-1]
+
+    t = threading.Thread(target=joiner, daemon=True)
+    t.start()
+    last = run_ranks(c.address, 2, rank, timeout=TIMEOUT)
+    t.join(TIMEOUT)
+    assert result.get("error") is not None, "the joiner was let train in local mode"
+    assert "joined a running job" in result["error"] and "server mode" in result["error"]
+    assert torch.equal(last[0], last[1])

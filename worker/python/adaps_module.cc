@@ -364,6 +364,10 @@ void DefineModule(py::module_& m) {
       .def_property_readonly("live_workers", [](PyWorker& w) { return w.get().live_workers(); },
                              "The workers live now (this one included): what the servers' "
                              "steps average over; changes as workers join, leave or die")
+      .def_property_readonly("rejoined", [](PyWorker& w) { return w.get().rejoined(); },
+                             "True when this worker joined a running job (or registered "
+                             "again into it after a restart): its Declare pulls the servers' "
+                             "current values instead of making rank 0's everyone's")
       .def_property_readonly("num_servers", [](PyWorker& w) { return w.get().num_servers(); })
       .def_property_readonly("server_optimizer",
                              [](PyWorker& w) { return w.get().server_optimizer(); },

@@ -573,6 +573,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.worker = worker if worker is not None else adaps.worker_from_env()
         if worker is None:  # (made just now: what its servers run is checked as above)
             _servers_agree(self.worker, server_kind, mode)
+        if mode == "local" and self.worker.rejoined:
+            # (Before anything is declared: the job's workers wait for nothing of this one.)
+            raise RuntimeError(
+                "adaps.torch: this worker joined a running job (or registered again into it "
+                "after a restart) whose servers run --optimizer=mean (local mode). There the "
+                "servers hold each exchange's mean change, not the model, so this worker "
+                "would train from its own start, offset from the others for good. Workers "
+                "can join a job in server mode (the servers hold the parameters and a "
+                "joiner pulls them); in local mode restart the whole job with the new "
+                "worker count, from a checkpoint, as torchrun does")
         broadcast_parameters(model.state_dict(), self.worker)
         broadcast_optimizer_state(optimizer, self.worker)
         if settings.pull is None and effective.exchange == "update" and compressing:
