@@ -5,6 +5,7 @@ replica becomes where the last exchange left it plus the outer step of the mean 
 Ranks in threads on a real local cluster (servers --optimizer=mean)."""
 import copy
 import os
+import time
 
 import numpy as np
 import pytest
@@ -344,3 +345,42 @@ def test_a_worker_joining_a_local_mode_job_is_refused_before_it_trains_offset(cl
     assert result.get("error") is not None, "the joiner was let train in local mode"
     assert "joined a running job" in result["error"] and "server mode" in result["error"]
     assert torch.equal(last[0], last[1])
+
+
+def test_a_worker_leaving_between_exchanges_holds_up_nobody(cluster):
+    """Of 3 workers at H = 3, rank 2 leaves after 4 steps (between two exchanges; leave()
+    pushes its residue as its next exchange): the others' later exchanges average over the 2
+    live workers, end, and their replicas stay equal."""
+    import threading
+    c = cluster(3, server_args=["--optimizer=mean"])
+    out, errors = {}, []
+
+    def body():
+        w = adaps.Worker(scheduler=c.address, register_timeout=20, request_timeout=15)
+        try:
+            rank = w.rank
+            p, opt = wrapped(w, local_steps=3)
+            steps = 4 if rank == 2 else 15
+            train(p, opt, rank, steps)
+            if rank == 2:
+                out[rank] = (p.detach().clone(), 3)
+                w.leave()
+                return
+            end = time.time() + TIMEOUT  # (the view of the leave travels on its own)
+            while w.live_workers != 2 and time.time() < end:
+                time.sleep(0.05)
+            out[rank] = (p.detach().clone(), w.live_workers)
+        except BaseException as e:  # reported below
+            errors.append(e)
+        finally:
+            w.stop()
+
+    threads = [threading.Thread(target=body, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert not errors, errors
+    assert sorted(out) == [0, 1, 2], out
+    assert out[0][1] == 2 and out[1][1] == 2
+    assert torch.equal(out[0][0], out[1][0])
