@@ -1,5 +1,11 @@
 #include "common/main_util.h"
 
+#include <dirent.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
@@ -8,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
@@ -157,6 +164,48 @@ int MainProgram::WaitForShutdownOrSignal(const std::function<bool(absl::Duration
     if (g_signal != 0) return g_signal;
   }
   return 0;
+}
+
+int64_t UnacknowledgedTcpBytes() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int64_t total = 0;
+  while (const dirent* entry = readdir(dir)) {
+    int fd = -1;
+    if (!absl::SimpleAtoi(entry->d_name, &fd) || fd == dirfd(dir)) continue;
+    // (Another thread may close or reuse an fd meanwhile: each check stands on its own.)
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    int type = 0, domain = 0;
+    socklen_t len = sizeof(type);
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM) continue;
+    len = sizeof(domain);
+    if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0 ||
+        (domain != AF_INET && domain != AF_INET6)) {
+      continue;
+    }
+    int queued = 0;  // a listening socket answers EINVAL: nothing queued
+    if (ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0) total += queued;
+  }
+  closedir(dir);
+  return total;
+}
+
+int MainProgram::DrainUnlessSignalled(absl::Duration at_least, absl::Duration at_most,
+                                      int64_t* left) {
+  const absl::Time start = absl::Now();
+  *left = -1;
+  int quiet = 0;
+  while (g_signal == 0) {
+    const absl::Duration spent = absl::Now() - start;
+    if (spent >= at_least) {
+      *left = UnacknowledgedTcpBytes();
+      quiet = *left <= 0 ? quiet + 1 : 0;  // (-1, cannot tell: as drained)
+      if (quiet >= 2 || spent >= at_most) return 0;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return g_signal;
 }
 
 int MainProgram::SleepUnlessSignalled(absl::Duration duration) {

@@ -64,6 +64,12 @@ class MainProgram {
   static int WaitForShutdownOrSignal(const std::function<bool(absl::Duration)>& wait);
   // Sleeps for `duration` unless a stop signal is caught first; the signal's number, or 0.
   static int SleepUnlessSignalled(absl::Duration duration);
+  // Sleeps for `at_least`, then on until this process's TCP connections hold no byte their
+  // peers have not acknowledged (UnacknowledgedTcpBytes, twice 50 ms apart) or `at_most`
+  // has passed since the call, unless a stop signal is caught first (its number, else 0).
+  // `*left`: the bytes still unacknowledged when it returned (0 when drained).
+  static int DrainUnlessSignalled(absl::Duration at_least, absl::Duration at_most,
+                                  int64_t* left);
 
  private:
   std::string program_;
@@ -72,6 +78,12 @@ class MainProgram {
 };
 
 // "tcp://HOST:PORT" to bind, HOST already checked (ResolveListenHost).
+// The bytes this process's TCP connections have queued or sent that their peers have not
+// acknowledged yet (Linux: SIOCOUTQ of every TCP socket in /proc/self/fd); -1 when it cannot
+// tell. A process that exits with such bytes (closing a socket with unread input resets it)
+// may never deliver them: the scheduler's last Acks and Shutdowns on a slow link.
+int64_t UnacknowledgedTcpBytes();
+
 std::string BindEndpoint(const std::string& host, int port);
 
 // Writes the port of `endpoint` to `path` (WritePortFile); nothing when path is empty.

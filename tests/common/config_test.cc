@@ -1,5 +1,9 @@
 #include "common/config.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -9,6 +13,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/time/clock.h"
 #include "common/main_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -173,6 +178,59 @@ TEST(LoadLayeredFlags, EnvironmentOverridesTheFileAndANamedFlagOnly) {
             absl::StatusCode::kInvalidArgument);
   unsetenv("ADAPS_TEST_PORT");
   std::filesystem::remove(path);
+}
+
+// The scheduler's last messages on a slow link: what a peer that does not read leaves
+// unacknowledged is counted, and nothing once it has read everything.
+TEST(UnacknowledgedTcpBytes, CountsWhatAPeerThatDoesNotReadLeavesQueued) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int sender = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(connect(sender, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const int reader = accept(listener, nullptr, nullptr);
+  ASSERT_GE(reader, 0);
+  const int64_t before = UnacknowledgedTcpBytes();
+  EXPECT_EQ(before, 0);
+  // More than the reader's receive buffer: the rest stays in the sender's queue.
+  const int small = 16 * 1024;
+  setsockopt(reader, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  fcntl(sender, F_SETFL, O_NONBLOCK);
+  std::vector<char> chunk(64 * 1024, 'x');
+  int64_t sent = 0;
+  for (int i = 0; i < 256; ++i) {
+    const ssize_t n = send(sender, chunk.data(), chunk.size(), 0);
+    if (n <= 0) break;
+    sent += n;
+  }
+  ASSERT_GT(sent, 0);
+  const int64_t queued = UnacknowledgedTcpBytes();
+  EXPECT_GT(queued, 0);
+  EXPECT_LE(queued, sent);
+  // Once the reader has everything, nothing is left.
+  int64_t got = 0;
+  const absl::Time give_up = absl::Now() + absl::Minutes(2);
+  while (got < sent && absl::Now() < give_up) {
+    const ssize_t n = recv(reader, chunk.data(), chunk.size(), 0);
+    if (n <= 0) break;
+    got += n;
+  }
+  ASSERT_EQ(got, sent);
+  int64_t after = UnacknowledgedTcpBytes();
+  while (after != 0 && absl::Now() < give_up) {  // (the last ACK is on its way)
+    absl::SleepFor(absl::Milliseconds(10));
+    after = UnacknowledgedTcpBytes();
+  }
+  EXPECT_EQ(after, 0);
+  close(reader);
+  close(sender);
+  close(listener);
 }
 
 }  // namespace
