@@ -41,6 +41,10 @@ ABSL_FLAG(std::string, on_worker_death, "continue",
           "an error naming the dead worker)");
 ABSL_FLAG(uint64_t, split_threshold, 1 << 16,
           "Tensors with at least this many elements are split over all servers");
+ABSL_FLAG(int, leave_view_window_ms, 250,
+          "Workers' goodbyes within this long of the last view broadcast share the next one "
+          "(a view goes to every node: one per goodbye at a large job's end is nodes^2 x "
+          "goodbyes bytes); the first after a quiet spell is sent at once; 0: one per goodbye");
 ABSL_FLAG(int, shutdown_grace_ms, 3000,
           "When the job ends (every worker has left), keep answering this long before "
           "exiting, so that the last workers' goodbyes are acknowledged and the servers told "
@@ -71,6 +75,9 @@ int main(int argc, char** argv) {
           absl::GetFlag(FLAGS_shutdown_grace_ms) >= 0
               ? absl::OkStatus()
               : absl::InvalidArgumentError("--shutdown_grace_ms must be 0 or more"),
+          absl::GetFlag(FLAGS_leave_view_window_ms) >= 0
+              ? absl::OkStatus()
+              : absl::InvalidArgumentError("--leave_view_window_ms must be 0 or more"),
           absl::GetFlag(FLAGS_shutdown_drain_ms) >= 0
               ? absl::OkStatus()
               : absl::InvalidArgumentError("--shutdown_drain_ms must be 0 or more"),
@@ -87,6 +94,7 @@ int main(int argc, char** argv) {
   config.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   config.dead_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_dead_timeout_ms));
   config.reform_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_reform_timeout_ms));
+  config.leave_view_window = absl::Milliseconds(absl::GetFlag(FLAGS_leave_view_window_ms));
   const std::string on_death = absl::GetFlag(FLAGS_on_worker_death);
   if (on_death != "continue" && on_death != "fail") {
     return program.UsageError(

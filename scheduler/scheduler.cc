@@ -39,6 +39,7 @@ Scheduler::Scheduler(SchedulerConfig config, std::shared_ptr<TransportContext> c
   transport_ = std::make_unique<Transport>(std::move(topts),
                                            [this](InMessage in) { Handle(std::move(in)); });
   transport_->AddTimer(config_.heartbeat_interval / 2, [this] { CheckHeartbeats(); });
+  transport_->AddTimer(absl::Milliseconds(50), [this] { FlushLeaveView(); });
   if (metrics->enabled()) {
     transport_->AddTimer(absl::Milliseconds(500),
                          [this] { metrics_->UpdateTransport(transport_->stats()); });
@@ -252,19 +253,27 @@ void Scheduler::SendView(Node& node, uint64_t reply_to, bool rejoined) {
 
 void Scheduler::BroadcastViewSoon() {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
-  if (view_broadcast_posted_) return;
-  view_broadcast_posted_ = true;
-  const bool posted = transport_->Post([this] {
-    view_broadcast_posted_ = false;
-    if (job_end_.ended()) return;  // the cluster was shut down meanwhile
-    if (roster_.AliveWorkers() > 0) BroadcastView();
-  });
-  if (!posted) view_broadcast_posted_ = false;  // stopping: nobody to tell
+  if (leave_view_due_ != absl::InfiniteFuture()) return;  // goes with the one pending
+  leave_view_due_ = std::max(absl::Now(), last_view_ + config_.leave_view_window);
+  if (leave_view_due_ <= absl::Now()) {
+    // (At once, but after the message being handled, as the view it answers.)
+    if (!transport_->Post([this] { FlushLeaveView(); })) leave_view_due_ = absl::InfiniteFuture();
+  }
+}
+
+void Scheduler::FlushLeaveView() {
+  ADAPS_DCHECK_ON_IO_THREAD(transport_);
+  if (leave_view_due_ == absl::InfiniteFuture() || absl::Now() < leave_view_due_) return;
+  leave_view_due_ = absl::InfiniteFuture();
+  if (job_end_.ended()) return;  // the cluster was shut down meanwhile
+  if (roster_.AliveWorkers() > 0) BroadcastView();
 }
 
 void Scheduler::BroadcastView() {
   ADAPS_DCHECK_ON_IO_THREAD(transport_);
   ++epoch_;
+  last_view_ = absl::Now();
+  leave_view_due_ = absl::InfiniteFuture();  // (this view tells every goodbye so far)
   for (auto& n : roster_.nodes()) {
     if (n.alive && !n.left) SendView(n, 0);
   }

@@ -94,6 +94,8 @@ class Scheduler {
   // 64 workers leaving together make one or a few broadcasts, not 64 x 64 views queued
   // ahead of the answers to their Leave.
   void BroadcastViewSoon();
+  // Makes BroadcastViewSoon's broadcast once it is due (the transport's timer, or at once).
+  void FlushLeaveView();
   void ReleaseBarriers();
   void MaybeShutdown();
   // Tells every live node the job ended (Shutdown with `end`'s reason and code), once.
@@ -125,7 +127,9 @@ class Scheduler {
   // Workers that registered before the job formed, past --num_workers but within
   // --max_workers (Roster::Registered::Outcome::kHeld): they join it as soon as it forms.
   std::vector<InMessage> early_joiners_;
-  bool view_broadcast_posted_ = false;  // BroadcastViewSoon's, not yet run
+  // BroadcastViewSoon's broadcast, not yet made: when it is due (InfiniteFuture: none).
+  absl::Time leave_view_due_ = absl::InfiniteFuture();
+  absl::Time last_view_ = absl::InfinitePast();  // the latest BroadcastView
 };
 
 }  // namespace adaps

@@ -26,6 +26,11 @@ struct SchedulerConfig {
   // from the first node back, for every node of the job; then it stops the nodes that came
   // back and ends with kDeadlineExceeded naming the missing ones.
   absl::Duration reform_timeout = absl::Minutes(5);
+  // Goodbyes (Leave) within this long of the last view share one view broadcast: a view
+  // goes to every node and grows with the job, so one per goodbye at a job's end is
+  // nodes^2 x goodbyes bytes (32 nodes on 1 Mbit/s links: seconds). The first goodbye after a
+  // quiet spell is told at once.
+  absl::Duration leave_view_window = absl::Milliseconds(250);
   // Tensors with at least this many elements are split over all servers; smaller ones go
   // whole to the least-loaded server.
   uint64_t split_threshold = 1 << 16;

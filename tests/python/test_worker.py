@@ -474,3 +474,48 @@ def test_workers_learn_the_servers_optimizer_and_a_server_that_differs_is_refuse
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+def _scheduler_gauge(port, name):
+    import urllib.request
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no %s" % name)
+
+
+@pytest.mark.parametrize("window_ms,most", [(60000, 1), (0, 5)])
+def test_goodbyes_close_together_share_one_view(cluster, tmp_path, window_ms, most):
+    # A view goes to every node and grows with the job: one per goodbye at the end of a job
+    # of 16 workers and 16 servers on 1 Mbit/s links held the scheduler's last answers
+    # seconds behind them. Goodbyes within --leave_view_window_ms of the last view share the
+    # next one (the first after a quiet spell goes at once). 5 of 6 workers leave one after
+    # another: within a long window that is one view, where one per goodbye made 5.
+    port_file = str(tmp_path / "metrics")
+    c = cluster(6, scheduler_args=["--metrics_port=0", "--metrics_host=127.0.0.1",
+                                   "--metrics_port_file=" + port_file,
+                                   "--leave_view_window_ms=%d" % window_ms])
+    workers = [None] * 6
+
+    def make(i):
+        workers[i] = adaps.Worker(c.address, request_timeout=60)
+    threads = [threading.Thread(target=make, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(workers)
+    with open(port_file) as f:
+        port = int(f.read())
+    stay = next(w for w in workers if w.rank == 0)
+    before = _scheduler_gauge(port, "adaps_cluster_epoch")
+    for w in workers:
+        if w is not stay:
+            w.stop()  # Leave: answered before the view it triggers
+    end = time.time() + 120  # (the coalesced view waits for the window only when it is long)
+    while stay.live_workers != 1 and time.time() < end and window_ms < 1000:
+        time.sleep(0.05)
+    views = _scheduler_gauge(port, "adaps_cluster_epoch") - before
+    assert 1 <= views <= most if window_ms >= 1000 else views == most, views
+    stay.stop()
