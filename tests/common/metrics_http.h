@@ -19,8 +19,9 @@
 namespace adaps {
 namespace testing {
 
-// The body of GET http://127.0.0.1:port/metrics; empty when it cannot be fetched.
-inline std::string ScrapeMetrics(int port) {
+// GET http://127.0.0.1:port/path; the whole response (status line, headers, body), empty
+// when it cannot be fetched.
+inline std::string HttpGet(int port, const std::string& path) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return "";
   sockaddr_in addr{};
@@ -29,7 +30,8 @@ inline std::string ScrapeMetrics(int port) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string response;
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    const std::string request =
+        absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
     if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
       char buf[4096];
       ssize_t got;
@@ -37,6 +39,12 @@ inline std::string ScrapeMetrics(int port) {
     }
   }
   close(fd);
+  return response;
+}
+
+// The body of GET http://127.0.0.1:port/metrics; empty when it cannot be fetched.
+inline std::string ScrapeMetrics(int port) {
+  const std::string response = HttpGet(port, "/metrics");
   const size_t body = response.find("\r\n\r\n");
   if (response.rfind("HTTP/1.1 200", 0) != 0 || body == std::string::npos) return "";
   return response.substr(body + 4);

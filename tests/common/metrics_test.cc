@@ -15,33 +15,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/common/metrics_http.h"
 
 namespace adaps {
 namespace {
 
 namespace n = metric_names;
 
-// GET http://127.0.0.1:port/path; the whole response (status line, headers, body).
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request =
-        absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buf[4096];
-      ssize_t got;
-      while ((got = read(fd, buf, sizeof(buf))) > 0) response.append(buf, got);
-    }
-  }
-  close(fd);
-  return response;
-}
+using testing::HttpGet;
 
 std::unique_ptr<Metrics> Enabled(const std::string& port_file = "") {
   MetricsOptions o;
