@@ -208,16 +208,6 @@ int MainProgram::DrainUnlessSignalled(absl::Duration at_least, absl::Duration at
   return g_signal;
 }
 
-int MainProgram::SleepUnlessSignalled(absl::Duration duration) {
-  const absl::Time end = absl::Now() + duration;
-  while (g_signal == 0) {
-    const absl::Duration left = end - absl::Now();
-    if (left <= absl::ZeroDuration()) return 0;
-    absl::SleepFor(std::min(left, absl::Milliseconds(50)));
-  }
-  return g_signal;
-}
-
 std::string BindEndpoint(const std::string& host, int port) {
   return absl::StrCat("tcp://", host, ":", port);
 }

@@ -62,8 +62,6 @@ class MainProgram {
   static int StopSignal();
   // Calls wait(200 ms) until it returns true (0) or a stop signal was caught (its number).
   static int WaitForShutdownOrSignal(const std::function<bool(absl::Duration)>& wait);
-  // Sleeps for `duration` unless a stop signal is caught first; the signal's number, or 0.
-  static int SleepUnlessSignalled(absl::Duration duration);
   // Sleeps for `at_least`, then on until this process's TCP connections hold no byte their
   // peers have not acknowledged (UnacknowledgedTcpBytes, twice 50 ms apart) or `at_most`
   // has passed since the call, unless a stop signal is caught first (its number, else 0).

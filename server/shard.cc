@@ -398,6 +398,7 @@ std::vector<Shard::Pull> Shard::TakeReadyPulls() {
 
 absl::StatusOr<Shard::Answer> Shard::AnswerPull(const Pull& pull) {
   const SliceNow now = Now();
+  Answer answer;
   switch (pull.format) {
     case Format::kSparse:
       // Steps are tracked from the declaration with sparse pulls or the first sparse pull
@@ -407,12 +408,13 @@ absl::StatusOr<Shard::Answer> Shard::AnswerPull(const Pull& pull) {
     case Format::kRecompressed:
       return recompressed_.Answer(pull, now);
     case Format::kReplica:
+      answer = recompressed_.Replica(now);
+      break;
     case Format::kDense:
     case Format::kForwarded:  // (an answer's format only; the server never asks it)
+      answer = dense_.Answer(now);
       break;
   }
-  Answer answer =
-      pull.format == Format::kReplica ? recompressed_.Replica(now) : dense_.Answer(now);
   if (pull.offset == 0) return answer;
   if (pull.offset > length_) {
     return absl::OutOfRangeError(absl::StrCat("pull of '", name_, "' from element ", pull.offset,

@@ -193,11 +193,9 @@ absl::Status FusionTable::Declare(Tensor& t, absl::Span<float> values, bool* fus
     SliceRt& rt = in.slices[0];
     if (KeepsReplica(in.spec.pull)) {
       // (An answer from `offset` extends the replica the earlier members' pulls made.)
-      ADAPS_RET_CHECK(from <= rt.replica.size(), absl::StatusCode::kInternal,
+      ADAPS_RET_CHECK(from <= rt.replica.size() && rt.GrowReplica(end),
+                      absl::StatusCode::kInternal,
                       "a fusion bucket's replica is shorter than its members");
-      std::vector<float> kept(rt.replica.begin(), rt.replica.begin() + from);
-      rt.SetReplica(end);
-      std::copy(kept.begin(), kept.end(), rt.replica.begin());
       std::memcpy(rt.replica.data() + from, r.payload().data(), (end - from) * sizeof(float));
     } else {
       rt.SetReplica(0);

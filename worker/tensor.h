@@ -74,6 +74,14 @@ struct SliceRt {
       replica = absl::MakeSpan(replica_own);
     }
   }
+  // An own `replica` grown to `n` elements, the ones it held kept (a fusion bucket's next
+  // member); false, changing nothing, when the replica is the caller's.
+  bool GrowReplica(size_t n) {
+    if (!replica.empty() && replica.data() != replica_own.data()) return false;
+    replica_own.resize(n, 0.0f);
+    replica = absl::MakeSpan(replica_own);
+    return true;
+  }
 };
 
 struct FusionBucket;  // worker/fusion.h
