@@ -1,10 +1,28 @@
 // The public Worker: forwards to Worker::Impl (worker/worker_impl.h).
 #include "adaps/worker.h"
 
+#include "common/config.h"
 #include "common/status_macros.h"
 #include "worker/worker_impl.h"
 
 namespace adaps {
+
+absl::Status WorkerOptions::LoadCurveKeys(const std::string& server_key_file,
+                                          const std::string& client_key_file) {
+  // A CURVE client needs a key pair of its own, which the cluster must list: without one the
+  // connection failed only after start-up, with "cannot connect ...: Invalid argument".
+  if (!server_key_file.empty() && client_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--curve_server_key needs --curve_client_key: this worker's key pair (adaps-keygen), "
+        "its .pub listed in the cluster's --curve_allowed_clients");
+  }
+  ADAPS_ASSIGN_OR_RETURN(CurveKeys keys, adaps::LoadCurveKeys(server_key_file, client_key_file,
+                                                               "", /*serving=*/false));
+  curve_server_public_key = keys.server_public_key;
+  curve_public_key = keys.client_public_key;
+  curve_secret_key = keys.client_secret_key;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& options) {
   auto impl = std::make_unique<Impl>(options);

@@ -1,6 +1,7 @@
 """The adaps Python module over a real local cluster: buffers, results, errors."""
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -525,3 +526,43 @@ def test_goodbyes_close_together_share_one_view(cluster, tmp_path, window_ms):
     views = _scheduler_gauge(port, "adaps_cluster_epoch") - before
     assert views == (1 if window_ms else len(leaving)), views
     stay.stop()
+
+
+def test_curve_keys_encrypt_a_python_worker_as_the_executables_flags_do(cluster, tmp_path,
+                                                                       monkeypatch):
+    # A cluster served only to listed CURVE keys (adaps-keygen's files, the executables'
+    # flags): a Python worker with its listed pair trains; one with an unlisted pair, or none,
+    # is refused at registration; the server key without a pair is refused before anything.
+    from conftest import SCHEDULER_BIN
+    keygen = os.path.join(os.path.dirname(SCHEDULER_BIN), "adaps-keygen")
+    for name in ("cluster", "server0", "worker0", "intruder"):
+        subprocess.run([keygen, str(tmp_path / name)], check=True, stdout=subprocess.DEVNULL)
+    allowed = tmp_path / "allowed"
+    allowed.write_text((tmp_path / "server0.pub").read_text() +
+                       (tmp_path / "worker0.pub").read_text())
+    serve = ["--curve_server_key=%s" % (tmp_path / "cluster.key"),
+             "--curve_allowed_clients=%s" % allowed]
+    c = cluster(1, server_args=serve + ["--curve_client_key=%s" % (tmp_path / "server0.key"),
+                                        "--optimizer=sum"],
+                scheduler_args=serve)
+    server_pub = str(tmp_path / "cluster.pub")
+    for kwargs in ({"curve_server_key": server_pub,
+                    "curve_client_key": str(tmp_path / "intruder.key")}, {}):
+        with pytest.raises(adaps.Error) as e:
+            adaps.Worker(c.address, register_timeout=2, **kwargs)
+        assert e.value.code in (adaps.UNAVAILABLE, adaps.DEADLINE_EXCEEDED)
+    with pytest.raises(adaps.Error, match="needs --curve_client_key") as e:
+        adaps.Worker(c.address, curve_server_key=server_pub)
+    assert e.value.code == adaps.INVALID_ARGUMENT
+    with pytest.raises(adaps.Error, match="nope.key"):
+        adaps.Worker(c.address, curve_server_key=server_pub,
+                     curve_client_key=str(tmp_path / "nope.key"))
+    monkeypatch.setenv("ADAPS_SCHEDULER", c.address)
+    monkeypatch.setenv("ADAPS_CURVE_SERVER_KEY", server_pub)
+    monkeypatch.setenv("ADAPS_CURVE_CLIENT_KEY", str(tmp_path / "worker0.key"))
+    w = adaps.worker_from_env(request_timeout=60, register_timeout=120)
+    values = np.zeros(4, np.float32)
+    w.declare("x", values, compression="dense")
+    w.push_pull("x", np.ones(4, np.float32), values).wait()
+    np.testing.assert_array_equal(values, np.ones(4, np.float32))
+    w.stop()

@@ -218,20 +218,11 @@ int main(int argc, char** argv) {
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
-  // A CURVE client needs a key pair of its own, which the cluster must list: without one the
-  // connection failed only after start-up, with "cannot connect ...: Invalid argument".
-  if (!absl::GetFlag(FLAGS_curve_server_key).empty() &&
-      absl::GetFlag(FLAGS_curve_client_key).empty()) {
-    return program.UsageError(absl::InvalidArgumentError(
-        "--curve_server_key needs --curve_client_key: this worker's key pair (adaps-keygen), "
-        "its .pub listed in the cluster's --curve_allowed_clients"));
+  if (auto s = options.LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),
+                                     absl::GetFlag(FLAGS_curve_client_key));
+      !s.ok()) {
+    return program.UsageError(s);
   }
-  auto curve = adaps::LoadCurveKeys(absl::GetFlag(FLAGS_curve_server_key),
-                                    absl::GetFlag(FLAGS_curve_client_key), "", /*serving=*/false);
-  if (!curve.ok()) return program.UsageError(curve.status());
-  options.curve_server_public_key = curve->server_public_key;
-  options.curve_public_key = curve->client_public_key;
-  options.curve_secret_key = curve->client_secret_key;
   if (auto s = adaps::ValidateLogLevel(options.log_level); !s.ok()) return program.UsageError(s);
   auto kind = adaps::ParseCompressorKind(absl::GetFlag(FLAGS_compressor));
   if (!kind.ok()) return program.UsageError(kind.status());

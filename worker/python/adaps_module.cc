@@ -215,8 +215,11 @@ class PyWorker {
 std::unique_ptr<PyWorker> CreateWorker(const std::string& scheduler, const std::string& identity,
                                        double register_timeout, double request_timeout,
                                        bool compact_indices, const std::string& log_level,
-                                       int compression_threads) {
+                                       int compression_threads,
+                                       const std::string& curve_server_key,
+                                       const std::string& curve_client_key) {
   WorkerOptions options;
+  ThrowIfError(options.LoadCurveKeys(curve_server_key, curve_client_key));
   options.compression_threads = compression_threads;
   options.scheduler = scheduler;
   options.identity = identity;
@@ -356,7 +359,8 @@ void DefineModule(py::module_& m) {
       .def(py::init(&CreateWorker), py::arg("scheduler"), py::arg("identity") = "",
            py::arg("register_timeout") = 60.0, py::arg("request_timeout") = 30.0,
            py::arg("compact_indices") = true, py::arg("log_level") = "warn",
-           py::arg("compression_threads") = 1)
+           py::arg("compression_threads") = 1, py::arg("curve_server_key") = "",
+           py::arg("curve_client_key") = "")
       .def_property_readonly("rank", [](PyWorker& w) { return w.get().rank(); })
       .def_property_readonly("num_workers", [](PyWorker& w) { return w.get().num_workers(); },
                              "One past the highest worker rank (the starting count, more once "

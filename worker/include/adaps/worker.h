@@ -78,6 +78,12 @@ struct WorkerOptions {
   std::string curve_server_public_key;
   std::string curve_public_key;
   std::string curve_secret_key;
+  // Sets the three keys above from adaps-keygen's files: the cluster's server key (its .pub
+  // is enough) and this worker's own pair. Both empty: plaintext, nothing set.
+  // kInvalidArgument when only one is given or a key is malformed, kNotFound for an
+  // unreadable file (the message names it); the options are unchanged then.
+  absl::Status LoadCurveKeys(const std::string& server_key_file,
+                             const std::string& client_key_file);
   // Prometheus metrics of this worker (docs/operations.md lists them) on
   // http://metrics_host:metrics_port/metrics, served by threads the Worker owns from Create
   // until Stop. -1 (the default): off, nothing is served and the hot paths pay one branch;

@@ -6,8 +6,12 @@
     w.push_pull("w", grad, values).wait()                     # raises adaps.Error
 
 Worker(scheduler, identity="", register_timeout=60.0, request_timeout=30.0,
-       compact_indices=True, log_level="warn", compression_threads=1)
+       compact_indices=True, log_level="warn", compression_threads=1,
+       curve_server_key="", curve_client_key="")
     Registers with the scheduler and returns once the cluster formed.
+    curve_server_key, curve_client_key: adaps-keygen's files (the cluster's .pub, this
+    worker's own pair, listed in the cluster's --curve_allowed_clients), as adaps-worker's
+    flags: the job encrypted with ZeroMQ CURVE (docs/reliability.md, "Access").
     compression_threads: the pool that encodes pushes and decodes pulls off the caller's
     thread (0: on the caller's and the I/O thread, as before the pool).
     .rank, .num_workers, .num_servers, .live_workers
@@ -125,7 +129,8 @@ def worker_from_env(**overrides):
     torchrun, Slurm's srun or Open MPI's mpirun set.
 
     ADAPS_SCHEDULER, ADAPS_IDENTITY, ADAPS_REGISTER_TIMEOUT_S, ADAPS_REQUEST_TIMEOUT_S,
-    ADAPS_LOG_LEVEL, ADAPS_COMPRESSION_THREADS; keyword arguments win over the environment.
+    ADAPS_LOG_LEVEL, ADAPS_COMPRESSION_THREADS, ADAPS_CURVE_SERVER_KEY,
+    ADAPS_CURVE_CLIENT_KEY; keyword arguments win over the environment.
     Without ADAPS_SCHEDULER (or scheduler=...), the job is found from the launcher's
     variables (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, SLURM_*, OMPI_COMM_WORLD_*): the
     process of rank 0 starts the job's scheduler and servers, every rank registers with it
@@ -147,9 +152,17 @@ def worker_from_env(**overrides):
         kwargs["log_level"] = env["ADAPS_LOG_LEVEL"]
     if "ADAPS_COMPRESSION_THREADS" in env:
         kwargs["compression_threads"] = int(env["ADAPS_COMPRESSION_THREADS"])
+    for key in ("server", "client"):
+        if env.get("ADAPS_CURVE_%s_KEY" % key.upper()):
+            kwargs["curve_%s_key" % key] = env["ADAPS_CURVE_%s_KEY" % key.upper()]
     kwargs.update(overrides)
     hosted = None
     if "scheduler" not in kwargs:
+        if kwargs.get("curve_server_key") or kwargs.get("curve_client_key"):
+            raise _error(INVALID_ARGUMENT, "adaps.worker_from_env: CURVE keys need "
+                         "ADAPS_SCHEDULER (an encrypted cluster started with the "
+                         "executables' --curve_* flags): the job rank 0 starts from the "
+                         "launcher's variables runs plaintext")
         kwargs["scheduler"], hosted = _scheduler_from_launcher(env, kwargs)
     try:
         worker = Worker(**kwargs)
