@@ -196,3 +196,37 @@ def test_launch_restarts_a_failed_worker_which_takes_its_rank_back(tmp_path):
     # The restarted process had the failed one's identity, and got its rank back.
     failed_as = out.split("FAILING on purpose as ")[1].split()[0]
     assert done[1] == "rank 1 identity " + failed_as, out
+
+
+_CURVE_WORKER = """
+import os
+import numpy as np
+import adaps
+w = adaps.worker_from_env(request_timeout=120)
+v = np.zeros(4, np.float32)
+w.declare("x", v, compression="dense")
+w.push_pull("x", np.ones(4, np.float32), v).wait()
+print("CURVE", os.path.basename(os.environ.get("ADAPS_CURVE_CLIENT_KEY", "none")), v.tolist(),
+      flush=True)
+w.stop()
+"""
+
+
+def test_launch_with_curve_runs_the_job_encrypted(tmp_path):
+    # --curve DIR (deploy/curve-keys.sh's layout): the scheduler and servers serve with
+    # DIR's keys and the workers connect with theirs; a CURVE client cannot talk to a
+    # plaintext server, so the workers' steps completing means every link was encrypted.
+    keys = tmp_path / "keys"
+    keygen = os.path.join(os.path.dirname(os.path.abspath(SCHEDULER_BIN)), "adaps-keygen")
+    env = dict(os.environ, ADAPS_KEYGEN=keygen)
+    subprocess.run(["bash", os.path.join(REPO, "deploy", "curve-keys.sh"), str(keys)],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    script = tmp_path / "curve_worker.py"
+    script.write_text(_CURVE_WORKER)
+    code, out = run_launch(["-n", "2", "--curve", str(keys), "--server-optimizer", "mean",
+                            str(script)], timeout=600)
+    assert code == 0, out
+    assert out.count("CURVE client.key [1.0, 1.0, 1.0, 1.0]") == 2, out
+    os.remove(keys / "allowed_clients")
+    code, out = run_launch(["-n", "2", "--curve", str(keys), str(script)], timeout=600)
+    assert code == 2 and "no allowed_clients there" in out, out

@@ -19,6 +19,10 @@ servers on 127.0.0.1, then N copies of `script.py` with this environment:
                           explicitly wins, with a warning when it differs)
   ADAPS_LOCAL_RANK, ADAPS_NUM_WORKERS, OMP_NUM_THREADS (cores / N unless set)
   ADAPS_RANK_FILE         where worker_from_env() writes the rank (for the prefix)
+  ADAPS_CURVE_SERVER_KEY, ADAPS_CURVE_CLIENT_KEY
+                          with --curve DIR: DIR/server.pub and DIR/client.key (the
+                          scheduler and servers serve with DIR/server.key, admitting
+                          DIR/allowed_clients): the job encrypted with ZeroMQ CURVE
 
 Every output line is forwarded with a prefix: [r<rank>] for a worker once
 adaps.worker_from_env() registered it (the scheduler's rank; [w<i>] before, i = start
@@ -254,11 +258,27 @@ def _stop_all(procs, grace=3.0):
         p.proc.wait()
 
 
-def _start_scheduler(a, scheduler_bin, port_file, env, lock, procs, interrupted):
+def _curve_files(ap, key_dir):
+    """--curve DIR: the key files by name and the serving flags (scheduler and servers), or
+    None without --curve; a usage error naming what is missing."""
+    if key_dir is None:
+        return None
+    files = {name: os.path.abspath(os.path.join(key_dir, name))
+             for name in ("server.key", "server.pub", "client.key", "allowed_clients")}
+    missing = [n for n, path in files.items() if not os.path.isfile(path)]
+    if missing:
+        ap.error("--curve %s: no %s there (deploy/curve-keys.sh DIR makes the keys)"
+                 % (key_dir, ", ".join(missing)))
+    files["serve"] = ["--curve_server_key=" + files["server.key"],
+                      "--curve_allowed_clients=" + files["allowed_clients"]]
+    return files
+
+
+def _start_scheduler(a, scheduler_bin, port_file, env, lock, procs, interrupted, serve_args):
     """Starts the job's scheduler; its address, or None when it did not start."""
     argv = [scheduler_bin, "--num_servers=%d" % a.servers,
             "--num_workers=%d" % (a.workers * a.nodes), "--port_file=" + port_file,
-            "--log_level=" + a.log_level]
+            "--log_level=" + a.log_level] + serve_args
     if a.max_workers is not None:
         argv.append("--max_workers=%d" % a.max_workers)
     if a.nnodes is not None:
@@ -366,6 +386,11 @@ def main(argv=None):
                          "(fractions too; default 30)")
     ap.add_argument("--server-restarts", type=int, default=3,
                     help="how many times a dead server is restarted in all (default 3)")
+    ap.add_argument("--curve", default=None, metavar="DIR",
+                    help="run the job encrypted with ZeroMQ CURVE, keys from DIR "
+                         "(deploy/curve-keys.sh DIR makes them: server.key, server.pub, "
+                         "client.key, allowed_clients); every node of the job gives its own "
+                         "copy")
     ap.add_argument("--bin-dir", default=None, help="where adaps-scheduler/-server are")
     ap.add_argument("--log-level", default="warn", help="scheduler and server log level")
     ap.add_argument("--python", default=sys.executable, help="interpreter for the script")
@@ -411,6 +436,7 @@ def main(argv=None):
                      "from it)")
         if not a.join.startswith("tcp://"):
             ap.error("--join takes the scheduler's address, tcp://host:port")
+    curve = _curve_files(ap, a.curve)
     if a.server_optimizer is None:
         # Local mode: any torch optimizer, per-group settings, clipping and AMP work, and it
         # is at least as accurate and as small on the wire as server mode on the SGD models
@@ -480,7 +506,7 @@ def main(argv=None):
                 return 1
         else:
             address = _start_scheduler(a, scheduler_bin, port_file, env, lock, procs,
-                                       interrupted)
+                                       interrupted, curve["serve"] if curve else [])
             if address is None:
                 return 1
             if a.max_workers is not None:
@@ -505,6 +531,8 @@ def main(argv=None):
                 port = rendezvous.free_port()
                 argv_s += ["--host=0.0.0.0", "--port=%d" % port,
                            "--advertise=tcp://%s:%d" % (advertise, port)]
+            if curve:
+                argv_s += curve["serve"] + ["--curve_client_key=" + curve["client.key"]]
             if a.checkpoint_dir:
                 argv_s += ["--checkpoint_dir=" + a.checkpoint_dir,
                            "--checkpoint_interval_s=%g" % a.checkpoint_interval]
@@ -530,6 +558,9 @@ def main(argv=None):
             if a.nnodes is not None:
                 wenv.update({"ADAPS_NODE_RANK": str(a.node_rank),
                              "ADAPS_NNODES": str(a.nnodes)})
+            if curve:
+                wenv.update({"ADAPS_CURVE_SERVER_KEY": curve["server.pub"],
+                             "ADAPS_CURVE_CLIENT_KEY": curve["client.key"]})
             if a.worker_restarts > 0:
                 wenv.setdefault("ADAPS_IDENTITY", "%s-w%d" % (job_tag, r))
             for flag, env, _, _ in _TORCH_FLAGS:
