@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -208,6 +209,20 @@ class LocalCluster {
   std::unique_ptr<Process> scheduler_;
   std::vector<std::unique_ptr<Process>> servers_;
 };
+
+// The command line of a server a test starts itself (to kill and restart it): sum-only,
+// identity shard0, checkpoints in the cluster's directory "ckpt" (created here; empty on
+// failure), then `more`.
+inline std::vector<std::string> CheckpointedServerArgs(const LocalCluster& cluster,
+                                                       std::vector<std::string> more = {}) {
+  const std::string ckpt = cluster.dir() + "/ckpt";
+  if (::mkdir(ckpt.c_str(), 0755) != 0) return {};
+  std::vector<std::string> args = {"--scheduler=" + cluster.scheduler_address(),
+                                   "--optimizer=sum", "--identity=shard0",
+                                   "--checkpoint_dir=" + ckpt, "--log_level=info"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
 
 }  // namespace adaps::testing
 

@@ -43,6 +43,17 @@ WorkerOptions Options(const std::string& scheduler, const std::string& identity 
   return o;
 }
 
+// A worker of `options`' cluster with tensor "t" declared from `p` (kLen elements, dense,
+// bin 100): what most cases here train.
+absl::StatusOr<std::unique_ptr<Worker>> WorkerWithT(const WorkerOptions& options,
+                                                    std::vector<float>& p) {
+  absl::StatusOr<std::unique_ptr<Worker>> w = Worker::Create(options);
+  if (!w.ok()) return w;
+  absl::Status declared = (*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p));
+  if (!declared.ok()) return declared;
+  return w;
+}
+
 // What FaultChild prints once its first step completed.
 constexpr char kFirstStepDone[] = "fault child: step 1 done";
 
@@ -57,10 +68,9 @@ TEST(FaultChild, DISABLED_PushOnesForever) {
     if (a.rfind("--child_steps=", 0) == 0) steps = std::stoi(a.substr(14));
   }
   ASSERT_FALSE(scheduler.empty());
-  auto w = Worker::Create(Options(scheduler, identity));
-  ASSERT_TRUE(w.ok()) << w.status();
   std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
-  ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+  auto w = WorkerWithT(Options(scheduler, identity), p);
+  ASSERT_TRUE(w.ok()) << w.status();
   for (int s = 0; s < steps; ++s) {
     absl::Status st = (*w)->PushPull("t", g, absl::MakeSpan(p)).get();
     if (!st.ok()) break;
@@ -107,10 +117,9 @@ TEST(Faults, KilledWorkerIsDroppedAndAReplacementWithItsIdentityRejoins) {
   std::vector<std::thread> threads;
   for (int i = 0; i < 2; ++i) {
     threads.emplace_back([&, i] {
-      auto w = Worker::Create(Options(cluster.scheduler_address()));
-      ASSERT_TRUE(w.ok()) << w.status();
       std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
-      ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+      auto w = WorkerWithT(Options(cluster.scheduler_address()), p);
+      ASSERT_TRUE(w.ok()) << w.status();
       for (int s = 0; s != last_step.load(); ++s) {
         if (i == 0 && s == 5) victim->Kill();  // mid-run; it may be inside its step 5 push
         if (i == 0 && s == 20) replacement = StartChild(cluster, "victim", "replacement.log", 15);
@@ -164,10 +173,9 @@ TEST(Faults, FailPolicyStopsTheClusterWithAClearError) {
   ASSERT_FALSE(cluster.scheduler_address().empty());
   auto victim = StartChild(cluster, "victim", "victim.log");
   const WorkerOptions options = Options(cluster.scheduler_address());
-  auto w = Worker::Create(options);
-  ASSERT_TRUE(w.ok()) << w.status();
   std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
-  ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+  auto w = WorkerWithT(options, p);
+  ASSERT_TRUE(w.ok()) << w.status();
   ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok());
   victim->Kill();
   const absl::Time start = absl::Now();
@@ -216,6 +224,15 @@ TEST(Faults, ACompletedJobEndsWithExitCodeZeroEverywhere) {
   EXPECT_EQ(cluster.server(0).WaitExit(kGenerous), 0) << cluster.server(0).Log();
 }
 
+// One worker and one sum server (identity shard0) that checkpoints into a directory of its
+// own every `interval_s` seconds.
+ClusterOptions CheckpointingSumCluster(const std::string& interval_s) {
+  ClusterOptions c = SumCluster(1, {});
+  c.server_args = {"--optimizer=sum", "--identity=shard0", "--checkpoint_dir=" + MakeTempDir(),
+                   "--checkpoint_interval_s=" + interval_s, "--log_level=info"};
+  return c;
+}
+
 // Two workers, a scheduler, and no server: the test starts it (CheckpointedServerArgs) so
 // that it can kill and restart it.
 ClusterOptions RestartableServerCluster() {
@@ -224,14 +241,6 @@ ClusterOptions RestartableServerCluster() {
   return options;
 }
 
-// The command line of that server: sum-only, identity shard0, checkpoints in the cluster's
-// directory (created here; empty on failure).
-std::vector<std::string> CheckpointedServerArgs(const LocalCluster& cluster) {
-  const std::string ckpt = cluster.dir() + "/ckpt";
-  if (::mkdir(ckpt.c_str(), 0755) != 0) return {};
-  return {"--scheduler=" + cluster.scheduler_address(), "--optimizer=sum", "--identity=shard0",
-          "--checkpoint_dir=" + ckpt, "--log_level=info"};
-}
 
 // A server with timed checkpoints writes one soon after new slices are declared, not a whole
 // interval later: killed in between, it came back without them and every worker failed on
@@ -239,16 +248,11 @@ std::vector<std::string> CheckpointedServerArgs(const LocalCluster& cluster) {
 // most kGenerous for the checkpoint, which tells them apart.) And a pull of a slice a
 // server does not hold says what that means.
 TEST(Faults, NewSlicesAreCheckpointedWithoutWaitingForTheInterval) {
-  ClusterOptions c = SumCluster(1, {});
-  const std::string ckpt = MakeTempDir();
-  c.server_args = {"--optimizer=sum", "--identity=shard0", "--checkpoint_dir=" + ckpt,
-                   "--checkpoint_interval_s=600", "--log_level=info"};
-  LocalCluster cluster(c);
+  LocalCluster cluster(CheckpointingSumCluster("600"));
   ASSERT_FALSE(cluster.scheduler_address().empty());
-  auto w = Worker::Create(Options(cluster.scheduler_address()));
-  ASSERT_TRUE(w.ok()) << w.status();
   std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
-  ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+  auto w = WorkerWithT(Options(cluster.scheduler_address()), p);
+  ASSERT_TRUE(w.ok()) << w.status();
   const absl::Time declared = absl::Now();
   const absl::Time end = declared + kGenerous;
   while (cluster.server(0).Log().find("checkpoint of 1 slices") == std::string::npos &&
@@ -263,18 +267,13 @@ TEST(Faults, NewSlicesAreCheckpointedWithoutWaitingForTheInterval) {
 // --checkpoint_interval_s takes fractions (the timer ticks every 100 ms): a restart loses at
 // most that much training. It was an integer flag, and 0.25 was a usage error.
 TEST(Faults, SubSecondCheckpointIntervalsAreKept) {
-  ClusterOptions c = SumCluster(1, {});
-  const std::string ckpt = MakeTempDir();
-  c.server_args = {"--optimizer=sum", "--identity=shard0", "--checkpoint_dir=" + ckpt,
-                   "--checkpoint_interval_s=0.25", "--log_level=info"};
-  LocalCluster cluster(c);
+  LocalCluster cluster(CheckpointingSumCluster("0.25"));
   ASSERT_FALSE(cluster.scheduler_address().empty());
   WorkerOptions o = Options(cluster.scheduler_address());
   o.register_timeout = absl::Seconds(60);
-  auto w = Worker::Create(o);
-  ASSERT_TRUE(w.ok()) << w.status() << "\n" << cluster.server(0).Log();
   std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
-  ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+  auto w = WorkerWithT(o, p);
+  ASSERT_TRUE(w.ok()) << w.status() << "\n" << cluster.server(0).Log();
   const auto count = [&] {
     const std::string log = cluster.server(0).Log();
     int n = 0;
@@ -307,10 +306,9 @@ TEST(Faults, KilledServerRestartsFromItsCheckpointAndWorkersCarryOn) {
   std::atomic<int> at_barrier{0};
   for (int i = 0; i < 2; ++i) {
     threads.emplace_back([&, i] {
-      auto w = Worker::Create(Options(cluster.scheduler_address()));
-      ASSERT_TRUE(w.ok()) << w.status();
       std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
-      ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+      auto w = WorkerWithT(Options(cluster.scheduler_address()), p);
+      ASSERT_TRUE(w.ok()) << w.status();
       for (int s = 0; s < kBefore; ++s) {
         ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok()) << s;
         if (s + 1 == kCheckpointAt) {
@@ -482,12 +480,9 @@ void KillServerMidStepAndRestart(bool same_port, bool split = false) {
   options.num_servers = split ? 1 : 0;
   LocalCluster cluster(options);
   ASSERT_FALSE(cluster.scheduler_address().empty());
-  const std::string ckpt = cluster.dir() + "/ckpt";
-  ASSERT_EQ(::mkdir(ckpt.c_str(), 0755), 0);
-  const std::vector<std::string> args = {"--scheduler=" + cluster.scheduler_address(),
-                                         "--optimizer=sum", "--identity=shard0",
-                                         "--checkpoint_dir=" + ckpt, "--checkpoint_interval_s=1",
-                                         "--log_level=info"};
+  const std::vector<std::string> args =
+      CheckpointedServerArgs(cluster, {"--checkpoint_interval_s=1"});
+  ASSERT_FALSE(args.empty());
   std::vector<std::string> first = args;
   if (same_port) first.push_back("--port_file=" + cluster.dir() + "/server.port");
   auto server = std::make_unique<Process>(ADAPS_SERVER_BIN, first, cluster.dir() + "/s-a.log");
@@ -513,10 +508,9 @@ void KillServerMidStepAndRestart(bool same_port, bool split = false) {
   std::vector<std::thread> threads;
   for (int i = 0; i < 2; ++i) {
     threads.emplace_back([&, i] {
-      auto w = Worker::Create(Options(cluster.scheduler_address()));
-      ASSERT_TRUE(w.ok()) << w.status();
       std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
-      ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+      auto w = WorkerWithT(Options(cluster.scheduler_address()), p);
+      ASSERT_TRUE(w.ok()) << w.status();
       for (int s = 0; s != last_step.load(); ++s) {
         if ((*w)->rank() == 0 && last_step.load() < 0 && s >= kKillAt) {
           if (checkpoints() >= 2) {
@@ -615,10 +609,9 @@ TEST(Faults, TrainingGoesOnWhileTheSchedulerIsDownAndARestartedOneTakesNodesBack
   std::vector<std::thread> threads;
   for (int i = 0; i < 2; ++i) {
     threads.emplace_back([&, i] {
-      auto w = Worker::Create(Options(address, absl::StrCat("w", i)));
-      ASSERT_TRUE(w.ok()) << w.status();
       std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
-      ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
+      auto w = WorkerWithT(Options(address, absl::StrCat("w", i)), p);
+      ASSERT_TRUE(w.ok()) << w.status();
       for (int s = 0; s < 30; ++s) {
         if ((*w)->rank() == 0 && s == 5) scheduler->Kill();
         if ((*w)->rank() == 0 && s == 20) {

@@ -56,12 +56,9 @@ void TrainThroughKills(int kills, bool fuse, Seen* seen0, Seen* seen1, std::stri
   options.scheduler_args = {"--dead_timeout_ms=1000", "--num_servers=1"};
   LocalCluster cluster(options);
   ASSERT_FALSE(cluster.scheduler_address().empty());
-  const std::string ckpt = cluster.dir() + "/ckpt";
-  ASSERT_EQ(::mkdir(ckpt.c_str(), 0755), 0);
-  const std::vector<std::string> args = {"--scheduler=" + cluster.scheduler_address(),
-                                         "--optimizer=sum", "--identity=shard0",
-                                         "--checkpoint_dir=" + ckpt, "--checkpoint_interval_s=1",
-                                         "--log_level=info"};
+  const std::vector<std::string> args =
+      CheckpointedServerArgs(cluster, {"--checkpoint_interval_s=1"});
+  ASSERT_FALSE(args.empty());
   std::vector<std::unique_ptr<Process>> servers;
   servers.push_back(std::make_unique<Process>(ADAPS_SERVER_BIN, args, cluster.dir() + "/s0.log"));
   std::atomic<bool> done{false};
