@@ -11,6 +11,7 @@
 #include <cstring>
 #include <future>
 #include <memory>
+#include <random>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -82,7 +83,12 @@ ClusterClient::ClusterClient(Transport& transport, RoleLog& log,
       log_(log),
       options_(std::move(options)),
       callbacks_(std::move(callbacks)),
-      address_(options_.address) {
+      address_(options_.address),
+      instance_([] {
+        std::random_device device;
+        const uint64_t v = (uint64_t{device()} << 32) ^ device();
+        return v == 0 ? 1 : v;
+      }()) {
   transport_.AddTimer(absl::Milliseconds(100), [this] { Heartbeat(); });
 }
 
@@ -92,7 +98,7 @@ OutMessage ClusterClient::RegisterMessage(uint64_t request_id, int rank, uint32_
                                                           : std::vector<uint64_t>{});
   auto body = msg::CreateRegister(fbb, transport_.self().role, fbb.CreateString(address_),
                                   fbb.CreateString(options_.identity), rank, epoch, steps,
-                                  fbb.CreateString(options_.optimizer));
+                                  fbb.CreateString(options_.optimizer), instance_);
   return FinishEnvelope(fbb, transport_.self(), body, request_id, 0);
 }
 

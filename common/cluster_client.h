@@ -127,6 +127,9 @@ class ClusterClient {
   const ClusterClientOptions options_;
   const Callbacks callbacks_;
   std::string address_;  // set before Register, read-only afterwards
+  // Register.instance: random, never 0, the same in every registration of this client (a
+  // restarted process has another, which tells the others it restarted).
+  const uint64_t instance_;
 
   std::atomic<int> scheduler_peer_{-1};
   std::atomic<uint32_t> epoch_{0};

@@ -79,6 +79,7 @@ Roster::Rejoined Roster::Rejoin(const Node& fresh) {
     n.address = fresh.address;
     n.checkpoint_steps = fresh.checkpoint_steps;
     if (!fresh.optimizer.empty()) n.optimizer = fresh.optimizer;
+    n.instance = fresh.instance;
     n.register_request = fresh.register_request;
     n.last_seen = fresh.last_seen;
     // One that had left (a script that stopped its worker as it failed) is announced as one

@@ -49,6 +49,7 @@ class Roster {
     std::vector<uint64_t> checkpoint_steps;
     // Servers: their --optimizer (Register.optimizer; empty if they did not say).
     std::string optimizer;
+    uint64_t instance = 0;  // Register.instance: the process (NodeInfo.instance)
     // Workers: the first barrier this one takes part in (one that joined a running job does
     // not hold up the barriers the others were already waiting at).
     uint64_t first_barrier = 0;

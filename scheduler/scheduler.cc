@@ -149,6 +149,7 @@ void Scheduler::OnRegister(InMessage& in) {
   fresh.last_seen = absl::Now();
   fresh.checkpoint_steps = RestoreStep::StepList(reg->checkpoint_steps());
   fresh.optimizer = optimizer;
+  fresh.instance = reg->instance();
   if (!identity.empty() && Rejoin(in, fresh)) return;
   const Roster::Admission added =
       roster_.Admit(std::move(fresh), reg->rank(), barriers_.FirstForJoiner());
@@ -231,7 +232,8 @@ void Scheduler::SendView(Node& node, uint64_t reply_to, bool rejoined) {
   for (const auto& n : roster_.nodes()) {
     infos.push_back(msg::CreateNodeInfo(fbb, n.role, n.rank, fbb.CreateString(n.address),
                                         fbb.CreateString(n.identity), n.alive && !n.left,
-                                        n.stepping, fbb.CreateString(n.optimizer)));
+                                        n.stepping, fbb.CreateString(n.optimizer),
+                                        n.instance));
     if (node.role == msg::Role::Server && n.role == msg::Role::Worker) {
       secrets.push_back(fbb.CreateString(n.secret));
     }

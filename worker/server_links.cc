@@ -10,12 +10,14 @@ namespace adaps {
 
 absl::Status ServerLinks::Connect(const msg::ClusterView& view, int num_servers) {
   std::vector<std::string> addresses(num_servers);
+  std::vector<uint64_t> instances(num_servers, 0);
   std::vector<bool> restartable(num_servers, false);
   if (view.nodes()) {
     for (const auto* n : *view.nodes()) {
       if (n->role() == msg::Role::Server && n->rank() >= 0 && n->rank() < num_servers &&
           n->address()) {
         addresses[n->rank()] = n->address()->str();
+        instances[n->rank()] = n->instance();
         restartable[n->rank()] = n->identity() && n->identity()->size() > 0;
       }
     }
@@ -35,9 +37,10 @@ absl::Status ServerLinks::Connect(const msg::ClusterView& view, int num_servers)
   }
   // The addresses belong to the I/O thread (ApplyView compares against them): hand them over.
   std::promise<void> handed;
-  if (!transport_->Post([this, &addresses, &handed] {
+  if (!transport_->Post([this, &addresses, &instances, &handed] {
         ADAPS_DCHECK_ON_IO_THREAD(transport_);
         address_ = addresses;
+        instance_ = instances;
         dead_.assign(addresses.size(), false);
         handed.set_value();
       })) {
@@ -93,7 +96,12 @@ void ServerLinks::ApplyView(const msg::ClusterView& view) {
       continue;
     }
     const std::string address = n->address() ? n->address()->str() : "";
-    if (address.empty() || (address == address_[r] && !dead_[r])) continue;
+    // Back at the same address with no view saying it died (it and the scheduler were killed
+    // together): another process, which the requests sent to the old one never reached.
+    const uint64_t instance = n->instance();
+    const bool other_instance = instance != 0 && instance_[r] != 0 && instance != instance_[r];
+    if (instance != 0 && !address.empty()) instance_[r] = instance;
+    if (address.empty() || (address == address_[r] && !dead_[r] && !other_instance)) continue;
     int peer = Peer(r);
     if (address != address_[r]) {
       auto moved = transport_->Connect(address);

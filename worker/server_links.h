@@ -75,6 +75,7 @@ class ServerLinks {
   std::function<void(int)> on_restart_ ABSL_GUARDED_BY(mu_);
   // I/O thread only (ADAPS_DCHECK_ON_IO_THREAD).
   std::vector<std::string> address_;
+  std::vector<uint64_t> instance_;  // NodeInfo.instance of each server's process (0: unknown)
   std::vector<bool> dead_;
 };
 

@@ -507,6 +507,11 @@ class Run:
                 text = open(self.servers[s].logs[k]).read()
                 vers = {m.group(1): int(m.group(2))
                         for m in re.finditer(r"slice '([^']+)' restored at step (\d+)", text)}
+                if "registered as server" not in text and not vers:
+                    # Killed again before it reached the scheduler (down too, or the link):
+                    # a server learns its rank, and so its checkpoint, by registering.
+                    notes.append(f"server{s} incarnation {k} was killed before it registered")
+                    continue
                 if not re.search(r"restored \d+ slices from", text) or not vers:
                     ok_restore = False
                     notes.append(f"server{s} incarnation {k} did not restore a checkpoint: "

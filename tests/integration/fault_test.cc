@@ -7,9 +7,12 @@
 // parameter counts how many pushes were applied: an increment per step larger than the
 // number of pushers means something was applied twice, a smaller one that something was
 // lost.
+#include <sys/stat.h>
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -632,6 +635,64 @@ TEST(Faults, TrainingGoesOnWhileTheSchedulerIsDownAndARestartedOneTakesNodesBack
   EXPECT_EQ(restarted->WaitExit(kGenerous), 0) << restarted->Log();
   EXPECT_EQ(server.WaitExit(kGenerous), 0) << server.Log();
   EXPECT_THAT(server.Log(), HasSubstr("registered again"));
+}
+
+// A server and the scheduler killed together while a worker's push waits on the server: no
+// view says the server died, and it comes back at the same address. The worker must send the
+// step again to the new process once the new scheduler's view has it (another
+// NodeInfo.instance), not wait for an answer the dead process never gives until the request
+// deadline (found by tests/faults/netns_faults.py, seed 1045: 30 s, then DEADLINE_EXCEEDED).
+// The server is stopped (SIGSTOP) first, so that the push is in flight when it is killed.
+TEST(Faults, APushInFlightToAServerKilledWithTheSchedulerIsSentAgainToItsNewProcess) {
+  const std::string dir = testing::MakeTempDir();
+  auto start_scheduler = [&](const std::string& port, const std::string& log) {
+    return std::make_unique<Process>(
+        ADAPS_SCHEDULER_BIN,
+        std::vector<std::string>{"--num_servers=1", "--num_workers=1", "--port=" + port,
+                                 "--port_file=" + dir + "/port", "--heartbeat_ms=100",
+                                 "--job_id=inflight", "--log_level=info"},
+        dir + "/" + log);
+  };
+  auto scheduler = start_scheduler("0", "sched-a.log");
+  const std::string port = WaitForPortFile(dir + "/port", kGenerous);
+  ASSERT_FALSE(port.empty());
+  const std::string address = "tcp://127.0.0.1:" + port;
+  ASSERT_EQ(::mkdir((dir + "/ckpt").c_str(), 0755), 0);
+  const std::vector<std::string> server_args = {
+      "--scheduler=" + address, "--optimizer=sum", "--identity=s0",
+      "--checkpoint_dir=" + dir + "/ckpt", "--checkpoint_interval_s=0.2", "--log_level=info"};
+  std::vector<std::string> first = server_args;
+  first.push_back("--port_file=" + dir + "/server.port");
+  auto server = std::make_unique<Process>(ADAPS_SERVER_BIN, first, dir + "/server-a.log");
+  // A deadline far beyond the restart (minutes at load 20 are still inside it); the code
+  // before waited all of it.
+  WorkerOptions options = Options(address, "w0");
+  options.request_timeout = absl::Minutes(3);
+  std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
+  auto w = WorkerWithT(options, p);
+  ASSERT_TRUE(w.ok()) << w.status();
+  for (int s = 0; s < 3; ++s) ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok());
+  const std::string server_port = WaitForPortFile(dir + "/server.port", kGenerous);
+  ASSERT_FALSE(server_port.empty());
+  ASSERT_TRUE(server->WaitForLog("checkpoint of 1 slices", kGenerous)) << server->Log();
+  server->Signal(SIGSTOP);
+  ASSERT_TRUE(server->WaitStopped(kGenerous));
+  const absl::Time sent = absl::Now();
+  std::future<absl::Status> step = (*w)->PushPull("t", g, absl::MakeSpan(p));
+  absl::SleepFor(absl::Milliseconds(300));  // (sent: the stopped server's socket holds it)
+  server->Kill();
+  scheduler->Kill();
+  std::remove((dir + "/port").c_str());
+  auto restarted_scheduler = start_scheduler(port, "sched-b.log");
+  std::vector<std::string> second = server_args;
+  second.push_back("--port=" + server_port);
+  auto restarted = std::make_unique<Process>(ADAPS_SERVER_BIN, second, dir + "/server-b.log");
+  const absl::Status st = step.get();
+  EXPECT_TRUE(st.ok()) << st << " after " << absl::Now() - sent << "\n"
+                       << restarted->Log() << restarted_scheduler->Log();
+  EXPECT_THAT(restarted->Log(), HasSubstr("restored 1 slices"));
+  EXPECT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok());
+  EXPECT_TRUE((*w)->Stop().ok());
 }
 
 // A restarted scheduler re-forms the job only when every node it had is back. A worker killed
