@@ -41,7 +41,7 @@ if [[ $which == ci ]]; then
                 compressor_two_phase_test server_inproc_test engine_test worker_test
                 worker_fusion_test worker_sparse_pull_test worker_local_steps_test
                 worker_pipeline_test worker_c_api_test cluster_client_test
-                scheduler_split_test)
+                scheduler_split_test fuzz_messages_regression)
   # Tests whose executables the subset does not build.
   asan_exclude='NOT_BUILT|pytest|python_|deploy_|cpp_example|Train|trainer|Cuda'
   tsan_exclude="$tsan_exclude|Train|trainer|Cuda"
