@@ -112,29 +112,44 @@ absl::StatusOr<InMessage> ClusterClient::Register(std::function<absl::Status()> 
   if (!peer.ok()) return peer.status();
   scheduler_peer_.store(*peer);
 
-  const uint64_t id = transport_.NewRequestId();
   auto promise = std::make_shared<std::promise<absl::StatusOr<InMessage>>>();
   auto future = promise->get_future();
-  transport_.Request(
-      *peer, id, RegisterMessage(id, /*rank=*/-1, /*epoch=*/0),
-      absl::Now() + options_.register_timeout,
-      [this, promise, on_registered = std::move(on_registered)](absl::StatusOr<InMessage> reply) {
-        if (reply.ok() && reply->envelope()->body_type() != msg::Body::ClusterView) {
-          reply = absl::DataLossError("the scheduler answered Register with something else");
-        }
-        if (reply.ok()) {
-          last_heard_ = absl::Now();
-          OnView(*reply->envelope()->body_as_ClusterView());
-          registered_.store(true);
-          if (on_registered) {
-            if (absl::Status st = on_registered(); !st.ok()) reply = st;
+  const absl::Time register_deadline = absl::Now() + options_.register_timeout;
+  // Sent again when the connection closes before the answer (a scheduler restarted while the
+  // job forms): the new process never saw the first one.
+  auto send = std::make_shared<std::function<void()>>();
+  std::weak_ptr<std::function<void()>> weak_send = send;
+  *send = [this, promise, peer = *peer, register_deadline, weak_send,
+           on_registered = std::move(on_registered)] {
+    const uint64_t id = transport_.NewRequestId();
+    transport_.Request(
+        peer, id, RegisterMessage(id, /*rank=*/-1, /*epoch=*/0), register_deadline,
+        [this, promise, register_deadline, again = weak_send.lock(),
+         on_registered](absl::StatusOr<InMessage> reply) {
+          if (IsConnectionLost(reply.status()) && absl::Now() < register_deadline && again) {
+            log_.get()->warn("the scheduler's connection closed before it answered (restarted?): "
+                             "registering again");
+            (*again)();
+            return;
           }
-        }
-        promise->set_value(std::move(reply));
-      });
+          if (reply.ok() && reply->envelope()->body_type() != msg::Body::ClusterView) {
+            reply = absl::DataLossError("the scheduler answered Register with something else");
+          }
+          if (reply.ok()) {
+            last_heard_ = absl::Now();
+            OnView(*reply->envelope()->body_as_ClusterView());
+            registered_.store(true);
+            if (on_registered) {
+              if (absl::Status st = on_registered(); !st.ok()) reply = st;
+            }
+          }
+          promise->set_value(std::move(reply));
+        });
+  };
+  (*send)();
   // Silence is the worst answer to a mistyped address: probe it at once, then say every
   // few seconds what we are waiting for and why, while the deadline runs.
-  const absl::Time deadline = absl::Now() + options_.register_timeout;
+  const absl::Time deadline = register_deadline;
   const absl::Time start = absl::Now();
   std::string cause;
   absl::Duration tick = absl::Seconds(1);

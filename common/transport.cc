@@ -181,8 +181,21 @@ absl::StatusOr<int> Transport::Connect(const std::string& endpoint) {
         socket->set(zmq::sockopt::curve_publickey, options_.curve.client_public_key);
         socket->set(zmq::sockopt::curve_secretkey, options_.curve.client_secret_key);
       }
+      // A request handed to a connection that closes is lost with it: the monitor tells
+      // the I/O thread, which fails those requests at once (ConnectionLost).
+      static std::atomic<uint64_t> monitors{0};
+      const std::string monitor_endpoint = absl::StrCat(
+          "inproc://adaps-monitor-", reinterpret_cast<uintptr_t>(this), "-", monitors.fetch_add(1));
+      if (zmq_socket_monitor(socket->handle(), monitor_endpoint.c_str(),
+                             ZMQ_EVENT_DISCONNECTED) != 0) {
+        throw zmq::error_t();
+      }
+      auto monitor = std::make_unique<zmq::socket_t>(context_->get(), zmq::socket_type::pair);
+      monitor->set(zmq::sockopt::linger, 0);
+      monitor->connect(monitor_endpoint);
       socket->connect(endpoint);
       dealers_.push_back(std::move(socket));
+      monitors_.push_back(std::move(monitor));
       return static_cast<int>(dealers_.size()) - 1;
     } catch (const zmq::error_t& e) {
       return FromZmq(e, absl::StrCat("cannot connect to '", endpoint, "'"));

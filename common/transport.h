@@ -13,8 +13,11 @@
 //
 // Requests carry a deadline: the callback runs exactly once, with the reply, the peer's
 // Error as a status, kUnavailable when the message could not be handed to a connected peer
-// before the deadline (peer gone / never there) or when FailPeer/Stop ran, or
-// kDeadlineExceeded when it was sent but no answer came in time.
+// before the deadline (peer gone / never there), when the connection it was handed to
+// closed before the answer came (ZeroMQ does not send a message again on the next
+// connection: the peer's process died, or a new one took its address) or when
+// FailPeer/Stop ran, or kDeadlineExceeded when it was sent but no answer came in time.
+// Each DEALER is watched through a ZeroMQ socket monitor for that.
 //
 // Thread-safety: all public methods are thread-safe. Start/Stop from one owner thread.
 #ifndef ADAPS_COMMON_TRANSPORT_H_
@@ -133,6 +136,10 @@ class InMessage {
   int peer_ = -1;
 };
 
+// True for a request's kUnavailable that says the connection it was handed to closed before
+// the answer came (the peer's process died or restarted): asking again may succeed at once.
+bool IsConnectionLost(const absl::Status& status);
+
 struct TransportStats {
   uint64_t messages_in = 0;
   uint64_t messages_out = 0;
@@ -141,6 +148,7 @@ struct TransportStats {
   uint64_t dropped_invalid = 0;   // failed verification / frame checks
   uint64_t dropped_unsendable = 0;  // fire-and-forget that found no peer in time
   uint64_t late_replies = 0;      // replies to requests that had already completed
+  uint64_t connections_lost = 0;  // DEALER connections that closed (their requests failed)
 };
 
 struct TransportOptions {
@@ -236,6 +244,8 @@ class Transport {
   void FlushOutbox();
   void ReadRouter();
   void ReadDealer(int peer);
+  void ReadMonitor(int peer);
+  void ConnectionLost(int peer);
   void Dispatch(std::vector<zmq::message_t>& frames, size_t first, std::string route, int peer);
   void ExpireDeadlines(absl::Time now);
   void Complete(uint64_t request_id, absl::StatusOr<InMessage> result);
@@ -261,6 +271,8 @@ class Transport {
   // Owned by the I/O thread (after Start).
   std::unique_ptr<zmq::socket_t> router_;
   std::vector<std::unique_ptr<zmq::socket_t>> dealers_;
+  // monitors_[p]: the PAIR socket receiving dealers_[p]'s disconnect events.
+  std::vector<std::unique_ptr<zmq::socket_t>> monitors_;
   std::deque<Outgoing> outbox_;
   std::map<uint64_t, Pending> pending_;
   TransportStats local_stats_;

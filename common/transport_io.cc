@@ -3,14 +3,25 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/transport.h"
 #include "common/transport_internal.h"
 #include "zmq_addon.hpp"
 
 namespace adaps {
+
+namespace {
+constexpr char kConnectionLostPayload[] = "adaps.dev/transport/connection-lost";
+}  // namespace
+
+bool IsConnectionLost(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable &&
+         status.GetPayload(kConnectionLostPayload).has_value();
+}
 
 using transport_internal::FromZmq;
 using transport_internal::kMaxReadsPerWake;
@@ -60,6 +71,10 @@ bool Transport::TrySend(Outgoing& out) {
 }
 
 void Transport::FlushOutbox() {
+  if (outbox_.empty()) return;
+  // A connection that closed is accounted for before anything is handed to its successor
+  // (else a request sent on the new connection would be failed for the old one's close).
+  for (size_t p = 0; p < monitors_.size(); ++p) ReadMonitor(static_cast<int>(p));
   const absl::Time now = absl::Now();
   for (auto it = outbox_.begin(); it != outbox_.end();) {
     if (TrySend(*it)) {
@@ -219,6 +234,48 @@ void Transport::ReadDealer(int peer) {
   }
 }
 
+void Transport::ReadMonitor(int peer) {
+  for (size_t i = 0; i < kMaxReadsPerWake; ++i) {
+    std::vector<zmq::message_t> frames;
+    std::optional<size_t> got;
+    try {
+      got = zmq::recv_multipart(*monitors_[peer], std::back_inserter(frames),
+                                zmq::recv_flags::dontwait);
+    } catch (const zmq::error_t&) {
+      return;
+    }
+    if (!got) return;
+    // Frame 0: the event (16 bits) and its value (32 bits); frame 1: the endpoint.
+    uint16_t event = 0;
+    if (!frames.empty() && frames[0].size() >= sizeof(event)) {
+      std::memcpy(&event, frames[0].data(), sizeof(event));
+    }
+    if (event == ZMQ_EVENT_DISCONNECTED) ConnectionLost(peer);
+  }
+}
+
+void Transport::ConnectionLost(int peer) {
+  ++local_stats_.connections_lost;
+  // What is still in the outbox was never handed to the closed connection: it goes on the
+  // next one. Everything else pending to this peer went into the closed one, or is being
+  // answered on it, and no answer will come.
+  std::vector<uint64_t> lost;
+  for (const auto& [id, p] : pending_) {
+    if (p.peer != peer) continue;
+    const bool queued = std::any_of(outbox_.begin(), outbox_.end(),
+                                    [id = id](const Outgoing& o) { return o.request_id == id; });
+    if (!queued) lost.push_back(id);
+  }
+  if (!lost.empty() && options_.log) {
+    options_.log->get()->warn("connection to peer {} lost with {} request(s) in it: failing them",
+                              peer, lost.size());
+  }
+  absl::Status status = absl::UnavailableError(absl::StrCat(
+      "connection to peer ", peer, " lost before the answer came (its process died or restarted)"));
+  status.SetPayload(kConnectionLostPayload, absl::Cord("1"));
+  for (uint64_t id : lost) Complete(id, status);
+}
+
 void Transport::Run() {
   io_thread_id_.store(std::this_thread::get_id());
   std::vector<Timer> timers;
@@ -258,7 +315,11 @@ void Transport::Run() {
     items.clear();
     items.push_back(zmq::pollitem_t{nullptr, wake_fd_, ZMQ_POLLIN, 0});
     if (router_) items.push_back(zmq::pollitem_t{router_->handle(), 0, ZMQ_POLLIN, 0});
+    const size_t ndealers = dealers_.size();
     for (auto& d : dealers_) items.push_back(zmq::pollitem_t{d->handle(), 0, ZMQ_POLLIN, 0});
+    for (size_t d = 0; d < ndealers; ++d) {
+      items.push_back(zmq::pollitem_t{monitors_[d]->handle(), 0, ZMQ_POLLIN, 0});
+    }
     try {
       zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout_ms));
     } catch (const zmq::error_t& e) {
@@ -272,10 +333,13 @@ void Transport::Run() {
       (void)r;
     }
     if (router_ && (items[idx++].revents & ZMQ_POLLIN)) ReadRouter();
-    // Dealers added by handlers during this iteration are polled next time.
-    const size_t ndealers = items.size() - idx;
+    // Dealers added by handlers during this iteration are polled next time. Answers are
+    // read before the monitors: one that arrived before its connection closed counts.
     for (size_t d = 0; d < ndealers; ++d) {
       if (items[idx + d].revents & ZMQ_POLLIN) ReadDealer(static_cast<int>(d));
+    }
+    for (size_t d = 0; d < ndealers; ++d) {
+      if (items[idx + ndealers + d].revents & ZMQ_POLLIN) ReadMonitor(static_cast<int>(d));
     }
   }
   // Flush what can be flushed (e.g. a final Shutdown or Ack), then fail what is left.
@@ -291,6 +355,8 @@ void Transport::Run() {
   }
   DrainCommands();
   router_.reset();
+  for (auto& d : dealers_) zmq_socket_monitor(d->handle(), nullptr, 0);
+  monitors_.clear();
   dealers_.clear();
   io_thread_id_.store(std::thread::id());
 }

@@ -188,6 +188,14 @@ int Roster::PickRank(msg::Role role, int claimed, int want) const {
   return rank;
 }
 
+Roster::Node* Roster::RegisteredBeforeForming(msg::Role role, const std::string& route) {
+  if (formed_ || route.empty()) return nullptr;
+  for (Node& n : nodes_) {
+    if (n.role == role && n.route == route && n.alive) return &n;
+  }
+  return nullptr;
+}
+
 Roster::Node* Roster::Find(msg::Role role, int rank) {
   for (auto& n : nodes_) {
     if (n.role == role && n.rank == rank && rank >= 0) return &n;

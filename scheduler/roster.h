@@ -120,6 +120,9 @@ class Roster {
   int PickRank(msg::Role role, int claimed, int want) const;
 
   Node* Find(msg::Role role, int rank);
+  // Before the job forms: the node of `role` that registered on connection `route` (it
+  // registers again when that connection closed before the view came), else null.
+  Node* RegisteredBeforeForming(msg::Role role, const std::string& route);
   // The node that sent a heartbeat claiming `role` and `rank` on connection `route`, or why
   // it is refused: kFailedPrecondition "register again" when it claims a rank a fresh node
   // holds provisionally (its claim will win), or for no such node or a dead one;

@@ -150,6 +150,15 @@ void Scheduler::OnRegister(InMessage& in) {
   fresh.checkpoint_steps = RestoreStep::StepList(reg->checkpoint_steps());
   fresh.optimizer = optimizer;
   fresh.instance = reg->instance();
+  if (Node* again = roster_.RegisteredBeforeForming(fresh.role, fresh.route)) {
+    // Its first Register was answered by nobody (the node's connection closed and it asked
+    // again): the same node, not another one. It gets the view at forming on this request.
+    again->register_request = fresh.register_request;
+    again->last_seen = fresh.last_seen;
+    log_.get()->info("{} {} registered again on the same connection", msg::EnumNameRole(again->role),
+                     again->rank);
+    return;
+  }
   if (!identity.empty() && Rejoin(in, fresh)) return;
   const Roster::Admission added =
       roster_.Admit(std::move(fresh), reg->rank(), barriers_.FirstForJoiner());

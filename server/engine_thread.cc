@@ -164,6 +164,8 @@ void EngineThread::OnPush(PushWork& work) {
     if (auto st = shard.AddPush(work.worker, work.step, work.push, options_.backup_workers,
                                 each_push);
         !st.ok()) {
+      // A push sent again (its answer was lost with a connection): applied once already.
+      if (st.code() == absl::StatusCode::kAlreadyExists) return Ack(work);
       return ReplyError(work, st);
     }
     if (options_.metrics != nullptr) options_.metrics->Pushed(shard, work.frame.wire_bytes());

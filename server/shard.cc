@@ -227,22 +227,22 @@ absl::Status Shard::AddPush(int worker, uint64_t step, const ParsedUpdate& push,
     if (step < version_) return absl::OkStatus();
     JumpTo(step);
   }
+  // The same push again (its answer was lost with a connection, and the worker cannot tell
+  // whether it arrived): applied once; the server acknowledges it again.
+  // (A resuming shard acknowledged an earlier step above.)
+  auto it = last_pushed_.find(worker);
+  const bool again = (step == version_ && pushed_.count(worker)) ||
+                     (step < version_ && it != last_pushed_.end() && it->second >= step);
+  if (again) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("worker ", worker, " already pushed step ", step, " to '", name_, "'"));
+  }
   // A straggler's push of a step that completed without it (--backup_workers): added to
   // the step in progress, once per step and worker.
   const bool late = backup_workers > 0 && step < version_ && !resuming_;
   if (step != version_ && !late) {
     return absl::FailedPreconditionError(absl::StrCat(
         "push for step ", step, " but slice '", name_, "' is at step ", version_));
-  }
-  if (late) {
-    auto it = last_late_.find(worker);
-    if (it != last_late_.end() && it->second >= step) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("worker ", worker, " already pushed step ", step, " (late)"));
-    }
-  } else if (pushed_.count(worker)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", worker, " already pushed step ", step));
   }
   if (pushed_.empty() && late_in_step_ == 0 && sparse_ != nullptr) {
     sparse_->BeginStep(length_, step_each_push);  // the step's first push (or a refused one's)
@@ -255,11 +255,12 @@ absl::Status Shard::AddPush(int worker, uint64_t step, const ParsedUpdate& push,
     ADAPS_RETURN_IF_ERROR(DecodeAdd(push, 1.0f, absl::MakeSpan(agg_)));
   }
   if (late) {
-    last_late_[worker] = step;
     ++late_in_step_;
   } else {
     pushed_.insert(worker);
   }
+  uint64_t& last = last_pushed_[worker];
+  last = std::max(last, step);
   if (!learned.empty()) segments_ = std::move(learned);
   return absl::OkStatus();
 }

@@ -121,15 +121,17 @@ class Shard {
 
   // Sync: adds worker `worker`'s push for `step` (a wire-encoded update, parsed at the edge:
   // ParseUpdate) to the step's sum. kInvalidArgument for a payload of another length,
-  // kFailedPrecondition for another step or a second push of the worker, the codec's error
-  // (kDataLoss...) for bad bytes; the state is then unchanged. A restored shard, until its
+  // kFailedPrecondition for another step, kAlreadyExists for a step the worker's push of
+  // was applied already (sent again after its answer was lost with a connection: the
+  // engine acknowledges it again), the codec's error (kDataLoss...) for bad bytes; the
+  // state is then unchanged. A restored shard, until its
   // first step completes, takes the workers' steps (their steps went on after the
   // checkpoint): a later step moves the version there (dropping the sum of the earlier one:
   // that step completed before the restart), an earlier one is acknowledged and not applied
   // (it was applied already).
   // With `backup_workers` > 0 (--backup_workers), a push for a step that completed without
   // it (a straggler's) is not refused: it is added to the step in progress, so nothing it
-  // carried is lost (kFailedPrecondition for a second push of a step the worker had pushed).
+  // carried is lost (kAlreadyExists for a second push of a step the worker had pushed).
   // `step_each_push` (the engine: servers running SGD that a sparse step allows): a tracked
   // step keeps its pushes decoded instead of adding them into the sum, and its completion
   // steps the parameters with each in turn (ApplySgdParts, common/wire_codec.h): no pass over
@@ -224,7 +226,10 @@ class Shard {
   std::vector<float> agg_;
   std::set<int> pushed_;               // worker ranks that pushed the current step (sync)
   size_t late_in_step_ = 0;            // stragglers' pushes of earlier steps added to this one
-  std::map<int, uint64_t> last_late_;  // each straggler's last late step added
+  // Each worker's last step whose push was applied (in its step or, a straggler's, late): a
+  // push of a step at or before it is one sent again after its answer was lost
+  // (kAlreadyExists; the server acknowledges it again).
+  std::map<int, uint64_t> last_pushed_;
   absl::Duration step_work_, version_work_;  // CountStepWork
   std::vector<Pull> held_;
 

@@ -239,8 +239,8 @@ void Runner::SendParts(const std::shared_ptr<RunOp>& op, const std::vector<size_
       const size_t i = send.slice;
       const uint64_t incarnation = send.incarnation;
       RunOp::Part& part = op->parts[i];
-      // A push the same incarnation acknowledged is not sent again (it would be refused, or
-      // with --backup_workers counted twice); one to a server that restarted since is.
+      // A push the same incarnation acknowledged is not sent again (the server would only
+      // acknowledge it again); one to a server that restarted since is.
       const bool pushed = part.pushed && part.sent_incarnation == incarnation;
       const uint64_t push_step = part.push_step;
       part = RunOp::Part{};

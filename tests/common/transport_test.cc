@@ -1,6 +1,8 @@
-// The transport: deadlines for absent peers, binding errors, and its own-thread assertion
-// (ADAPS_DCHECK_ON_IO_THREAD).
+// The transport: deadlines for absent peers, a request lost with its connection, binding
+// errors, and its own-thread assertion (ADAPS_DCHECK_ON_IO_THREAD).
+#include <chrono>
 #include <future>
+#include <memory>
 
 #include "common/transport.h"
 #include "gmock/gmock.h"
@@ -53,6 +55,76 @@ TEST(Transport, RequestToAbsentPeerIsUnavailableWithinItsDeadline) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   t.Stop();
+}
+
+// A request handed to a connection that then closes (its peer's process died; a new one
+// took the address) is lost with it: ZeroMQ does not send it again. It must fail at once
+// with kUnavailable (the caller asks again), not wait its whole deadline; and the peer's
+// new process answers the next request on the same peer.
+TEST(Transport, ARequestLostWithItsConnectionIsUnavailableAtOnce) {
+  auto received = std::make_shared<std::promise<void>>();
+  TransportOptions so;
+  so.self = Sender{msg::Role::Server, 0};
+  so.bind_endpoint = "tcp://127.0.0.1:0";
+  // The first process takes the request and dies without answering it.
+  auto first = std::make_unique<Transport>(so, [received](InMessage) { received->set_value(); });
+  ASSERT_TRUE(first->Start().ok());
+  const std::string endpoint = first->bound_endpoint();
+
+  TransportOptions co;
+  co.self = Sender{msg::Role::Worker, 0};
+  Transport client(co, nullptr);
+  ASSERT_TRUE(client.Start().ok());
+  ASSERT_TRUE(client.Connect(endpoint).ok());
+  auto request = [&](std::promise<absl::StatusOr<InMessage>>& p) {
+    flatbuffers::FlatBufferBuilder fbb;
+    auto body = msg::CreateBarrier(fbb, 0);
+    const uint64_t id = client.NewRequestId();
+    client.Request(0, id, FinishEnvelope(fbb, client.self(), body, id, 0),
+                   absl::Now() + absl::Minutes(10),
+                   [&p](absl::StatusOr<InMessage> r) { p.set_value(std::move(r)); });
+  };
+  std::promise<absl::StatusOr<InMessage>> lost;
+  request(lost);
+  received->get_future().get();
+  first->Stop();
+  first.reset();
+
+  Transport* second_ptr = nullptr;
+  TransportOptions so2 = so;
+  so2.bind_endpoint = endpoint;
+  Transport second(so2, [&second_ptr](InMessage in) {
+    flatbuffers::FlatBufferBuilder fbb;
+    auto body = msg::CreateBarrier(fbb, 0);
+    second_ptr->Reply(in, FinishEnvelope(fbb, second_ptr->self(), body, 0,
+                                         in.envelope()->request_id()));
+  });
+  second_ptr = &second;
+  // The old process's port can stay taken for a moment after its socket closed.
+  absl::Status bound = second.Start();
+  for (int i = 0; i < 100 && !bound.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    bound = second.Start();
+  }
+  ASSERT_TRUE(bound.ok()) << bound;
+
+  // (Minutes of margin against a loaded machine; the old code waits the full 10 minutes.)
+  auto lost_future = lost.get_future();
+  ASSERT_EQ(lost_future.wait_for(std::chrono::minutes(2)), std::future_status::ready)
+      << "a request lost with its connection still waits for its deadline";
+  absl::StatusOr<InMessage> r = lost_future.get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("connection"));
+
+  std::promise<absl::StatusOr<InMessage>> next;
+  request(next);
+  auto next_future = next.get_future();
+  ASSERT_EQ(next_future.wait_for(std::chrono::minutes(2)), std::future_status::ready);
+  absl::StatusOr<InMessage> answer = next_future.get();
+  EXPECT_TRUE(answer.ok()) << answer.status();
+  EXPECT_GE(client.stats().connections_lost, 1u);
+  client.Stop();
+  second.Stop();
 }
 
 TEST(Transport, BindingAnAddressInUseIsUnavailable) {

@@ -92,8 +92,8 @@ TEST(Shard, StepCompletesWithoutADeadWorkerAndAveragesOverThosePushed) {
 TEST(Shard, DuplicateOrWrongStepOrWrongLengthPushIsRefusedAndChangesNothing) {
   Shard s = Make();
   ASSERT_TRUE(AddPushBytes(s, 0, 0, Dense({1, 1, 1, 1})).ok());
-  EXPECT_EQ(AddPushBytes(s, 0, 0, Dense({5, 5, 5, 5})).code(),
-            absl::StatusCode::kFailedPrecondition);
+  // (A second push of a step: kAlreadyExists, acknowledged by the server and not applied.)
+  EXPECT_EQ(AddPushBytes(s, 0, 0, Dense({5, 5, 5, 5})).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(AddPushBytes(s, 1, 1, Dense({5, 5, 5, 5})).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(AddPushBytes(s, 1, 0, Dense({5, 5, 5})).code(), absl::StatusCode::kInvalidArgument);
@@ -128,7 +128,7 @@ TEST(Shard, AStragglersPushGoesIntoTheNextStepWithBackupWorkers) {
   EXPECT_EQ(s.params()[0], 3.0f);
   // Worker 2's push of step 0 comes late: taken into step 1, once.
   ASSERT_TRUE(push(2, 0, 4).ok());
-  EXPECT_EQ(push(2, 0, 4).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(push(2, 0, 4).code(), absl::StatusCode::kAlreadyExists);  // acknowledged, not added
   EXPECT_FALSE(s.CompleteStepIfReady(live, sum, 1));  // no push of step 1 yet: not a step
   ASSERT_TRUE(push(0, 1, 8).ok());
   EXPECT_FALSE(s.CompleteStepIfReady(live, sum, 1));  // two of three still missing
@@ -146,6 +146,38 @@ TEST(Shard, AStragglersPushGoesIntoTheNextStepWithBackupWorkers) {
   // Without backup workers a late push is refused, as before.
   EXPECT_EQ(AddPushBytes(s, 2, 2, Dense({1, 1, 1, 1})).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// A push sent again because its answer was lost with a connection (the worker cannot tell
+// whether it arrived) is applied once: the shard says kAlreadyExists (the server
+// acknowledges it), in its step, after its step completed, and as a late push.
+TEST(Shard, APushSentAgainIsAppliedOnce) {
+  for (int backup_workers : {0, 1}) {
+    SCOPED_TRACE(backup_workers);
+    Shard s = Make();
+    const OptimizerConfig sum = Kind(OptimizerKind::kSumOnly);
+    const std::set<int> live = {0, 1};
+    auto push = [&](int w, uint64_t step, float k) {
+      return AddPushBytes(s, w, step, Dense({k, k, k, k}), backup_workers);
+    };
+    ASSERT_TRUE(push(0, 0, 1).ok());
+    EXPECT_EQ(push(0, 0, 1).code(), absl::StatusCode::kAlreadyExists);  // in its step
+    ASSERT_TRUE(push(1, 0, 2).ok());
+    ASSERT_TRUE(s.CompleteStepIfReady(live, sum, backup_workers));
+    EXPECT_EQ(s.params()[0], 3.0f);
+    // After its step completed (with a backup worker it would otherwise be taken as late).
+    EXPECT_EQ(push(0, 0, 1).code(), absl::StatusCode::kAlreadyExists);
+    EXPECT_EQ(push(1, 0, 2).code(), absl::StatusCode::kAlreadyExists);
+    ASSERT_TRUE(push(0, 1, 4).ok());
+    ASSERT_TRUE(push(1, 1, 8).ok());
+    ASSERT_TRUE(s.CompleteStepIfReady(live, sum, backup_workers));
+    EXPECT_EQ(s.params()[0], 1 + 2 + 4 + 8.0f);
+    // Not a blanket answer: a worker that did not push a completed step is refused without
+    // backup workers (with one, its push is a straggler's, added late).
+    if (backup_workers == 0) {
+      EXPECT_EQ(push(2, 0, 16).code(), absl::StatusCode::kFailedPrecondition);
+    }
+  }
 }
 
 // The mean over every push the step holds, late ones included.
@@ -469,8 +501,8 @@ TEST(Shard, RestoredShardGoesOnAtTheWorkersStepAndDropsAPushOfAStepCompletedBefo
   // From the first completed step on, steps are checked again.
   EXPECT_EQ(AddPushBytes(s, 0, 12, Dense({1, 1, 1, 1})).code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(AddPushBytes(s, 0, 9, Dense({1, 1, 1, 1})).code(),
-            absl::StatusCode::kFailedPrecondition);
+  // (Worker 0's push of step 9 again: applied once already.)
+  EXPECT_EQ(AddPushBytes(s, 0, 9, Dense({1, 1, 1, 1})).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(s.version(), 10u);
 }
 
