@@ -695,6 +695,61 @@ TEST(Faults, APushInFlightToAServerKilledWithTheSchedulerIsSentAgainToItsNewProc
   EXPECT_TRUE((*w)->Stop().ok());
 }
 
+// The scheduler restarted twice: the second one waits for a worker that is stopped, and
+// holds the other nodes' re-registrations unanswered until it is killed too. Those requests
+// die with its connection; the nodes must register with the third scheduler, not wait for
+// answers to them until the grace period has passed and give up (found by
+// tests/faults/netns_faults.py, seed 1092: the third scheduler formed with nobody).
+TEST(Faults, NodesWhoseReRegistrationDiedWithASchedulerRegisterWithTheNextOne) {
+  const std::string dir = testing::MakeTempDir();
+  auto start_scheduler = [&](const std::string& port, const std::string& log) {
+    return std::make_unique<Process>(
+        ADAPS_SCHEDULER_BIN,
+        std::vector<std::string>{"--num_servers=1", "--num_workers=2", "--port=" + port,
+                                 "--port_file=" + dir + "/port", "--heartbeat_ms=100",
+                                 "--log_level=info"},
+        dir + "/" + log);
+  };
+  auto scheduler = start_scheduler("0", "sched-a.log");
+  const std::string port = WaitForPortFile(dir + "/port", kGenerous);
+  ASSERT_FALSE(port.empty());
+  const std::string address = "tcp://127.0.0.1:" + port;
+  Process server(ADAPS_SERVER_BIN,
+                 {"--scheduler=" + address, "--optimizer=sum", "--identity=s0",
+                  "--log_level=info"},
+                 dir + "/server.log");
+  Process stopped(::testing::internal::GetArgvs()[0],
+                  {"--gtest_also_run_disabled_tests",
+                   "--gtest_filter=FaultChild.DISABLED_PushOnesForever",
+                   "--child_scheduler=" + address, "--child_identity=w1"},
+                  dir + "/stopped.log");
+  std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
+  auto w = WorkerWithT(Options(address, "w0"), p);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok());
+  ASSERT_TRUE(stopped.WaitForLog(kFirstStepDone, kGenerous)) << stopped.Log();
+  stopped.Signal(SIGSTOP);
+  ASSERT_TRUE(stopped.WaitStopped(kGenerous));
+  scheduler->Kill();
+  std::remove((dir + "/port").c_str());
+  auto second = start_scheduler(port, "sched-b.log");
+  // The server and this worker are back with the second scheduler; it waits for the other.
+  ASSERT_TRUE(second->WaitForLog("Server 0 registered", kGenerous)) << second->Log();
+  ASSERT_TRUE(second->WaitForLog(absl::StrCat("Worker ", (*w)->rank(), " registered"), kGenerous))
+      << second->Log();
+  second->Kill();
+  std::remove((dir + "/port").c_str());
+  auto third = start_scheduler(port, "sched-c.log");
+  stopped.Signal(SIGCONT);
+  // Every node registers with the third one (the old code: only the stopped worker did; the
+  // others waited on their requests to the second until the 60 s grace ran out, and quit).
+  EXPECT_TRUE(third->WaitForLog("cluster complete", kGenerous))
+      << third->Log() << server.Log();
+  EXPECT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok());
+  EXPECT_TRUE((*w)->Stop().ok());
+  stopped.Kill();
+}
+
 // A restarted scheduler re-forms the job only when every node it had is back. A worker killed
 // with the scheduler never comes back: the restarted one must not wait for it forever. After
 // --reform_timeout_ms (short here: only this failing side has a short deadline) it stops the
