@@ -46,6 +46,25 @@ TEST(Roster, FreshNodesGetTheLowestFreeRanksAndTheJobFormsWhenEveryOneIsIn) {
   EXPECT_THAT(extra.refusal.message(), HasSubstr("already have 2 Servers"));
 }
 
+// A node whose connection closed before the job formed registers again on its new one, with
+// the same routing id (transport.cc): the scheduler answers that Register for the node it
+// has (scheduler.cc), found here, and admits no second node.
+TEST(Roster, ANodeRegisteringAgainOnItsConnectionBeforeTheJobFormsIsFound) {
+  Roster roster(1, 2, 0, kDead);
+  ASSERT_EQ(roster.Admit(Fresh(msg::Role::Worker, "w"), -1, 0).outcome, Outcome::kAdded);
+  const Roster::Node* again = roster.RegisteredBeforeForming(msg::Role::Worker, "w");
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->rank, 0);
+  EXPECT_EQ(roster.RegisteredBeforeForming(msg::Role::Worker, "other"), nullptr);
+  EXPECT_EQ(roster.RegisteredBeforeForming(msg::Role::Server, "w"), nullptr);
+  ASSERT_EQ(roster.Admit(Fresh(msg::Role::Worker, "v"), -1, 0).outcome, Outcome::kAdded);
+  ASSERT_EQ(roster.Admit(Fresh(msg::Role::Server, "s"), -1, 0).outcome, Outcome::kAdded);
+  ASSERT_TRUE(roster.complete());
+  roster.Form(absl::Now());
+  // Formed: a Register is a join or a rejoin, decided by the rules below.
+  EXPECT_EQ(roster.RegisteredBeforeForming(msg::Role::Worker, "w"), nullptr);
+}
+
 TEST(Roster, ARankClaimedAfterASchedulerRestartWinsOverAFreshNodesProvisionalOne) {
   Roster roster(2, 1, 0, kDead);
   ASSERT_EQ(roster.Admit(Fresh(msg::Role::Server, "fresh"), -1, 0).node->rank, 0);
