@@ -13,8 +13,10 @@ absl::Status WorkerOptions::LoadCurveKeys(const std::string& server_key_file,
   // connection failed only after start-up, with "cannot connect ...: Invalid argument".
   if (!server_key_file.empty() && client_key_file.empty()) {
     return absl::InvalidArgumentError(
-        "--curve_server_key needs --curve_client_key: this worker's key pair (adaps-keygen), "
-        "its .pub listed in the cluster's --curve_allowed_clients");
+        "a CURVE server key (--curve_server_key, curve_server_key=, ADAPS_CURVE_SERVER_KEY) "
+        "needs this worker's key pair too (--curve_client_key, curve_client_key=, "
+        "ADAPS_CURVE_CLIENT_KEY): made by adaps-keygen, its .pub listed in the cluster's "
+        "--curve_allowed_clients");
   }
   ADAPS_ASSIGN_OR_RETURN(CurveKeys keys, adaps::LoadCurveKeys(server_key_file, client_key_file,
                                                                "", /*serving=*/false));

@@ -551,7 +551,7 @@ def test_curve_keys_encrypt_a_python_worker_as_the_executables_flags_do(cluster,
         with pytest.raises(adaps.Error) as e:
             adaps.Worker(c.address, register_timeout=2, **kwargs)
         assert e.value.code in (adaps.UNAVAILABLE, adaps.DEADLINE_EXCEEDED)
-    with pytest.raises(adaps.Error, match="needs --curve_client_key") as e:
+    with pytest.raises(adaps.Error, match="needs this worker.s key pair too") as e:
         adaps.Worker(c.address, curve_server_key=server_pub)
     assert e.value.code == adaps.INVALID_ARGUMENT
     with pytest.raises(adaps.Error, match="nope.key"):
