@@ -15,7 +15,7 @@
 #     refused (exit 1, no cluster view); server0's process is killed (SIGKILL, a crash:
 #     docker's restart policy applies) mid-training, after a checkpoint of the model; the
 #     container restarts, restores the checkpoint and the job still ends with every
-#     container exiting 0.
+#     container exiting 0, none but server0 restarted.
 # Each run is its own compose project (adaps-test-<time>-<pid>-<run>), taken down with its
 # volumes (`down -v`) whatever happens. Every wait has a deadline.
 #   tests/deploy/docker_test.sh
@@ -305,6 +305,9 @@ for s in scheduler server0 server1 worker0 worker1 worker2 worker3; do
 done
 say "run 2 ended in ${t_run2}s; service:exit:restarts $exits"
 [[ $exits == *"server0:0:"[1-9]* ]] || { dump "$p2"; fail "run 2: server0 was not restarted"; }
+# A crashed server costs its own restart, not the job's: nothing else restarted.
+others=$(tr ' ' '\n' <<<"$exits" | grep -v '^server0:' | grep -v ':0$' | tr '\n' ' ')
+[[ -z ${others// /} ]] || { dump "$p2"; fail "run 2: restarted besides server0: $others"; }
 logged "$p2" server0 "restored [0-9]+ slices from|restored at step" ||
   { dump "$p2"; fail "run 2: the restarted server0 did not restore its checkpoint"; }
 final=$(final_line "$p2")
