@@ -256,6 +256,14 @@ services:
   server1:
     environment:
       ADAPS_CHECKPOINT_INTERVAL_S: "1"
+  worker0:
+    environment: {ADAPS_EPOCHS: "12"}
+  worker1:
+    environment: {ADAPS_EPOCHS: "12"}
+  worker2:
+    environment: {ADAPS_EPOCHS: "12"}
+  worker3:
+    environment: {ADAPS_EPOCHS: "12"}
 EOF
 t=$(date +%s)
 p2=$project-2
@@ -269,7 +277,9 @@ timeout 300 docker run --rm --network "$net" -e ADAPS_ROLE=worker -e ADAPS_SCHED
   -e ADAPS_REGISTER_TIMEOUT_MS=5000 "$image" >"$work/plaintext.log" 2>&1 &
 plaintext=$!
 # Training has started (every tensor declared) once a worker reports a step; a checkpoint
-# after that holds server0's whole shard. The job takes a minute or more: no race with its end.
+# after that holds server0's whole shard. 12 epochs instead of the recipe's 3: the job must
+# outlast this polling, and at load 18 `docker logs` polled slower than 3 epochs trained
+# (the job ended, 23 s, before a checkpoint after its first step was seen).
 deadline=$(( $(date +%s) + 300 ))
 until logged "$p2" worker0 "step [0-9]+/[0-9]+ " || logged "$p2" worker1 "step [0-9]+/[0-9]+ " ||
       logged "$p2" worker2 "step [0-9]+/[0-9]+ " || logged "$p2" worker3 "step [0-9]+/[0-9]+ "; do
@@ -279,6 +289,9 @@ done
 before=$(logs "$p2" server0 | grep -cE "checkpoint of [1-9][0-9]* slices written")
 deadline=$(( $(date +%s) + 60 ))
 until [[ $(logs "$p2" server0 | grep -cE "checkpoint of [1-9][0-9]* slices written") -gt $before ]]; do
+  if logged "$p2" server0 "the cluster shut down"; then
+    dump "$p2"; fail "run 2: the job ended before a checkpoint after its first step was seen"
+  fi
   [[ $(date +%s) -lt $deadline ]] || { dump "$p2"; fail "run 2: server0 wrote no checkpoint within 60 s of training"; }
   sleep 0.5
 done
