@@ -123,7 +123,7 @@ absl::StatusOr<InMessage> ClusterClient::Register(std::function<absl::Status()> 
            on_registered = std::move(on_registered)] {
     const uint64_t id = transport_.NewRequestId();
     transport_.Request(
-        peer, id, RegisterMessage(id, /*rank=*/-1, /*epoch=*/0), register_deadline,
+        peer, id, RegisterMessage(id, options_.claim_rank, /*epoch=*/0), register_deadline,
         [this, promise, register_deadline, again = weak_send.lock(),
          on_registered](absl::StatusOr<InMessage> reply) {
           if (IsConnectionLost(reply.status()) && absl::Now() < register_deadline && again) {

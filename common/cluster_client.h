@@ -44,6 +44,10 @@ struct ClusterClientOptions {
   std::string address;    // servers: the address workers use; workers: empty
   std::string identity;   // optional stable identity (a restarted node keeps its rank)
   std::string optimizer;  // servers: their --optimizer, sent in Register; workers: empty
+  // Servers: the rank this node had before it restarted (server/checkpoint.h RankFilePath),
+  // claimed in the first Register, so that a scheduler restarted meanwhile gives it back;
+  // -1: none.
+  int claim_rank = -1;
   absl::Duration register_timeout = absl::Seconds(60);
   // How long the node keeps going without hearing from the scheduler (re-registering
   // meanwhile) before the shutdown callback runs with kUnavailable.
@@ -117,8 +121,8 @@ class ClusterClient {
   void OnView(const msg::ClusterView& view);
   void Heartbeat();
   void Reregister();
-  // A Register request: a first registration (rank -1, epoch 0) or a re-registration that
-  // claims the rank and last epoch this node had.
+  // A Register request: a first registration (options_.claim_rank, epoch 0) or a
+  // re-registration that claims the rank and last epoch this node had.
   OutMessage RegisterMessage(uint64_t request_id, int rank, uint32_t epoch);
   void Finish(const absl::Status& status);
 

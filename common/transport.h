@@ -273,6 +273,7 @@ class Transport {
   std::vector<std::unique_ptr<zmq::socket_t>> dealers_;
   // monitors_[p]: the PAIR socket receiving dealers_[p]'s disconnect events.
   std::vector<std::unique_ptr<zmq::socket_t>> monitors_;
+  std::vector<char> flush_peers_;  // FlushOutbox: the peers it has something for
   std::deque<Outgoing> outbox_;
   std::map<uint64_t, Pending> pending_;
   TransportStats local_stats_;

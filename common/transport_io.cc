@@ -14,18 +14,37 @@
 
 namespace adaps {
 
+using transport_internal::FromZmq;
+using transport_internal::kMaxReadsPerWake;
+using transport_internal::ZeroCopy;
+
 namespace {
+
 constexpr char kConnectionLostPayload[] = "adaps.dev/transport/connection-lost";
+
+// Reads the messages waiting on `socket` without blocking (at most kMaxReadsPerWake, so that
+// one busy socket does not starve the others) and hands each one's frames to `handle`.
+template <typename Handle>
+void ReadWaiting(zmq::socket_t& socket, Handle&& handle) {
+  for (size_t i = 0; i < kMaxReadsPerWake; ++i) {
+    std::vector<zmq::message_t> frames;
+    std::optional<size_t> got;
+    try {
+      got = zmq::recv_multipart(socket, std::back_inserter(frames), zmq::recv_flags::dontwait);
+    } catch (const zmq::error_t&) {
+      return;
+    }
+    if (!got) return;
+    handle(frames);
+  }
+}
+
 }  // namespace
 
 bool IsConnectionLost(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable &&
          status.GetPayload(kConnectionLostPayload).has_value();
 }
-
-using transport_internal::FromZmq;
-using transport_internal::kMaxReadsPerWake;
-using transport_internal::ZeroCopy;
 
 bool Transport::TrySend(Outgoing& out) {
   zmq::socket_t* socket = nullptr;
@@ -73,8 +92,15 @@ bool Transport::TrySend(Outgoing& out) {
 void Transport::FlushOutbox() {
   if (outbox_.empty()) return;
   // A connection that closed is accounted for before anything is handed to its successor
-  // (else a request sent on the new connection would be failed for the old one's close).
-  for (size_t p = 0; p < monitors_.size(); ++p) ReadMonitor(static_cast<int>(p));
+  // (else a request sent on the new connection would be failed for the old one's close):
+  // the monitors of the peers with something to send are read first.
+  flush_peers_.assign(monitors_.size(), 0);
+  for (const Outgoing& o : outbox_) {
+    if (o.peer >= 0 && static_cast<size_t>(o.peer) < flush_peers_.size()) flush_peers_[o.peer] = 1;
+  }
+  for (size_t p = 0; p < flush_peers_.size(); ++p) {
+    if (flush_peers_[p]) ReadMonitor(static_cast<int>(p));
+  }
   const absl::Time now = absl::Now();
   for (auto it = outbox_.begin(); it != outbox_.end();) {
     if (TrySend(*it)) {
@@ -201,57 +227,31 @@ void Transport::Dispatch(std::vector<zmq::message_t>& frames, size_t first, std:
 }
 
 void Transport::ReadRouter() {
-  for (size_t i = 0; i < kMaxReadsPerWake; ++i) {
-    std::vector<zmq::message_t> frames;
-    std::optional<size_t> got;
-    try {
-      got = zmq::recv_multipart(*router_, std::back_inserter(frames), zmq::recv_flags::dontwait);
-    } catch (const zmq::error_t&) {
-      return;
-    }
-    if (!got) return;
+  ReadWaiting(*router_, [this](std::vector<zmq::message_t>& frames) {
     if (frames.size() < 2) {
       ++local_stats_.dropped_invalid;
-      continue;
+      return;
     }
     std::string route = frames[0].to_string();
     Dispatch(frames, 1, std::move(route), -1);
-  }
+  });
 }
 
 void Transport::ReadDealer(int peer) {
-  for (size_t i = 0; i < kMaxReadsPerWake; ++i) {
-    std::vector<zmq::message_t> frames;
-    std::optional<size_t> got;
-    try {
-      got = zmq::recv_multipart(*dealers_[peer], std::back_inserter(frames),
-                                zmq::recv_flags::dontwait);
-    } catch (const zmq::error_t&) {
-      return;
-    }
-    if (!got) return;
+  ReadWaiting(*dealers_[peer], [this, peer](std::vector<zmq::message_t>& frames) {
     Dispatch(frames, 0, std::string(), peer);
-  }
+  });
 }
 
 void Transport::ReadMonitor(int peer) {
-  for (size_t i = 0; i < kMaxReadsPerWake; ++i) {
-    std::vector<zmq::message_t> frames;
-    std::optional<size_t> got;
-    try {
-      got = zmq::recv_multipart(*monitors_[peer], std::back_inserter(frames),
-                                zmq::recv_flags::dontwait);
-    } catch (const zmq::error_t&) {
-      return;
-    }
-    if (!got) return;
+  ReadWaiting(*monitors_[peer], [this, peer](std::vector<zmq::message_t>& frames) {
     // Frame 0: the event (16 bits) and its value (32 bits); frame 1: the endpoint.
     uint16_t event = 0;
     if (!frames.empty() && frames[0].size() >= sizeof(event)) {
       std::memcpy(&event, frames[0].data(), sizeof(event));
     }
     if (event == ZMQ_EVENT_DISCONNECTED) ConnectionLost(peer);
-  }
+  });
 }
 
 void Transport::ConnectionLost(int peer) {

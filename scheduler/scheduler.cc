@@ -139,7 +139,10 @@ void Scheduler::OnRegister(InMessage& in) {
     return Reject(in, st, metric_labels::kReasonInvalid);
   }
   max_seen_epoch_ = std::max(max_seen_epoch_, reg->epoch());
-  if (reg->rank() >= 0 || reg->epoch() > 0) roster_.NoteReformingNode(absl::Now());
+  // A node that had a view from an earlier scheduler re-forms the job. A first registration
+  // that claims a rank (a server restarted from its checkpoint directory) is a fresh process:
+  // the job may be new (the file is of an earlier one), so it starts no reform deadline.
+  if (reg->epoch() > 0) roster_.NoteReformingNode(absl::Now());
   Node fresh;
   fresh.role = reg->role();
   fresh.address = address;

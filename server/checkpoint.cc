@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -84,6 +85,29 @@ void RemoveStepCheckpointsAfter(const std::string& dir, const std::string& name,
     std::remove(path.c_str());
     std::remove((path + ".prev").c_str());
   }
+}
+
+std::string RankFilePath(const std::string& dir, const std::string& identity) {
+  return absl::StrCat(dir, "/server-", identity, ".rank");
+}
+
+absl::StatusOr<int> ReadRankFile(const std::string& dir, const std::string& identity) {
+  const std::string path = RankFilePath(dir, identity);
+  absl::StatusOr<std::vector<uint8_t>> bytes = ReadFileBytes(path);
+  if (absl::IsNotFound(bytes.status())) return -1;
+  if (!bytes.ok()) return bytes.status();
+  const std::string text(bytes->begin(), bytes->end());
+  int rank = -1;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &rank) || rank < 0) {
+    return absl::DataLossError(absl::StrCat("rank file ", path, " does not hold a rank"));
+  }
+  return rank;
+}
+
+absl::Status WriteRankFile(const std::string& dir, const std::string& identity, int rank) {
+  const std::string text = absl::StrCat(rank, "\n");
+  return ReplaceFileDurably(RankFilePath(dir, identity),
+                            std::vector<uint8_t>(text.begin(), text.end()));
 }
 
 void PruneStepCheckpoints(const std::string& dir, const std::string& name, size_t keep,

@@ -108,6 +108,17 @@ void PruneStepCheckpoints(const std::string& dir, const std::string& name, size_
 void RemoveStepCheckpointsAfter(const std::string& dir, const std::string& name, uint64_t step);
 // The step every server restores from: LatestCommonStep (common/step_checkpoint.h).
 
+// A server with --identity remembers its rank in dir/server-<identity>.rank (written once the
+// scheduler told it the rank, read when it starts). A server restarted while the scheduler is
+// down too claims that rank in its first Register, so the restarted scheduler gives it the
+// rank whose checkpoint its directory holds, not whichever rank is free first (two servers
+// restarted together would otherwise swap ranks and find no checkpoint of their new one).
+std::string RankFilePath(const std::string& dir, const std::string& identity);
+// The rank in that file: -1 when there is none; kDataLoss when it holds anything else.
+absl::StatusOr<int> ReadRankFile(const std::string& dir, const std::string& identity);
+// Writes it durably (kInternal naming the file and errno on failure).
+absl::Status WriteRankFile(const std::string& dir, const std::string& identity, int rank);
+
 }  // namespace adaps
 
 #endif  // ADAPS_SERVER_CHECKPOINT_H_

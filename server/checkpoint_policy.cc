@@ -30,6 +30,26 @@ std::string CheckpointPolicy::StepName() const {
   return options_.identity.empty() ? absl::StrCat(rank_()) : options_.identity;
 }
 
+int CheckpointPolicy::RememberedRank() const {
+  if (!enabled() || options_.identity.empty()) return -1;
+  absl::StatusOr<int> rank = ReadRankFile(options_.dir, options_.identity);
+  if (!rank.ok()) {
+    log_.get()->warn("{}; registering without claiming a rank", rank.status().ToString());
+    return -1;
+  }
+  if (*rank >= 0) log_.get()->info("claiming rank {}, which this server had before", *rank);
+  return *rank;
+}
+
+void CheckpointPolicy::RememberRank(int rank) {
+  if (!enabled() || options_.identity.empty() || rank < 0) return;
+  absl::StatusOr<int> had = ReadRankFile(options_.dir, options_.identity);
+  if (had.ok() && *had == rank) return;
+  if (absl::Status st = WriteRankFile(options_.dir, options_.identity, rank); !st.ok()) {
+    log_.get()->error("cannot remember rank {} for a restart: {}", rank, st.ToString());
+  }
+}
+
 std::vector<uint64_t> CheckpointPolicy::StepCheckpoints() const {
   absl::MutexLock lock(&steps_mu_);
   return step_checkpoints_;

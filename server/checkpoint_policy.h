@@ -88,6 +88,13 @@ class CheckpointPolicy {
   // The hyperparameters set at run time, carried by every later checkpoint.
   void SetHyper(HyperValues hyper) { writer_.SetHyper(std::move(hyper)); }
 
+  // The rank this server had before it restarted (RankFilePath: with --identity and a
+  // checkpoint directory), claimed in its first Register; -1 when it has none (a damaged
+  // file is logged and ignored: the scheduler then picks a rank as for a fresh server).
+  int RememberedRank() const;
+  // Remembers `rank` for the next start (a failure is logged: the server goes on).
+  void RememberRank(int rank);
+
   // The step checkpoints on disk (Register and heartbeats report them). Any thread.
   std::vector<uint64_t> StepCheckpoints() const;
   // The scheduler's latest step every server has (from heartbeats), never pruned. Any thread.

@@ -85,6 +85,7 @@ Server::Server(ServerConfig config, std::shared_ptr<TransportContext> context, M
   checkpoints_ = std::make_unique<CheckpointPolicy>(
       std::move(popts), [this] { return transport_->rank(); }, log_, metrics_.get(),
       [this](std::shared_ptr<CheckpointJob> job) { engine_->Snapshot(std::move(job)); });
+  copts.claim_rank = checkpoints_->RememberedRank();
   if (checkpoints_->step_checkpoints()) {
     copts.checkpoint_steps = [this] { return checkpoints_->StepCheckpoints(); };
     copts.on_common_step = [this](uint64_t step) { checkpoints_->SetCommonStep(step); };
@@ -141,6 +142,7 @@ absl::Status Server::Start() {
     auto install = [this](std::vector<SliceRecord> records, const HyperValues& hyper) {
       return InstallSlices(std::move(records), hyper);
     };
+    checkpoints_->RememberRank(transport_->rank());
     ADAPS_RETURN_IF_ERROR(checkpoints_->RestoreAtStart(job_id_, restore_step_, install));
     serving_ = true;
     return absl::OkStatus();

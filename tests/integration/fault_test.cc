@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "adaps/worker.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -55,6 +56,19 @@ absl::StatusOr<std::unique_ptr<Worker>> WorkerWithT(const WorkerOptions& options
   absl::Status declared = (*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p));
   if (!declared.ok()) return declared;
   return w;
+}
+
+// A scheduler for `servers` servers and `workers` workers on `port` ("0": any free one, which
+// it writes to dir/port), heartbeats every 100 ms, logging to dir/`log`, with `extra` flags.
+std::unique_ptr<Process> StartScheduler(const std::string& dir, const std::string& port,
+                                        const std::string& log, int servers, int workers,
+                                        const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {absl::StrCat("--num_servers=", servers),
+                                   absl::StrCat("--num_workers=", workers), "--port=" + port,
+                                   "--port_file=" + dir + "/port", "--heartbeat_ms=100",
+                                   "--log_level=info"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return std::make_unique<Process>(ADAPS_SCHEDULER_BIN, args, dir + "/" + log);
 }
 
 // What FaultChild prints once its first step completed.
@@ -594,11 +608,7 @@ TEST(Faults, ServerRestartedAtTheSameAddressIsResumedToo) {
 TEST(Faults, TrainingGoesOnWhileTheSchedulerIsDownAndARestartedOneTakesNodesBack) {
   const std::string dir = testing::MakeTempDir();
   auto start_scheduler = [&](const std::string& port, const std::string& log) {
-    return std::make_unique<Process>(
-        ADAPS_SCHEDULER_BIN,
-        std::vector<std::string>{"--num_servers=1", "--num_workers=2", "--port=" + port, "--port_file=" + dir + "/port",
-         "--heartbeat_ms=100", "--dead_timeout_ms=3000", "--log_level=info"},
-        dir + "/" + log);
+    return StartScheduler(dir, port, log, 1, 2, {"--dead_timeout_ms=3000"});
   };
   auto scheduler = start_scheduler("0", "sched-a.log");
   const std::string port = WaitForPortFile(dir + "/port", kGenerous);
@@ -646,12 +656,7 @@ TEST(Faults, TrainingGoesOnWhileTheSchedulerIsDownAndARestartedOneTakesNodesBack
 TEST(Faults, APushInFlightToAServerKilledWithTheSchedulerIsSentAgainToItsNewProcess) {
   const std::string dir = testing::MakeTempDir();
   auto start_scheduler = [&](const std::string& port, const std::string& log) {
-    return std::make_unique<Process>(
-        ADAPS_SCHEDULER_BIN,
-        std::vector<std::string>{"--num_servers=1", "--num_workers=1", "--port=" + port,
-                                 "--port_file=" + dir + "/port", "--heartbeat_ms=100",
-                                 "--job_id=inflight", "--log_level=info"},
-        dir + "/" + log);
+    return StartScheduler(dir, port, log, 1, 1, {"--job_id=inflight"});
   };
   auto scheduler = start_scheduler("0", "sched-a.log");
   const std::string port = WaitForPortFile(dir + "/port", kGenerous);
@@ -695,6 +700,80 @@ TEST(Faults, APushInFlightToAServerKilledWithTheSchedulerIsSentAgainToItsNewProc
   EXPECT_TRUE((*w)->Stop().ok());
 }
 
+// Both servers killed while the scheduler is down (the fault harness's seeds 2154, 2211 and
+// 2216): the restarted scheduler must give each restarted server the rank whose checkpoint
+// its directory holds. The old code gave ranks in the order the servers came back: the one
+// that had rank 1, back first, got rank 0; neither found a checkpoint of its new rank, and the
+// worker's next step failed ("pull of undeclared slice ...: the slice's parameters are lost").
+TEST(Faults, ServersRestartedWithTheSchedulerGetTheRanksOfTheirCheckpointsBack) {
+  const std::string dir = testing::MakeTempDir();
+  // --split_threshold: tensor "t" is two slices, one on each server.
+  const std::vector<std::string> flags = {"--job_id=swap", "--split_threshold=250"};
+  auto scheduler = StartScheduler(dir, "0", "sched-a.log", 2, 1, flags);
+  const std::string port = WaitForPortFile(dir + "/port", kGenerous);
+  ASSERT_FALSE(port.empty());
+  const std::string address = "tcp://127.0.0.1:" + port;
+  std::vector<std::vector<std::string>> args(2);
+  std::vector<std::unique_ptr<Process>> servers(2);
+  for (int s = 0; s < 2; ++s) {
+    const std::string ckpt = absl::StrCat(dir, "/ckpt-s", s);
+    ASSERT_EQ(::mkdir(ckpt.c_str(), 0755), 0);
+    args[s] = {"--scheduler=" + address, "--optimizer=sum", absl::StrCat("--identity=s", s),
+               "--checkpoint_dir=" + ckpt, "--checkpoint_interval_s=0.2", "--log_level=info"};
+    std::vector<std::string> first = args[s];
+    first.push_back(absl::StrCat("--port_file=", dir, "/server", s, ".port"));
+    servers[s] = std::make_unique<Process>(ADAPS_SERVER_BIN, first,
+                                           absl::StrCat(dir, "/server", s, "-a.log"));
+  }
+  WorkerOptions options = Options(address, "w0");
+  options.request_timeout = absl::Minutes(3);
+  std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
+  auto w = WorkerWithT(options, p);
+  ASSERT_TRUE(w.ok()) << w.status();
+  for (int s = 0; s < 3; ++s) ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok());
+  ASSERT_EQ((*w)->Slices("t")->size(), 2u);
+  // Which process has rank 1 (they registered in either order), and each one's port.
+  int second_rank = -1;
+  std::vector<std::string> ports(2);
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_TRUE(servers[s]->WaitForLog("checkpoint of 1 slices", kGenerous)) << servers[s]->Log();
+    if (servers[s]->Log().find("registered as server 1 ") != std::string::npos) second_rank = s;
+    ports[s] = WaitForPortFile(absl::StrCat(dir, "/server", s, ".port"), kGenerous);
+    ASSERT_FALSE(ports[s].empty());
+  }
+  ASSERT_GE(second_rank, 0) << servers[0]->Log() << servers[1]->Log();
+  scheduler->Kill();
+  servers[0]->Kill();
+  servers[1]->Kill();
+  std::remove((dir + "/port").c_str());
+  auto restarted_scheduler = StartScheduler(dir, port, "sched-b.log", 2, 1, flags);
+  // The server that had rank 1 comes back first, the other once the scheduler took it in.
+  std::vector<std::unique_ptr<Process>> restarted(2);
+  for (int s : {second_rank, 1 - second_rank}) {
+    std::vector<std::string> again = args[s];
+    again.push_back("--port=" + ports[s]);
+    restarted[s] = std::make_unique<Process>(ADAPS_SERVER_BIN, again,
+                                             absl::StrCat(dir, "/server", s, "-b.log"));
+    ASSERT_TRUE(restarted_scheduler->WaitForLog("registered at tcp://127.0.0.1:" + ports[s],
+                                                kGenerous))
+        << restarted_scheduler->Log();
+  }
+  const absl::Status st = (*w)->PushPull("t", g, absl::MakeSpan(p)).get();
+  EXPECT_TRUE(st.ok()) << st << "\n" << restarted[0]->Log() << restarted[1]->Log()
+                       << restarted_scheduler->Log();
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_THAT(restarted[s]->Log(), HasSubstr("restored 1 slices")) << "server process " << s;
+    EXPECT_THAT(restarted[s]->Log(), HasSubstr(absl::StrCat(
+                                         "registered as server ", s == second_rank ? 1 : 0, " ")));
+  }
+  // Each slice went back to its checkpoint (1 to 3 pushes) and took this step once.
+  for (size_t k = 0; k < kLen; ++k) {
+    ASSERT_GE(p[k], 2.0f) << k;
+    ASSERT_LE(p[k], 4.0f) << k;
+  }
+  EXPECT_TRUE((*w)->Stop().ok());
+}
+
 // The scheduler restarted twice: the second one waits for a worker that is stopped, and
 // holds the other nodes' re-registrations unanswered until it is killed too. Those requests
 // die with its connection; the nodes must register with the third scheduler, not wait for
@@ -703,12 +782,7 @@ TEST(Faults, APushInFlightToAServerKilledWithTheSchedulerIsSentAgainToItsNewProc
 TEST(Faults, NodesWhoseReRegistrationDiedWithASchedulerRegisterWithTheNextOne) {
   const std::string dir = testing::MakeTempDir();
   auto start_scheduler = [&](const std::string& port, const std::string& log) {
-    return std::make_unique<Process>(
-        ADAPS_SCHEDULER_BIN,
-        std::vector<std::string>{"--num_servers=1", "--num_workers=2", "--port=" + port,
-                                 "--port_file=" + dir + "/port", "--heartbeat_ms=100",
-                                 "--log_level=info"},
-        dir + "/" + log);
+    return StartScheduler(dir, port, log, 1, 2);
   };
   auto scheduler = start_scheduler("0", "sched-a.log");
   const std::string port = WaitForPortFile(dir + "/port", kGenerous);
@@ -758,11 +832,7 @@ TEST(Faults, ARestartedSchedulerWhoseWorkerNeverComesBackStopsTheJobNamingIt) {
   const std::string dir = testing::MakeTempDir();
   auto start_scheduler = [&](const std::string& port, const std::string& log,
                              std::vector<std::string> extra) {
-    std::vector<std::string> args = {"--num_servers=1", "--num_workers=2", "--port=" + port,
-                                     "--port_file=" + dir + "/port", "--heartbeat_ms=100",
-                                     "--log_level=info"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    return std::make_unique<Process>(ADAPS_SCHEDULER_BIN, args, dir + "/" + log);
+    return StartScheduler(dir, port, log, 1, 2, extra);
   };
   auto scheduler = start_scheduler("0", "sched-a.log", {});
   const std::string port = WaitForPortFile(dir + "/port", kGenerous);

@@ -46,6 +46,28 @@ TEST(StepCheckpoint, FilesAreListedByStepForTheirServerOnly) {
   std::filesystem::remove_all(dir);
 }
 
+// The rank a server with --identity had, for its next start (it claims it in Register).
+TEST(StepCheckpoint, AServersRankFileGivesItsRankBackAndRefusesAnythingElse) {
+  const std::string dir = TempDir();
+  EXPECT_EQ(RankFilePath(dir, "s1"), dir + "/server-s1.rank");
+  absl::StatusOr<int> none = ReadRankFile(dir, "s1");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, -1);
+  ASSERT_TRUE(WriteRankFile(dir, "s1", 3).ok());
+  ASSERT_TRUE(WriteRankFile(dir, "s0", 0).ok());
+  EXPECT_EQ(ReadRankFile(dir, "s1").value_or(-2), 3);
+  EXPECT_EQ(ReadRankFile(dir, "s0").value_or(-2), 0);
+  ASSERT_TRUE(WriteRankFile(dir, "s1", 1).ok());  // replaced
+  EXPECT_EQ(ReadRankFile(dir, "s1").value_or(-2), 1);
+  for (const char* junk : {"", "x", "-1", "1x", "99999999999"}) {
+    std::ofstream(RankFilePath(dir, "s1")) << junk;
+    absl::StatusOr<int> bad = ReadRankFile(dir, "s1");
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << junk;
+  }
+  EXPECT_FALSE(WriteRankFile(dir + "/missing", "s1", 0).ok());
+  std::filesystem::remove_all(dir);
+}
+
 TEST(StepCheckpoint, PruningKeepsTheNewestAndTheCommonStep) {
   const std::string dir = TempDir();
   for (uint64_t s : {10, 20, 30, 40, 50}) Touch(StepCheckpointPath(dir, "s0", s));
