@@ -187,7 +187,7 @@ absl::StatusOr<int> Transport::Connect(const std::string& endpoint) {
       const std::string monitor_endpoint = absl::StrCat(
           "inproc://adaps-monitor-", reinterpret_cast<uintptr_t>(this), "-", monitors.fetch_add(1));
       if (zmq_socket_monitor(socket->handle(), monitor_endpoint.c_str(),
-                             ZMQ_EVENT_DISCONNECTED) != 0) {
+                             ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECTED) != 0) {
         throw zmq::error_t();
       }
       auto monitor = std::make_unique<zmq::socket_t>(context_->get(), zmq::socket_type::pair);
@@ -196,6 +196,7 @@ absl::StatusOr<int> Transport::Connect(const std::string& endpoint) {
       socket->connect(endpoint);
       dealers_.push_back(std::move(socket));
       monitors_.push_back(std::move(monitor));
+      reconnecting_.push_back(0);
       return static_cast<int>(dealers_.size()) - 1;
     } catch (const zmq::error_t& e) {
       return FromZmq(e, absl::StrCat("cannot connect to '", endpoint, "'"));

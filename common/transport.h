@@ -273,6 +273,10 @@ class Transport {
   std::vector<std::unique_ptr<zmq::socket_t>> dealers_;
   // monitors_[p]: the PAIR socket receiving dealers_[p]'s disconnect events.
   std::vector<std::unique_ptr<zmq::socket_t>> monitors_;
+  // reconnecting_[p]: dealers_[p]'s connection closed and no new one is up yet. Nothing is
+  // sent to p meanwhile: ZeroMQ reports the close before the DEALER drops the closed
+  // connection's pipe, and a message sent in between goes into that pipe and is lost.
+  std::vector<char> reconnecting_;
   std::vector<char> flush_peers_;  // FlushOutbox: the peers it has something for
   std::deque<Outgoing> outbox_;
   std::map<uint64_t, Pending> pending_;

@@ -55,6 +55,7 @@ bool Transport::TrySend(Outgoing& out) {
       }
       return true;
     }
+    if (reconnecting_[out.peer]) return false;  // kept in the outbox until it is up
     socket = dealers_[out.peer].get();
   } else {
     socket = router_.get();
@@ -250,7 +251,14 @@ void Transport::ReadMonitor(int peer) {
     if (!frames.empty() && frames[0].size() >= sizeof(event)) {
       std::memcpy(&event, frames[0].data(), sizeof(event));
     }
-    if (event == ZMQ_EVENT_DISCONNECTED) ConnectionLost(peer);
+    if (event == ZMQ_EVENT_DISCONNECTED) {
+      reconnecting_[peer] = 1;  // before the callers of the lost requests ask again
+      ConnectionLost(peer);
+    } else if (event == ZMQ_EVENT_CONNECTED) {
+      // A new TCP connection, at least reconnect_ivl after the close: by now the DEALER
+      // has the old pipe's termination, which it handles before it takes any send.
+      reconnecting_[peer] = 0;
+    }
   });
 }
 
@@ -357,6 +365,7 @@ void Transport::Run() {
   router_.reset();
   for (auto& d : dealers_) zmq_socket_monitor(d->handle(), nullptr, 0);
   monitors_.clear();
+  reconnecting_.clear();
   dealers_.clear();
   io_thread_id_.store(std::thread::id());
 }
