@@ -58,6 +58,16 @@ TEST(Transport, RequestToAbsentPeerIsUnavailableWithinItsDeadline) {
   t.Stop();
 }
 
+// Starts `t` on an address a closed transport had: its port can stay taken for a moment.
+absl::Status StartOnReusedAddress(Transport& t) {
+  absl::Status bound = t.Start();
+  for (int i = 0; i < 100 && !bound.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    bound = t.Start();
+  }
+  return bound;
+}
+
 // A request handed to a connection that then closes (its peer's process died; a new one
 // took the address) is lost with it: ZeroMQ does not send it again. It must fail at once
 // with kUnavailable (the caller asks again), not wait its whole deadline; and the peer's
@@ -101,12 +111,7 @@ TEST(Transport, ARequestLostWithItsConnectionIsUnavailableAtOnce) {
                                          in.envelope()->request_id()));
   });
   second_ptr = &second;
-  // The old process's port can stay taken for a moment after its socket closed.
-  absl::Status bound = second.Start();
-  for (int i = 0; i < 100 && !bound.ok(); ++i) {
-    absl::SleepFor(absl::Milliseconds(100));
-    bound = second.Start();
-  }
+  const absl::Status bound = StartOnReusedAddress(second);
   ASSERT_TRUE(bound.ok()) << bound;
 
   // (Minutes of margin against a loaded machine; the old code waits the full 10 minutes.)
@@ -146,11 +151,7 @@ TEST(Transport, ARequestSentAgainAsItsConnectionIsLostReachesTheNextProcess) {
     so.self = Sender{msg::Role::Server, 0};
     so.bind_endpoint = endpoint;
     auto first = std::make_unique<Transport>(so, [received](InMessage) { received->set_value(); });
-    absl::Status bound = first->Start();
-    for (int i = 0; i < 100 && !bound.ok(); ++i) {  // the port can stay taken for a moment
-      absl::SleepFor(absl::Milliseconds(100));
-      bound = first->Start();
-    }
+    absl::Status bound = StartOnReusedAddress(*first);
     ASSERT_TRUE(bound.ok()) << bound;
     endpoint = first->bound_endpoint();
     if (!connected) {
@@ -181,11 +182,7 @@ TEST(Transport, ARequestSentAgainAsItsConnectionIsLostReachesTheNextProcess) {
                                            in.envelope()->request_id()));
     });
     second_ptr = &second;
-    bound = second.Start();
-    for (int i = 0; i < 100 && !bound.ok(); ++i) {
-      absl::SleepFor(absl::Milliseconds(100));
-      bound = second.Start();
-    }
+    bound = StartOnReusedAddress(second);
     ASSERT_TRUE(bound.ok()) << bound;
     auto answer = answered.get_future();
     // (Minutes against a loaded machine; a request lost in the old pipe waits 10 minutes.)
