@@ -277,7 +277,7 @@ class Transport {
   // sent to p meanwhile: ZeroMQ reports the close before the DEALER drops the closed
   // connection's pipe, and a message sent in between goes into that pipe and is lost.
   std::vector<char> reconnecting_;
-  std::vector<char> flush_peers_;  // FlushOutbox: the peers it has something for
+  std::vector<int> flush_peers_;  // FlushOutbox: the peers it has something for (sorted)
   std::deque<Outgoing> outbox_;
   std::map<uint64_t, Pending> pending_;
   TransportStats local_stats_;

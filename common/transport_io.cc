@@ -95,13 +95,15 @@ void Transport::FlushOutbox() {
   // A connection that closed is accounted for before anything is handed to its successor
   // (else a request sent on the new connection would be failed for the old one's close):
   // the monitors of the peers with something to send are read first.
-  flush_peers_.assign(monitors_.size(), 0);
+  flush_peers_.clear();
   for (const Outgoing& o : outbox_) {
-    if (o.peer >= 0 && static_cast<size_t>(o.peer) < flush_peers_.size()) flush_peers_[o.peer] = 1;
+    if (o.peer >= 0 && static_cast<size_t>(o.peer) < monitors_.size()) {
+      flush_peers_.push_back(o.peer);
+    }
   }
-  for (size_t p = 0; p < flush_peers_.size(); ++p) {
-    if (flush_peers_[p]) ReadMonitor(static_cast<int>(p));
-  }
+  std::sort(flush_peers_.begin(), flush_peers_.end());
+  flush_peers_.erase(std::unique(flush_peers_.begin(), flush_peers_.end()), flush_peers_.end());
+  for (int peer : flush_peers_) ReadMonitor(peer);
   const absl::Time now = absl::Now();
   for (auto it = outbox_.begin(); it != outbox_.end();) {
     if (TrySend(*it)) {

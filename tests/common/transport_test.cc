@@ -68,6 +68,22 @@ absl::Status StartOnReusedAddress(Transport& t) {
   return bound;
 }
 
+// A transport that answers every request with an empty Barrier (the peer's next process).
+class AnsweringServer {
+ public:
+  explicit AnsweringServer(TransportOptions options)
+      : transport_(std::move(options), [this](InMessage in) {
+          flatbuffers::FlatBufferBuilder fbb;
+          auto body = msg::CreateBarrier(fbb, 0);
+          transport_.Reply(in, FinishEnvelope(fbb, transport_.self(), body, 0,
+                                              in.envelope()->request_id()));
+        }) {}
+  Transport& transport() { return transport_; }
+
+ private:
+  Transport transport_;
+};
+
 // A request handed to a connection that then closes (its peer's process died; a new one
 // took the address) is lost with it: ZeroMQ does not send it again. It must fail at once
 // with kUnavailable (the caller asks again), not wait its whole deadline; and the peer's
@@ -101,17 +117,10 @@ TEST(Transport, ARequestLostWithItsConnectionIsUnavailableAtOnce) {
   first->Stop();
   first.reset();
 
-  Transport* second_ptr = nullptr;
   TransportOptions so2 = so;
   so2.bind_endpoint = endpoint;
-  Transport second(so2, [&second_ptr](InMessage in) {
-    flatbuffers::FlatBufferBuilder fbb;
-    auto body = msg::CreateBarrier(fbb, 0);
-    second_ptr->Reply(in, FinishEnvelope(fbb, second_ptr->self(), body, 0,
-                                         in.envelope()->request_id()));
-  });
-  second_ptr = &second;
-  const absl::Status bound = StartOnReusedAddress(second);
+  AnsweringServer second(so2);
+  const absl::Status bound = StartOnReusedAddress(second.transport());
   ASSERT_TRUE(bound.ok()) << bound;
 
   // (Minutes of margin against a loaded machine; the old code waits the full 10 minutes.)
@@ -130,7 +139,7 @@ TEST(Transport, ARequestLostWithItsConnectionIsUnavailableAtOnce) {
   EXPECT_TRUE(answer.ok()) << answer.status();
   EXPECT_GE(client.stats().connections_lost, 1u);
   client.Stop();
-  second.Stop();
+  second.transport().Stop();
 }
 
 // A caller told that its request was lost with the connection asks again at once (the first
@@ -173,23 +182,16 @@ TEST(Transport, ARequestSentAgainAsItsConnectionIsLostReachesTheNextProcess) {
     received->get_future().get();
     first->Stop();
     first.reset();
-    Transport* second_ptr = nullptr;
     so.bind_endpoint = endpoint;
-    Transport second(so, [&second_ptr](InMessage in) {
-      flatbuffers::FlatBufferBuilder fbb;
-      auto body = msg::CreateBarrier(fbb, 0);
-      second_ptr->Reply(in, FinishEnvelope(fbb, second_ptr->self(), body, 0,
-                                           in.envelope()->request_id()));
-    });
-    second_ptr = &second;
-    bound = StartOnReusedAddress(second);
+    AnsweringServer second(so);
+    bound = StartOnReusedAddress(second.transport());
     ASSERT_TRUE(bound.ok()) << bound;
     auto answer = answered.get_future();
     // (Minutes against a loaded machine; a request lost in the old pipe waits 10 minutes.)
     ASSERT_EQ(answer.wait_for(std::chrono::minutes(2)), std::future_status::ready)
         << "round " << round << ": the request sent again was lost";
     EXPECT_TRUE(answer.get().ok());
-    second.Stop();
+    second.transport().Stop();
   }
   client.Stop();
 }
