@@ -119,14 +119,22 @@ TEST(FaultChild, DISABLED_PushOnesForever) {
   (*w)->Stop().IgnoreError();
 }
 
-std::unique_ptr<Process> StartChild(const LocalCluster& cluster, const std::string& identity,
-                                    const std::string& log, int steps = 1 << 30) {
+// A worker `identity` in a child process (FaultChild.DISABLED_PushOnesForever) of the job at
+// `scheduler`, pushing ones for `steps` steps, logging to `log_path`.
+std::unique_ptr<Process> StartChildAt(const std::string& scheduler, const std::string& identity,
+                                      const std::string& log_path, int steps = 1 << 30) {
   return std::make_unique<Process>(
       ::testing::internal::GetArgvs()[0],
-      std::vector<std::string>{"--gtest_also_run_disabled_tests", "--gtest_filter=FaultChild.DISABLED_PushOnesForever",
-       "--child_scheduler=" + cluster.scheduler_address(), "--child_identity=" + identity,
-       absl::StrCat("--child_steps=", steps)},
-      cluster.dir() + "/" + log);
+      std::vector<std::string>{"--gtest_also_run_disabled_tests",
+                               "--gtest_filter=FaultChild.DISABLED_PushOnesForever",
+                               "--child_scheduler=" + scheduler, "--child_identity=" + identity,
+                               absl::StrCat("--child_steps=", steps)},
+      log_path);
+}
+
+std::unique_ptr<Process> StartChild(const LocalCluster& cluster, const std::string& identity,
+                                    const std::string& log, int steps = 1 << 30) {
+  return StartChildAt(cluster.scheduler_address(), identity, cluster.dir() + "/" + log, steps);
 }
 
 ClusterOptions SumCluster(int workers, std::vector<std::string> scheduler_args) {
@@ -623,19 +631,32 @@ TEST(Faults, ServerRestartedAtTheSameAddressIsResumedToo) {
   KillServerMidStepAndRestart(/*same_port=*/true);
 }
 
+// The start of a job whose scheduler a test kills: its first scheduler (dir/sched-a.log, a
+// free port, `extra` flags) for one server and `workers` workers, and server "s0" running sum
+// (dir/server.log). A restarted scheduler listens on `port` again.
+struct SchedulerAndServer {
+  std::unique_ptr<Process> scheduler, server;
+  std::string port, address;
+};
+void StartSchedulerAndServer(const std::string& dir, int workers,
+                             const std::vector<std::string>& extra, SchedulerAndServer* job) {
+  job->scheduler = StartScheduler(dir, "0", "sched-a.log", 1, workers, extra);
+  job->port = WaitForPortFile(dir + "/port", kGenerous);
+  ASSERT_FALSE(job->port.empty()) << job->scheduler->Log();
+  job->address = "tcp://127.0.0.1:" + job->port;
+  job->server = std::make_unique<Process>(
+      ADAPS_SERVER_BIN,
+      std::vector<std::string>{"--scheduler=" + job->address, "--optimizer=sum",
+                               "--identity=s0", "--log_level=info"},
+      dir + "/server.log");
+}
+
 TEST(Faults, TrainingGoesOnWhileTheSchedulerIsDownAndARestartedOneTakesNodesBack) {
   const std::string dir = testing::MakeTempDir();
-  auto start_scheduler = [&](const std::string& port, const std::string& log) {
-    return StartScheduler(dir, port, log, 1, 2, {"--dead_timeout_ms=3000"});
-  };
-  auto scheduler = start_scheduler("0", "sched-a.log");
-  const std::string port = WaitForPortFile(dir + "/port", kGenerous);
-  ASSERT_FALSE(port.empty());
-  const std::string address = "tcp://127.0.0.1:" + port;
-  Process server(ADAPS_SERVER_BIN,
-                 {"--scheduler=" + address, "--optimizer=sum", "--identity=s0",
-                  "--log_level=info"},
-                 dir + "/server.log");
+  const std::vector<std::string> flags = {"--dead_timeout_ms=3000"};
+  SchedulerAndServer job;
+  ASSERT_NO_FATAL_FAILURE(StartSchedulerAndServer(dir, 2, flags, &job));
+  const std::string port = job.port, address = job.address;
   std::unique_ptr<Process> restarted;
   std::vector<std::thread> threads;
   for (int i = 0; i < 2; ++i) {
@@ -644,10 +665,10 @@ TEST(Faults, TrainingGoesOnWhileTheSchedulerIsDownAndARestartedOneTakesNodesBack
       auto w = WorkerWithT(Options(address, absl::StrCat("w", i)), p);
       ASSERT_TRUE(w.ok()) << w.status();
       for (int s = 0; s < 30; ++s) {
-        if ((*w)->rank() == 0 && s == 5) scheduler->Kill();
+        if ((*w)->rank() == 0 && s == 5) job.scheduler->Kill();
         if ((*w)->rank() == 0 && s == 20) {
           std::remove((dir + "/port").c_str());
-          restarted = start_scheduler(port, "sched-b.log");
+          restarted = StartScheduler(dir, port, "sched-b.log", 1, 2, flags);
         }
         ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok()) << "step " << s;
         ASSERT_EQ(p[0], 2.0f * (s + 1)) << "step " << s;
@@ -661,8 +682,8 @@ TEST(Faults, TrainingGoesOnWhileTheSchedulerIsDownAndARestartedOneTakesNodesBack
   for (auto& t : threads) t.join();
   ASSERT_TRUE(restarted);
   EXPECT_EQ(restarted->WaitExit(kGenerous), 0) << restarted->Log();
-  EXPECT_EQ(server.WaitExit(kGenerous), 0) << server.Log();
-  EXPECT_THAT(server.Log(), HasSubstr("registered again"));
+  EXPECT_EQ(job.server->WaitExit(kGenerous), 0) << job.server->Log();
+  EXPECT_THAT(job.server->Log(), HasSubstr("registered again"));
 }
 
 // A server and the scheduler killed together while a worker's push waits on the server: no
@@ -794,27 +815,18 @@ TEST(Faults, NodesWhoseReRegistrationDiedWithASchedulerRegisterWithTheNextOne) {
   auto start_scheduler = [&](const std::string& port, const std::string& log) {
     return StartScheduler(dir, port, log, 1, 2);
   };
-  auto scheduler = start_scheduler("0", "sched-a.log");
-  const std::string port = WaitForPortFile(dir + "/port", kGenerous);
-  ASSERT_FALSE(port.empty());
-  const std::string address = "tcp://127.0.0.1:" + port;
-  Process server(ADAPS_SERVER_BIN,
-                 {"--scheduler=" + address, "--optimizer=sum", "--identity=s0",
-                  "--log_level=info"},
-                 dir + "/server.log");
-  Process stopped(::testing::internal::GetArgvs()[0],
-                  {"--gtest_also_run_disabled_tests",
-                   "--gtest_filter=FaultChild.DISABLED_PushOnesForever",
-                   "--child_scheduler=" + address, "--child_identity=w1"},
-                  dir + "/stopped.log");
+  SchedulerAndServer job;
+  ASSERT_NO_FATAL_FAILURE(StartSchedulerAndServer(dir, 2, {}, &job));
+  const std::string port = job.port, address = job.address;
+  std::unique_ptr<Process> stopped = StartChildAt(address, "w1", dir + "/stopped.log");
   std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
   auto w = WorkerWithT(Options(address, "w0"), p);
   ASSERT_TRUE(w.ok()) << w.status();
   ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok());
-  ASSERT_TRUE(stopped.WaitForLog(kFirstStepDone, kGenerous)) << stopped.Log();
-  stopped.Signal(SIGSTOP);
-  ASSERT_TRUE(stopped.WaitStopped(kGenerous));
-  scheduler->Kill();
+  ASSERT_TRUE(stopped->WaitForLog(kFirstStepDone, kGenerous)) << stopped->Log();
+  stopped->Signal(SIGSTOP);
+  ASSERT_TRUE(stopped->WaitStopped(kGenerous));
+  job.scheduler->Kill();
   std::remove((dir + "/port").c_str());
   auto second = start_scheduler(port, "sched-b.log");
   // The server and this worker are back with the second scheduler; it waits for the other.
@@ -824,14 +836,14 @@ TEST(Faults, NodesWhoseReRegistrationDiedWithASchedulerRegisterWithTheNextOne) {
   second->Kill();
   std::remove((dir + "/port").c_str());
   auto third = start_scheduler(port, "sched-c.log");
-  stopped.Signal(SIGCONT);
+  stopped->Signal(SIGCONT);
   // Every node registers with the third one (the old code: only the stopped worker did; the
   // others waited on their requests to the second until the 60 s grace ran out, and quit).
   EXPECT_TRUE(third->WaitForLog("cluster complete", kGenerous))
-      << third->Log() << server.Log();
+      << third->Log() << job.server->Log();
   EXPECT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok());
   EXPECT_TRUE((*w)->Stop().ok());
-  stopped.Kill();
+  stopped->Kill();
 }
 
 // A restarted scheduler re-forms the job only when every node it had is back. A worker killed
@@ -840,23 +852,11 @@ TEST(Faults, NodesWhoseReRegistrationDiedWithASchedulerRegisterWithTheNextOne) {
 // nodes that came back and exits 1 naming the missing worker, as the nodes do on theirs.
 TEST(Faults, ARestartedSchedulerWhoseWorkerNeverComesBackStopsTheJobNamingIt) {
   const std::string dir = testing::MakeTempDir();
-  auto start_scheduler = [&](const std::string& port, const std::string& log,
-                             std::vector<std::string> extra) {
-    return StartScheduler(dir, port, log, 1, 2, extra);
-  };
-  auto scheduler = start_scheduler("0", "sched-a.log", {});
-  const std::string port = WaitForPortFile(dir + "/port", kGenerous);
-  ASSERT_FALSE(port.empty());
-  const std::string address = "tcp://127.0.0.1:" + port;
-  Process server(ADAPS_SERVER_BIN,
-                 {"--scheduler=" + address, "--optimizer=sum", "--identity=s0",
-                  "--log_level=info"},
-                 dir + "/server.log");
-  Process victim(::testing::internal::GetArgvs()[0],
-                 {"--gtest_also_run_disabled_tests",
-                  "--gtest_filter=FaultChild.DISABLED_PushOnesForever",
-                  "--child_scheduler=" + address, "--child_identity=w1"},
-                 dir + "/victim.log");
+  SchedulerAndServer job;
+  ASSERT_NO_FATAL_FAILURE(StartSchedulerAndServer(dir, 2, {}, &job));
+  const std::string port = job.port, address = job.address;
+  Process& server = *job.server;
+  std::unique_ptr<Process> victim = StartChildAt(address, "w1", dir + "/victim.log");
   auto w = Worker::Create(Options(address, "w0"));
   ASSERT_TRUE(w.ok()) << w.status();
   const int missing = 1 - (*w)->rank();
@@ -864,12 +864,12 @@ TEST(Faults, ARestartedSchedulerWhoseWorkerNeverComesBackStopsTheJobNamingIt) {
   std::vector<float> p(kLen, 0.0f), g(kLen, 1.0f);
   ASSERT_TRUE((*w)->Declare({"t", {kLen}, 100, Compression::kDense}, absl::MakeSpan(p)).ok());
   ASSERT_TRUE((*w)->PushPull("t", g, absl::MakeSpan(p)).get().ok());
-  ASSERT_TRUE(victim.WaitForLog(kFirstStepDone, kGenerous)) << victim.Log();
+  ASSERT_TRUE(victim->WaitForLog(kFirstStepDone, kGenerous)) << victim->Log();
   ASSERT_TRUE(server.WaitForLog("registered as server", kGenerous)) << server.Log();
-  scheduler->Kill();
-  victim.Kill();
+  job.scheduler->Kill();
+  victim->Kill();
   std::remove((dir + "/port").c_str());
-  auto restarted = start_scheduler(port, "sched-b.log", {"--reform_timeout_ms=2000"});
+  auto restarted = StartScheduler(dir, port, "sched-b.log", 1, 2, {"--reform_timeout_ms=2000"});
   EXPECT_EQ(restarted->WaitExit(kGenerous), 1) << restarted->Log();
   EXPECT_THAT(restarted->Log(), HasSubstr(absl::StrCat("never came back: worker ", missing)));
   // The server came back and is told to stop, with the reason.
