@@ -469,6 +469,38 @@ def _decide(settings, optimizer, entries, mode, server_kind, compressing):
                               pull=pull), bins_from
 
 
+def _check_local_join(exchange, settings):
+    """A worker that joined a running local-mode job (or registered again into it after a
+    restart) starts where every replica is, the job's initial parameters (rank 0's broadcast)
+    plus the servers' running sum of the exchanges' means, when every tensor is pulled
+    recompressed (the servers keep that sum only then;
+    the default from 8 workers) and the outer step is the mean itself. Anything else: the
+    servers hold each exchange's mean change, not the model, and the joiner would train from
+    its own start, offset from the others for good: refused (RuntimeError), saying why."""
+    not_running = [e.name for e in exchange.entries
+                   if not exchange._running(exchange.entry_pull(e))]
+    if not not_running and settings.outer == "average":
+        warnings.warn(
+            "adaps.torch: this worker joined a running local-mode job: it starts where "
+            "every replica is (the job's initial parameters plus the servers' running sum of "
+            "the exchanges' means), with its own residues empty and its torch optimizer's state as at the job's start (rank 0's "
+            "broadcast; Adam's moments warm up again)", stacklevel=4)
+        return
+    why = ("outer=%r (DiLoCo's momentum is each worker's own state)" % settings.outer
+           if settings.outer != "average" else
+           "tensors not pulled recompressed: %s%s" % (", ".join(not_running[:3]),
+                                                     ", ..." if len(not_running) > 3 else ""))
+    raise RuntimeError(
+        "adaps.torch: this worker joined a running job (or registered again into it after a "
+        "restart) whose servers run --optimizer=mean (local mode), where the servers hold the "
+        "model only as the running sum of recompressed pulls (pull=\"recompressed\", the "
+        "default from 8 workers, with outer=\"average\"); here %s. It would train from its "
+        "own start, offset from the others for good. Workers can join such a job with "
+        "pull=\"recompressed\" (adaps.launch --pull recompressed) or in server mode (the "
+        "servers hold the parameters and a joiner pulls them); else restart the whole job "
+        "with the new worker count, from a checkpoint, as torchrun does" % why)
+
+
 def _make_exchange(settings, worker, optimizer, entries, backward_passes_per_step, bins_from):
     """The exchange of the effective settings: the one place that tests mode and exchange."""
     if settings.mode == "server":
@@ -573,16 +605,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.worker = worker if worker is not None else adaps.worker_from_env()
         if worker is None:  # (made just now: what its servers run is checked as above)
             _servers_agree(self.worker, server_kind, mode)
-        if mode == "local" and self.worker.rejoined:
-            # (Before anything is declared: the job's workers wait for nothing of this one.)
-            raise RuntimeError(
-                "adaps.torch: this worker joined a running job (or registered again into it "
-                "after a restart) whose servers run --optimizer=mean (local mode). There the "
-                "servers hold each exchange's mean change, not the model, so this worker "
-                "would train from its own start, offset from the others for good. Workers "
-                "can join a job in server mode (the servers hold the parameters and a "
-                "joiner pulls them); in local mode restart the whole job with the new "
-                "worker count, from a checkpoint, as torchrun does")
         broadcast_parameters(model.state_dict(), self.worker)
         broadcast_optimizer_state(optimizer, self.worker)
         if settings.pull is None and effective.exchange == "update" and compressing:
@@ -602,6 +624,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.worker.close_fusion_buckets()
         self._exchange = _make_exchange(self.settings, self.worker, optimizer, entries,
                                         backward_passes_per_step, bins_from)
+        if mode == "local" and self.worker.rejoined:
+            # (Before the tensors are declared: the job's workers wait for nothing of this one.)
+            _check_local_join(self._exchange, self.settings)
         self._exchange.declare(pull_bin_divisor(self.worker.live_workers))
         self._exchange.declare_more()
         self.worker.close_fusion_buckets()

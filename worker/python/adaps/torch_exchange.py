@@ -174,6 +174,11 @@ class Exchange:
             replica = host_f32(shape, e.param)
             e.replica = replica.numpy()
             e.replica[...] = e.buf
+            if self.worker.rejoined:
+                # A worker that joined a running job: every replica is the job's start (its
+                # parameters now, from rank 0's broadcast) plus the sum; so is its own.
+                with torch.no_grad():
+                    e.param.add_(torch.from_numpy(e.buf).view(e.param.shape).to(e.param))
 
     def declare_more(self):
         """Anything declared after the tensors (before the fusion buckets close)."""
