@@ -307,58 +307,12 @@ def test_local_steps_declare_the_default_bin_divided_by_h(cluster, h, named, exp
         [dict(conv, **expected)] * 2
 
 
-@pytest.mark.parametrize("h", [1, 3])
-def test_a_worker_joining_a_local_mode_job_is_refused_before_it_trains_offset(cluster, h):
-    """In local mode with exact pulls (the default below 8 workers) the servers hold each
-    exchange's mean change, not the model: a worker that joined a running job would start
-    from its own (or rank 0's initial) values and stay offset from the others for good
-    (measured before the refusal: 0.22 at H = 1 and 0.60 at H = 3, constant over every later
-    exchange). It is refused, naming what works, before it declares its tensors, and the
-    job's own workers finish without waiting for it."""
+def job_with_a_joiner(cluster, h, join, **kwargs):
+    """A local-mode job of two workers (wrapped(w, local_steps=h, **kwargs)) that train 2h
+    steps, wait while a third worker joins and runs join(w, joined, result) (which sets the
+    event `joined` once it has its optimizer, or fails), then train 2h more steps. Returns the
+    two workers' last parameters and `result` ("error": what the joiner raised)."""
     import threading
-    c = cluster(2, server_args=["--optimizer=mean"], scheduler_args=["--max_workers=3"])
-    asked, answered, result = threading.Event(), threading.Event(), {}
-
-    def joiner():
-        asked.wait(TIMEOUT)
-        w = adaps.Worker(scheduler=c.address, register_timeout=20, request_timeout=15)
-        try:
-            wrapped(w, local_steps=h)
-            result["error"] = None
-        except RuntimeError as e:
-            result["error"] = str(e)
-        finally:
-            answered.set()
-            w.stop()
-
-    def rank(w):
-        p, opt = wrapped(w, local_steps=h)
-        train(p, opt, w.rank, 2 * h)
-        if w.rank == 0:
-            asked.set()
-        assert answered.wait(TIMEOUT)
-        return train(p, opt, w.rank, 2 * h, first=2 * h)[-1]
-
-    t = threading.Thread(target=joiner, daemon=True)
-    t.start()
-    last = run_ranks(c.address, 2, rank, timeout=TIMEOUT)
-    t.join(TIMEOUT)
-    assert result.get("error") is not None, "the joiner was let train in local mode"
-    assert "joined a running job" in result["error"] and "server mode" in result["error"]
-    assert 'pull="recompressed"' in result["error"]
-    assert torch.equal(last[0], last[1])
-
-
-@pytest.mark.parametrize("h", [1, 3])
-def test_a_worker_joining_a_local_mode_job_with_recompressed_pulls_trains_where_the_others_are(
-        cluster, h):
-    """With pull="recompressed" the servers keep the running sum of the exchanges' means, so
-    a worker that joins a running local-mode job starts where every replica is (the job's
-    initial parameters plus that sum) and trains on with the others: after two more
-    exchanges its model is theirs, to float rounding (a joiner that started from its own
-    values stayed 0.22 off at H = 1, 0.60 at H = 3: the refusal's measurement above)."""
-    import threading
-    import warnings
     c = cluster(2, server_args=["--optimizer=mean"], scheduler_args=["--max_workers=3"])
     asked, joined, result = threading.Event(), threading.Event(), {}
 
@@ -366,21 +320,15 @@ def test_a_worker_joining_a_local_mode_job_with_recompressed_pulls_trains_where_
         asked.wait(TIMEOUT)
         w = adaps.Worker(scheduler=c.address, register_timeout=20, request_timeout=120)
         try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                p, opt = wrapped(w, local_steps=h, pull="recompressed")
-            result["warned"] = any("joined a running local-mode job" in str(x.message)
-                                   for x in caught)
-            joined.set()
-            result["last"] = train(p, opt, w.rank, 2 * h, first=2 * h)[-1]
-        except Exception as e:  # (reported by the assertions below)
-            result["error"] = repr(e)
+            join(w, joined, result)
+        except Exception as e:  # (the test's assertions report it)
+            result["error"] = str(e)
         finally:
             joined.set()
             w.stop()
 
     def rank(w):
-        p, opt = wrapped(w, local_steps=h, pull="recompressed")
+        p, opt = wrapped(w, local_steps=h, **kwargs)
         train(p, opt, w.rank, 2 * h)
         if w.rank == 0:
             asked.set()
@@ -391,9 +339,49 @@ def test_a_worker_joining_a_local_mode_job_with_recompressed_pulls_trains_where_
     t.start()
     last = run_ranks(c.address, 2, rank, timeout=TIMEOUT)
     t.join(TIMEOUT)
+    assert torch.equal(last[0], last[1])
+    return last, result
+
+
+@pytest.mark.parametrize("h", [1, 3])
+def test_a_worker_joining_a_local_mode_job_is_refused_before_it_trains_offset(cluster, h):
+    """In local mode with exact pulls (the default below 8 workers) the servers hold each
+    exchange's mean change, not the model: a worker that joined a running job would start
+    from its own (or rank 0's initial) values and stay offset from the others for good
+    (measured before the refusal: 0.22 at H = 1 and 0.60 at H = 3, constant over every later
+    exchange). It is refused, naming what works, before it declares its tensors, and the
+    job's own workers finish without waiting for it."""
+    def join(w, joined, result):
+        wrapped(w, local_steps=h)
+
+    _, result = job_with_a_joiner(cluster, h, join)
+    assert result.get("error") is not None, "the joiner was let train in local mode"
+    assert "joined a running job" in result["error"] and "server mode" in result["error"]
+    assert 'pull="recompressed"' in result["error"]
+
+
+@pytest.mark.parametrize("h", [1, 3])
+def test_a_worker_joining_a_local_mode_job_with_recompressed_pulls_trains_where_the_others_are(
+        cluster, h):
+    """With pull="recompressed" the servers keep the running sum of the exchanges' means, so
+    a worker that joins a running local-mode job starts where every replica is (the job's
+    initial parameters plus that sum) and trains on with the others: after two more
+    exchanges its model is theirs, to float rounding (a joiner that started from its own
+    values stayed 0.22 off at H = 1, 0.60 at H = 3: the refusal's measurement above)."""
+    import warnings
+
+    def join(w, joined, result):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            p, opt = wrapped(w, local_steps=h, pull="recompressed")
+        result["warned"] = any("joined a running local-mode job" in str(x.message)
+                               for x in caught)
+        joined.set()
+        result["last"] = train(p, opt, w.rank, 2 * h, first=2 * h)[-1]
+
+    last, result = job_with_a_joiner(cluster, h, join, pull="recompressed")
     assert "error" not in result, result["error"]
     assert result["warned"]
-    assert torch.equal(last[0], last[1])
     off = float((result["last"] - last[0]).abs().max())
     assert off < 1e-4, off
 
