@@ -17,6 +17,10 @@ struct TensorState {
   std::vector<float> change;    // what this exchange pushes
   std::vector<float> mean;      // what it pulls
   std::vector<float> momentum;  // kNesterov's b (empty until the first exchange)
+  // Recompressed pulls: the servers answer the running sum of the means added to the
+  // declared values, which `replica` holds as of the last exchange; `mean` is then that sum.
+  bool running = false;
+  std::vector<float> replica;
   bool in_flight = false;
 };
 
@@ -59,8 +63,24 @@ absl::Status LocalSteps::Declare(const TensorSpec& spec, absl::Span<float> value
           absl::StrCat("local steps: '", spec.name, "' is declared already"));
     }
   }
+  const bool running = spec.pull == PullFormat::kRecompressed;
+  if (worker_->rejoined() && (!running || options_.outer == LocalStepsOptions::Outer::kNesterov)) {
+    // Only the running sum of recompressed pulls is the model on the servers (and a joiner
+    // has no outer momentum): anything else would train from its own start, offset for good.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "local steps: this worker joined a running job (or registered again into it), whose "
+        "servers hold the model only as the running sum of recompressed pulls with the "
+        "average outer step; '", spec.name, "' ",
+        running ? "has the Nesterov outer step (each worker's own momentum)"
+                : "is not pulled recompressed",
+        ": it would train from its own start, offset from the others for good. Declare every "
+        "tensor with PullFormat::kRecompressed and Outer::kAverage, or restart the whole job "
+        "with the new worker count"));
+  }
   if (absl::Status st = worker_->Declare(spec, values); !st.ok()) return st;
   TensorState t;
+  t.running = running;
+  if (running) t.replica.assign(values.begin(), values.end());
   t.anchor.assign(values.begin(), values.end());
   t.change.resize(values.size());
   t.mean.resize(values.size());
@@ -102,6 +122,14 @@ std::future<absl::Status> LocalSteps::Exchange(absl::string_view name, absl::Spa
   return std::async(std::launch::deferred,
                     [this, t, params, pushed = std::move(pushed)]() mutable {
                       absl::Status st = pushed.get();
+                      if (st.ok() && t->running) {
+                        // The sum now less the sum before: this exchange's mean change.
+                        for (size_t i = 0; i < params.size(); ++i) {
+                          const float sum = t->mean[i];
+                          t->mean[i] = sum - t->replica[i];
+                          t->replica[i] = sum;
+                        }
+                      }
                       if (st.ok()) {
                         if (options_.outer == LocalStepsOptions::Outer::kNesterov) {
                           if (t->momentum.empty()) t->momentum.assign(t->mean.size(), 0.0f);
@@ -110,6 +138,8 @@ std::future<absl::Status> LocalSteps::Exchange(absl::string_view name, absl::Spa
                             t->momentum[i] = m * t->momentum[i] + t->mean[i];
                             t->anchor[i] += lr * (t->mean[i] + m * t->momentum[i]);
                           }
+                        } else if (t->running) {
+                          t->anchor = t->replica;  // the servers' sum: every replica's
                         } else {
                           for (size_t i = 0; i < params.size(); ++i) t->anchor[i] += t->mean[i];
                         }

@@ -6,6 +6,7 @@
 // sum of every gradient any worker was given equals the servers' parameters plus the
 // residues the workers still hold (nothing lost, nothing applied twice), and, from a dense
 // tensor of all-ones pushes, how many workers each step counted.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -20,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "adaps/local_steps.h"
 #include "adaps/worker.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -253,6 +255,68 @@ TEST(Elastic, AJobGrowsFromTwoToFourWorkersWithEveryReplicaTheServersAndNothingL
   }
   EXPECT_EQ(most, 4.0f);
   EXPECT_TRUE(t[0].worker->Stop().ok());
+  std::string why;
+  EXPECT_TRUE(cluster.AllExitCleanly(absl::Seconds(10), &why)) << why;
+}
+
+// A C++ trainer's local steps (LocalSteps, servers running mean): a worker that joins a
+// running job takes the servers' running sum of the means when its tensor is pulled
+// recompressed, the others' anchor bit for bit, and exchanges on with them; declaring it with
+// another pull (the servers then hold only each exchange's mean) is refused, saying why.
+TEST(Elastic, AWorkerJoiningLocalStepsStartsFromTheRunningSumOfRecompressedPulls) {
+  ClusterOptions options = Elastic(1, 2);
+  options.server_args = {"--optimizer=mean"};
+  LocalCluster cluster(options);
+  ASSERT_FALSE(cluster.scheduler_address().empty());
+  TensorSpec spec{"w", {static_cast<int64_t>(kBig)}, 100, Compression::kAdaComp};
+  spec.pull = PullFormat::kRecompressed;
+  struct Member {
+    std::unique_ptr<Worker> worker;
+    std::unique_ptr<LocalSteps> steps;
+    std::vector<float> params = std::vector<float>(kBig, 0.5f);
+  };
+  auto start = [&](Member& m) {
+    auto w = Worker::Create(Options(cluster.scheduler_address()));
+    ASSERT_TRUE(w.ok()) << w.status();
+    m.worker = *std::move(w);
+    auto steps = LocalSteps::Create(m.worker.get(), {});
+    ASSERT_TRUE(steps.ok()) << steps.status();
+    m.steps = *std::move(steps);
+  };
+  auto exchange = [&](Member& m, int who, int e) {
+    for (size_t i = 0; i < kBig; ++i) m.params[i] += 0.01f * Grad(who, e, i, 0);
+    absl::Status st = m.steps->Exchange("w", absl::MakeSpan(m.params)).get();
+    ASSERT_TRUE(st.ok()) << "worker " << who << " exchange " << e << ": " << st;
+  };
+  Member first, joiner;
+  ASSERT_NO_FATAL_FAILURE(start(first));
+  ASSERT_TRUE(first.steps->Declare(spec, absl::MakeSpan(first.params)).ok());
+  for (int e = 0; e < 3; ++e) ASSERT_NO_FATAL_FAILURE(exchange(first, 0, e));
+  ASSERT_NO_FATAL_FAILURE(start(joiner));
+  ASSERT_TRUE(joiner.worker->rejoined());
+  TensorSpec exact = spec;
+  exact.pull = PullFormat::kSparse;
+  absl::Status refused = joiner.steps->Declare(exact, absl::MakeSpan(joiner.params));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("is not pulled recompressed"));
+  ASSERT_TRUE(joiner.steps->Declare(spec, absl::MakeSpan(joiner.params)).ok());
+  auto anchors_equal = [&](const char* when) {
+    absl::StatusOr<absl::Span<const float>> a = first.steps->Anchor("w");
+    absl::StatusOr<absl::Span<const float>> b = joiner.steps->Anchor("w");
+    ASSERT_TRUE(a.ok() && b.ok());
+    for (size_t i = 0; i < kBig; ++i) ASSERT_EQ((*a)[i], (*b)[i]) << when << ", element " << i;
+  };
+  ASSERT_NO_FATAL_FAILURE(anchors_equal("at the join"));
+  // (The joiner's start is the job's, moved by three exchanges.)
+  EXPECT_GT(kBig - std::count(joiner.params.begin(), joiner.params.end(), 0.5f), kBig / 100);
+  for (int e = 3; e < 5; ++e) {
+    std::thread other([&] { exchange(joiner, 1, e); });
+    exchange(first, 0, e);
+    other.join();
+  }
+  ASSERT_NO_FATAL_FAILURE(anchors_equal("two exchanges later"));
+  EXPECT_TRUE(joiner.worker->Stop().ok());
+  EXPECT_TRUE(first.worker->Stop().ok());
   std::string why;
   EXPECT_TRUE(cluster.AllExitCleanly(absl::Seconds(10), &why)) << why;
 }

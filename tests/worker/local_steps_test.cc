@@ -67,22 +67,26 @@ float Change(int rank, int exchange, size_t i) {
          static_cast<float>(static_cast<int>(i % 7) - 3);
 }
 
-TEST(LocalSteps, EveryReplicaBecomesTheAnchorPlusTheMeanChange) {
+// Three exchanges of `spec` (5000 elements) by 2 workers whose local steps add
+// change(rank, exchange, element): after each, every replica and anchor is the anchor
+// before plus the mean change, bit for bit.
+void ExpectAnchorPlusMeanChange(TensorSpec spec,
+                                const std::function<float(int, int, size_t)>& change) {
   constexpr size_t kLength = 5000;
+  spec.shape = {int64_t{kLength}};
   std::mutex mu;
   std::vector<std::vector<float>> finals(2);
   RunCluster(OptimizerKind::kMean, 2, [&](Worker& w) {
     auto steps = LocalSteps::Create(&w, {});
     ASSERT_TRUE(steps.ok()) << steps.status();
     std::vector<float> params(kLength, 1.0f + w.rank());  // rank 0's values win
-    ASSERT_TRUE((*steps)->Declare({"w", {int64_t{kLength}}, 500, Compression::kDense},
-                                  absl::MakeSpan(params)).ok());
+    ASSERT_TRUE((*steps)->Declare(spec, absl::MakeSpan(params)).ok());
     std::vector<float> anchor(kLength, 1.0f);
     for (int e = 0; e < 3; ++e) {
-      for (size_t i = 0; i < kLength; ++i) params[i] += Change(w.rank(), e, i);
+      for (size_t i = 0; i < kLength; ++i) params[i] += change(w.rank(), e, i);
       ASSERT_TRUE((*steps)->Exchange("w", absl::MakeSpan(params)).get().ok());
       for (size_t i = 0; i < kLength; ++i) {
-        anchor[i] += (Change(0, e, i) + Change(1, e, i)) / 2;
+        anchor[i] += (change(0, e, i) + change(1, e, i)) / 2;
         ASSERT_EQ(params[i], anchor[i]) << "exchange " << e << " element " << i;
       }
       absl::StatusOr<absl::Span<const float>> a = (*steps)->Anchor("w");
@@ -93,6 +97,24 @@ TEST(LocalSteps, EveryReplicaBecomesTheAnchorPlusTheMeanChange) {
     finals[w.rank()] = params;
   });
   EXPECT_EQ(finals[0], finals[1]);
+}
+
+TEST(LocalSteps, EveryReplicaBecomesTheAnchorPlusTheMeanChange) {
+  ExpectAnchorPlusMeanChange({"w", {}, 500, Compression::kDense}, Change);
+}
+
+// With recompressed pulls the servers answer the running sum of the means added to the
+// declared values (the model itself), not the step's mean: the anchor must follow it, not
+// add it (the code before added the sum, the model doubled at the first exchange). Both
+// ranks make the same change, of one magnitude everywhere, so the downlink at bin 1 carries
+// the mean exactly.
+TEST(LocalSteps, RecompressedPullsMoveTheAnchorByTheMeanChange) {
+  TensorSpec spec{"w", {}, 500, Compression::kDense};
+  spec.pull = PullFormat::kRecompressed;
+  spec.pull_bin_divisor = 500;
+  ExpectAnchorPlusMeanChange(spec, [](int, int e, size_t i) {
+    return (i % 3 == 0 ? -0.25f : 0.25f) * static_cast<float>(e + 1);
+  });
 }
 
 TEST(LocalSteps, NesterovOuterStepIsDiLoCos) {
