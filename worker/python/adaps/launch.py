@@ -36,7 +36,9 @@ the running job while fewer than M are live; `python3 -m adaps.launch --join ADD
 --server-optimizer OPT script.py` starts K more copies of the script into the job whose
 scheduler is at ADDRESS (the job's launch prints it when started with --max-workers; give
 the job's --server-optimizer and torch flags again). A joined worker takes the servers' current
-parameters and takes part from the next step on. The servers' steps average over the live
+parameters and takes part from the next step on (local mode, --server-optimizer mean: only
+with --pull recompressed, the default from 8 workers, where the servers keep the model as
+the running sum of the means; adaps.torch refuses a joiner otherwise, saying why). The servers' steps average over the live
 workers: scaling the learning rate with their number is the script's choice
 (adaps.Worker.live_workers says how many there are).
 
