@@ -386,6 +386,51 @@ def test_a_worker_joining_a_local_mode_job_with_recompressed_pulls_trains_where_
     assert off < 1e-4, off
 
 
+def test_launch_join_adds_a_worker_to_a_local_mode_job_with_recompressed_pulls(tmp_path):
+    """As users launch it: a local-mode job (adaps.launch -n 2 --max-workers 3
+    --server-optimizer mean --pull recompressed) that adaps.launch --join adds a worker to: the
+    joiner is let in (warned), starts where the job's replicas are (moved from the job's
+    start) rather than from that start, trains and leaves; everyone exits 0."""
+    import subprocess
+    import sys
+    from conftest import SCHEDULER_BIN
+    address_file = str(tmp_path / "address")
+    script = os.path.join(HERE, "local_join_worker.py")
+    bin_dir = os.path.dirname(os.path.dirname(SCHEDULER_BIN))
+    common = ["--server-optimizer", "mean", "--pull", "recompressed"]
+    job = subprocess.Popen(
+        [sys.executable, "-m", "adaps.launch", "--bin-dir", bin_dir, "-n", "2",
+         "--max-workers", "3"] + common +
+        [script, "400", address_file], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        end = time.time() + 120
+        while not os.path.exists(address_file) and time.time() < end and job.poll() is None:
+            time.sleep(0.05)
+        assert os.path.exists(address_file), job.communicate(timeout=60)[0].decode()
+        with open(address_file) as f:
+            address = f.read().strip()
+        code, out = run_launch(["--join", address, "-n", "1"] + common + [script, "40"],
+                               timeout=TIMEOUT)
+        job_out = job.communicate(timeout=TIMEOUT)[0].decode()
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert code == 0, out
+    assert job.returncode == 0, job_out
+    joined = [l for l in out.splitlines() if "RANK" in l]
+    assert len(joined) == 1 and "RANK 2 JOINED True" in joined[0], out
+    assert float(joined[0].split("BEGAN ")[1].split()[0]) > 0.01, joined[0]
+    originals = [l for l in job_out.splitlines() if "RANK" in l]
+    assert len(originals) == 2 and all("JOINED False BEGAN 0.000000" in l for l in originals), \
+        job_out
+
+    def first_loss(line):
+        return float(line.split("LOSS ")[1].split()[0])
+    # The joiner's model at its start is the trained one (53.5 -> 34.7 when written), not
+    # the job's start.
+    assert first_loss(joined[0]) < 0.9 * first_loss(originals[0]), (joined, originals)
+
+
 def test_a_worker_leaving_between_exchanges_holds_up_nobody(cluster):
     """Of 3 workers at H = 3, rank 2 leaves after 4 steps (between two exchanges; leave()
     pushes its residue as its next exchange): the others' later exchanges average over the 2
