@@ -88,3 +88,28 @@ def run_launch(args, timeout):
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                        timeout=timeout)
     return p.returncode, p.stdout.decode("utf-8", "replace")
+
+
+def launch_and_join(job_args, address_file, join_args, timeout):
+    """Starts an elastic job, `python3 -m adaps.launch job_args`, whose rank 0 writes its
+    scheduler's address to `address_file`; once it is there, `adaps.launch --join ADDRESS
+    join_args`. Returns the address, the joiners' (exit code, output) and the job's, after
+    the job ended (killed if it outlives `timeout`)."""
+    env = dict(os.environ)
+    bin_dir = os.path.dirname(os.path.dirname(SCHEDULER_BIN))
+    env.setdefault("ADAPS_BIN_DIR", bin_dir)
+    job = subprocess.Popen([sys.executable, "-m", "adaps.launch", "--bin-dir", bin_dir] + job_args,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        end = time.time() + 120
+        while not os.path.exists(address_file) and time.time() < end and job.poll() is None:
+            time.sleep(0.05)
+        assert os.path.exists(address_file), job.communicate(timeout=60)[0].decode()
+        with open(address_file) as f:
+            address = f.read().strip()
+        joiners = run_launch(["--join", address] + join_args, timeout=timeout)
+        job_out = job.communicate(timeout=timeout)[0].decode("utf-8", "replace")
+    finally:
+        if job.poll() is None:
+            job.kill()
+    return address, joiners, (job.returncode, job_out)

@@ -2,12 +2,10 @@
 import os
 import re
 import subprocess
-import sys
-import time
 
 import pytest
 
-from conftest import REPO, SCHEDULER_BIN, run_launch
+from conftest import REPO, SCHEDULER_BIN, launch_and_join, run_launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -139,28 +137,12 @@ def test_launch_adds_workers_to_a_running_job(tmp_path):
     it: they start from the servers' current parameters and the steps count them."""
     address_file = str(tmp_path / "address")
     script = os.path.join(HERE, "elastic_worker.py")
-    env = dict(os.environ)
-    env.setdefault("ADAPS_BIN_DIR", os.path.dirname(os.path.dirname(SCHEDULER_BIN)))
-    job = subprocess.Popen(
-        [sys.executable, "-m", "adaps.launch", "--bin-dir",
-         os.path.dirname(os.path.dirname(SCHEDULER_BIN)), "-n", "2", "--max-workers", "4",
-         "--server-optimizer", "sum", script, "250", address_file],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-    try:
-        end = time.time() + 60
-        while not os.path.exists(address_file) and time.time() < end and job.poll() is None:
-            time.sleep(0.05)
-        assert os.path.exists(address_file), job.communicate(timeout=30)[0].decode()
-        with open(address_file) as f:
-            address = f.read().strip()
-        code, out = run_launch(["--join", address, "-n", "2", "--server-optimizer", "sum",
-                                script, "40"], timeout=600)
-        assert code == 0, out
-        job_out = job.communicate(timeout=600)[0].decode()
-    finally:
-        if job.poll() is None:
-            job.kill()
-    assert job.returncode == 0, job_out
+    address, (code, out), (job_code, job_out) = launch_and_join(
+        ["-n", "2", "--max-workers", "4", "--server-optimizer", "sum", script, "250",
+         address_file], address_file, ["-n", "2", "--server-optimizer", "sum", script, "40"],
+        timeout=600)
+    assert code == 0, out
+    assert job_code == 0, job_out
     assert "adaps.launch: scheduler at " + address in job_out, job_out
     joined = [l for l in out.splitlines() if "RANK" in l]
     assert len(joined) == 2, out

@@ -14,7 +14,7 @@ import torch.nn as nn
 
 import adaps
 import adaps.torch
-from conftest import run_launch
+from conftest import launch_and_join, run_launch
 from torch_ranks import Declared, one_parameter, run_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -391,32 +391,14 @@ def test_launch_join_adds_a_worker_to_a_local_mode_job_with_recompressed_pulls(t
     --server-optimizer mean --pull recompressed) that adaps.launch --join adds a worker to: the
     joiner is let in (warned), starts where the job's replicas are (moved from the job's
     start) rather than from that start, trains and leaves; everyone exits 0."""
-    import subprocess
-    import sys
-    from conftest import SCHEDULER_BIN
     address_file = str(tmp_path / "address")
     script = os.path.join(HERE, "local_join_worker.py")
-    bin_dir = os.path.dirname(os.path.dirname(SCHEDULER_BIN))
     common = ["--server-optimizer", "mean", "--pull", "recompressed"]
-    job = subprocess.Popen(
-        [sys.executable, "-m", "adaps.launch", "--bin-dir", bin_dir, "-n", "2",
-         "--max-workers", "3"] + common +
-        [script, "400", address_file], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        end = time.time() + 120
-        while not os.path.exists(address_file) and time.time() < end and job.poll() is None:
-            time.sleep(0.05)
-        assert os.path.exists(address_file), job.communicate(timeout=60)[0].decode()
-        with open(address_file) as f:
-            address = f.read().strip()
-        code, out = run_launch(["--join", address, "-n", "1"] + common + [script, "40"],
-                               timeout=TIMEOUT)
-        job_out = job.communicate(timeout=TIMEOUT)[0].decode()
-    finally:
-        if job.poll() is None:
-            job.kill()
+    _, (code, out), (job_code, job_out) = launch_and_join(
+        ["-n", "2", "--max-workers", "3"] + common + [script, "400", address_file],
+        address_file, ["-n", "1"] + common + [script, "40"], timeout=TIMEOUT)
     assert code == 0, out
-    assert job.returncode == 0, job_out
+    assert job_code == 0, job_out
     joined = [l for l in out.splitlines() if "RANK" in l]
     assert len(joined) == 1 and "RANK 2 JOINED True" in joined[0], out
     assert float(joined[0].split("BEGAN ")[1].split()[0]) > 0.01, joined[0]
