@@ -399,6 +399,7 @@ def test_launch_join_adds_a_worker_to_a_local_mode_job_with_recompressed_pulls(t
         address_file, ["-n", "1"] + common + [script, "40"], timeout=TIMEOUT)
     assert code == 0, out
     assert job_code == 0, job_out
+    assert "joiners are refused" not in job_out, job_out
     joined = [l for l in out.splitlines() if "RANK" in l]
     assert len(joined) == 1 and "RANK 2 JOINED True" in joined[0], out
     assert float(joined[0].split("BEGAN ")[1].split()[0]) > 0.01, joined[0]
@@ -411,6 +412,26 @@ def test_launch_join_adds_a_worker_to_a_local_mode_job_with_recompressed_pulls(t
     # The joiner's model at its start is the trained one (53.5 -> 34.7 when written), not
     # the job's start.
     assert first_loss(joined[0]) < 0.9 * first_loss(originals[0]), (joined, originals)
+
+
+def test_launch_says_at_start_when_a_local_mode_jobs_joiners_would_be_refused(monkeypatch):
+    """An elastic local-mode job whose pulls are exact (the default below 8 workers) would
+    refuse every joiner: adaps.launch says so when it starts the job, naming --pull."""
+    import types
+    from adaps import launch
+    monkeypatch.delenv("ADAPS_PULL", raising=False)
+
+    def job(**kw):
+        a = dict(pull=None, workers=2, nodes=1, server_optimizer="mean")
+        a.update(kw)
+        return types.SimpleNamespace(**a)
+    assert launch._local_joins_refused(job())
+    assert launch._local_joins_refused(job(workers=8, pull="sparse"))
+    assert not launch._local_joins_refused(job(pull="recompressed"))
+    assert not launch._local_joins_refused(job(workers=4, nodes=2))  # 8 workers in all
+    assert not launch._local_joins_refused(job(server_optimizer="adam"))
+    monkeypatch.setenv("ADAPS_PULL", "recompressed")
+    assert not launch._local_joins_refused(job())
 
 
 def test_a_worker_leaving_between_exchanges_holds_up_nobody(cluster):

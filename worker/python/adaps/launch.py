@@ -100,6 +100,16 @@ def _compression_arg(text):
     return text
 
 
+def _local_joins_refused(a):
+    """Whether adaps.torch would refuse this elastic job's joiners: local mode with pulls that
+    are not recompressed (--pull, else ADAPS_PULL, else the default: recompressed from 8
+    workers)."""
+    pull = a.pull or os.environ.get("ADAPS_PULL")
+    if pull is None:
+        pull = "recompressed" if a.workers * a.nodes >= 8 else "sparse"
+    return a.server_optimizer == "mean" and pull != "recompressed"
+
+
 # Flags that reach adaps.torch.DistributedOptimizer's defaults through the environment.
 _TORCH_FLAGS = (
     ("--compression", "ADAPS_COMPRESSION", "dense, adacomp, topk or sign, or per layer type "
@@ -129,11 +139,11 @@ _TORCH_FLAGS = (
      "worker's model holds: share (1/W, the default for Adam/AdamW), all, estimate (1/W plus "
      "the others' estimated where the workers' updates agree), or off (the default for other "
      "optimizers; every replica identical)", dict(choices=("share", "all", "estimate", "off"))),
-    ("--bin-schedule", "ADAPS_BIN_SCHEDULE", "Adam/AdamW in the update exchange: auto (the "
-     "default: AdaComp bins 2x smaller at 3/4 of the peak learning rate, 4x at 3/8, and "
-     "while the rate stays at its peak 2x, 4x, 8x after 5, 10, 20/(1-beta1) steps there; "
-     "after 10/(1-beta1) steps) or off (the declared sizes "
-     "throughout)", dict(choices=("auto", "off"))),
+    ("--bin-schedule", "ADAPS_BIN_SCHEDULE", "optimizers with a second moment in the update "
+     "exchange: auto (the default: AdaComp bins 2x smaller while the learning rate is at "
+     "most 3/4 of its mean over the residues' last three measured delays, 4x at 3/8, back "
+     "up as it recovers; not before 10/(1-beta1) steps; convolutions keep theirs) or off "
+     "(the declared sizes throughout)", dict(choices=("auto", "off"))),
     ("--row-sparse", "ADAPS_ROW_SPARSE", "update exchange: exact (the default: an embedding of "
      ">= 4096 rows sends its gradient's nonzero elements exactly and steps on their mean, as "
      "DDP) or off (AdaComp's update exchange like every tensor)",
@@ -516,6 +526,13 @@ def main(argv=None):
                                  "with: python3 -m adaps.launch --join %s -n K "
                                  "--server-optimizer %s SCRIPT)\n"
                                  % (address, a.max_workers, address, a.server_optimizer))
+                if _local_joins_refused(a):
+                    sys.stderr.write(
+                        "adaps.launch: note: in local mode (--server-optimizer mean) "
+                        "adaps.torch lets a worker join only with recompressed pulls (its "
+                        "servers then keep the model): start the job and the joiners with "
+                        "--pull recompressed (the default from 8 workers), or joiners are "
+                        "refused\n")
                 sys.stderr.flush()
         if a.checkpoint_dir:
             os.makedirs(a.checkpoint_dir, exist_ok=True)
