@@ -64,7 +64,8 @@ absl::Status LocalSteps::Declare(const TensorSpec& spec, absl::Span<float> value
     }
   }
   const bool running = spec.pull == PullFormat::kRecompressed;
-  if (worker_->rejoined() && (!running || options_.outer == LocalStepsOptions::Outer::kNesterov)) {
+  const bool nesterov = options_.outer == LocalStepsOptions::Outer::kNesterov;
+  if (worker_->rejoined() && (!running || nesterov)) {
     // Only the running sum of recompressed pulls is the model on the servers (and a joiner
     // has no outer momentum): anything else would train from its own start, offset for good.
     return absl::FailedPreconditionError(absl::StrCat(

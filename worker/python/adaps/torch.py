@@ -473,18 +473,19 @@ def _check_local_join(exchange, settings):
     """A worker that joined a running local-mode job (or registered again into it after a
     restart) starts where every replica is, the job's initial parameters (rank 0's broadcast)
     plus the servers' running sum of the exchanges' means, when every tensor is pulled
-    recompressed (the servers keep that sum only then;
-    the default from 8 workers) and the outer step is the mean itself. Anything else: the
-    servers hold each exchange's mean change, not the model, and the joiner would train from
-    its own start, offset from the others for good: refused (RuntimeError), saying why."""
+    recompressed (the servers keep that sum only then; the default from 8 workers) and the
+    outer step is the mean itself. Anything else: the servers hold each exchange's mean
+    change, not the model, and the joiner would train from its own start, offset from the
+    others for good: refused (RuntimeError), saying why."""
     not_running = [e.name for e in exchange.entries
                    if not exchange._running(exchange.entry_pull(e))]
     if not not_running and settings.outer == "average":
         warnings.warn(
             "adaps.torch: this worker joined a running local-mode job: it starts where "
             "every replica is (the job's initial parameters plus the servers' running sum of "
-            "the exchanges' means), with its own residues empty and its torch optimizer's state as at the job's start (rank 0's "
-            "broadcast; Adam's moments warm up again)", stacklevel=4)
+            "the exchanges' means), with its own residues empty and its torch optimizer's "
+            "state as at the job's start (rank 0's broadcast; Adam's moments warm up again)",
+            stacklevel=4)
         return
     why = ("outer=%r (DiLoCo's momentum is each worker's own state)" % settings.outer
            if settings.outer != "average" else
