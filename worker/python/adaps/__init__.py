@@ -77,6 +77,10 @@ DATA_LOSS = 15
 # What adaps.torch's `compression` setting names, shared with adaps.launch's --compression.
 _COMPRESSIONS = ("dense", "adacomp", "topk", "sign")
 _LAYER_TYPES = ("conv", "linear", "recurrent", "embedding", "other")
+# From this many workers local mode's compressed updates are pulled recompressed by default
+# (adaps.torch, where the reason is); adaps.launch tells from it whether joiners would be
+# refused.
+_RECOMPRESSED_FROM_WORKERS = 8
 
 
 def _parse_compression(text):

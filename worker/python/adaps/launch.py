@@ -38,9 +38,9 @@ scheduler is at ADDRESS (the job's launch prints it when started with --max-work
 the job's --server-optimizer and torch flags again). A joined worker takes the servers' current
 parameters and takes part from the next step on (local mode, --server-optimizer mean: only
 with --pull recompressed, the default from 8 workers, where the servers keep the model as
-the running sum of the means; adaps.torch refuses a joiner otherwise, saying why). The servers' steps average over the live
-workers: scaling the learning rate with their number is the script's choice
-(adaps.Worker.live_workers says how many there are).
+the running sum of the means; adaps.torch refuses a joiner otherwise, saying why). The
+servers' steps average over the live workers: scaling the learning rate with their number
+is the script's choice (adaps.Worker.live_workers says how many there are).
 
 Worker restarts: with --worker-restarts K, every worker gets a stable ADAPS_IDENTITY, and a
 worker that exits with an error is started again (up to K times in all, as torchrun's
@@ -82,7 +82,7 @@ import tempfile
 import threading
 import time
 
-from adaps import _COMPRESSIONS, _LAYER_TYPES, _parse_compression
+from adaps import _COMPRESSIONS, _LAYER_TYPES, _RECOMPRESSED_FROM_WORKERS, _parse_compression
 from adaps import rendezvous
 
 
@@ -106,7 +106,7 @@ def _local_joins_refused(a):
     workers)."""
     pull = a.pull or os.environ.get("ADAPS_PULL")
     if pull is None:
-        pull = "recompressed" if a.workers * a.nodes >= 8 else "sparse"
+        pull = "recompressed" if a.workers * a.nodes >= _RECOMPRESSED_FROM_WORKERS else "sparse"
     return a.server_optimizer == "mean" and pull != "recompressed"
 
 

@@ -232,7 +232,7 @@ _PULL_BIN_DIVISOR = 10
 # zoo's transformer at 16 workers over 1,500 steps, seeds 1 and 2: -0.1% against dense at
 # 90x in all after step 300, exact pulls -0.0% at 26x; docs/accuracy.md). Below it the exact
 # pull costs at most about 3 pushes against 2, not worth the delay.
-_RECOMPRESSED_FROM_WORKERS = 8
+_RECOMPRESSED_FROM_WORKERS = adaps._RECOMPRESSED_FROM_WORKERS
 
 
 def pull_bin_divisor(workers):
