@@ -17,6 +17,7 @@ target_include_directories(adaps_worker_shared PUBLIC
 target_link_libraries(adaps_worker_shared PUBLIC absl::status absl::statusor absl::time
                       absl::span absl::strings
                       PRIVATE adaps_net adaps_metrics)
+adaps_worker_cuda(adaps_worker_shared)
 target_link_options(adaps_worker_shared PRIVATE -Wl,--exclude-libs,ALL -Wl,--no-undefined
                     -Wl,--version-script=${PROJECT_SOURCE_DIR}/cmake/adaps_worker.map)
 set_property(TARGET adaps_worker_shared APPEND PROPERTY LINK_DEPENDS

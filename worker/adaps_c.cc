@@ -3,7 +3,9 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "adaps/local_steps.h"
 #include "adaps/worker.h"
@@ -69,8 +71,10 @@ const char* adaps_worker_last_error(const adaps_worker* worker) {
   return copy.c_str();
 }
 
-int adaps_worker_declare(adaps_worker* worker, const adaps_tensor_spec* spec, float* values,
-                         size_t count) {
+namespace {
+
+int Declare(adaps_worker* worker, const adaps_tensor_spec* spec, int device, float* values,
+            size_t count) {
   if (spec == nullptr || spec->name == nullptr || (spec->ndim > 0 && spec->shape == nullptr)) {
     return worker->Record(absl::InvalidArgumentError("null tensor spec"));
   }
@@ -85,11 +89,27 @@ int adaps_worker_declare(adaps_worker* worker, const adaps_tensor_spec* spec, fl
   s.compression = static_cast<adaps::Compression>(spec->compression);
   s.topk_fraction = spec->topk_fraction;
   s.pull = static_cast<adaps::PullFormat>(spec->pull_format);
+  s.device = device;
   worker->declared = true;
   if (worker->local_steps) {
     return worker->Record(worker->local_steps->Declare(s, absl::MakeSpan(values, count)));
   }
   return worker->Record(worker->worker->Declare(s, absl::MakeSpan(values, count)));
+}
+
+}  // namespace
+
+int adaps_worker_declare(adaps_worker* worker, const adaps_tensor_spec* spec, float* values,
+                         size_t count) {
+  return Declare(worker, spec, -1, values, count);
+}
+
+int adaps_worker_declare_on_device(adaps_worker* worker, const adaps_tensor_spec* spec,
+                                   int device, float* values, size_t count) {
+  if (device < 0) {
+    return worker->Record(absl::InvalidArgumentError("a device ordinal is >= 0"));
+  }
+  return Declare(worker, spec, device, values, count);
 }
 
 int adaps_worker_local_steps(adaps_worker* worker, int outer) {
@@ -128,6 +148,20 @@ int adaps_worker_push_pull(adaps_worker* worker, const char* name, const float* 
                             ->PushPull(name, absl::MakeConstSpan(grad, count),
                                        absl::MakeSpan(out, count))
                             .get());
+}
+
+int adaps_worker_push_pull_device(adaps_worker* worker, const char* name, const float* grad,
+                                  float* out, size_t count, void* stream) {
+  if (name == nullptr) return worker->Record(absl::InvalidArgumentError("null name"));
+  absl::StatusOr<std::vector<adaps::SliceInfo>> slices = worker->worker->Slices(name);
+  if (!slices.ok()) return worker->Record(slices.status());
+  uint64_t length = 0;
+  for (const adaps::SliceInfo& s : *slices) length += s.length;
+  if (count != length) {
+    return worker->Record(absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "' has ", length, " elements; got ", count)));
+  }
+  return worker->Record(worker->worker->PushPullOnDevice(name, grad, out, stream).get());
 }
 
 int adaps_worker_pull_parameters(adaps_worker* worker, const char* name, float* out,

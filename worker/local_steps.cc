@@ -63,6 +63,12 @@ absl::Status LocalSteps::Declare(const TensorSpec& spec, absl::Span<float> value
           absl::StrCat("local steps: '", spec.name, "' is declared already"));
     }
   }
+  if (spec.device >= 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "local steps: '", spec.name, "' on device ", spec.device,
+        ": LocalSteps keeps its anchors and parameters in host memory; declare the tensor "
+        "there (a trainer on a GPU copies its parameters every H steps)"));
+  }
   const bool running = spec.pull == PullFormat::kRecompressed;
   const bool nesterov = options_.outer == LocalStepsOptions::Outer::kNesterov;
   if (worker_->rejoined() && (!running || nesterov)) {

@@ -145,6 +145,7 @@ absl::Status Runner::ResyncSlices(Tensor& t, const std::vector<size_t>& slices) 
     rt.replica_version = ReplicaVersion(*pulls[k].envelope()->body_as_PullResponse());
     rt.seen_version = version;
     rt.incarnation = incarnations[k];
+    ADAPS_RETURN_IF_ERROR(UploadReplica(t, slices[k]));
   }
   return absl::OkStatus();
 }
@@ -163,9 +164,10 @@ absl::Status Runner::ResyncWithin(Tensor& t, const std::vector<size_t>& slices,
 std::future<absl::Status> Runner::Run(Tensor& t, absl::Span<const float> grad,
                                       absl::Span<float> out, bool push, bool pull,
                                       std::function<void(const absl::Status&)> on_done,
-                                      bool flush) {
+                                      bool flush, std::shared_ptr<DeviceMark> ready) {
   auto op = std::make_shared<RunOp>(&t, push, pull, out, flush);
   op->on_done = std::move(on_done);
+  op->ready = std::move(ready);
   auto future = op->promise.get_future();
   if (pool_ == nullptr) {
     PrepareRun(op, grad)();
@@ -186,6 +188,10 @@ JobPool::Job Runner::PrepareRun(const std::shared_ptr<RunOp>& op, absl::Span<con
     if (auto s = ResyncWithin(t, stale, absl::Now() + options_.request_timeout); !s.ok()) {
       return fail(s);
     }
+  }
+  // A tensor on a device: the device's work waits for the trainer's (its gradient written).
+  if (op->ready != nullptr) {
+    if (auto s = t.device->WaitFor(*op->ready); !s.ok()) return fail(s);
   }
   const absl::Time started = metrics_.Now();
   {

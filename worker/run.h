@@ -65,7 +65,7 @@ class Runner {
   std::future<absl::Status> Run(Tensor& t, absl::Span<const float> grad, absl::Span<float> out,
                                 bool push, bool pull,
                                 std::function<void(const absl::Status&)> on_done,
-                                bool flush = false);
+                                bool flush = false, std::shared_ptr<DeviceMark> ready = nullptr);
 
   // Blocking dense pulls of `slices` at their current version: the parameters (format
   // Dense) or, for the replica of a tensor pulled recompressed, what the servers published

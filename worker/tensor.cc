@@ -25,9 +25,48 @@ absl::StatusOr<std::unique_ptr<Compressor>> MakeTensorCompressor(const TensorSpe
 
 namespace {
 
+// EncodeSlice for a tensor on a device: `grad` is device memory. AdaComp compresses there
+// and only the update comes to the host; a dense tensor's gradient comes through host memory
+// (the wire carries all of it anyway). A flush sends the residue alone (Worker::Leave's
+// gradient is zero), zeroed at the commit.
+absl::Status EncodeDeviceSlice(Tensor& t, size_t i, absl::Span<const float> grad,
+                               IndexCoding coding, bool flush, Bytes* bytes)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
+  DeviceResidue* residue = t.slices[i].device_residue.get();
+  if (residue == nullptr || flush) {
+    t.host_staging.resize(grad.size());
+    const absl::Span<float> host = absl::MakeSpan(t.host_staging);
+    ADAPS_RETURN_IF_ERROR(residue == nullptr
+                              ? t.device->ToHost(host.data(), grad.data(), grad.size() * 4)
+                              : residue->Download(host));
+    return EncodeDense(host, coding, bytes);
+  }
+  ADAPS_RETURN_IF_ERROR(
+      t.device_codec->CompressPending(grad.data(), grad.size(), *residue, t.update));
+  return EncodeUpdate(t.update, coding, bytes);
+}
+
+// Ends a push's two phases on slice `rt`'s residue: commit (a flush: zero) when every slice
+// succeeded, else discard.
+absl::Status EndPush(SliceRt& rt, bool ok, bool flush) {
+  if (rt.device_residue != nullptr) {
+    DeviceResidue& r = *rt.device_residue;
+    return !ok ? r.Discard() : flush ? r.Zero() : r.Commit();
+  }
+  if (rt.residue != nullptr) {
+    if (ok) {
+      rt.residue->Commit();
+    } else {
+      rt.residue->Discard();
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Phase one for slice `i`: its wire bytes, its new residue (if any) left pending.
 absl::Status EncodeSlice(Tensor& t, size_t i, absl::Span<const float> grad, IndexCoding coding,
                          bool flush, Bytes* bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
+  if (t.device != nullptr) return EncodeDeviceSlice(t, i, grad, coding, flush, bytes);
   SliceRt& rt = t.slices[i];
   if (rt.residue == nullptr) return EncodeDense(grad, coding, bytes);
   if (flush) return EncodeAllPending(*rt.residue, grad, coding, bytes);
@@ -63,14 +102,30 @@ std::shared_ptr<Bytes> ReusablePushBytes(SliceRt& rt) {
 
 }  // namespace
 
+absl::Status UploadReplica(Tensor& t, size_t i) {
+  SliceRt& rt = t.slices[i];
+  if (rt.device_replica == nullptr) return absl::OkStatus();
+  return t.device->ToDevice(rt.device_replica->data(), rt.replica.data(),
+                            rt.replica.size() * sizeof(float));
+}
+
 void MeasureResidue(Tensor& t, bool now_anyway) {
   const absl::Time now = absl::Now();
-  if (!now_anyway && now - t.residue_measured < absl::Seconds(1)) return;
+  if (!now_anyway && (t.device != nullptr || now - t.residue_measured < absl::Seconds(1))) {
+    return;
+  }
   t.residue_measured = now;
   double sq = 0.0;
   for (const SliceRt& rt : t.slices) {
-    if (rt.residue == nullptr) continue;
-    for (float r : rt.residue->residue()) sq += static_cast<double>(r) * r;
+    absl::Span<const float> r;
+    if (rt.device_residue != nullptr) {
+      t.host_staging.resize(rt.device_residue->size());
+      if (!rt.device_residue->Download(absl::MakeSpan(t.host_staging)).ok()) return;
+      r = t.host_staging;
+    } else if (rt.residue != nullptr) {
+      r = rt.residue->residue();
+    }
+    for (float v : r) sq += static_cast<double>(v) * v;
   }
   t.residue_sq.store(sq, std::memory_order_relaxed);
 }
@@ -111,7 +166,8 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
     std::shared_ptr<Bytes> bytes = ReusablePushBytes(t.slices[i]);
     status =
         EncodeSlice(t, i, grad.subspan(info.offset, info.length), coding, flush, bytes.get());
-    const bool compressed = t.slices[i].residue != nullptr && !flush;
+    const bool compressed =
+        (t.slices[i].residue != nullptr || t.slices[i].device_residue != nullptr) && !flush;
     if (status.ok()) sent.Add(compressed ? &t.update : nullptr, info);
     t.metrics.AddSent(compressed ? t.update.SentElements() : info.length);
     if (!status.ok()) {
@@ -121,13 +177,11 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
     }
     encoded.push_back(std::move(bytes));
   }
+  const bool ok = status.ok();
   for (SliceRt& rt : t.slices) {
-    if (rt.residue == nullptr) continue;
-    if (status.ok()) {
-      rt.residue->Commit();
-    } else {
-      rt.residue->Discard();
-    }
+    // (Only a device can fail here, and then it is broken: its error is the push's.)
+    absl::Status ended = EndPush(rt, ok, flush);
+    if (status.ok()) status = std::move(ended);
   }
   if (!status.ok()) return status;
   std::swap(t.last_sent, sent);
@@ -136,6 +190,47 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
 }
 
 namespace {
+
+// ApplyPull's answer for a tensor on a device (dense or recompressed pulls; Declare refuses
+// the others): a dense answer is copied once into `dst`; a recompressed one is decoded on the
+// host, added to the host replica and, on the device, to the device's copy of it, which is
+// then copied into `dst` (the same float additions on both: the copies stay equal).
+absl::Status ApplyDevicePull(Tensor& t, size_t i, const msg::PullResponse& resp,
+                             absl::Span<const uint8_t> payload, float* dst)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
+  const SliceInfo& info = t.meta[i].info;
+  SliceRt& rt = t.slices[i];
+  const size_t bytes = uint64_t{info.length} * sizeof(float);
+  if (resp.format() == msg::PullFormat::Dense) {
+    if (payload.size() != bytes) return absl::DataLossError("dense pull of the wrong size");
+    return t.device->ToDevice(dst, payload.data(), bytes);
+  }
+  if (resp.format() != msg::PullFormat::Recompressed || rt.device_replica == nullptr) {
+    return absl::DataLossError(absl::StrCat("pull of '", t.spec.name, "' (on ",
+                                            t.device->name(), ") answered in format ",
+                                            msg::EnumNamePullFormat(resp.format())));
+  }
+  if (resp.base_version() != rt.replica_version) {
+    return absl::DataLossError(absl::StrCat("recompressed pull from version ",
+                                            resp.base_version(), " but replica is at ",
+                                            rt.replica_version));
+  }
+  if (!payload.empty()) {
+    CompressedUpdate& u = t.pull_update;
+    if (absl::Status st = DecodeUpdate(payload, &u); !st.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("recompressed pull of '", t.spec.name, "': ", st.message()));
+    }
+    if (absl::Status st = DecompressAdd(u, 1.0f, absl::MakeSpan(rt.replica)); !st.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("recompressed pull of '", t.spec.name, "': ", st.message()));
+    }
+    ADAPS_RETURN_IF_ERROR(t.device_codec->AddUpdate(u, rt.device_replica->data(), info.length));
+  }
+  ADAPS_RETURN_IF_ERROR(t.device->Copy(dst, rt.device_replica->data(), bytes));
+  rt.replica_version = resp.version();
+  return absl::OkStatus();
+}
 
 absl::Status ApplyPullLocked(Tensor& t, size_t i, const msg::PullResponse& resp,
                              absl::Span<const uint8_t> payload, uint64_t wire_bytes,
@@ -149,6 +244,7 @@ absl::Status ApplyPullLocked(Tensor& t, size_t i, const msg::PullResponse& resp,
   t.traffic.server_seconds += static_cast<double>(resp.server_us()) * 1e-6;
   t.metrics.Sync(t.traffic);
   float* dst = out.data() + info.offset;
+  if (t.device != nullptr) return ApplyDevicePull(t, i, resp, payload, dst);
   // TensorSpec::pull_in_place: the output is the replica, nothing to copy between them.
   const bool in_place = rt.replica.data() == dst;
   const bool sparse = t.spec.pull == PullFormat::kSparse;

@@ -31,6 +31,7 @@
 #include "common/compressor.h"
 #include "common/messages.h"
 #include "common/wire_codec.h"
+#include "worker/device.h"
 #include "worker/tensor_metrics.h"
 
 namespace adaps {
@@ -44,6 +45,12 @@ struct SliceMeta {
 // What changes: the error feedback, the step, and the replica of recompressed pulls.
 struct SliceRt {
   std::unique_ptr<SliceState> residue;  // null for dense tensors (no error feedback)
+  // A tensor on a device (Tensor::device): the residue lives there instead (null for dense
+  // tensors), and so does a copy of `replica` that the pull answers are added to on the
+  // device (recompressed pulls; `replica` stays the host's, which resynchronisations write
+  // and which is uploaded to this one then).
+  std::unique_ptr<DeviceResidue> device_residue;
+  std::unique_ptr<DeviceArray> device_replica;
   // Recompressed and sparse pulls: what the server published (empty for dense pulls). Its
   // elements are `replica_own`'s, or the caller's buffer itself (TensorSpec::pull_in_place).
   absl::Span<float> replica;
@@ -110,7 +117,14 @@ struct Tensor {
   std::vector<SliceRt> slices ABSL_GUARDED_BY(mu);
   // TensorSpec::pull_in_place: the caller's buffer, the slices' replicas; else null.
   float* in_place = nullptr;
+  // TensorSpec::device: the device its gradients, parameters and residues live on (set
+  // before the tensor is published); null: host memory.
+  std::shared_ptr<Device> device;
+  // Its codec there (AdaComp at the tensor's bin size; a dense tensor's adds pull answers).
+  std::unique_ptr<DeviceCodec> device_codec ABSL_GUARDED_BY(mu);
+  std::vector<float> host_staging ABSL_GUARDED_BY(mu);  // a dense push or a flush of a device tensor
   CompressedUpdate update ABSL_GUARDED_BY(mu);
+  CompressedUpdate pull_update ABSL_GUARDED_BY(mu);  // a device tensor's pull answer, decoded
   TrafficCounters traffic ABSL_GUARDED_BY(mu);
   SentElements last_sent ABSL_GUARDED_BY(mu);  // by the last successful push
   // EncodePush collects a push's elements here and swaps it with last_sent on success: the
@@ -179,7 +193,10 @@ struct RunOp {
   Tensor* const t;
   const bool push, pull;
   const bool flush;  // the push sends the residues, dense (Worker::Leave)
-  const absl::Span<float> out;
+  const absl::Span<float> out;  // device memory for a tensor on a device
+  // A tensor on a device: what the trainer had given to its stream when it gave this Run;
+  // the library's work on the device waits for it before it reads the gradient.
+  std::shared_ptr<DeviceMark> ready;
   std::vector<SharedBytes> encoded;  // per slice (push): set before the first send
   std::promise<absl::Status> promise;
   // Called once with the status the promise is set to, right after it (a fusion bucket's
@@ -214,16 +231,23 @@ absl::StatusOr<std::unique_ptr<Compressor>> MakeTensorCompressor(const TensorSpe
 // succeeded. On any error (kInvalidArgument for NaN/Inf, kOutOfRange for a residue overflow)
 // no residue of any slice changed. Dense slices are encoded straight from the gradient with
 // the finiteness check fused into that one copy. `flush` (Worker::Leave): every slice sends
-// its residue plus `grad` dense, and its residue becomes zero.
+// its residue plus `grad` dense, and its residue becomes zero. A tensor on a device: `grad`
+// is device memory, except for a flush, which sends the residue alone (Leave's gradient is
+// zero).
 absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const float> grad,
                                                     IndexCoding coding, bool flush = false)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
 
-// Everything `residue` holds plus `grad`, dense, into `bytes`; the residue's pending next
-// value is zero (Commit or Discard it as after CompressPending).
-// Measures t.residue_sq when a second passed since the last time, or when `now_anyway`.
+// Uploads slice `i`'s host replica to its device copy (after a resynchronisation or the
+// initial pull wrote it); nothing for a tensor in host memory or without a replica.
+absl::Status UploadReplica(Tensor& t, size_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
+
+// Measures t.residue_sq when a second passed since the last time, or when `now_anyway`
+// (a tensor on a device: only then, since it costs a copy of the residue to the host).
 void MeasureResidue(Tensor& t, bool now_anyway) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
 
+// Everything `residue` holds plus `grad`, dense, into `bytes`; the residue's pending next
+// value is zero (Commit or Discard it as after CompressPending).
 absl::Status EncodeAllPending(SliceState& residue, absl::Span<const float> grad,
                               IndexCoding coding, Bytes* bytes);
 

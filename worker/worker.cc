@@ -59,6 +59,21 @@ std::future<absl::Status> Worker::Pull(absl::string_view name, absl::Span<float>
   return impl_->Run(name, {}, out, false, true);
 }
 
+std::future<absl::Status> Worker::PushPullOnDevice(absl::string_view name, const float* grad,
+                                                   float* out, void* stream) {
+  return impl_->RunOnDevice(name, grad, out, true, true, stream);
+}
+
+std::future<absl::Status> Worker::PushOnDevice(absl::string_view name, const float* grad,
+                                               void* stream) {
+  return impl_->RunOnDevice(name, grad, nullptr, true, false, stream);
+}
+
+std::future<absl::Status> Worker::PullOnDevice(absl::string_view name, float* out,
+                                               void* stream) {
+  return impl_->RunOnDevice(name, nullptr, out, false, true, stream);
+}
+
 absl::Status Worker::PullParameters(absl::string_view name, absl::Span<float> out) {
   return impl_->PullParameters(name, out);
 }

@@ -105,6 +105,26 @@ absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewTensor(const TensorSpec
   auto tensor = std::make_unique<Tensor>();
   tensor->spec = spec;
   tensor->length = length;
+  if (spec.device >= 0) {
+    ADAPS_RET_CHECK(spec.compression == Compression::kAdaComp ||
+                        spec.compression == Compression::kDense,
+                    absl::StatusCode::kInvalidArgument,
+                    absl::StrCat("tensor '", spec.name, "' on device ", spec.device,
+                                 ": a device compresses with AdaComp (or sends dense) only"));
+    ADAPS_RET_CHECK(spec.pull == PullFormat::kDense || spec.pull == PullFormat::kRecompressed,
+                    absl::StatusCode::kInvalidArgument,
+                    absl::StrCat("tensor '", spec.name, "' on device ", spec.device,
+                                 ": sparse pulls of a tensor on a device are not built; pull "
+                                 "it dense or recompressed (or give it in host memory)"));
+    ADAPS_RET_CHECK(!spec.pull_in_place, absl::StatusCode::kInvalidArgument,
+                    absl::StrCat("tensor '", spec.name, "' on device ", spec.device,
+                                 ": pull_in_place is for host memory"));
+    ADAPS_ASSIGN_OR_RETURN(tensor->device, DeviceFor(spec.device));
+  } else {
+    ADAPS_RET_CHECK(spec.device == -1, absl::StatusCode::kInvalidArgument,
+                    absl::StrCat("tensor '", spec.name, "': device ", spec.device,
+                                 " (a device ordinal is >= 0, or -1 for host memory)"));
+  }
 
   flatbuffers::FlatBufferBuilder fbb(256);
   auto body = msg::CreateDeclareTensor(fbb, fbb.CreateString(spec.name), length, spec.bin_size);
@@ -126,15 +146,48 @@ absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewTensor(const TensorSpec
     ADAPS_ASSIGN_OR_RETURN(uint64_t key, SliceKey(tensor->tensor_id, i));
     tensor->meta.push_back(SliceMeta{SliceInfo{s->offset(), s->length(), s->server()}, key});
     SliceRt rt;
-    if (!dense) rt.residue = std::make_unique<SliceState>(s->length());
+    if (!dense && tensor->device == nullptr) {
+      rt.residue = std::make_unique<SliceState>(s->length());
+    }
     tensor->slices.push_back(std::move(rt));
   }
+  if (tensor->device != nullptr) ADAPS_RETURN_IF_ERROR(PlaceOnDevice(*tensor));
   ADAPS_RET_CHECK(covered == length, absl::StatusCode::kDataLoss,
                   "tensor layout does not cover the tensor");
   return tensor;
 }
 
 // The starting values are rank 0's, or the current ones for a worker that rejoined.
+absl::StatusOr<std::shared_ptr<Device>> Worker::Impl::DeviceFor(int ordinal) {
+  absl::MutexLock lock(&mu_);
+  auto it = devices_.find(ordinal);
+  if (it != devices_.end()) return it->second;
+  ADAPS_ASSIGN_OR_RETURN(std::shared_ptr<Device> device,
+                         OpenDevice(ordinal, options_.emulate_devices));
+  log_.get()->info("tensors on device {}: {}", ordinal, device->name());
+  devices_.emplace(ordinal, device);
+  return device;
+}
+
+absl::Status Worker::Impl::PlaceOnDevice(Tensor& t) {
+  Device& device = *t.device;
+  CompressorOptions copts;
+  copts.kind = CompressorKind::kAdaComp;  // (a dense tensor's codec only adds pull answers)
+  copts.bin_size = t.spec.bin_size;
+  ADAPS_ASSIGN_OR_RETURN(t.device_codec, device.NewCodec(copts));
+  for (size_t i = 0; i < t.slices.size(); ++i) {
+    SliceRt& rt = t.slices[i];
+    const uint32_t n = t.meta[i].info.length;
+    if (t.spec.compression != Compression::kDense) {
+      ADAPS_ASSIGN_OR_RETURN(rt.device_residue, device.NewResidue(n));
+    }
+    if (t.spec.pull == PullFormat::kRecompressed) {
+      ADAPS_ASSIGN_OR_RETURN(rt.device_replica, device.NewArray(n));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
   const int rank = membership_->rank();
   for (const SliceMeta& m : t.meta) {
@@ -182,6 +235,7 @@ absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
     rt.step = resp->version();
     rt.seen_version = resp->version();
     rt.incarnation = incarnations[i];
+    ADAPS_RETURN_IF_ERROR(UploadReplica(t, i));
   }
   runner_->Track(&t);
   return absl::OkStatus();
@@ -206,7 +260,7 @@ absl::Status Worker::Impl::Declare(const TensorSpec& spec, absl::Span<float> val
                   absl::StrCat("tensor names starting with '", kFusionPrefix, "' are reserved"));
   std::unique_ptr<Tensor> tensor;
   bool fused = false;
-  if (fusion_->Takes(spec, length)) {
+  if (spec.device < 0 && fusion_->Takes(spec, length)) {
     ADAPS_ASSIGN_OR_RETURN(tensor, FusionTable::NewMember(spec, length));
     ADAPS_RETURN_IF_ERROR(fusion_->Declare(*tensor, values, &fused));
   }
@@ -238,8 +292,40 @@ std::future<absl::Status> Worker::Impl::Run(absl::string_view name, absl::Span<c
         "tensor '", name, "' pulls in place (TensorSpec::pull_in_place): `out` must be the "
         "buffer given to Declare")));
   }
+  if (t.device != nullptr) {
+    return ReadyFuture(absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "' is on ", t.device->name(),
+        ": give its gradient and parameters with PushPullOnDevice, PushOnDevice or "
+        "PullOnDevice")));
+  }
   if (t.fused_into != nullptr) return fusion_->Run(t, grad, out, push, pull);
   return runner_->Run(t, grad, out, push, pull, nullptr);
+}
+
+std::future<absl::Status> Worker::Impl::RunOnDevice(absl::string_view name, const float* grad,
+                                                    float* out, bool push, bool pull,
+                                                    void* stream) {
+  if (auto s = membership_->CheckRunning(); !s.ok()) return ReadyFuture(s);
+  auto found = Find(name);
+  if (!found.ok()) return ReadyFuture(found.status());
+  Tensor& t = **found;
+  if (t.device == nullptr) {
+    return ReadyFuture(absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "' is in host memory (TensorSpec::device = -1): give it with "
+        "PushPull, Push or Pull")));
+  }
+  if ((push && grad == nullptr) || (pull && out == nullptr)) {
+    return ReadyFuture(absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "': null device pointer")));
+  }
+  // What the trainer gave to its stream so far (its backward pass, writing the gradient):
+  // the library's work waits for it.
+  absl::StatusOr<std::shared_ptr<DeviceMark>> ready = t.device->Mark(stream);
+  if (!ready.ok()) return ReadyFuture(ready.status());
+  const absl::Span<const float> g = push ? absl::MakeConstSpan(grad, t.length)
+                                         : absl::Span<const float>();
+  const absl::Span<float> o = pull ? absl::MakeSpan(out, t.length) : absl::Span<float>();
+  return runner_->Run(t, g, o, push, pull, nullptr, /*flush=*/false, *std::move(ready));
 }
 
 absl::Status Worker::Impl::PullParameters(absl::string_view name, absl::Span<float> out) {
@@ -313,6 +399,10 @@ absl::Status Worker::Impl::Residue(absl::string_view name, absl::Span<float> out
   for (size_t k = 0; k < t->slices.size(); ++k) {
     const auto [offset, length] = SliceRange(*t, k);
     float* to = out.data() + offset;
+    if (DeviceResidue* on_device = t->slices[k].device_residue.get(); on_device != nullptr) {
+      ADAPS_RETURN_IF_ERROR(on_device->Download(absl::MakeSpan(to, length)));
+      continue;
+    }
     const SliceState* residue = t->slices[k].residue.get();
     if (residue == nullptr) {
       std::fill(to, to + length, 0.0f);
@@ -359,13 +449,20 @@ absl::Status Worker::Impl::LoadResidues(const std::string& path) {
     }
     targets.push_back(*t);
   }
-  for (size_t i = 0; i < all.size(); ++i) WriteResidue(*targets[i], all[i].residue);
+  for (size_t i = 0; i < all.size(); ++i) {
+    ADAPS_RETURN_IF_ERROR(WriteResidue(*targets[i], all[i].residue));
+  }
   return absl::OkStatus();
 }
 
-void Worker::Impl::WriteResidue(Tensor& t, absl::Span<const float> values) {
+absl::Status Worker::Impl::WriteResidue(Tensor& t, absl::Span<const float> values) {
   absl::MutexLock lock(&t.mu);
   for (size_t k = 0; k < t.slices.size(); ++k) {
+    if (DeviceResidue* on_device = t.slices[k].device_residue.get(); on_device != nullptr) {
+      const uint64_t offset = SliceRange(t, k).first;
+      ADAPS_RETURN_IF_ERROR(on_device->Upload(values.subspan(offset, on_device->size())));
+      continue;
+    }
     SliceState* residue = t.slices[k].residue.get();
     if (residue == nullptr) continue;
     const uint64_t offset = SliceRange(t, k).first;
@@ -374,6 +471,7 @@ void Worker::Impl::WriteResidue(Tensor& t, absl::Span<const float> values) {
     std::copy(values.begin() + offset, values.begin() + offset + to.size(), to.begin());
   }
   MeasureResidue(t, /*now_anyway=*/true);
+  return absl::OkStatus();
 }
 
 absl::Status Worker::Impl::SetResidue(absl::string_view name, absl::Span<const float> values) {
@@ -388,8 +486,7 @@ absl::Status Worker::Impl::SetResidue(absl::string_view name, absl::Span<const f
                     absl::StrCat("residue of '", t->spec.name, "': element ", i,
                                  " is not finite"));
   }
-  WriteResidue(*t, values);
-  return absl::OkStatus();
+  return WriteResidue(*t, values);
 }
 
 absl::Status Worker::Impl::Leave() {
@@ -439,8 +536,16 @@ absl::Status Worker::Impl::SetBinSize(absl::string_view name, uint32_t bin_size)
   TensorSpec spec = t->spec;
   spec.bin_size = bin_size;
   ADAPS_ASSIGN_OR_RETURN(auto compressor, MakeTensorCompressor(spec));
+  std::unique_ptr<DeviceCodec> device_codec;
+  if (t->device != nullptr) {
+    CompressorOptions copts;
+    copts.kind = CompressorKind::kAdaComp;
+    copts.bin_size = bin_size;
+    ADAPS_ASSIGN_OR_RETURN(device_codec, t->device->NewCodec(copts));
+  }
   absl::MutexLock lock(&t->mu);
   t->compressor = std::move(compressor);
+  if (device_codec != nullptr) t->device_codec = std::move(device_codec);
   return absl::OkStatus();
 }
 

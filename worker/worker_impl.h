@@ -62,6 +62,9 @@ class Worker::Impl {
   absl::Status Declare(const TensorSpec& spec, absl::Span<float> values);
   std::future<absl::Status> Run(absl::string_view name, absl::Span<const float> grad,
                                 absl::Span<float> out, bool push, bool pull);
+  // Run for a tensor on a device: device pointers, ordered after the trainer's `stream`.
+  std::future<absl::Status> RunOnDevice(absl::string_view name, const float* grad, float* out,
+                                        bool push, bool pull, void* stream);
   absl::Status Barrier();
   absl::Status PullParameters(absl::string_view name, absl::Span<float> out);
   absl::StatusOr<std::vector<uint32_t>> LastSent(absl::string_view name) const;
@@ -92,7 +95,11 @@ class Worker::Impl {
   // a barrier and pulls everyone's starting values into `values`.
   absl::Status DeclareSlices(Tensor& t, absl::Span<float> values);
   // Writes `values` (the whole tensor's, checked) into t's residues, dropping a pending one.
-  void WriteResidue(Tensor& t, absl::Span<const float> values);
+  absl::Status WriteResidue(Tensor& t, absl::Span<const float> values);
+  // The device `ordinal` (TensorSpec::device), opened at its first tensor and shared.
+  absl::StatusOr<std::shared_ptr<Device>> DeviceFor(int ordinal);
+  // A tensor on a device: its codec, residues and replica copies there.
+  absl::Status PlaceOnDevice(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   absl::Status StartMetrics();
   // The L2 norm of every tensor's residues as last measured (the heartbeat reports it).
   float ResidueNorm() const;
@@ -111,6 +118,7 @@ class Worker::Impl {
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Tensor>> tensors_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::shared_ptr<Device>> devices_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace adaps

@@ -96,6 +96,46 @@ class DeviceBuffer {
 // dst <- src, `bytes` bytes, device to device, asynchronous on `stream` (null: legacy default).
 absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, void* stream = nullptr);
 
+// Streams, events, copies and pinned host memory, for the worker library's device path
+// (worker/device_cuda.cc). Streams and events are plain pointers (cudaStream_t, cudaEvent_t).
+
+// Makes `ordinal` the calling thread's current device (kInvalidArgument past the devices).
+absl::Status SetDevice(int ordinal);
+// A non-blocking stream of the current device (does not wait for the legacy default stream);
+// DestroyStream(null) does nothing.
+absl::StatusOr<void*> CreateStream();
+void DestroyStream(void* stream);
+// An event recorded now on `stream` (null: the legacy default stream): what was given to it so
+// far. Freed by DestroyEvent (null: nothing).
+absl::StatusOr<void*> RecordEvent(void* stream);
+void DestroyEvent(void* event);
+// The work given to `stream` from now on waits for `event` (asynchronous).
+absl::Status StreamWaitEvent(void* stream, void* event);
+// Copies of `bytes` bytes on `stream`, returning once done (the stream synchronised).
+absl::Status CopyToHost(void* host, const void* device, size_t bytes, void* stream);
+absl::Status CopyToDevice(void* device, const void* host, size_t bytes, void* stream);
+absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes, void* stream);
+
+// Page-locked host memory (cudaMallocHost), freed on destruction. Move-only. Copies between it
+// and the device run at the bus's speed; pageable memory is staged by the driver in pieces.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& other) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  // Grows to at least `bytes` (contents lost when it grows). kResourceExhausted on failure.
+  absl::Status Reserve(size_t bytes);
+  void* data() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 // The residue of one slice, in device memory. Starts at zero.
 class CudaSliceState {
  public:

@@ -291,5 +291,100 @@ absl::Status CudaSliceState::Reset() {
   return impl_->residue[0].Zero(impl_->stream);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Streams, events, copies and pinned memory (the worker library's device path).
+
+absl::Status SetDevice(int ordinal) {
+  ADAPS_ASSIGN_OR_RETURN(const int count, CudaDeviceCount());
+  if (ordinal < 0 || ordinal >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", ordinal, " does not exist (", count, " visible)"));
+  }
+  ADAPS_CUDA_CALL(cudaSetDevice(ordinal), "cudaSetDevice");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> CreateStream() {
+  cudaStream_t s = nullptr;
+  ADAPS_CUDA_CALL(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  return static_cast<void*>(s);
+}
+
+void DestroyStream(void* stream) {
+  if (stream != nullptr) (void)cudaStreamDestroy(AsStream(stream));
+}
+
+absl::StatusOr<void*> RecordEvent(void* stream) {
+  cudaEvent_t e = nullptr;
+  ADAPS_CUDA_CALL(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  const cudaError_t rec = cudaEventRecord(e, AsStream(stream));
+  if (rec != cudaSuccess) {
+    (void)cudaEventDestroy(e);
+    return CudaError(rec, "cudaEventRecord");
+  }
+  return static_cast<void*>(e);
+}
+
+void DestroyEvent(void* event) {
+  if (event != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+absl::Status StreamWaitEvent(void* stream, void* event) {
+  ADAPS_CUDA_CALL(cudaStreamWaitEvent(AsStream(stream), static_cast<cudaEvent_t>(event), 0),
+                  "cudaStreamWaitEvent");
+  return absl::OkStatus();
+}
+
+namespace {
+absl::Status CopyAndWait(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                         void* stream, const char* what) {
+  if (bytes == 0) return absl::OkStatus();
+  ADAPS_CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, kind, AsStream(stream)), what);
+  ADAPS_CUDA_CALL(cudaStreamSynchronize(AsStream(stream)), "cudaStreamSynchronize");
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status CopyToHost(void* host, const void* device, size_t bytes, void* stream) {
+  return CopyAndWait(host, device, bytes, cudaMemcpyDeviceToHost, stream,
+                     "cudaMemcpyAsync device to host");
+}
+
+absl::Status CopyToDevice(void* device, const void* host, size_t bytes, void* stream) {
+  return CopyAndWait(device, host, bytes, cudaMemcpyHostToDevice, stream,
+                     "cudaMemcpyAsync host to device");
+}
+
+absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes, void* stream) {
+  return CopyAndWait(dst, src, bytes, cudaMemcpyDeviceToDevice, stream,
+                     "cudaMemcpyAsync device to device");
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (ptr_ != nullptr) (void)cudaFreeHost(ptr_);
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
+    : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  if (this != &other) {
+    if (ptr_ != nullptr) (void)cudaFreeHost(ptr_);
+    ptr_ = std::exchange(other.ptr_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+absl::Status PinnedBuffer::Reserve(size_t bytes) {
+  if (bytes <= bytes_) return absl::OkStatus();
+  if (ptr_ != nullptr) (void)cudaFreeHost(ptr_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+  ADAPS_CUDA_CALL(cudaMallocHost(&ptr_, bytes), "cudaMallocHost");
+  bytes_ = bytes;
+  return absl::OkStatus();
+}
+
 }  // namespace cuda
 }  // namespace adaps

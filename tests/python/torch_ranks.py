@@ -34,14 +34,16 @@ class Declared:
         return getattr(self._w, name)
 
 
-def run_ranks(address, n, fn, timeout=60):
-    """[fn(worker) for each rank], indexed by rank; re-raises the first rank's exception."""
+def run_ranks(address, n, fn, timeout=60, **worker_kwargs):
+    """[fn(worker) for each rank], indexed by rank; re-raises the first rank's exception.
+    worker_kwargs: more arguments of each rank's adaps.Worker."""
     results = [None] * n
     errors = []
 
     def body():
         try:
-            w = adaps.Worker(scheduler=address, register_timeout=20, request_timeout=15)
+            w = adaps.Worker(scheduler=address, register_timeout=20, request_timeout=15,
+                             **worker_kwargs)
             try:
                 results[w.rank] = fn(w)
             finally:

@@ -68,6 +68,26 @@ TEST(CApi, DeclaresPushesPullsAndReportsErrors) {
   EXPECT_EQ(adaps_worker_push_pull(w, "a-long-tensor-name-that-nobody-declared-at-all",
                                    grad.data(), out.data(), 6),
             3);
+  // A tensor on a device: the host call refuses it; without a GPU (or without CUDA in the
+  // build) the declaration says which, and a host tensor refuses the device call.
+  adaps_tensor_spec on_device{"g", shape, 2, 50, /*adacomp*/ 1, 0.01, /*dense pull*/ 0};
+  const int declared = adaps_worker_declare_on_device(w, &on_device, 0, values.data(), 6);
+  if (declared != 0) {
+    EXPECT_TRUE(declared == 12 || declared == 14) << declared;
+    const std::string why = adaps_worker_last_error(w);
+    EXPECT_TRUE(why.find("without CUDA") != std::string::npos ||
+                why.find("CUDA device") != std::string::npos ||
+                why.find("GPU") != std::string::npos) << why;
+  } else {
+    EXPECT_EQ(adaps_worker_push_pull(w, "g", grad.data(), out.data(), 6), 3);
+  }
+  EXPECT_EQ(adaps_worker_declare_on_device(w, &on_device, -1, values.data(), 6), 3);
+  EXPECT_EQ(adaps_worker_push_pull_device(w, "w", grad.data(), out.data(), 6, nullptr), 3);
+  EXPECT_NE(std::string(adaps_worker_last_error(w)).find("host memory"), std::string::npos);
+  EXPECT_EQ(adaps_worker_push_pull_device(w, "w", grad.data(), out.data(), 5, nullptr), 3);
+  EXPECT_EQ(adaps_worker_push_pull(w, "a-long-tensor-name-that-nobody-declared-at-all",
+                                   grad.data(), out.data(), 6),
+            3);
   const char* seen = adaps_worker_last_error(w);
   const std::string before = seen;
   std::thread([&] { EXPECT_EQ(adaps_worker_declare(w, nullptr, nullptr, 0), 3); }).join();

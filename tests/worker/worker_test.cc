@@ -1,8 +1,13 @@
 // The worker library against an in-process cluster (a Scheduler, two Servers with the
 // sum-only optimizer, one Worker) over inproc:// with a shared TransportContext: declare,
 // exact push-pull, recompressed pulls, and the two-phase push (a failed push changes no
-// residue of any slice).
+// residue of any slice). Each test runs twice: with the tensors in host memory, and on a
+// device (TensorSpec::device, emulated in host memory: WorkerOptions::emulate_devices), whose
+// pushes and pulls take the device path (PushPullOnDevice); then the device tests: the
+// device path against the host's in one job, bit for bit, and what it refuses.
+#include <cmath>
 #include <limits>
+#include <string>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -19,8 +24,11 @@ namespace {
 
 constexpr int kServers = 2;
 
-class WorkerInproc : public ::testing::Test {
+// The parameter: tensors on an (emulated) device.
+class WorkerInproc : public ::testing::TestWithParam<bool> {
  protected:
+  bool on_device() const { return GetParam(); }
+
   void SetUp() override {
     testing::InprocServersOptions o;
     o.servers = kServers;
@@ -31,6 +39,7 @@ class WorkerInproc : public ::testing::Test {
     wo.context = cluster_.context();
     wo.request_timeout = absl::Seconds(5);
     wo.log_level = "warn";
+    wo.emulate_devices = true;
     auto worker = Worker::Create(wo);
     ASSERT_TRUE(cluster_.JoinServers().ok());
     ASSERT_TRUE(worker.ok()) << worker.status();
@@ -49,6 +58,7 @@ class WorkerInproc : public ::testing::Test {
                                           Compression c, PullFormat pull = PullFormat::kDense) {
     std::vector<float> init(n, 0.0f);
     TensorSpec spec{name, {static_cast<int64_t>(n)}, bin, c, 0.25, pull};
+    spec.device = on_device() ? 0 : -1;
     EXPECT_TRUE(worker_->Declare(spec, absl::MakeSpan(init)).ok());
     auto slices = worker_->Slices(name);
     EXPECT_TRUE(slices.ok());
@@ -57,16 +67,22 @@ class WorkerInproc : public ::testing::Test {
     return *slices;
   }
 
+  // The tensor's calls, host or device ("device" memory is host memory when emulated).
   absl::Status PushPull(const std::string& name, const std::vector<float>& g,
                         std::vector<float>& out) {
+    if (on_device()) return worker_->PushPullOnDevice(name, g.data(), out.data()).get();
     return worker_->PushPull(name, g, absl::MakeSpan(out)).get();
+  }
+  absl::Status Push(const std::string& name, const std::vector<float>& g) {
+    if (on_device()) return worker_->PushOnDevice(name, g.data()).get();
+    return worker_->Push(name, g).get();
   }
 
   testing::InprocServers cluster_;  // waits for the scheduler and servers to end last
   std::unique_ptr<Worker> worker_;
 };
 
-TEST_F(WorkerInproc, DeclareLaysOutSlicesThatCoverTheTensor) {
+TEST_P(WorkerInproc, DeclareLaysOutSlicesThatCoverTheTensor) {
   const auto slices = DeclareTwoSlices("t", 32, 4, Compression::kAdaComp);
   ASSERT_EQ(slices.size(), 2u);
   EXPECT_EQ(slices[0].offset, 0u);
@@ -76,18 +92,21 @@ TEST_F(WorkerInproc, DeclareLaysOutSlicesThatCoverTheTensor) {
   EXPECT_EQ(worker_->TensorNames(), std::vector<std::string>{"t"});
 }
 
-TEST_F(WorkerInproc, DeclaringTwiceOrWithWrongSizesIsInvalid) {
+TEST_P(WorkerInproc, DeclaringTwiceOrWithWrongSizesIsInvalid) {
   DeclareTwoSlices("t", 32, 4, Compression::kDense);
   std::vector<float> v(32), w(31);
   EXPECT_EQ(worker_->Declare({"t", {32}, 4, Compression::kDense}, absl::MakeSpan(v)).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(worker_->Declare({"u", {32}, 4, Compression::kDense}, absl::MakeSpan(w)).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(worker_->Push("nope", v).get().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(worker_->Push("t", w).get().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Push("nope", v).code(), absl::StatusCode::kInvalidArgument);
+  // (A device pointer carries no length: the host calls check it.)
+  if (!on_device()) {
+    EXPECT_EQ(Push("t", w).code(), absl::StatusCode::kInvalidArgument);
+  }
 }
 
-TEST_F(WorkerInproc, DensePushPullIsExactOverBothSlices) {
+TEST_P(WorkerInproc, DensePushPullIsExactOverBothSlices) {
   DeclareTwoSlices("t", 64, 4, Compression::kDense);
   std::vector<float> expect(64, 0.0f), out(64);
   for (int step = 1; step <= 3; ++step) {
@@ -103,7 +122,7 @@ TEST_F(WorkerInproc, DensePushPullIsExactOverBothSlices) {
   EXPECT_EQ(traffic->push_dense_bytes, 3u * 64 * 4);
 }
 
-TEST_F(WorkerInproc, RecompressedPullsFollowTheParameters) {
+TEST_P(WorkerInproc, RecompressedPullsFollowTheParameters) {
   // A dense push of one value per step moves every parameter alike, which AdaComp's
   // recompression carries exactly (one scale, every element selected).
   DeclareTwoSlices("t", 64, 8, Compression::kDense, PullFormat::kRecompressed);
@@ -121,7 +140,7 @@ TEST_F(WorkerInproc, RecompressedPullsFollowTheParameters) {
 // parameters a step, and no more than the wall time of the steps for each slice (the sum is
 // over the two slices, whose servers work at the same time: under ASan it was seen at 1.04x
 // the wall time).
-TEST_F(WorkerInproc, PullAnswersCarryTheServersWorkPerStep) {
+TEST_P(WorkerInproc, PullAnswersCarryTheServersWorkPerStep) {
   constexpr size_t kN = 1 << 20;
   const size_t slices = DeclareTwoSlices("big", kN, 1024, Compression::kDense).size();
   std::vector<float> g(kN, 0.5f), out(kN);
@@ -159,38 +178,156 @@ class AdaCompTwoSlices : public WorkerInproc {
   std::vector<SliceInfo> slices_;
 };
 
-TEST_F(AdaCompTwoSlices, PushFailingInTheSecondSliceKeepsTheFirstSlicesResidue) {
+TEST_P(AdaCompTwoSlices, PushFailingInTheSecondSliceKeepsTheFirstSlicesResidue) {
   std::vector<float> out(32);
   ASSERT_TRUE(PushPull("t", Gradient(4, 1, 3e38f), out).ok());
   for (uint32_t i = 0; i < slices_[0].length; ++i) ASSERT_EQ(out[i], i % 4 == 0 ? 4.0f : 0.0f);
   // Slice 1 overflows: the push fails as a whole and must not consume slice 0's residue.
-  const absl::Status failed = worker_->Push("t", Gradient(0, 0, 3e38f)).get();
+  const absl::Status failed = Push("t", Gradient(0, 0, 3e38f));
   EXPECT_EQ(failed.code(), absl::StatusCode::kOutOfRange) << failed;
   // The next successful push carries slice 0's residue: every bin's [0, 1, 1, 1].
   ASSERT_TRUE(PushPull("t", Gradient(0, 0, 0), out).ok());
   ExpectSlice0HoldsAllItsMass(out);
 }
 
-TEST_F(AdaCompTwoSlices, NanInAnySliceIsInvalidAndChangesNoResidue) {
+TEST_P(AdaCompTwoSlices, NanInAnySliceIsInvalidAndChangesNoResidue) {
   std::vector<float> out(32);
   ASSERT_TRUE(PushPull("t", Gradient(4, 1, 1), out).ok());
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_EQ(worker_->Push("t", Gradient(0, 0, nan)).get().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(worker_->Push("t", Gradient(nan, 0, 0)).get().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Push("t", Gradient(0, 0, nan)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Push("t", Gradient(nan, 0, 0)).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(PushPull("t", Gradient(0, 0, 0), out).ok());
   ExpectSlice0HoldsAllItsMass(out);
 }
 
-TEST_F(WorkerInproc, DenseNanIsInvalidAndSendsNothing) {
+TEST_P(WorkerInproc, DenseNanIsInvalidAndSendsNothing) {
   DeclareTwoSlices("t", 32, 4, Compression::kDense);
   std::vector<float> g(32, 1.0f), out(32);
   g[31] = std::numeric_limits<float>::infinity();
-  EXPECT_EQ(worker_->Push("t", g).get().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Push("t", g).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(PushPull("t", std::vector<float>(32, 2.0f), out).ok());
   EXPECT_EQ(out, std::vector<float>(32, 2.0f));
 }
+
+INSTANTIATE_TEST_SUITE_P(HostAndDevice, WorkerInproc, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "OnDevice" : "OnHost";
+                         });
+INSTANTIATE_TEST_SUITE_P(HostAndDevice, AdaCompTwoSlices, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "OnDevice" : "OnHost";
+                         });
+
+// The device path against the host's in one job: the same tensor twice, "h" in host memory
+// and "d" on the device, given the same gradients.
+class DevicePath : public WorkerInproc {
+ protected:
+  void DeclareBoth(size_t n, uint32_t bin, Compression c, PullFormat pull) {
+    std::vector<float> init(n);
+    for (size_t i = 0; i < n; ++i) init[i] = 0.01f * static_cast<float>(i % 17);
+    for (int device : {-1, 0}) {
+      TensorSpec spec{device < 0 ? "h" : "d", {static_cast<int64_t>(n)}, bin, c, 0.25, pull};
+      spec.device = device;
+      spec.fuse = false;  // (a bucket's pushes carry a table: other bytes)
+      std::vector<float> values = init;
+      ASSERT_TRUE(worker_->Declare(spec, absl::MakeSpan(values)).ok());
+      ASSERT_EQ(values, init);
+    }
+  }
+  // Steps both with a gradient stream of bins that differ, and expects the same parameters,
+  // residues and sent elements each step.
+  void StepBoth(size_t n, int steps) {
+    std::vector<float> out_h(n), out_d(n), res_h(n), res_d(n);
+    for (int step = 0; step < steps; ++step) {
+      std::vector<float> g(n);
+      for (size_t i = 0; i < n; ++i) {
+        g[i] = std::sin(0.37f * static_cast<float>(i * (step + 1))) *
+               (1.0f + static_cast<float>((i / 8) % 5));
+      }
+      ASSERT_TRUE(worker_->PushPull("h", g, absl::MakeSpan(out_h)).get().ok());
+      ASSERT_TRUE(worker_->PushPullOnDevice("d", g.data(), out_d.data()).get().ok());
+      ASSERT_EQ(out_h, out_d) << "step " << step;
+      ASSERT_TRUE(worker_->Residue("h", absl::MakeSpan(res_h)).ok());
+      ASSERT_TRUE(worker_->Residue("d", absl::MakeSpan(res_d)).ok());
+      ASSERT_EQ(res_h, res_d) << "step " << step;
+      auto sent_h = worker_->LastSent("h");
+      auto sent_d = worker_->LastSent("d");
+      ASSERT_TRUE(sent_h.ok() && sent_d.ok());
+      ASSERT_EQ(*sent_h, *sent_d) << "step " << step;
+    }
+    // (The wire bytes differ by the envelopes: FlatBuffers leaves out a key of 0.)
+    auto th = worker_->Traffic("h");
+    auto td = worker_->Traffic("d");
+    ASSERT_TRUE(th.ok() && td.ok());
+    EXPECT_EQ(th->pushes, td->pushes);
+    EXPECT_EQ(th->pulls, td->pulls);
+  }
+};
+
+TEST_P(DevicePath, AdaCompWithRecompressedPullsIsTheHostPathBitForBit) {
+  DeclareBoth(96, 8, Compression::kAdaComp, PullFormat::kRecompressed);
+  StepBoth(96, 6);
+  // And with another bin size from the next push on.
+  ASSERT_TRUE(worker_->SetBinSize("h", 4).ok());
+  ASSERT_TRUE(worker_->SetBinSize("d", 4).ok());
+  StepBoth(96, 3);
+}
+
+TEST_P(DevicePath, AdaCompWithDensePullsIsTheHostPathBitForBit) {
+  DeclareBoth(96, 8, Compression::kAdaComp, PullFormat::kDense);
+  StepBoth(96, 5);
+}
+
+TEST_P(DevicePath, DenseWithRecompressedPullsIsTheHostPathBitForBit) {
+  DeclareBoth(64, 8, Compression::kDense, PullFormat::kRecompressed);
+  StepBoth(64, 4);
+}
+
+TEST_P(DevicePath, ResiduesGoThroughTheHostBothWays) {
+  DeclareBoth(96, 8, Compression::kAdaComp, PullFormat::kDense);
+  StepBoth(96, 2);
+  std::vector<float> set(96);
+  for (size_t i = 0; i < set.size(); ++i) set[i] = 0.5f - 0.01f * static_cast<float>(i);
+  ASSERT_TRUE(worker_->SetResidue("d", set).ok());
+  std::vector<float> got(96);
+  ASSERT_TRUE(worker_->Residue("d", absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, set);
+  ASSERT_TRUE(worker_->SetResidue("h", set).ok());
+  const std::string path = ::testing::TempDir() + "/device_path.residues";
+  ASSERT_TRUE(worker_->SaveResidues(path).ok());
+  ASSERT_TRUE(worker_->SetResidue("d", std::vector<float>(96, 0.0f)).ok());
+  ASSERT_TRUE(worker_->LoadResidues(path).ok());
+  ASSERT_TRUE(worker_->Residue("d", absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, set);
+  StepBoth(96, 2);  // and the next pushes carry it alike
+}
+
+TEST_P(DevicePath, EachPathRefusesTheOthersCallsAndWhatADeviceDoesNotDo) {
+  DeclareBoth(32, 4, Compression::kAdaComp, PullFormat::kDense);
+  std::vector<float> g(32, 1.0f), out(32);
+  const absl::Status host_call = worker_->PushPull("d", g, absl::MakeSpan(out)).get();
+  EXPECT_EQ(host_call.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(host_call.message().find("PushPullOnDevice"), std::string::npos) << host_call;
+  EXPECT_EQ(worker_->PushPullOnDevice("h", g.data(), out.data()).get().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(worker_->PushPullOnDevice("d", nullptr, out.data()).get().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<float> v(32);
+  TensorSpec sparse{"s", {32}, 4, Compression::kAdaComp, 0.25, PullFormat::kSparse};
+  sparse.device = 0;
+  const absl::Status st = worker_->Declare(sparse, absl::MakeSpan(v));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("recompressed"), std::string::npos) << st;
+  TensorSpec topk{"k", {32}, 4, Compression::kTopK, 0.25};
+  topk.device = 0;
+  EXPECT_EQ(worker_->Declare(topk, absl::MakeSpan(v)).code(), absl::StatusCode::kInvalidArgument);
+  TensorSpec bad{"b", {32}, 4, Compression::kAdaComp};
+  bad.device = -2;
+  EXPECT_EQ(worker_->Declare(bad, absl::MakeSpan(v)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Emulated, DevicePath, ::testing::Values(true),
+                         [](const ::testing::TestParamInfo<bool>&) { return "OnDevice"; });
 
 }  // namespace
 }  // namespace adaps

@@ -179,7 +179,9 @@ absl::Duration Seconds(double s) { return absl::Milliseconds(static_cast<int64_t
 // Worker plus the Python-side conveniences.
 class PyWorker {
  public:
-  explicit PyWorker(std::unique_ptr<Worker> worker) : worker_(std::move(worker)) {}
+  PyWorker(std::unique_ptr<Worker> worker, bool emulates_devices)
+      : worker_(std::move(worker)), emulates_devices_(emulates_devices) {}
+  bool emulates_devices() const { return emulates_devices_; }
 
   Worker& get() {
     if (!worker_) RaiseStatus(absl::FailedPreconditionError("worker was stopped"));
@@ -210,6 +212,7 @@ class PyWorker {
 
  private:
   std::unique_ptr<Worker> worker_;
+  const bool emulates_devices_;
 };
 
 std::unique_ptr<PyWorker> CreateWorker(const std::string& scheduler, const std::string& identity,
@@ -217,8 +220,10 @@ std::unique_ptr<PyWorker> CreateWorker(const std::string& scheduler, const std::
                                        bool compact_indices, const std::string& log_level,
                                        int compression_threads,
                                        const std::string& curve_server_key,
-                                       const std::string& curve_client_key) {
+                                       const std::string& curve_client_key,
+                                       bool emulate_devices) {
   WorkerOptions options;
+  options.emulate_devices = emulate_devices;
   ThrowIfError(options.LoadCurveKeys(curve_server_key, curve_client_key));
   options.compression_threads = compression_threads;
   options.scheduler = scheduler;
@@ -233,13 +238,13 @@ std::unique_ptr<PyWorker> CreateWorker(const std::string& scheduler, const std::
     worker = Worker::Create(options);
   }
   if (!worker.ok()) RaiseStatus(worker.status());
-  return std::make_unique<PyWorker>(*std::move(worker));
+  return std::make_unique<PyWorker>(*std::move(worker), emulate_devices);
 }
 
 void Declare(PyWorker& self, const std::string& name, py::object values,
              std::optional<std::vector<int64_t>> shape, uint32_t bin_size,
              const std::string& compression, double topk_fraction, const std::string& pull,
-             bool fuse, uint32_t pull_bin_divisor) {
+             bool fuse, uint32_t pull_bin_divisor, int device) {
   Borrowed v = Borrow(values, /*writable=*/true, "declare: values");
   TensorSpec spec;
   spec.name = name;
@@ -251,6 +256,7 @@ void Declare(PyWorker& self, const std::string& name, py::object values,
   spec.pull = ParsePull(pull);
   spec.fuse = fuse;
   spec.pull_bin_divisor = pull_bin_divisor;
+  spec.device = device;
   Worker& worker = self.get();
   absl::Status status;
   {
@@ -294,6 +300,24 @@ std::unique_ptr<Handle> Pull(PyWorker& self, const std::string& name, py::object
     future = worker.Pull(name, absl::MakeSpan(o.data, o.size));
   }
   return std::make_unique<Handle>(std::move(future), std::vector<py::object>{o.owner});
+}
+
+// A tensor on a device: its gradient and parameters as device addresses (a torch CUDA
+// tensor's data_ptr()) and the trainer's stream (cuda_stream; 0: the default stream); `keep`
+// is held until the operation ended (the tensors the addresses belong to).
+std::unique_ptr<Handle> PushPullDevice(PyWorker& self, const std::string& name, uintptr_t grad,
+                                       uintptr_t out, uintptr_t stream, py::list keep) {
+  Worker& worker = self.get();
+  std::future<absl::Status> future;
+  {
+    py::gil_scoped_release release;
+    future = worker.PushPullOnDevice(name, reinterpret_cast<const float*>(grad),
+                                     reinterpret_cast<float*>(out),
+                                     reinterpret_cast<void*>(stream));
+  }
+  std::vector<py::object> owners;
+  for (py::handle h : keep) owners.push_back(py::reinterpret_borrow<py::object>(h));
+  return std::make_unique<Handle>(std::move(future), std::move(owners));
 }
 
 template <typename F>
@@ -341,6 +365,11 @@ py::list Slices(PyWorker& self, const std::string& name) {
 
 void DefineModule(py::module_& m) {
   m.doc() = "adaps worker library bindings (see the adaps package for the documented API)";
+#ifdef ADAPS_WORKER_WITH_CUDA
+  m.attr("CUDA_BUILT") = true;
+#else
+  m.attr("CUDA_BUILT") = false;
+#endif
 
   g_error_type = PyErr_NewExceptionWithDoc(
       "adaps._core.Error",
@@ -360,7 +389,7 @@ void DefineModule(py::module_& m) {
            py::arg("register_timeout") = 60.0, py::arg("request_timeout") = 30.0,
            py::arg("compact_indices") = true, py::arg("log_level") = "warn",
            py::arg("compression_threads") = 1, py::arg("curve_server_key") = "",
-           py::arg("curve_client_key") = "")
+           py::arg("curve_client_key") = "", py::arg("emulate_devices") = false)
       .def_property_readonly("rank", [](PyWorker& w) { return w.get().rank(); })
       .def_property_readonly("num_workers", [](PyWorker& w) { return w.get().num_workers(); },
                              "One past the highest worker rank (the starting count, more once "
@@ -373,6 +402,8 @@ void DefineModule(py::module_& m) {
                              "again into it after a restart): its Declare pulls the servers' "
                              "current values instead of making rank 0's everyone's")
       .def_property_readonly("num_servers", [](PyWorker& w) { return w.get().num_servers(); })
+      .def_property_readonly("emulates_devices", &PyWorker::emulates_devices,
+                             "Tensors declared on a device live in host memory (tests)")
       .def_property_readonly("server_optimizer",
                              [](PyWorker& w) { return w.get().server_optimizer(); },
                              "The servers' --optimizer (mean: local mode; sgd, momentum, "
@@ -381,8 +412,14 @@ void DefineModule(py::module_& m) {
       .def("declare", &Declare, py::arg("name"), py::arg("values"), py::arg("shape") = py::none(),
            py::arg("bin_size") = 500, py::arg("compression") = "adacomp",
            py::arg("topk_fraction") = 0.001, py::arg("pull") = "dense", py::arg("fuse") = true,
-           py::arg("pull_bin_divisor") = 1)
+           py::arg("pull_bin_divisor") = 1, py::arg("device") = -1)
       .def("push_pull", &PushPull, py::arg("name"), py::arg("grad"), py::arg("out"))
+      .def("push_pull_device", &PushPullDevice, py::arg("name"), py::arg("grad"),
+           py::arg("out"), py::arg("stream") = 0, py::arg("keep") = py::list(),
+           "push_pull for a tensor declared with device=N: grad and out are device addresses "
+           "(a CUDA tensor's data_ptr(), the tensor's length each), stream the trainer's "
+           "(torch.cuda.current_stream().cuda_stream; 0: the default stream); keep: objects "
+           "held until the operation ended")
       .def("push", &Push, py::arg("name"), py::arg("grad"))
       .def("pull", &Pull, py::arg("name"), py::arg("out"))
       .def("barrier",

@@ -50,6 +50,16 @@ int adaps_worker_declare(adaps_worker* worker, const adaps_tensor_spec* spec, fl
                          size_t count);
 int adaps_worker_push_pull(adaps_worker* worker, const char* name, const float* grad,
                            float* out, size_t count);
+/* A tensor on a CUDA device (adaps::TensorSpec::device): declared with the device's ordinal
+ * (`values` in host memory, as adaps_worker_declare), then pushed and pulled with device
+ * pointers and the caller's stream (a cudaStream_t; NULL: the default stream). Its residues
+ * live on the device and its pushes are compressed there. 12 (unimplemented) when the library
+ * was built without CUDA, 14 (unavailable) without a usable GPU, 3 for a tensor in host
+ * memory given to push_pull_device (or one on a device given to push_pull). */
+int adaps_worker_declare_on_device(adaps_worker* worker, const adaps_tensor_spec* spec,
+                                   int device, float* values, size_t count);
+int adaps_worker_push_pull_device(adaps_worker* worker, const char* name, const float* grad,
+                                  float* out, size_t count, void* stream);
 /* The servers' parameters of `name` as of their last completed step, exactly (a dense pull;
  * the replica behind recompressed pulls is left alone): adaps::Worker::PullParameters. */
 int adaps_worker_pull_parameters(adaps_worker* worker, const char* name, float* out,

@@ -101,6 +101,10 @@ struct WorkerOptions {
   // trainer's; more help only when several large tensors are in flight at once and cores
   // are free. kInvalidArgument below 0 or above 64.
   int compression_threads = 1;
+  // Tensors declared on a device (TensorSpec::device) live in host memory instead, and the
+  // CPU codec does what the GPU would, through the same device path: for testing that path,
+  // and a trainer's use of it, on machines without a GPU. Off by default.
+  bool emulate_devices = false;
 };
 
 struct TensorSpec {
@@ -131,6 +135,17 @@ struct TensorSpec {
   // (local mode: the replica would be the trainer's own step, not the servers'). Such a
   // tensor is never fused (`fuse` is ignored); PullParameters needs another buffer.
   bool pull_in_place = false;
+  // The CUDA device (its ordinal) this tensor's gradients and parameters live on; -1 (the
+  // default): host memory. Its residues are then kept on that device and its pushes
+  // compressed there (the AdaComp kernels, docs/gpu.md): only the encoded update crosses to
+  // the host. A recompressed pull is added to a copy of the replica on the device and copied
+  // into `out`; a dense pull is copied once into `out`. Give it with PushPullOnDevice,
+  // PushOnDevice and PullOnDevice (device pointers and a stream, as NCCL takes them);
+  // Declare, PullParameters, Residue, SetResidue and the residue files still take host
+  // memory. Compression kAdaComp or kDense, pull kDense or kRecompressed, not pull_in_place;
+  // never fused. kUnimplemented at Declare when this library was built without CUDA,
+  // kUnavailable without a usable GPU.
+  int device = -1;
 };
 
 // Traffic of one tensor since it was declared. Wire bytes count every frame (FlatBuffers
@@ -209,6 +224,19 @@ class Worker {
   // The two halves: Push sends step s; Pull waits for the parameters after the last push.
   std::future<absl::Status> Push(absl::string_view name, absl::Span<const float> grad);
   std::future<absl::Status> Pull(absl::string_view name, absl::Span<float> out);
+
+  // The same for a tensor declared on a device (TensorSpec::device): `grad` and `out` are
+  // that device's memory, the tensor's length each; `stream` is the trainer's CUDA stream
+  // (a cudaStream_t; null: the default stream). The library's work waits for what was
+  // given to `stream` before the call (an event), runs on a stream of its own, and has
+  // written `out` when the future is ready. Calls as for the host ones; kInvalidArgument for
+  // a tensor in host memory (and the host calls refuse a tensor on a device).
+  std::future<absl::Status> PushPullOnDevice(absl::string_view name, const float* grad,
+                                             float* out, void* stream = nullptr);
+  std::future<absl::Status> PushOnDevice(absl::string_view name, const float* grad,
+                                         void* stream = nullptr);
+  std::future<absl::Status> PullOnDevice(absl::string_view name, float* out,
+                                         void* stream = nullptr);
 
   // The servers' parameters of `name` as of their last completed step, exactly (a dense
   // pull of each of its slices), into `out` (the tensor's length); blocks. The tensor's

@@ -7,7 +7,7 @@
 
 Worker(scheduler, identity="", register_timeout=60.0, request_timeout=30.0,
        compact_indices=True, log_level="warn", compression_threads=1,
-       curve_server_key="", curve_client_key="")
+       curve_server_key="", curve_client_key="", emulate_devices=False)
     Registers with the scheduler and returns once the cluster formed.
     curve_server_key, curve_client_key: adaps-keygen's files (the cluster's .pub, this
     worker's own pair, listed in the cluster's --curve_allowed_clients), as adaps-worker's
@@ -18,7 +18,7 @@ Worker(scheduler, identity="", register_timeout=60.0, request_timeout=30.0,
         num_workers: one past the highest rank (more once workers joined a running job);
         live_workers: the workers live now, what the servers' steps average over.
     .declare(name, values, shape=None, bin_size=500, compression="adacomp",
-             topk_fraction=0.001, pull="dense", fuse=True)
+             topk_fraction=0.001, pull="dense", fuse=True, device=-1)
         Collective (every worker, same order). Rank 0's `values` become the initial
         parameters; `values` is overwritten in place with them on every worker.
         compression: dense, adacomp, topk, sign. pull: dense, recompressed, sparse.
@@ -47,6 +47,14 @@ Worker(scheduler, identity="", register_timeout=60.0, request_timeout=30.0,
     .load_residues(path), .residue_checkpoint_path(directory)
         What the error feedback holds back; .checkpoint(dir) also writes this worker's
         residues to residue_checkpoint_path(dir) for load_residues after a restart.
+    .push_pull_device(name, grad, out, stream=0, keep=[]) -> Handle
+        For a tensor declared with device=N (a CUDA device's ordinal; the library built
+        with CUDA: adaps.CUDA_BUILT): grad and out are device addresses (data_ptr() of
+        float32 CUDA tensors of the tensor's length), stream the trainer's
+        (torch.cuda.current_stream().cuda_stream). Its residues live on the GPU and its
+        pushes are compressed there; pull "dense" or "recompressed". adaps.torch uses it
+        for CUDA parameters. emulate_devices=True (ADAPS_EMULATE_DEVICES=1) keeps such
+        tensors in host memory, for testing the path without a GPU.
     .slices(name), .tensor_names(), .stop()
     .leave()
         Pushes every compressed tensor's residue (nothing lost), then stops.
@@ -59,7 +67,7 @@ Errors: adaps.Error (a RuntimeError) with .code (absl status code number) and .c
 """
 import os
 
-from adaps._core import Error, Handle, Worker
+from adaps._core import CUDA_BUILT, Error, Handle, Worker
 
 __all__ = ["Error", "Handle", "Worker", "worker_from_env", "INVALID_ARGUMENT",
            "DEADLINE_EXCEEDED", "NOT_FOUND", "FAILED_PRECONDITION", "INTERNAL", "UNAVAILABLE",
@@ -156,6 +164,8 @@ def worker_from_env(**overrides):
         kwargs["log_level"] = env["ADAPS_LOG_LEVEL"]
     if "ADAPS_COMPRESSION_THREADS" in env:
         kwargs["compression_threads"] = int(env["ADAPS_COMPRESSION_THREADS"])
+    if env.get("ADAPS_EMULATE_DEVICES") == "1":  # tests: the device path in host memory
+        kwargs["emulate_devices"] = True
     for key in ("server", "client"):
         if env.get("ADAPS_CURVE_%s_KEY" % key.upper()):
             kwargs["curve_%s_key" % key] = env["ADAPS_CURVE_%s_KEY" % key.upper()]

@@ -102,10 +102,11 @@ class Entry:
 
 class GradEntry(Entry):
     """A tensor of the gradient exchanges (server mode; local mode's "gradient")."""
-    __slots__ = ("zeros", "used", "pushed_grad", "pushed_version", "passes")
+    __slots__ = ("zeros", "used", "pushed_grad", "pushed_version", "passes", "out_dev")
 
     def __init__(self, name, param, kind, bin_size):
         super().__init__(name, param, kind, bin_size)
+        self.out_dev = None   # declared on the param's device: where its pulls land there
         self.zeros = None     # pushed for a parameter that got no gradient this step
         self.used = False     # backward produced its gradient this step
         self.pushed_grad = None
@@ -164,10 +165,15 @@ class Exchange:
         # A row_sparse table is exchanged before the optimizer's step, the update exchange's
         # tensors after it: a fusion bucket holding both would wait for itself.
         running = self._running(pull)
+        device = self._device_of(e, pull)
         self.worker.declare(e.name, e.buf, shape=shape, bin_size=e.bin_size,
                             compression=e.compression, topk_fraction=e.topk_fraction,
                             pull=pull, fuse=not e.row_sparse,
-                            pull_bin_divisor=pull_bin_divisor if running else 1)
+                            pull_bin_divisor=pull_bin_divisor if running else 1,
+                            device=device)
+        if device >= 0:
+            e.out_dev = torch.zeros(e.param.shape, dtype=torch.float32,
+                                    device=e.param.device)
         if running:
             # The servers' running sum of the steps' means (0 at the start): each step's
             # delivered mean is its change. (Pinned as e.buf is: the two swap each step.)
@@ -179,6 +185,10 @@ class Exchange:
                 # parameters now, from rank 0's broadcast) plus the sum; so is its own.
                 with torch.no_grad():
                     e.param.add_(torch.from_numpy(e.buf).view(e.param.shape).to(e.param))
+
+    def _device_of(self, e, pull):
+        """The device e is declared on (its pushes compressed there), or -1: host memory."""
+        return -1
 
     def declare_more(self):
         """Anything declared after the tensors (before the fusion buckets close)."""
@@ -270,6 +280,40 @@ class _PushedGradients(Exchange):
     def _outgoing(self, e, g):
         return g
 
+    def _device_of(self, e, pull):
+        # The worker library's device path (its residues on the GPU, AdaComp there, only the
+        # update crossing to the host): a float32 CUDA parameter pushed with AdaComp or dense
+        # and pulled dense or recompressed as it is (not a running sum, nothing added on the
+        # host before the push), when the library was built with CUDA. Otherwise its gradient
+        # is staged through pinned host memory. (An emulating worker, for tests: CPU tensors.)
+        p = e.param
+        if (p.dtype != torch.float32 or e.row_sparse or self._running(pull)
+                or e.compression not in ("adacomp", "dense")
+                or pull not in ("dense", "recompressed")
+                or getattr(self, "momentum_correction", False)):
+            return -1
+        if self.worker.emulates_devices:
+            return 0 if p.device.type == "cpu" else -1
+        if p.device.type == "cuda" and adaps.CUDA_BUILT:
+            return p.device.index if p.device.index is not None else 0
+        return -1
+
+    def _push_device(self, e, grad):
+        g = grad.detach()
+        if g.is_sparse:
+            g = g.to_dense()
+        g = g.contiguous()
+        stream = torch.cuda.current_stream(g.device).cuda_stream if g.is_cuda else 0
+        e.handle = self.worker.push_pull_device(e.name, g.data_ptr(), e.out_dev.data_ptr(),
+                                                stream, [g, e.out_dev])
+
+    def pulled(self, e):
+        """What e's pull wrote, as a tensor of the param's shape (on its device when e is
+        pulled there)."""
+        if e.out_dev is not None:
+            return e.out_dev.view_as(e.param)
+        return torch.from_numpy(e.buf).view_as(e.param)
+
     def _push(self, e, grad):
         if e.handle is not None:
             raise adaps._error(
@@ -279,6 +323,11 @@ class _PushedGradients(Exchange):
                 "DDP's model.no_sync()) or set backward_passes_per_step (as Horovod)"
                 % (e.name, self.backward_passes_per_step))
         self._before_push()
+        if e.out_dev is not None:
+            self._push_device(e, grad)
+            e.used = True
+            e.pushed_grad, e.pushed_version = grad, grad._version
+            return
         g = grad.detach()
         if g.is_sparse:
             g = g.to_dense()
@@ -295,6 +344,12 @@ class _PushedGradients(Exchange):
         e.pushed_grad, e.pushed_version = grad, grad._version
 
     def _push_unused(self, e):
+        if e.out_dev is not None:
+            if e.zeros is None:
+                e.zeros = torch.zeros_like(e.out_dev)
+            self._push_device(e, e.zeros)
+            e.used = False
+            return
         if e.zeros is None:
             e.zeros = np.zeros(e.buf.shape, dtype=np.float32)
         e.handle = self.worker.push_pull(e.name, self._outgoing(e, e.zeros), e.buf)
@@ -477,7 +532,7 @@ class ServerExchange(_PushedGradients):
 
     def _apply(self):
         for e in self.entries:
-            e.param.copy_(torch.from_numpy(e.buf).view_as(e.param))
+            e.param.copy_(self.pulled(e))
 
     def _check_after_synchronize(self):
         self.check_unmodified()
@@ -538,7 +593,7 @@ class GradientExchange(_PushedGradients):
         for i, e in enumerate(self.entries):
             if self._used_out[i] <= 0.0:
                 continue  # no worker's backward reached it: left as it is (DDP)
-            mean = torch.from_numpy(e.buf).view_as(e.param)
+            mean = self.pulled(e)
             if e.param.grad is None:
                 e.param.grad = mean.to(device=e.param.device, dtype=e.param.dtype,
                                        copy=True)
