@@ -2,15 +2,18 @@
 # The GPU check of adaps (docs/gpu.md), run on the GPU machine. It builds NOTHING and installs
 # nothing (that machine has no network, no -dev packages, only a pip CMake): it runs the
 # binaries that bench/gpu-prepare.sh built on a CPU machine and collected into .gpu/, which the
-# device tool carries. Within 5 minutes: the CPU instance of the conformance suite without its
+# device tool carries. Within about 6 minutes: the CPU instance of the conformance suite without its
 # 16M-element test (at most 30 s), the gpu tests (the shared conformance suite against the CPU
 # oracle, the device-resident path, streams; at most 150 s), a short compute-sanitizer memcheck
 # pass over the CUDA tests (at most 45 s; skipped, and said so, where compute-sanitizer is not
 # installed) and the GPU
 # benchmark (compress at T = 500 and 50 on 25M, 100M and 250k elements against a device-to-device copy
 # of the same bytes, decompress-add, the dense baseline; each figure the median of 5 samples,
-# the GPU kept busy for 1 s before the reference copy; at most 90 s). Every step runs under
-# `timeout -k` (killed 10 s after its limit if it ignores the TERM).
+# the GPU kept busy for 1 s before the reference copy; at most 90 s); then the worker
+# library's device path (worker_device_gpu_test: against the host path, and the 25M push
+# time; at most 90 s) and adaps.torch end to end (its module compiled here against the carried
+# libadaps_worker.so, at most 60 s, then bench/gpu/torch_e2e.py, at most 90 s). Every step
+# runs under `timeout -k` (killed 10 s after its limit if it ignores the TERM).
 #
 #   bash bench/gpu-check.sh            # from the repository root (or anywhere)
 #
@@ -20,7 +23,8 @@
 # CUDA install folders).
 # Writes $OUT/gpu-figures.txt (the GPU, the test totals, the sanitizer's verdict, the
 # benchmark's table and SUMMARY) and the logs $OUT/cpu-conformance.log, $OUT/gpu-tests.log,
-# $OUT/gpu-tests.xml, $OUT/sanitizer.log, $OUT/gpu-bench.log, $OUT/gpu-check.log.
+# $OUT/gpu-tests.xml, $OUT/sanitizer.log, $OUT/gpu-bench.log, $OUT/device-path.log,
+# $OUT/e2e.log, $OUT/gpu-check.log.
 #
 # Exit status: 0 tests passed, the sanitizer found nothing (or was absent) and the benchmark ran
 # (its SUMMARY says whether the 60% target was met); 1 a test failure, a sanitizer error report
@@ -63,6 +67,7 @@ if [[ ! -x "$BIN/cuda_compressor_test" || ! -x "$BIN/adaps_gpu_bench" ]]; then
   say "FAIL: cannot make the carried binaries executable ($BIN)"
   exit 3
 fi
+ORIG_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}  # the Python run keeps the machine's own
 export LD_LIBRARY_PATH="$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fig "adaps GPU check, $(date -u +%FT%TZ)"
 sed -n '1,4p' "$CARRY/MANIFEST" 2>/dev/null | sed 's/^/prepared /' | tee -a "$FIG"
@@ -151,16 +156,59 @@ if [[ $HAVE_GPU -eq 1 ]]; then
   tee -a "$FIG" <"$OUT/gpu-bench.log"
   [[ $BENCH_RC -eq 124 || $BENCH_RC -eq 137 ]] && fig "benchmark: TIMED OUT after 90 s"
 fi
+
+# --- The worker library's device path ----------------------------------------------------------
+# Tensors on cuda:0 beside the same tensors in host memory in one in-process job (the same
+# parameters up to the scale's ulp, the same bytes), and the encode time of a 25M push on the
+# device path against the host-staged one (a figure: DEVICE-PUSH).
+DEV_RC=0
+if [[ $HAVE_GPU -eq 1 && -x "$BIN/worker_device_gpu_test" ]]; then
+  say "device path: worker_device_gpu_test (at most 90 s)"
+  timeout -k $KILL_AFTER 90 "$BIN/worker_device_gpu_test" --gtest_color=no \
+    >"$OUT/device-path.log" 2>&1
+  DEV_RC=$?
+  fig ""
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ test" "$OUT/device-path.log" \
+    | sed 's/^/device path: /' | tee -a "$FIG"
+  grep -E "^DEVICE-PUSH|differ by ulps" "$OUT/device-path.log" | tail -3 | tee -a "$FIG"
+  [[ $DEV_RC -eq 124 || $DEV_RC -eq 137 ]] && fig "device path: TIMED OUT after 90 s"
+fi
+
+# --- adaps.torch end to end on the GPU ---------------------------------------------------------
+# The module compiled here against the carried library (bench/gpu/build-module.sh), then the
+# zoo's transformer trained dense, on the device path and host-staged (bench/gpu/torch_e2e.py).
+# Not counted in the exit status where this machine cannot compile the module (said so).
+E2E_RC=0
+if [[ $HAVE_GPU -eq 1 && -x "$BIN/adaps-scheduler" ]]; then
+  say "end to end: build the module, then bench/gpu/torch_e2e.py (at most 150 s)"
+  PYDIR=$(mktemp -d "${TMPDIR:-/tmp}/adaps-gpu-py.XXXXXX")
+  LD_LIBRARY_PATH=$ORIG_LD_LIBRARY_PATH timeout -k $KILL_AFTER 60 \
+    bash bench/gpu/build-module.sh "$CARRY" "$PYDIR" python3 >"$OUT/e2e.log" 2>&1
+  MOD_RC=$?
+  if [[ $MOD_RC -eq 0 ]]; then
+    LD_LIBRARY_PATH=$ORIG_LD_LIBRARY_PATH PYTHONPATH="$PYDIR${PYTHONPATH:+:$PYTHONPATH}" \
+      PYTHONUNBUFFERED=1 timeout -k $KILL_AFTER 90 python3 bench/gpu/torch_e2e.py \
+      --bin "$BIN" --lib "$CARRY/lib" >>"$OUT/e2e.log" 2>&1
+    E2E_RC=$?
+    fig ""
+    grep -E '^\{"way"|^SUMMARY|^NO GPU' "$OUT/e2e.log" | sed 's/^/e2e: /' | tee -a "$FIG"
+    [[ $E2E_RC -eq 124 || $E2E_RC -eq 137 ]] && fig "e2e: TIMED OUT after 90 s"
+  else
+    fig "e2e: SKIPPED: the module was not built (exit $MOD_RC): $(tail -1 "$OUT/e2e.log")"
+    [[ $MOD_RC -eq 4 ]] || E2E_RC=$MOD_RC
+  fi
+fi
 fig ""
 fig "total: $(( $(date +%s) - START )) s; cpu conformance exit $CPU_RC; gpu tests exit $TEST_RC;" \
-    "sanitizer exit $SAN_RC; benchmark exit $BENCH_RC"
+    "sanitizer exit $SAN_RC; benchmark exit $BENCH_RC; device path exit $DEV_RC; e2e exit $E2E_RC"
 
 if [[ $HAVE_GPU -eq 0 || $BENCH_RC -eq 3 ]]; then
   say "NO GPU usable: tests skipped (exit $TEST_RC), nothing measured"
   [[ $TEST_RC -ne 0 || $CPU_RC -ne 0 || $SAN_RC -ne 0 ]] && exit 1
   exit 2
 fi
-if [[ $CPU_RC -ne 0 || $TEST_RC -ne 0 || $SAN_RC -ne 0 || $BENCH_RC -ne 0 ]]; then
+if [[ $CPU_RC -ne 0 || $TEST_RC -ne 0 || $SAN_RC -ne 0 || $BENCH_RC -ne 0 || $DEV_RC -ne 0 ||
+      $E2E_RC -ne 0 ]]; then
   say "FAIL (figures: $FIG)"
   exit 1
 fi

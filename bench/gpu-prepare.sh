@@ -7,10 +7,12 @@
 #
 # Configures ${ADAPS_GPU_BUILD_DIR:-build-gpu} (-DADAPS_CUDA=ON, Release, architectures
 # ${ADAPS_CUDA_ARCHITECTURES:-90}), builds only the CUDA target, the gpu test binary, the CPU
-# conformance test and the GPU benchmark, and collects into ${ADAPS_GPU_CARRY:-.gpu}/:
+# conformance test, the GPU benchmark, the worker library's device-path test, adaps-scheduler,
+# adaps-server and libadaps_worker.so, and collects into ${ADAPS_GPU_CARRY:-.gpu}/:
 #   bin/   the binaries (debug info stripped)
-#   lib/   the shared libraries they load (from ldd; without the C library family and the
-#          NVIDIA driver's libraries, which the GPU machine provides)
+#   lib/   libadaps_worker.so and the shared libraries they load (from ldd; without the C
+#          library family and the NVIDIA driver's libraries, which the GPU machine provides)
+#   include/absl  Abseil's headers (the Python module is compiled there against the library)
 #   MANIFEST  what was built from which commit, and the sizes
 #   ptxas.txt ptxas's resource usage of every kernel (registers, shared memory, spills): the
 #             CUDA objects are rebuilt each time with -Xptxas=-v (ADAPS_CUDA_PTXAS_VERBOSE)
@@ -39,7 +41,12 @@ if ! cmake -S . -B "$BUILD" -G Ninja -DADAPS_CUDA=ON -DCMAKE_BUILD_TYPE=Release 
   say "FAIL: configure (log: $BUILD.configure.log)"
   exit 1
 fi
-TARGETS=(cuda_compressor_test compressor_conformance_test adaps_gpu_bench)
+# The kernels' tests and benchmark; the worker library's device path on the GPU
+# (worker_device_gpu_test); and for the end-to-end run (bench/gpu/torch_e2e.py) the cluster's
+# executables and libadaps_worker.so, which adaps.torch's module is compiled against there.
+BINS=(cuda_compressor_test compressor_conformance_test adaps_gpu_bench worker_device_gpu_test
+      adaps-scheduler adaps-server)
+TARGETS=("${BINS[@]}" adaps_worker_shared)
 # The .cu objects are always recompiled (ccache replays ptxas's report), so that the build log
 # holds ptxas's resource usage of every kernel.
 rm -f "$BUILD"/common/cuda/CMakeFiles/adaps_cuda.dir/*.cu.o
@@ -68,22 +75,32 @@ if grep -qE ' [1-9][0-9]* bytes spill stores| [1-9][0-9]* loads$' "$CARRY/ptxas.
   say "FAIL: a kernel spills registers ($CARRY/ptxas.txt)"
   exit 1
 fi
-for t in "${TARGETS[@]}"; do
+for t in "${BINS[@]}"; do
   f=$(find "$BUILD" -name "$t" -type f -perm -u+x | head -1)
   [[ -n "$f" ]] || { say "FAIL: $t not built"; exit 1; }
   cp "$f" "$CARRY/bin/$t"
   strip --strip-debug "$CARRY/bin/$t"
 done
+# libadaps_worker.so under its soname, and the headers the Python module is compiled with
+# there (the library's public header travels with the working tree; Abseil's does not).
+lib=$(find "$BUILD/worker" -maxdepth 1 -name 'libadaps_worker.so.*' -type f | head -1)
+[[ -n "$lib" ]] || { say "FAIL: libadaps_worker.so not built"; exit 1; }
+soname=$(objdump -p "$lib" | awk '$1 == "SONAME" {print $2}')
+cp "$lib" "$CARRY/lib/${soname:-libadaps_worker.so.0}"
+strip --strip-debug "$CARRY/lib/${soname:-libadaps_worker.so.0}"
+mkdir -p "$CARRY/include"
+cp -r /usr/include/absl "$CARRY/include/absl"
 # Shared libraries: everything ldd resolves except the C library family (libc, libm, libdl,
 # libpthread, librt, the loader, vdso) and the driver's libcuda / libnvidia-*.
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libnvidia)'
-for b in "$CARRY"/bin/*; do
+for b in "$CARRY"/bin/* "$CARRY"/lib/libadaps_worker.so*; do
   ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
     [[ "$name" =~ $skip ]] && continue
     [[ -e "$CARRY/lib/$name" ]] || cp -L "$path" "$CARRY/lib/$name"
   done
 done
-missing=$(LD_LIBRARY_PATH="$CARRY/lib" ldd "$CARRY"/bin/* | grep "not found" || true)
+missing=$(LD_LIBRARY_PATH="$CARRY/lib" ldd "$CARRY"/bin/* "$CARRY"/lib/libadaps_worker.so* \
+          | grep "not found" || true)
 [[ -z "$missing" ]] || { echo "$missing"; say "FAIL: unresolved libraries"; exit 1; }
 
 bytes=$(du -sb "$CARRY" | cut -f1)

@@ -191,60 +191,12 @@ absl::StatusOr<std::vector<SharedBytes>> EncodePush(Tensor& t, absl::Span<const 
 
 namespace {
 
-// ApplyPull's answer for a tensor on a device (dense or recompressed pulls; Declare refuses
-// the others): a dense answer is copied once into `dst`; a recompressed one is decoded on the
-// host, added to the host replica and, on the device, to the device's copy of it, which is
-// then copied into `dst` (the same float additions on both: the copies stay equal).
-absl::Status ApplyDevicePull(Tensor& t, size_t i, const msg::PullResponse& resp,
-                             absl::Span<const uint8_t> payload, float* dst)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
+// Slice `i` of a pull answer into host memory at `dst` (the slice's first element).
+absl::Status ApplyHostPull(Tensor& t, size_t i, const msg::PullResponse& resp,
+                           absl::Span<const uint8_t> payload, float* dst,
+                           const Bytes* own_push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
   const SliceInfo& info = t.meta[i].info;
   SliceRt& rt = t.slices[i];
-  const size_t bytes = uint64_t{info.length} * sizeof(float);
-  if (resp.format() == msg::PullFormat::Dense) {
-    if (payload.size() != bytes) return absl::DataLossError("dense pull of the wrong size");
-    return t.device->ToDevice(dst, payload.data(), bytes);
-  }
-  if (resp.format() != msg::PullFormat::Recompressed || rt.device_replica == nullptr) {
-    return absl::DataLossError(absl::StrCat("pull of '", t.spec.name, "' (on ",
-                                            t.device->name(), ") answered in format ",
-                                            msg::EnumNamePullFormat(resp.format())));
-  }
-  if (resp.base_version() != rt.replica_version) {
-    return absl::DataLossError(absl::StrCat("recompressed pull from version ",
-                                            resp.base_version(), " but replica is at ",
-                                            rt.replica_version));
-  }
-  if (!payload.empty()) {
-    CompressedUpdate& u = t.pull_update;
-    if (absl::Status st = DecodeUpdate(payload, &u); !st.ok()) {
-      return absl::DataLossError(
-          absl::StrCat("recompressed pull of '", t.spec.name, "': ", st.message()));
-    }
-    if (absl::Status st = DecompressAdd(u, 1.0f, absl::MakeSpan(rt.replica)); !st.ok()) {
-      return absl::DataLossError(
-          absl::StrCat("recompressed pull of '", t.spec.name, "': ", st.message()));
-    }
-    ADAPS_RETURN_IF_ERROR(t.device_codec->AddUpdate(u, rt.device_replica->data(), info.length));
-  }
-  ADAPS_RETURN_IF_ERROR(t.device->Copy(dst, rt.device_replica->data(), bytes));
-  rt.replica_version = resp.version();
-  return absl::OkStatus();
-}
-
-absl::Status ApplyPullLocked(Tensor& t, size_t i, const msg::PullResponse& resp,
-                             absl::Span<const uint8_t> payload, uint64_t wire_bytes,
-                             absl::Span<float> out, const Bytes* own_push)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
-  AddsElapsed timer(t.traffic.decode_seconds);
-  const SliceInfo& info = t.meta[i].info;
-  SliceRt& rt = t.slices[i];
-  t.traffic.pull_wire_bytes += wire_bytes;
-  t.traffic.pull_dense_bytes += uint64_t{info.length} * sizeof(float);
-  t.traffic.server_seconds += static_cast<double>(resp.server_us()) * 1e-6;
-  t.metrics.Sync(t.traffic);
-  float* dst = out.data() + info.offset;
-  if (t.device != nullptr) return ApplyDevicePull(t, i, resp, payload, dst);
   // TensorSpec::pull_in_place: the output is the replica, nothing to copy between them.
   const bool in_place = rt.replica.data() == dst;
   const bool sparse = t.spec.pull == PullFormat::kSparse;
@@ -316,6 +268,68 @@ absl::Status ApplyPullLocked(Tensor& t, size_t i, const msg::PullResponse& resp,
   }
   rt.replica_version = resp.version();
   return absl::OkStatus();
+}
+
+// ApplyPull's answer for a tensor on a device (`dst` in device memory): a dense answer is
+// copied once into `dst`; a recompressed one is decoded on the host, added to the host
+// replica and, on the device, to the device's copy of it, which is then copied into `dst`
+// (the same float additions on both: the copies stay equal). A sparse one (the new values at
+// a few elements, or pushes to replay) changes the host replica as for a tensor in host
+// memory, which is then copied whole into `dst`: the copy of a dense pull.
+absl::Status ApplyDevicePull(Tensor& t, size_t i, const msg::PullResponse& resp,
+                             absl::Span<const uint8_t> payload, float* dst,
+                             const Bytes* own_push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
+  const SliceInfo& info = t.meta[i].info;
+  SliceRt& rt = t.slices[i];
+  const size_t bytes = uint64_t{info.length} * sizeof(float);
+  if (t.spec.pull == PullFormat::kSparse) {
+    ADAPS_RETURN_IF_ERROR(ApplyHostPull(t, i, resp, payload, rt.replica.data(), own_push));
+    return t.device->ToDevice(dst, rt.replica.data(), bytes);
+  }
+  if (resp.format() == msg::PullFormat::Dense) {
+    if (payload.size() != bytes) return absl::DataLossError("dense pull of the wrong size");
+    return t.device->ToDevice(dst, payload.data(), bytes);
+  }
+  if (resp.format() != msg::PullFormat::Recompressed || rt.device_replica == nullptr) {
+    return absl::DataLossError(absl::StrCat("pull of '", t.spec.name, "' (on ",
+                                            t.device->name(), ") answered in format ",
+                                            msg::EnumNamePullFormat(resp.format())));
+  }
+  if (resp.base_version() != rt.replica_version) {
+    return absl::DataLossError(absl::StrCat("recompressed pull from version ",
+                                            resp.base_version(), " but replica is at ",
+                                            rt.replica_version));
+  }
+  if (!payload.empty()) {
+    CompressedUpdate& u = t.pull_update;
+    if (absl::Status st = DecodeUpdate(payload, &u); !st.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("recompressed pull of '", t.spec.name, "': ", st.message()));
+    }
+    if (absl::Status st = DecompressAdd(u, 1.0f, absl::MakeSpan(rt.replica)); !st.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("recompressed pull of '", t.spec.name, "': ", st.message()));
+    }
+    ADAPS_RETURN_IF_ERROR(t.device_codec->AddUpdate(u, rt.device_replica->data(), info.length));
+  }
+  ADAPS_RETURN_IF_ERROR(t.device->Copy(dst, rt.device_replica->data(), bytes));
+  rt.replica_version = resp.version();
+  return absl::OkStatus();
+}
+
+absl::Status ApplyPullLocked(Tensor& t, size_t i, const msg::PullResponse& resp,
+                             absl::Span<const uint8_t> payload, uint64_t wire_bytes,
+                             absl::Span<float> out, const Bytes* own_push)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
+  AddsElapsed timer(t.traffic.decode_seconds);
+  const SliceInfo& info = t.meta[i].info;
+  t.traffic.pull_wire_bytes += wire_bytes;
+  t.traffic.pull_dense_bytes += uint64_t{info.length} * sizeof(float);
+  t.traffic.server_seconds += static_cast<double>(resp.server_us()) * 1e-6;
+  t.metrics.Sync(t.traffic);
+  float* dst = out.data() + info.offset;
+  if (t.device != nullptr) return ApplyDevicePull(t, i, resp, payload, dst, own_push);
+  return ApplyHostPull(t, i, resp, payload, dst, own_push);
 }
 
 }  // namespace

@@ -111,11 +111,6 @@ absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewTensor(const TensorSpec
                     absl::StatusCode::kInvalidArgument,
                     absl::StrCat("tensor '", spec.name, "' on device ", spec.device,
                                  ": a device compresses with AdaComp (or sends dense) only"));
-    ADAPS_RET_CHECK(spec.pull == PullFormat::kDense || spec.pull == PullFormat::kRecompressed,
-                    absl::StatusCode::kInvalidArgument,
-                    absl::StrCat("tensor '", spec.name, "' on device ", spec.device,
-                                 ": sparse pulls of a tensor on a device are not built; pull "
-                                 "it dense or recompressed (or give it in host memory)"));
     ADAPS_RET_CHECK(!spec.pull_in_place, absl::StatusCode::kInvalidArgument,
                     absl::StrCat("tensor '", spec.name, "' on device ", spec.device,
                                  ": pull_in_place is for host memory"));

@@ -101,6 +101,8 @@ absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, void* 
 
 // Makes `ordinal` the calling thread's current device (kInvalidArgument past the devices).
 absl::Status SetDevice(int ordinal);
+// The calling thread's current device.
+absl::StatusOr<int> GetDevice();
 // A non-blocking stream of the current device (does not wait for the legacy default stream);
 // DestroyStream(null) does nothing.
 absl::StatusOr<void*> CreateStream();

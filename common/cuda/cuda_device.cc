@@ -304,6 +304,12 @@ absl::Status SetDevice(int ordinal) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> GetDevice() {
+  int dev = 0;
+  ADAPS_CUDA_CALL(cudaGetDevice(&dev), "cudaGetDevice");
+  return dev;
+}
+
 absl::StatusOr<void*> CreateStream() {
   cudaStream_t s = nullptr;
   ADAPS_CUDA_CALL(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");

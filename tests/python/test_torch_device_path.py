@@ -26,14 +26,16 @@ class Mlp(nn.Module):
 _MODEL_LOCK = threading.Lock()
 
 
-def train(address, emulate, **settings):
+def train(address, emulate, make_opt=None, **settings):
+    make_opt = make_opt or (lambda params: torch.optim.SGD(params, lr=0.1))
+
     def rank(w):
         rec = Declared(w)
         with _MODEL_LOCK:  # (the ranks are threads: torch's global generator is shared)
             torch.manual_seed(0)
             m = Mlp()
-        opt = adaps.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m,
-                                               rec, bin_size=50, **settings)
+        opt = adaps.torch.DistributedOptimizer(make_opt(m.parameters()), m, rec, bin_size=50,
+                                               **settings)
         gen = torch.Generator().manual_seed(5 + w.rank)
         for _ in range(6):
             opt.zero_grad()
@@ -52,6 +54,7 @@ def check_same(cluster, server_kind, **settings):
                  **settings)
     dev = train(cluster(2, server_args=["--optimizer=" + server_kind]).address, True,
                 **settings)
+    steps = 6 // settings.get("local_steps", 1)
     for (d_h, p_h, t_h), (d_d, p_d, t_d) in zip(host, dev):
         assert set(d_h.values()) == {-1}, d_h
         assert d_d["fc1.weight"] == 0 and d_d["fc2.weight"] == 0, d_d
@@ -59,7 +62,7 @@ def check_same(cluster, server_kind, **settings):
             assert torch.equal(a, b)
         for n in ("fc1.weight", "fc2.weight"):
             # (The wire bytes differ: on the host small tensors share fusion buckets.)
-            assert t_h[n]["pushes"] == t_d[n]["pushes"] == 6, n
+            assert t_h[n]["pushes"] == t_d[n]["pushes"] == steps, n
             assert t_h[n]["push_dense_bytes"] == t_d[n]["push_dense_bytes"], n
     return dev
 
@@ -73,6 +76,21 @@ def test_local_gradient_exchange_on_an_emulated_device_is_the_host_path_bit_for_
     # and the two ranks trained the same model (DDP's arithmetic)
     for a, b in zip(dev[0][1], dev[1][1]):
         assert torch.equal(a, b)
+
+
+def test_local_update_exchange_defaults_with_adam_on_an_emulated_device(cluster):
+    # The default of local mode with AdaComp: each worker's own Adam step pushed, the exact
+    # mean pulled (sparse below 8 workers), the global second moment and the own share.
+    dev = check_same(cluster, "mean",
+                     make_opt=lambda params: torch.optim.Adam(params, lr=1e-2))
+    for a, b in zip(dev[0][1], dev[1][1]):
+        assert not torch.equal(a, b)  # (each keeps its own share of its residue)
+
+
+def test_local_steps_with_recompressed_pulls_and_nesterov_on_an_emulated_device(cluster):
+    # The running sum of recompressed pulls (its change taken on the device) and DiLoCo's
+    # outer step, every second step.
+    check_same(cluster, "mean", pull="recompressed", local_steps=2, outer="nesterov")
 
 
 def test_a_library_without_cuda_says_so_and_the_host_path_stays(cluster):

@@ -278,6 +278,14 @@ TEST_P(DevicePath, AdaCompWithDensePullsIsTheHostPathBitForBit) {
   StepBoth(96, 5);
 }
 
+TEST_P(DevicePath, AdaCompWithSparsePullsIsTheHostPathBitForBit) {
+  DeclareBoth(96, 8, Compression::kAdaComp, PullFormat::kSparse);
+  StepBoth(96, 5);
+  auto td = worker_->Traffic("d");
+  ASSERT_TRUE(td.ok());
+  EXPECT_GT(td->pulls_answered_sparse + td->pulls_answered_forwarded, 0u);
+}
+
 TEST_P(DevicePath, DenseWithRecompressedPullsIsTheHostPathBitForBit) {
   DeclareBoth(64, 8, Compression::kDense, PullFormat::kRecompressed);
   StepBoth(64, 4);
@@ -313,11 +321,12 @@ TEST_P(DevicePath, EachPathRefusesTheOthersCallsAndWhatADeviceDoesNotDo) {
   EXPECT_EQ(worker_->PushPullOnDevice("d", nullptr, out.data()).get().code(),
             absl::StatusCode::kInvalidArgument);
   std::vector<float> v(32);
-  TensorSpec sparse{"s", {32}, 4, Compression::kAdaComp, 0.25, PullFormat::kSparse};
-  sparse.device = 0;
-  const absl::Status st = worker_->Declare(sparse, absl::MakeSpan(v));
+  TensorSpec in_place{"s", {32}, 4, Compression::kAdaComp, 0.25, PullFormat::kSparse};
+  in_place.device = 0;
+  in_place.pull_in_place = true;
+  const absl::Status st = worker_->Declare(in_place, absl::MakeSpan(v));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("recompressed"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("pull_in_place"), std::string::npos) << st;
   TensorSpec topk{"k", {32}, 4, Compression::kTopK, 0.25};
   topk.device = 0;
   EXPECT_EQ(worker_->Declare(topk, absl::MakeSpan(v)).code(), absl::StatusCode::kInvalidArgument);

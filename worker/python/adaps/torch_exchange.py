@@ -74,7 +74,8 @@ def checked_local_steps(part, entries, local_steps):
 class Entry:
     """A trained tensor as every exchange sees it."""
     __slots__ = ("name", "param", "kind", "bin_size", "buf", "stage", "handle", "compressed",
-                 "adacomp", "row_sparse", "compression", "topk_fraction", "bin_default")
+                 "adacomp", "row_sparse", "compression", "topk_fraction", "bin_default",
+                 "out_dev")
 
     def __init__(self, name, param, kind, bin_size):
         self.name = name
@@ -90,6 +91,7 @@ class Entry:
         self.compression = "adacomp"  # what it is pushed with ("adacomp", "topk", ...)
         self.topk_fraction = None     # for compression "topk"
         self.bin_default = False  # its bin is bin_size's default (nothing named, not a conv)
+        self.out_dev = None   # declared on the param's device: where its pulls land there
 
     @classmethod
     def of(cls, e):
@@ -102,11 +104,10 @@ class Entry:
 
 class GradEntry(Entry):
     """A tensor of the gradient exchanges (server mode; local mode's "gradient")."""
-    __slots__ = ("zeros", "used", "pushed_grad", "pushed_version", "passes", "out_dev")
+    __slots__ = ("zeros", "used", "pushed_grad", "pushed_version", "passes")
 
     def __init__(self, name, param, kind, bin_size):
         super().__init__(name, param, kind, bin_size)
-        self.out_dev = None   # declared on the param's device: where its pulls land there
         self.zeros = None     # pushed for a parameter that got no gradient this step
         self.used = False     # backward produced its gradient this step
         self.pushed_grad = None
@@ -176,10 +177,15 @@ class Exchange:
                                     device=e.param.device)
         if running:
             # The servers' running sum of the steps' means (0 at the start): each step's
-            # delivered mean is its change. (Pinned as e.buf is: the two swap each step.)
-            replica = host_f32(shape, e.param)
-            e.replica = replica.numpy()
-            e.replica[...] = e.buf
+            # delivered mean is its change. (Pinned as e.buf is: the two swap each step; on
+            # the device path a device tensor, swapped with e.out_dev.)
+            if device >= 0:
+                e.replica = torch.from_numpy(e.buf).view(e.param.shape).to(
+                    e.param.device, copy=True)
+            else:
+                replica = host_f32(shape, e.param)
+                e.replica = replica.numpy()
+                e.replica[...] = e.buf
             if self.worker.rejoined:
                 # A worker that joined a running job: every replica is the job's start (its
                 # parameters now, from rank 0's broadcast) plus the sum; so is its own.
@@ -187,8 +193,37 @@ class Exchange:
                     e.param.add_(torch.from_numpy(e.buf).view(e.param.shape).to(e.param))
 
     def _device_of(self, e, pull):
-        """The device e is declared on (its pushes compressed there), or -1: host memory."""
+        """The device e is declared on, or -1: host memory. The worker library's device path
+        (its residues on the GPU, AdaComp there, only the update crossing to the host) takes
+        a float32 CUDA parameter pushed with AdaComp or dense when the library was built with
+        CUDA; otherwise its pushes are staged through pinned host memory. (A worker that
+        emulates devices, for tests: CPU parameters.)"""
+        p = e.param
+        if p.dtype != torch.float32 or e.row_sparse or \
+                e.compression not in ("adacomp", "dense"):
+            return -1
+        if getattr(self.worker, "emulates_devices", False):
+            return 0 if p.device.type == "cpu" else -1
+        if p.device.type == "cuda" and adaps.CUDA_BUILT:
+            return p.device.index if p.device.index is not None else 0
         return -1
+
+    @staticmethod
+    def push_device(worker, e, g):
+        """Pushes the device tensor g (the param's shape, float32) for e, its pull landing in
+        e.out_dev, ordered after the work given so far to the current stream."""
+        g = g.contiguous()
+        stream = torch.cuda.current_stream(g.device).cuda_stream if g.is_cuda else 0
+        e.handle = worker.push_pull_device(e.name, g.data_ptr(), e.out_dev.data_ptr(),
+                                           stream, [g, e.out_dev])
+
+    @staticmethod
+    def pulled(e):
+        """What e's pull wrote, as a tensor of the param's shape (on its device when e is
+        pulled there)."""
+        if e.out_dev is not None:
+            return e.out_dev.view_as(e.param)
+        return torch.from_numpy(e.buf).view_as(e.param)
 
     def declare_more(self):
         """Anything declared after the tensors (before the fusion buckets close)."""
@@ -281,38 +316,16 @@ class _PushedGradients(Exchange):
         return g
 
     def _device_of(self, e, pull):
-        # The worker library's device path (its residues on the GPU, AdaComp there, only the
-        # update crossing to the host): a float32 CUDA parameter pushed with AdaComp or dense
-        # and pulled dense or recompressed as it is (not a running sum, nothing added on the
-        # host before the push), when the library was built with CUDA. Otherwise its gradient
-        # is staged through pinned host memory. (An emulating worker, for tests: CPU tensors.)
-        p = e.param
-        if (p.dtype != torch.float32 or e.row_sparse or self._running(pull)
-                or e.compression not in ("adacomp", "dense")
-                or pull not in ("dense", "recompressed")
-                or getattr(self, "momentum_correction", False)):
+        # Not a running sum (recompressed pulls in local mode), and nothing added to the
+        # gradient on the host before the push (DGC's momentum correction, whose velocity is
+        # there).
+        if self._running(pull) or getattr(self, "momentum_correction", False):
             return -1
-        if self.worker.emulates_devices:
-            return 0 if p.device.type == "cpu" else -1
-        if p.device.type == "cuda" and adaps.CUDA_BUILT:
-            return p.device.index if p.device.index is not None else 0
-        return -1
+        return super()._device_of(e, pull)
 
     def _push_device(self, e, grad):
         g = grad.detach()
-        if g.is_sparse:
-            g = g.to_dense()
-        g = g.contiguous()
-        stream = torch.cuda.current_stream(g.device).cuda_stream if g.is_cuda else 0
-        e.handle = self.worker.push_pull_device(e.name, g.data_ptr(), e.out_dev.data_ptr(),
-                                                stream, [g, e.out_dev])
-
-    def pulled(self, e):
-        """What e's pull wrote, as a tensor of the param's shape (on its device when e is
-        pulled there)."""
-        if e.out_dev is not None:
-            return e.out_dev.view_as(e.param)
-        return torch.from_numpy(e.buf).view_as(e.param)
+        self.push_device(self.worker, e, g.to_dense() if g.is_sparse else g)
 
     def _push(self, e, grad):
         if e.handle is not None:

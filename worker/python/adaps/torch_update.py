@@ -76,6 +76,7 @@ class OwnUpdates:
         self.kind = kind
         self.worker = worker
         self.moments = moments
+        self._host = {}  # {name: host buffer} for the device path's entries
 
     def change(self, e, workers):
         """The change of this worker's share since the last exchange (e.held becomes the
@@ -83,18 +84,24 @@ class OwnUpdates:
         push's input buffer (e.stage) is free again and takes the new one. (The share
         follows the live worker count, which joins change.)"""
         w = workers
+        share = e.stage
+        if share.device.type != "cpu":  # the device path's push buffer: a host one instead
+            share = self._host.get(e.name)
+            if share is None:
+                share = self._host[e.name] = host_f32(e.buf.shape, e.param)
         if e.held is None:
-            e.held = torch.zeros(e.stage.shape, dtype=torch.float32)
-        self.worker.residue(e.name, e.stage.numpy())
+            e.held = torch.zeros(share.shape, dtype=torch.float32)
+        self.worker.residue(e.name, share.numpy())
         corr = self.moments.corr(e.param) if self.moments is not None else None
         if corr is not None:
             # (own_updates="estimate") The others' residues estimated by this worker's,
             # element by element as far as their updates correlate (torch_moments).
-            e.stage.mul_(corr.reshape(e.stage.shape).mul(w - 1.0).add_(1.0).div_(w))
+            share.mul_(corr.reshape(share.shape).to(share.device).mul(w - 1.0).add_(1.0)
+                       .div_(w))
         else:
-            e.stage.mul_(1.0 if self.kind == "all" else 1.0 / w)
-        change = (e.stage - e.held).view(e.param.shape)
-        e.held.copy_(e.stage)
+            share.mul_(1.0 if self.kind == "all" else 1.0 / w)
+        change = (share - e.held).view(e.param.shape)
+        e.held.copy_(share)
         return change
 
 
@@ -280,6 +287,14 @@ class UpdateExchange(Exchange):
         sent = [e for e in self.entries if not e.row_sparse]
         with torch.no_grad():
             for e in sent:
+                if e.out_dev is not None:
+                    # The device path: the change since the last exchange in a float32
+                    # buffer on the device (e.held's slot for own_updates stays the host's).
+                    if e.stage is None or e.stage.device != e.param.device:
+                        e.stage = torch.empty_like(e.param, dtype=torch.float32)
+                    torch.sub(e.param, e.snap, out=e.stage)
+                    self.push_device(self.worker, e, e.stage)
+                    continue
                 if e.stage is None:
                     e.stage = host_f32(e.buf.shape, e.param)
                 # The change since the last exchange (the local steps'), float32 on the
@@ -300,16 +315,21 @@ class UpdateExchange(Exchange):
                 # Every replica: the same start plus the same mean update.
                 if e.replica is not None:
                     # Recompressed: the servers' running sum; the mean delivered this step
-                    # is its change (e.buf becomes it, e.replica the sum).
-                    np.subtract(e.buf, e.replica, out=e.replica)
-                    e.replica, e.buf = e.buf, e.replica
-                mean = torch.from_numpy(e.buf).view(e.param.shape)
+                    # is its change (e.buf becomes it, e.replica the sum; on the device
+                    # path e.out_dev).
+                    if e.out_dev is not None:
+                        torch.sub(e.out_dev, e.replica, out=e.replica)
+                        e.replica, e.out_dev = e.out_dev, e.replica
+                    else:
+                        np.subtract(e.buf, e.replica, out=e.replica)
+                        e.replica, e.buf = e.buf, e.replica
+                mean = self.pulled(e).view(e.param.shape)
                 if no_grad and id(e) in no_grad and not self._warned_no_grad and \
                         bool(mean.any()):
                     self._warn_no_grad(e)
                 change = self._outer_change(e, mean)
                 if self.own is not None:
-                    change = change + self.own.change(e, w)
+                    change = change + self.own.change(e, w).to(change.device)
                 if e.param.dtype == torch.float32 and e.param.device.type == "cpu":
                     torch.add(e.snap, change, out=e.param)
                 else:
@@ -339,7 +359,8 @@ class UpdateExchange(Exchange):
             return mean
         b = self.outer_momentum.get(e.name)
         if b is None:
-            b = self.outer_momentum[e.name] = torch.zeros(mean.shape, dtype=torch.float32)
+            b = self.outer_momentum[e.name] = torch.zeros(mean.shape, dtype=torch.float32,
+                                                          device=mean.device)
         b.mul_(OUTER_MOMENTUM).add_(mean)
         return mean.add(b, alpha=OUTER_MOMENTUM).mul_(OUTER_LR)
 
