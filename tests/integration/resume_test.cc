@@ -38,6 +38,7 @@ WorkerOptions Options(const std::string& scheduler, bool fuse = true) {
   WorkerOptions o;
   o.scheduler = scheduler;
   if (!fuse) o.fusion_threshold_bytes = 0;
+  o.emulate_devices = true;  // (for the tensors declared on a device)
   o.register_timeout = absl::Seconds(20);
   o.request_timeout = absl::Seconds(5);
   o.log_level = "error";
@@ -47,9 +48,13 @@ WorkerOptions Options(const std::string& scheduler, bool fuse = true) {
 // What one worker saw: per tensor, p[0] after each PushPull.
 using Seen = std::vector<std::vector<float>>;
 
-// With `fuse`, the 32 small tensors travel in fusion buckets (the default), else one slice
-// each.
-void TrainThroughKills(int kills, bool fuse, Seen* seen0, Seen* seen1, std::string* log) {
+// How the 32 small tensors travel: in fusion buckets (the default), one slice each, or on
+// a device (emulated in host memory: the worker library's device path, AdaComp there; an
+// all-ones gradient is sent whole and exactly, so the arithmetic is the dense one).
+enum class Path { kFused, kOneSlice, kDevice };
+
+void TrainThroughKills(int kills, Path path, Seen* seen0, Seen* seen1, std::string* log) {
+  const bool fuse = path == Path::kFused;
   ClusterOptions options;
   options.num_servers = 0;  // started here, with an identity and checkpoints
   options.num_workers = 2;
@@ -95,9 +100,12 @@ void TrainThroughKills(int kills, bool fuse, Seen* seen0, Seen* seen1, std::stri
       ASSERT_TRUE(w.ok()) << w.status();
       std::vector<std::vector<float>> p(kTensors, std::vector<float>(kLen, 0.0f));
       const std::vector<float> g(kLen, 1.0f);
+      const bool device = path == Path::kDevice;
       for (int t = 0; t < kTensors; ++t) {
-        ASSERT_TRUE((*w)->Declare({absl::StrCat("t", t), {kLen}, 16, Compression::kDense},
-                                  absl::MakeSpan(p[t]))
+        TensorSpec spec{absl::StrCat("t", t), {kLen}, 16,
+                        device ? Compression::kAdaComp : Compression::kDense};
+        spec.device = device ? 0 : -1;
+        ASSERT_TRUE((*w)->Declare(spec, absl::MakeSpan(p[t]))
                         .ok());
       }
       // Both workers run the same number of steps: rank 0 sets the last one, far enough
@@ -107,7 +115,9 @@ void TrainThroughKills(int kills, bool fuse, Seen* seen0, Seen* seen1, std::stri
         if (rank == 0 && killed_all && last_step < 0) last_step = s + 200;
         std::vector<std::future<absl::Status>> pending;
         for (int t = 0; t < kTensors; ++t) {
-          pending.push_back((*w)->PushPull(absl::StrCat("t", t), g, absl::MakeSpan(p[t])));
+          const std::string name = absl::StrCat("t", t);
+          pending.push_back(device ? (*w)->PushPullOnDevice(name, g.data(), p[t].data())
+                                   : (*w)->PushPull(name, g, absl::MakeSpan(p[t])));
         }
         for (int t = 0; t < kTensors; ++t) {
           absl::Status st = pending[t].get();
@@ -136,13 +146,13 @@ std::string Around(const std::vector<float>& v, size_t s) {
   return out;
 }
 
-// Run with fusion buckets (the default) and with one slice per tensor.
-class Resume : public ::testing::TestWithParam<bool> {};
+// Run with fusion buckets (the default), with one slice per tensor and on a device.
+class Resume : public ::testing::TestWithParam<Path> {};
 
 TEST_P(Resume, ServerKilledWithManyTensorsInFlightKeepsBothWorkersInStep) {
   Seen a, b;
   std::string log;
-  TrainThroughKills(kKills, /*fuse=*/GetParam(), &a, &b, &log);
+  TrainThroughKills(kKills, GetParam(), &a, &b, &log);
   ASSERT_FALSE(HasFailure()) << log;
   ASSERT_EQ(a.size(), static_cast<size_t>(kTensors));
   // Each kill may end one operation of a worker differently: the one whose step the old
@@ -260,9 +270,12 @@ TEST(ResumeAllServers, KilledAndRestartedResumeAtOneStepAcrossShards) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fusion, Resume, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "Fused" : "OneSlicePerTensor";
+INSTANTIATE_TEST_SUITE_P(Fusion, Resume,
+                         ::testing::Values(Path::kFused, Path::kOneSlice, Path::kDevice),
+                         [](const ::testing::TestParamInfo<Path>& info) {
+                           return info.param == Path::kFused      ? "Fused"
+                                  : info.param == Path::kOneSlice ? "OneSlicePerTensor"
+                                                                  : "OnADevice";
                          });
 
 }  // namespace
