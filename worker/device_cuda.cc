@@ -186,6 +186,9 @@ absl::StatusOr<std::shared_ptr<Device>> OpenCudaDevice(int ordinal) {
   ADAPS_RET_CHECK(ordinal < count, absl::StatusCode::kInvalidArgument,
                   absl::StrCat("CUDA device ", ordinal, " does not exist (", count, " visible)"));
   ADAPS_ON_DEVICE(ordinal);
+  // (Before anything is declared: a GPU this library has no kernels for fails here, not at
+  // its first push.)
+  ADAPS_RETURN_IF_ERROR(cuda::CheckKernelImage());
   ADAPS_ASSIGN_OR_RETURN(void* stream, cuda::CreateStream());
   return std::shared_ptr<Device>(new CudaDevice(ordinal, stream));
 }

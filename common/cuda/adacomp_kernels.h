@@ -149,6 +149,11 @@ struct PassArgs {
 int MultiProcessorCount();
 
 // header->nonfinite = 1 when grad[0, n) holds NaN or +-Inf (the dense baseline).
+// cudaSuccess when the kernels have an image for the current device (the architectures the
+// target was built for, or PTX it can compile); else the runtime's error
+// (cudaErrorNoKernelImageForDevice, cudaErrorInvalidDeviceFunction).
+cudaError_t ProbeKernelImage();
+
 cudaError_t LaunchCheckFinite(const float* grad, size_t n, Header* header, int sm_count,
                               cudaStream_t stream);
 // The AdaComp pass (fused, or the two kernels of the general path for T > kTileCap): reads set

@@ -99,6 +99,11 @@ int MultiProcessorCount() {
   return count;
 }
 
+cudaError_t ProbeKernelImage() {
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes, CheckFiniteKernel);
+}
+
 cudaError_t LaunchCheckFinite(const float* grad, size_t n, Header* header, int sm_count,
                               cudaStream_t stream) {
   if (n == 0) return cudaSuccess;

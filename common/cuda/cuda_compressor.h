@@ -99,6 +99,9 @@ absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, void* 
 // Streams, events, copies and pinned host memory, for the worker library's device path
 // (worker/device_cuda.cc). Streams and events are plain pointers (cudaStream_t, cudaEvent_t).
 
+// OK when this library's kernels can run on the current device; kFailedPrecondition naming
+// the device's architecture and the rebuild flag when it was not built for it.
+absl::Status CheckKernelImage();
 // Makes `ordinal` the calling thread's current device (kInvalidArgument past the devices).
 absl::Status SetDevice(int ordinal);
 // The calling thread's current device.

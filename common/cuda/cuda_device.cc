@@ -304,6 +304,24 @@ absl::Status SetDevice(int ordinal) {
   return absl::OkStatus();
 }
 
+absl::Status CheckKernelImage() {
+  const cudaError_t e = k::ProbeKernelImage();
+  if (e == cudaSuccess) return absl::OkStatus();
+  (void)cudaGetLastError();
+  int dev = 0, major = 0, minor = 0;
+  (void)cudaGetDevice(&dev);
+  (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction ||
+      e == cudaErrorUnsupportedPtxVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "adaps_cuda has no kernels for this GPU (sm_", major, minor, ": ", cudaGetErrorName(e),
+        "); rebuild with -DADAPS_CUDA_ARCHITECTURES=\"", major, minor,
+        "\" (or a list such as \"80;90\")"));
+  }
+  return CudaError(e, "cudaFuncGetAttributes");
+}
+
 absl::StatusOr<int> GetDevice() {
   int dev = 0;
   ADAPS_CUDA_CALL(cudaGetDevice(&dev), "cudaGetDevice");

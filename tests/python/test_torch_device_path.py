@@ -5,6 +5,7 @@ codec doing the GPU's part. The same training on the host path must end bit for 
 this one does. 2 ranks in threads on a real local cluster."""
 import threading
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -110,3 +111,25 @@ def test_a_library_without_cuda_says_so_and_the_host_path_stays(cluster):
         assert code in ("OK", "UNAVAILABLE"), (code, why)
     else:
         assert code == "UNIMPLEMENTED" and "without CUDA" in why, (code, why)
+
+
+def test_a_device_that_does_not_open_leaves_the_parameters_on_the_host_path(cluster,
+                                                                          monkeypatch):
+    # A library with CUDA on a machine whose driver is older than its runtime, or a GPU its
+    # kernels were not built for: the declaration on the device fails before anything is
+    # declared, adaps.torch warns once and stages those parameters as before; the model is
+    # the host path's bit for bit. (Here the device is asked for a CPU parameter of a worker
+    # that does not emulate devices: the library says no GPU, or no CUDA.)
+    import adaps.torch_exchange as ex
+    host = train(cluster(2, server_args=["--optimizer=sgd"]).address, False,
+                 server_optimizer="sgd", pull="recompressed")
+    monkeypatch.setattr(ex.Exchange, "_device_of", lambda self, e, pull: 0)
+    monkeypatch.setattr(ex, "_device_path_off", None)
+    with pytest.warns(UserWarning, match="device path cannot be used here"):
+        fell = train(cluster(2, server_args=["--optimizer=sgd"]).address, False,
+                     server_optimizer="sgd", pull="recompressed")
+    assert ex._device_path_off is not None
+    for (d_h, p_h, _), (d_f, p_f, _) in zip(host, fell):
+        assert d_f["fc1.weight"] == -1, d_f  # (declared again, on the host)
+        for a, b in zip(p_h, p_f):
+            assert torch.equal(a, b)

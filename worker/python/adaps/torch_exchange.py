@@ -12,6 +12,9 @@ mode (DistributedOptimizer chooses one at construction; see adaps.torch).
 
 The update exchange (local mode, exchange="update") is adaps.torch_update.UpdateExchange.
 """
+import functools
+import warnings
+
 import numpy as np
 import torch
 
@@ -19,6 +22,11 @@ import adaps
 from adaps import torch_server_hyper as _hyper
 
 _USED_PREFIX = "__adaps_used__/"
+# Why this process's CUDA parameters stage through host memory after the device path failed
+# to open (None: it did not): a driver older than the library's CUDA runtime, a GPU its kernels
+# were not built for. Warned once.
+_device_path_off = None
+_DEVICE_UNUSABLE = ("UNAVAILABLE", "UNIMPLEMENTED", "FAILED_PRECONDITION")
 
 
 def host_f32(shape, like):
@@ -69,6 +77,14 @@ def checked_local_steps(part, entries, local_steps):
     anchor = {n: v.reshape(shapes[n]) for n, v in anchor.items()}
     momentum = {n: v.reshape(shapes[n]) for n, v in momentum.items()}
     return step, anchor, momentum
+
+
+def _turn_device_path_off(err):
+    global _device_path_off
+    _device_path_off = str(err)
+    warnings.warn("adaps.torch: the worker library's device path cannot be used here (%s): "
+                  "CUDA parameters are staged through pinned host memory and compressed on "
+                  "the CPU, as with a library built without CUDA" % err, stacklevel=4)
 
 
 class Entry:
@@ -166,12 +182,21 @@ class Exchange:
         # A row_sparse table is exchanged before the optimizer's step, the update exchange's
         # tensors after it: a fusion bucket holding both would wait for itself.
         running = self._running(pull)
-        device = self._device_of(e, pull)
-        self.worker.declare(e.name, e.buf, shape=shape, bin_size=e.bin_size,
-                            compression=e.compression, topk_fraction=e.topk_fraction,
-                            pull=pull, fuse=not e.row_sparse,
-                            pull_bin_divisor=pull_bin_divisor if running else 1,
-                            device=device)
+        device = self._device_of(e, pull) if _device_path_off is None else -1
+        declare = functools.partial(
+            self.worker.declare, e.name, e.buf, shape=shape, bin_size=e.bin_size,
+            compression=e.compression, topk_fraction=e.topk_fraction, pull=pull,
+            fuse=not e.row_sparse, pull_bin_divisor=pull_bin_divisor if running else 1)
+        try:
+            declare(device=device)
+        except adaps.Error as err:
+            # The device did not open (nothing was declared yet): this worker stages its
+            # CUDA parameters through host memory, as a library without CUDA does.
+            if device < 0 or getattr(err, "code_name", "") not in _DEVICE_UNUSABLE:
+                raise
+            _turn_device_path_off(err)
+            device = -1
+            declare(device=device)
         if device >= 0:
             e.out_dev = torch.zeros(e.param.shape, dtype=torch.float32,
                                     device=e.param.device)
