@@ -191,8 +191,13 @@ update exchange sends at step() what the optimizer did, so accumulation needs ne
 
 Dtypes and devices: float16/bfloat16/float64 parameters are trained with their gradients
 converted to float32 at the boundary (compressed as float32; server mode keeps float32
-master values on the servers). CUDA tensors are staged through host memory (pinned) on the
-way out and copied back to the device on the way in.
+master values on the servers). A float32 CUDA parameter pushed with AdaComp (or dense) takes
+the worker library's device path when the library was built with CUDA (adaps.CUDA_BUILT): its
+residue stays on the GPU, AdaComp runs there on the current stream's gradient and only the
+update crosses to the host; what the pull answers lands in a CUDA buffer (docs/gpu.md). Other
+CUDA tensors (another dtype, a large embedding's exact rows, Top-k), and all of a process
+whose device did not open (warned once), are staged through pinned host memory on the way
+out and copied back to the device on the way in.
 """
 import contextlib
 import inspect
