@@ -19,6 +19,7 @@ namespace adaps {
 namespace {
 
 // The device current on this thread while it lives; the thread's previous one afterwards.
+// `ordinal` was checked against the device count when its device opened.
 class OnDevice {
  public:
   explicit OnDevice(int ordinal) {
@@ -29,12 +30,12 @@ class OnDevice {
     }
     previous_ = *current;
     if (previous_ != ordinal) {
-      status_ = cuda::SetDevice(ordinal);
+      status_ = cuda::SwitchDevice(ordinal);
       changed_ = status_.ok();
     }
   }
   ~OnDevice() {
-    if (changed_) (void)cuda::SetDevice(previous_);
+    if (changed_) (void)cuda::SwitchDevice(previous_);
   }
   OnDevice(const OnDevice&) = delete;
   OnDevice& operator=(const OnDevice&) = delete;

@@ -22,7 +22,8 @@ Worker::Impl::Impl(const WorkerOptions& options)
     : options_(options),
       log_("worker", options.log_level),
       metrics_(Metrics::Disabled()),
-      worker_metrics_(std::make_unique<WorkerMetrics>(*metrics_)) {}
+      worker_metrics_(std::make_unique<WorkerMetrics>(*metrics_)),
+      devices_(std::make_unique<Devices>(options.emulate_devices, log_)) {}
 
 Worker::Impl::~Impl() { Stop().IgnoreError(); }
 
@@ -105,21 +106,7 @@ absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewTensor(const TensorSpec
   auto tensor = std::make_unique<Tensor>();
   tensor->spec = spec;
   tensor->length = length;
-  if (spec.device >= 0) {
-    ADAPS_RET_CHECK(spec.compression == Compression::kAdaComp ||
-                        spec.compression == Compression::kDense,
-                    absl::StatusCode::kInvalidArgument,
-                    absl::StrCat("tensor '", spec.name, "' on device ", spec.device,
-                                 ": a device compresses with AdaComp (or sends dense) only"));
-    ADAPS_RET_CHECK(!spec.pull_in_place, absl::StatusCode::kInvalidArgument,
-                    absl::StrCat("tensor '", spec.name, "' on device ", spec.device,
-                                 ": pull_in_place is for host memory"));
-    ADAPS_ASSIGN_OR_RETURN(tensor->device, DeviceFor(spec.device));
-  } else {
-    ADAPS_RET_CHECK(spec.device == -1, absl::StatusCode::kInvalidArgument,
-                    absl::StrCat("tensor '", spec.name, "': device ", spec.device,
-                                 " (a device ordinal is >= 0, or -1 for host memory)"));
-  }
+  ADAPS_ASSIGN_OR_RETURN(tensor->device, devices_->For(spec));
 
   flatbuffers::FlatBufferBuilder fbb(256);
   auto body = msg::CreateDeclareTensor(fbb, fbb.CreateString(spec.name), length, spec.bin_size);
@@ -146,43 +133,13 @@ absl::StatusOr<std::unique_ptr<Tensor>> Worker::Impl::NewTensor(const TensorSpec
     }
     tensor->slices.push_back(std::move(rt));
   }
-  if (tensor->device != nullptr) ADAPS_RETURN_IF_ERROR(PlaceOnDevice(*tensor));
+  if (tensor->device != nullptr) ADAPS_RETURN_IF_ERROR(Devices::Place(*tensor));
   ADAPS_RET_CHECK(covered == length, absl::StatusCode::kDataLoss,
                   "tensor layout does not cover the tensor");
   return tensor;
 }
 
 // The starting values are rank 0's, or the current ones for a worker that rejoined.
-absl::StatusOr<std::shared_ptr<Device>> Worker::Impl::DeviceFor(int ordinal) {
-  absl::MutexLock lock(&mu_);
-  auto it = devices_.find(ordinal);
-  if (it != devices_.end()) return it->second;
-  ADAPS_ASSIGN_OR_RETURN(std::shared_ptr<Device> device,
-                         OpenDevice(ordinal, options_.emulate_devices));
-  log_.get()->info("tensors on device {}: {}", ordinal, device->name());
-  devices_.emplace(ordinal, device);
-  return device;
-}
-
-absl::Status Worker::Impl::PlaceOnDevice(Tensor& t) {
-  Device& device = *t.device;
-  CompressorOptions copts;
-  copts.kind = CompressorKind::kAdaComp;  // (a dense tensor's codec only adds pull answers)
-  copts.bin_size = t.spec.bin_size;
-  ADAPS_ASSIGN_OR_RETURN(t.device_codec, device.NewCodec(copts));
-  for (size_t i = 0; i < t.slices.size(); ++i) {
-    SliceRt& rt = t.slices[i];
-    const uint32_t n = t.meta[i].info.length;
-    if (t.spec.compression != Compression::kDense) {
-      ADAPS_ASSIGN_OR_RETURN(rt.device_residue, device.NewResidue(n));
-    }
-    if (t.spec.pull == PullFormat::kRecompressed) {
-      ADAPS_ASSIGN_OR_RETURN(rt.device_replica, device.NewArray(n));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
   const int rank = membership_->rank();
   for (const SliceMeta& m : t.meta) {
@@ -287,12 +244,7 @@ std::future<absl::Status> Worker::Impl::Run(absl::string_view name, absl::Span<c
         "tensor '", name, "' pulls in place (TensorSpec::pull_in_place): `out` must be the "
         "buffer given to Declare")));
   }
-  if (t.device != nullptr) {
-    return ReadyFuture(absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", name, "' is on ", t.device->name(),
-        ": give its gradient and parameters with PushPullOnDevice, PushOnDevice or "
-        "PullOnDevice")));
-  }
+  if (auto s = Devices::CheckCall(t, name, /*on_device=*/false); !s.ok()) return ReadyFuture(s);
   if (t.fused_into != nullptr) return fusion_->Run(t, grad, out, push, pull);
   return runner_->Run(t, grad, out, push, pull, nullptr);
 }
@@ -304,11 +256,7 @@ std::future<absl::Status> Worker::Impl::RunOnDevice(absl::string_view name, cons
   auto found = Find(name);
   if (!found.ok()) return ReadyFuture(found.status());
   Tensor& t = **found;
-  if (t.device == nullptr) {
-    return ReadyFuture(absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", name, "' is in host memory (TensorSpec::device = -1): give it with "
-        "PushPull, Push or Pull")));
-  }
+  if (auto s = Devices::CheckCall(t, name, /*on_device=*/true); !s.ok()) return ReadyFuture(s);
   if ((push && grad == nullptr) || (pull && out == nullptr)) {
     return ReadyFuture(absl::InvalidArgumentError(
         absl::StrCat("tensor '", name, "': null device pointer")));
@@ -531,13 +479,8 @@ absl::Status Worker::Impl::SetBinSize(absl::string_view name, uint32_t bin_size)
   TensorSpec spec = t->spec;
   spec.bin_size = bin_size;
   ADAPS_ASSIGN_OR_RETURN(auto compressor, MakeTensorCompressor(spec));
-  std::unique_ptr<DeviceCodec> device_codec;
-  if (t->device != nullptr) {
-    CompressorOptions copts;
-    copts.kind = CompressorKind::kAdaComp;
-    copts.bin_size = bin_size;
-    ADAPS_ASSIGN_OR_RETURN(device_codec, t->device->NewCodec(copts));
-  }
+  ADAPS_ASSIGN_OR_RETURN(std::unique_ptr<DeviceCodec> device_codec,
+                         Devices::NewCodec(*t, bin_size));
   absl::MutexLock lock(&t->mu);
   t->compressor = std::move(compressor);
   if (device_codec != nullptr) t->device_codec = std::move(device_codec);

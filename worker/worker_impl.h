@@ -8,6 +8,8 @@
 //   - FusionTable (worker/fusion.h): which tensors are fused into which bucket, and a member's
 //     Run staged into its bucket's (to the runner a bucket is a tensor with a segmented
 //     encoder, worker/bucket.h);
+//   - Devices (worker/devices.h): the devices tensors live on (TensorSpec::device), opened
+//     at their first tensor;
 //   - WorkerMetrics (worker/worker_metrics.h).
 // Impl itself keeps the tensor table (name -> Tensor, worker/tensor.h) and what reads or
 // writes a tensor as a whole: Declare, PullParameters, residues, Leave, bin sizes,
@@ -35,6 +37,7 @@
 #include "adaps/worker.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "worker/devices.h"
 #include "worker/fusion.h"
 #include "worker/job_pool.h"
 #include "worker/membership.h"
@@ -96,10 +99,6 @@ class Worker::Impl {
   absl::Status DeclareSlices(Tensor& t, absl::Span<float> values);
   // Writes `values` (the whole tensor's, checked) into t's residues, dropping a pending one.
   absl::Status WriteResidue(Tensor& t, absl::Span<const float> values);
-  // The device `ordinal` (TensorSpec::device), opened at its first tensor and shared.
-  absl::StatusOr<std::shared_ptr<Device>> DeviceFor(int ordinal);
-  // A tensor on a device: its codec, residues and replica copies there.
-  absl::Status PlaceOnDevice(Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu);
   absl::Status StartMetrics();
   // The L2 norm of every tensor's residues as last measured (the heartbeat reports it).
   float ResidueNorm() const;
@@ -115,10 +114,11 @@ class Worker::Impl {
   std::unique_ptr<Membership> membership_;
   std::unique_ptr<Runner> runner_;
   std::unique_ptr<FusionTable> fusion_;
+  // Made in the constructor; never null.
+  const std::unique_ptr<Devices> devices_;
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Tensor>> tensors_ ABSL_GUARDED_BY(mu_);
-  std::map<int, std::shared_ptr<Device>> devices_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace adaps

@@ -104,6 +104,8 @@ absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, void* 
 absl::Status CheckKernelImage();
 // Makes `ordinal` the calling thread's current device (kInvalidArgument past the devices).
 absl::Status SetDevice(int ordinal);
+// SetDevice for an ordinal already checked against the device count (not counted again).
+absl::Status SwitchDevice(int ordinal);
 // The calling thread's current device.
 absl::StatusOr<int> GetDevice();
 // A non-blocking stream of the current device (does not wait for the legacy default stream);

@@ -304,6 +304,11 @@ absl::Status SetDevice(int ordinal) {
   return absl::OkStatus();
 }
 
+absl::Status SwitchDevice(int ordinal) {
+  ADAPS_CUDA_CALL(cudaSetDevice(ordinal), "cudaSetDevice");
+  return absl::OkStatus();
+}
+
 absl::Status CheckKernelImage() {
   const cudaError_t e = k::ProbeKernelImage();
   if (e == cudaSuccess) return absl::OkStatus();

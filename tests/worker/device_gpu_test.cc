@@ -11,6 +11,7 @@
 #include "adaps/worker.h"
 #include "common/cuda/cuda_compressor.h"
 #include "gtest/gtest.h"
+#include "tests/worker/host_and_device.h"
 #include "tests/worker/inproc_cluster.h"
 
 namespace adaps {
@@ -39,22 +40,11 @@ class DeviceGpu : public ::testing::Test {
     }
   }
   void DeclareBoth(size_t n, PullFormat pull) {
-    std::vector<float> init(n, 0.0f);
-    for (int device : {-1, 0}) {
-      TensorSpec spec{device < 0 ? "h" : "d", {static_cast<int64_t>(n)}, 500,
-                      Compression::kAdaComp, 0.001, pull};
-      spec.device = device;
-      spec.fuse = false;
-      ASSERT_TRUE(worker_->Declare(spec, absl::MakeSpan(init)).ok());
-    }
+    testing::DeclareHostAndDevice(*worker_, std::vector<float>(n, 0.0f), 500,
+                                  Compression::kAdaComp, pull);
   }
   static std::vector<float> Gradient(size_t n, int step) {
-    std::vector<float> g(n);
-    for (size_t i = 0; i < n; ++i) {
-      g[i] = std::sin(0.37f * static_cast<float>(i % 100003) * (step + 1)) *
-             (1.0f + static_cast<float>((i / 500) % 7));
-    }
-    return g;
+    return testing::VaryingGradient(n, step, 500);
   }
 
   testing::InprocServers cluster_;

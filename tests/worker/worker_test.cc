@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
+#include "tests/worker/host_and_device.h"
 #include "tests/worker/inproc_cluster.h"
 
 namespace adaps {
@@ -225,25 +226,14 @@ class DevicePath : public WorkerInproc {
   void DeclareBoth(size_t n, uint32_t bin, Compression c, PullFormat pull) {
     std::vector<float> init(n);
     for (size_t i = 0; i < n; ++i) init[i] = 0.01f * static_cast<float>(i % 17);
-    for (int device : {-1, 0}) {
-      TensorSpec spec{device < 0 ? "h" : "d", {static_cast<int64_t>(n)}, bin, c, 0.25, pull};
-      spec.device = device;
-      spec.fuse = false;  // (a bucket's pushes carry a table: other bytes)
-      std::vector<float> values = init;
-      ASSERT_TRUE(worker_->Declare(spec, absl::MakeSpan(values)).ok());
-      ASSERT_EQ(values, init);
-    }
+    testing::DeclareHostAndDevice(*worker_, init, bin, c, pull);
   }
   // Steps both with a gradient stream of bins that differ, and expects the same parameters,
   // residues and sent elements each step.
   void StepBoth(size_t n, int steps) {
     std::vector<float> out_h(n), out_d(n), res_h(n), res_d(n);
     for (int step = 0; step < steps; ++step) {
-      std::vector<float> g(n);
-      for (size_t i = 0; i < n; ++i) {
-        g[i] = std::sin(0.37f * static_cast<float>(i * (step + 1))) *
-               (1.0f + static_cast<float>((i / 8) % 5));
-      }
+      const std::vector<float> g = testing::VaryingGradient(n, step, 8);
       ASSERT_TRUE(worker_->PushPull("h", g, absl::MakeSpan(out_h)).get().ok());
       ASSERT_TRUE(worker_->PushPullOnDevice("d", g.data(), out_d.data()).get().ok());
       ASSERT_EQ(out_h, out_d) << "step " << step;
