@@ -30,12 +30,12 @@ class OnDevice {
     }
     previous_ = *current;
     if (previous_ != ordinal) {
-      status_ = cuda::SwitchDevice(ordinal);
+      status_ = cuda::SetDevice(ordinal);
       changed_ = status_.ok();
     }
   }
   ~OnDevice() {
-    if (changed_) (void)cuda::SwitchDevice(previous_);
+    if (changed_) (void)cuda::SetDevice(previous_);
   }
   OnDevice(const OnDevice&) = delete;
   OnDevice& operator=(const OnDevice&) = delete;

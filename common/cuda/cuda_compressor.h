@@ -102,10 +102,9 @@ absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, void* 
 // OK when this library's kernels can run on the current device; kFailedPrecondition naming
 // the device's architecture and the rebuild flag when it was not built for it.
 absl::Status CheckKernelImage();
-// Makes `ordinal` the calling thread's current device (kInvalidArgument past the devices).
+// Makes `ordinal` the calling thread's current device. The caller checks it against
+// CudaDeviceCount once (cudaSetDevice is cheap; counting the devices on every call is not).
 absl::Status SetDevice(int ordinal);
-// SetDevice for an ordinal already checked against the device count (not counted again).
-absl::Status SwitchDevice(int ordinal);
 // The calling thread's current device.
 absl::StatusOr<int> GetDevice();
 // A non-blocking stream of the current device (does not wait for the legacy default stream);

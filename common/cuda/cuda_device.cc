@@ -295,16 +295,6 @@ absl::Status CudaSliceState::Reset() {
 // Streams, events, copies and pinned memory (the worker library's device path).
 
 absl::Status SetDevice(int ordinal) {
-  ADAPS_ASSIGN_OR_RETURN(const int count, CudaDeviceCount());
-  if (ordinal < 0 || ordinal >= count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CUDA device ", ordinal, " does not exist (", count, " visible)"));
-  }
-  ADAPS_CUDA_CALL(cudaSetDevice(ordinal), "cudaSetDevice");
-  return absl::OkStatus();
-}
-
-absl::Status SwitchDevice(int ordinal) {
   ADAPS_CUDA_CALL(cudaSetDevice(ordinal), "cudaSetDevice");
   return absl::OkStatus();
 }
