@@ -28,8 +28,10 @@ constexpr char kCheckpointMagicV3[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '3'};
 constexpr char kCheckpointMagicV2[8] = {'A', 'D', 'A', 'P', 'S', 'C', 'K', '2'};
 
 constexpr uint32_t kRunningMeanFlag = 1;
+constexpr uint32_t kKeepSumFlag = 2;
+constexpr uint32_t kSumLostFlag = 4;
 constexpr uint32_t kDivisorShift = 8;
-constexpr uint32_t kUnusedFlags = 0xFEu;
+constexpr uint32_t kUnusedFlags = 0xF8u;
 
 bool ReadRecord(RecordReader& r, SliceRecord& s, bool with_flags) {
   uint32_t flags = 0;
@@ -37,11 +39,13 @@ bool ReadRecord(RecordReader& r, SliceRecord& s, bool with_flags) {
                     r.Get(&s.version) && r.Get(&s.adam_t) && r.Get(&s.down_base) &&
                     r.Get(&s.down_version) && (!with_flags || r.Get(&flags));
   s.running_mean = (flags & kRunningMeanFlag) != 0;
+  s.keep_sum = (flags & kKeepSumFlag) != 0;
+  s.sum_lost = (flags & kSumLostFlag) != 0;
   s.down_bin_divisor = std::max(1u, flags >> kDivisorShift);
   return head && (flags & kUnusedFlags) == 0 && r.GetString(&s.name) &&
          r.GetFloats(&s.params, s.length) && r.GetFloats(&s.m, s.length) &&
          r.GetFloats(&s.v, s.length) && r.GetFloats(&s.published, s.length) &&
-         r.GetFloats(&s.residue, s.length);
+         r.GetFloats(&s.residue, s.length) && (!s.keep_sum || r.GetFloats(&s.sum, s.length));
 }
 
 }  // namespace
@@ -140,13 +144,15 @@ std::vector<uint8_t> EncodeCheckpoint(const std::vector<SliceRecord>& slices,
     w.Put<uint64_t>(s.down_base);
     w.Put<uint64_t>(s.down_version);
     const uint32_t divisor = std::min(s.down_bin_divisor, (1u << (32 - kDivisorShift)) - 1);
-    w.Put<uint32_t>((s.running_mean ? kRunningMeanFlag : 0) | (divisor << kDivisorShift));
+    w.Put<uint32_t>((s.running_mean ? kRunningMeanFlag : 0) | (s.keep_sum ? kKeepSumFlag : 0) |
+                    (s.keep_sum && s.sum_lost ? kSumLostFlag : 0) | (divisor << kDivisorShift));
     w.PutString(s.name);
     w.PutFloats(s.params);
     w.PutFloats(s.m);
     w.PutFloats(s.v);
     w.PutFloats(s.published);
     w.PutFloats(s.residue);
+    if (s.keep_sum) w.PutFloats(s.sum);
   }
   w.Put<uint32_t>(Crc32(w.bytes));
   return std::move(w.bytes);

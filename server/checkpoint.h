@@ -4,9 +4,10 @@
 // File (format 5): "ADAPSCK5" | string job id | u64 count | per hyperparameter set at run
 // time (SetHyper): string name, f64 value | u64 slice count | per slice: u64 key, u32
 // length, u32 bin size, u64 version, u64 adam_t, u64 down_base, u64 down_version, u32 flags
-// (bit 0: running mean, Shard::set_running_mean; bits 8-31: the downlink bin divisor,
-// Shard::set_downlink_bin_divisor; bits 1-7 0), string name, then the
-// float arrays params, m, v, published, downlink residue (each u64 count + floats) | u32
+// (bit 0: running mean, Shard::set_running_mean; bit 1: a running sum kept, Shard::KeepSum;
+// bit 2: that sum lost; bits 8-31: the downlink bin divisor, Shard::set_downlink_bin_divisor;
+// bits 3-7 0), string name, then the float arrays params, m, v, published, downlink residue
+// and, with bit 1, the sum (each u64 count + floats) | u32
 // CRC-32 of everything before it. A string is u64 size + bytes. Format 4 ("ADAPSCK4") is the
 // same without the flags, format 3 ("ADAPSCK3") also without the hyperparameters, format 2
 // ("ADAPSCK2") also without the job id; all are still read (as "no flags", "none", "no job
@@ -39,8 +40,11 @@ struct SliceRecord {
   uint64_t down_version = 0;
   bool running_mean = false;  // Shard::set_running_mean (format 5 on; false before)
   uint32_t down_bin_divisor = 1;  // Shard::set_downlink_bin_divisor (format 5 on; 1 before)
+  // Shard::KeepSum: kept, and lost (flag bits 1 and 2); `sum` written only when kept.
+  bool keep_sum = false;
+  bool sum_lost = false;
   std::string name;
-  std::vector<float> params, m, v, published, residue;
+  std::vector<float> params, m, v, published, residue, sum;
 };
 
 // Hyperparameters set at run time (SetHyper), by name (common/optimizer.h SetHyperParam).

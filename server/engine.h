@@ -93,6 +93,9 @@ struct DeclareWork : EngineRequest {
   // DeclareSlice.pull_bin_divisor.
   bool recompressed_pulls = false;
   uint32_t pull_bin_divisor = 1;
+  // DeclareSlice.keep_sum on servers running `mean`, pulls Dense or Sparse (Shard::
+  // KeepSum: the running sum beside the step's mean, for a worker that joins).
+  bool keep_sum = false;
 };
 
 struct PushWork : EngineRequest {

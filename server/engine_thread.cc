@@ -103,6 +103,7 @@ void EngineThread::OnDeclareBucket(DeclareWork& work) {
   it->second.set_downlink_bin_divisor(work.pull_bin_divisor);
   if (work.sparse_pulls) it->second.TrackSteps();
   if (work.recompressed_pulls) it->second.set_running_mean();
+  if (work.keep_sum) it->second.KeepSum();
   Ack(work);
 }
 
@@ -134,6 +135,7 @@ void EngineThread::OnDeclare(DeclareWork& work) {
   if (work.has_init) it->second.Initialize(work.payload());
   if (work.sparse_pulls) it->second.TrackSteps();
   if (work.recompressed_pulls) it->second.set_running_mean();
+  if (work.keep_sum) it->second.KeepSum();
   Ack(work);
 }
 

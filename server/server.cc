@@ -13,6 +13,17 @@
 
 namespace adaps {
 
+namespace {
+
+// Whether a declared slice keeps the running sum of its steps' means (Shard::KeepSum): asked
+// for, on servers running `mean`, with pulls that do not hold that sum as the slice itself.
+bool KeepsSum(const msg::DeclareSlice& d, const OptimizerConfig& optimizer) {
+  return d.keep_sum() && optimizer.kind == OptimizerKind::kMean &&
+         d.pull_format() != msg::PullFormat::Recompressed;
+}
+
+}  // namespace
+
 absl::Status ValidateServerConfig(const ServerConfig& c) {
   ADAPS_RET_CHECK(!c.scheduler.empty(), absl::StatusCode::kInvalidArgument,
                   "no scheduler address");
@@ -336,7 +347,8 @@ void Server::OnDeclare(InMessage& in) {
                                 "slice of ", d->length(), " elements exceeds --max_slice_elements ",
                                 config_.max_slice_elements)));
     }
-    const uint64_t cost = uint64_t{d->length()} * kSliceBytesPerElement;
+    const uint64_t cost = uint64_t{d->length()} *
+                          (kSliceBytesPerElement + (KeepsSum(*d, optimizer_) ? sizeof(float) : 0));
     if (memory_used_ + cost > memory_budget_) {
       return ReplyError(in, absl::ResourceExhaustedError(absl::StrCat(
                                 "slice of ", d->length(), " elements (", cost,
@@ -358,6 +370,7 @@ void Server::OnDeclare(InMessage& in) {
   // (A running mean: only a mean server's slices; others step their parameters already.)
   work.recompressed_pulls = d->pull_format() == msg::PullFormat::Recompressed &&
                             optimizer_.kind == OptimizerKind::kMean;
+  work.keep_sum = KeepsSum(*d, optimizer_);
   if (bucket) {
     for (const msg::Segment* seg : *d->segments()) {
       work.segments.push_back(WireSegment{seg->length(), seg->bin_size()});
@@ -562,7 +575,8 @@ absl::Status Server::InstallSlices(std::vector<SliceRecord> records, const Hyper
             [](const Shard& a, const Shard& b) { return a.key() < b.key(); });
   memory_used_ = 0;
   for (Shard& shard : loaded) {
-    memory_used_ += uint64_t{shard.length()} * kSliceBytesPerElement;
+    memory_used_ += uint64_t{shard.length()} *
+                    (kSliceBytesPerElement + (shard.keeps_sum() ? sizeof(float) : 0));
     log_.get()->info("slice '{}' restored at step {}", shard.name(), shard.version());
     engine_->Adopt(std::move(shard));  // before any worker message: the queues keep order
   }

@@ -118,6 +118,9 @@ absl::StatusOr<Shard> Shard::FromRecord(SliceRecord r) {
       r.published.size() != r.length || r.residue.size() != r.length) {
     return absl::DataLossError(absl::StrCat("inconsistent record of slice ", r.key));
   }
+  if (r.keep_sum && !r.sum.empty() && r.sum.size() != r.length) {
+    return absl::DataLossError(absl::StrCat("inconsistent running sum of slice ", r.key));
+  }
   Shard s;
   s.key_ = r.key;
   s.name_ = std::move(r.name);
@@ -133,6 +136,10 @@ absl::StatusOr<Shard> Shard::FromRecord(SliceRecord r) {
   s.agg_.assign(r.length, 0.0f);
   s.recompressed_ = RecompressedAnswer::FromRecord(r);
   s.running_mean_ = r.running_mean;
+  s.keep_sum_ = r.keep_sum;
+  // (A sum not begun is known only at version 0: its values are the initial ones.)
+  s.sum_lost_ = r.keep_sum && (r.sum_lost || (r.sum.empty() && r.version > 0));
+  if (!s.sum_lost_) s.sum_ = std::move(r.sum);
   return s;
 }
 
@@ -144,6 +151,9 @@ SliceRecord Shard::ToRecord() const {
   r.version = version_;
   r.adam_t = optimizer_.adam_t;
   r.running_mean = running_mean_;
+  r.keep_sum = keep_sum_;
+  r.sum_lost = sum_lost_;
+  r.sum = sum_;
   r.name = name_;
   r.params = params_;
   r.m = optimizer_.m;
@@ -265,7 +275,19 @@ absl::Status Shard::AddPush(int worker, uint64_t step, const ParsedUpdate& push,
   return absl::OkStatus();
 }
 
+void Shard::KeepSum() {
+  if (keep_sum_) return;
+  keep_sum_ = true;
+  // (Declared so after it stepped, or restored without it: the means before are gone.)
+  sum_lost_ = version_ > 0 || restored_;
+}
+
 void Shard::JumpTo(uint64_t step) {
+  // The steps skipped completed before a restart: their means are not in the sum.
+  if (keep_sum_ && step > version_) {
+    sum_lost_ = true;
+    sum_.clear();
+  }
   std::fill(agg_.begin(), agg_.end(), 0.0f);
   pushed_.clear();
   late_in_step_ = 0;
@@ -302,6 +324,9 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
   // The mean of the pushes (sum-only: their sum), applied, and agg_ cleared, in one pass;
   // a tracked step with an elementwise optimizer touches only the elements pushed to.
   const float scale = 1.0f / static_cast<float>(pushed_.size() + late_in_step_);
+  // The running sum begins with the values before the first step (the initial ones).
+  const bool summing = keep_sum_ && !sum_lost_;
+  if (summing && sum_.empty()) sum_ = params_;
   StepResult result;
   const bool tracked = sparse_ != nullptr && sparse_->step_tracked();
   const bool by_push_kept = tracked && sparse_->by_push();
@@ -330,6 +355,10 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
       ApplyOptimizerAndClearAt(optimizer, scale, touched, absl::MakeSpan(agg_),
                                absl::MakeSpan(params_), optimizer_);
     }
+    // (A mean: every element outside `touched` is 0.)
+    if (summing) {
+      for (uint32_t i : touched) sum_[i] += params_[i];
+    }
     result.sparse = true;
     result.mean = optimizer.kind == OptimizerKind::kMean;
     result.sgd_by_push = by_push;
@@ -341,6 +370,9 @@ bool Shard::CompleteStepIfReady(const std::set<int>& live, const OptimizerConfig
     ApplyOptimizerAndClear(optimizer, scale, absl::MakeSpan(agg_), absl::MakeSpan(params_),
                            optimizer_);
     mean_zero_outside_ = false;
+    if (summing) {
+      for (size_t i = 0; i < params_.size(); ++i) sum_[i] += params_[i];
+    }
   }
   pushed_.clear();
   late_in_step_ = 0;
@@ -358,7 +390,12 @@ absl::Status Shard::ApplyPush(const ParsedUpdate& push, const OptimizerConfig& o
   std::fill(agg_.begin(), agg_.end(), 0.0f);
   ADAPS_RETURN_IF_ERROR(DecodeAdd(push, 1.0f, absl::MakeSpan(agg_)));
   if (!learned.empty()) segments_ = std::move(learned);
+  const bool summing = keep_sum_ && !sum_lost_;
+  if (summing && sum_.empty()) sum_ = params_;
   ApplyOptimizer(StepConfig(optimizer, running_mean_), agg_, absl::MakeSpan(params_), optimizer_);
+  if (summing) {
+    for (size_t i = 0; i < params_.size(); ++i) sum_[i] += params_[i];
+  }
   ++version_;
   mean_zero_outside_ = false;
   StepResult result;
@@ -381,6 +418,25 @@ SliceNow Shard::Now() const {
   now.bin_size = bin_size_;
   now.segments = segments_;
   return now;
+}
+
+absl::StatusOr<Shard::Answer> Shard::SumAnswer() const {
+  if (sum_lost_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "slice '", name_, "' lost the running sum of its steps' means (its server restarted "
+        "from a checkpoint the workers had stepped past, or it was declared to keep the sum "
+        "only after it stepped): a worker cannot join this job where the others are; restart "
+        "the whole job from a checkpoint with the new worker count"));
+  }
+  const std::vector<float>& sum = sum_.empty() ? params_ : sum_;  // (empty: no step yet)
+  auto bytes = std::make_shared<std::vector<uint8_t>>(sum.size() * sizeof(float));
+  std::memcpy(bytes->data(), sum.data(), bytes->size());
+  Answer answer;
+  answer.payload = std::move(bytes);
+  answer.format = Format::kReplica;
+  answer.version = version_;
+  answer.base = version_;
+  return answer;
 }
 
 void Shard::Hold(Pull pull) {
@@ -409,7 +465,11 @@ absl::StatusOr<Shard::Answer> Shard::AnswerPull(const Pull& pull) {
     case Format::kRecompressed:
       return recompressed_.Answer(pull, now);
     case Format::kReplica:
-      answer = recompressed_.Replica(now);
+      if (keep_sum_) {
+        ADAPS_ASSIGN_OR_RETURN(answer, SumAnswer());
+      } else {
+        answer = recompressed_.Replica(now);
+      }
       break;
     case Format::kDense:
     case Format::kForwarded:  // (an answer's format only; the server never asks it)

@@ -103,6 +103,18 @@ class Shard {
   void set_running_mean() { running_mean_ = true; }
   bool running_mean() const { return running_mean_; }
 
+  // Running sum (a slice declared with dense or sparse pulls on servers running `mean`,
+  // DeclareSlice.keep_sum: local mode's update exchange, which pulls each step's exact mean):
+  // beside the step's mean the slice keeps the initial values plus every mean so far, each
+  // step adding its mean in float32 as every worker adds it to its replica, so the sum is
+  // their replica bit for bit; a Replica pull answers it (a worker that joins the running
+  // job starts there). The sum begins at the first step, from the values then (the initial
+  // ones); a shard that stepped already, or restored from a checkpoint without it, or that
+  // a restart made skip steps (AddPush, ResumeAt), has lost it: its Replica pulls are then
+  // refused (kFailedPrecondition). Kept in checkpoints. One more float per element.
+  void KeepSum();
+  bool keeps_sum() const { return keep_sum_; }
+
   // A worker's declaration of a bucket with segments `table` (and, from rank 0, the values
   // of the table's last segment in `init_of_last`, checked by CheckInitialValues). A table
   // the shard's extends (an earlier declaration) is accepted as it is; one that extends the
@@ -199,6 +211,8 @@ class Shard {
   void Stepped(const StepResult& result);
   // What the answers read of the slice now.
   SliceNow Now() const;
+  // KeepSum: the answer to a Replica pull (the sum as dense floats).
+  absl::StatusOr<Answer> SumAnswer() const;
   // The optimizer a step runs: `optimizer`, except that a running mean's `mean` becomes
   // SGD at learning rate -1 without weight decay (params += the mean).
   static OptimizerConfig StepConfig(const OptimizerConfig& optimizer, bool running_mean);
@@ -218,6 +232,10 @@ class Shard {
   bool restored_ = false;
   bool resuming_ = false;      // restored, and no step completed since (see AddPush)
   bool running_mean_ = false;  // set_running_mean
+  // KeepSum: the sum (empty until the first step), or lost.
+  bool keep_sum_ = false;
+  bool sum_lost_ = false;
+  std::vector<float> sum_;
   // (Mean) every parameter outside the last step's elements (SparseAnswer::last_touched)
   // is 0, so a tracked step need only clear those.
   bool mean_zero_outside_ = false;

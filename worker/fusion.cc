@@ -56,9 +56,11 @@ absl::StatusOr<FusionBucket*> FusionTable::OpenBucket(const Tensor& t) {
     FusionBucket* open = open_bucket_[format];
     if (open != nullptr) {
       absl::MutexLock bucket_lock(&open->mu);
-      // (Members share the bucket's downlink divisor: another one opens a new bucket.)
+      // (Members share the bucket's downlink divisor and keep_sum: another one opens a new
+      // bucket.)
       if (!open->closed && open->internal.length + t.length <= kFusionCapacity &&
-          open->internal.spec.pull_bin_divisor == t.spec.pull_bin_divisor) {
+          open->internal.spec.pull_bin_divisor == t.spec.pull_bin_divisor &&
+          open->internal.spec.keep_sum == t.spec.keep_sum) {
         return open;
       }
     }
@@ -72,6 +74,7 @@ absl::StatusOr<FusionBucket*> FusionTable::OpenBucket(const Tensor& t) {
   in.spec.bin_size = 1;
   in.spec.pull = t.spec.pull;
   in.spec.pull_bin_divisor = t.spec.pull_bin_divisor;
+  in.spec.keep_sum = t.spec.keep_sum;
   in.bucket = b.get();
   flatbuffers::FlatBufferBuilder fbb(256);
   auto body = msg::CreateDeclareTensor(fbb, fbb.CreateString(in.spec.name), kFusionCapacity, 1);
@@ -140,7 +143,7 @@ absl::Status FusionTable::Declare(Tensor& t, absl::Span<float> values, bool* fus
         return msg::CreateDeclareSlice(
             fbb, m.key, fbb.CreateString(in.spec.name), kFusionCapacity, 1, membership_.rank() == 0,
             fbb.CreateString(membership_.Secret()), fbb.CreateVectorOfStructs(segs),
-            WirePullFormat(in.spec.pull), in.spec.pull_bin_divisor);
+            WirePullFormat(in.spec.pull), in.spec.pull_bin_divisor, in.spec.keep_sum);
       },
       init).status());
   if (!membership_.rejoined()) ADAPS_RETURN_IF_ERROR(membership_.Barrier());
@@ -158,17 +161,18 @@ absl::Status FusionTable::Declare(Tensor& t, absl::Span<float> values, bool* fus
     held_incarnation = rt.incarnation;
   }
   // (Asked again of a server that restarts meanwhile, as Runner::PullDense does.)
-  auto pull = [&](uint64_t from) {
+  auto pull = [&](uint64_t from, msg::PullFormat format) {
     return membership_.CallServerResuming(m.info.server, [&](flatbuffers::FlatBufferBuilder& fbb) {
-      return msg::CreatePullRequest(fbb, m.key, 0, 0, ReplicaFormat(in.spec.pull), 0, from);
+      return msg::CreatePullRequest(fbb, m.key, 0, 0, format, 0, from);
     });
   };
-  ADAPS_ASSIGN_OR_RETURN(InMessage r, pull(offset));
+  const msg::PullFormat initial = ReplicaFormat(in.spec.pull);
+  ADAPS_ASSIGN_OR_RETURN(InMessage r, pull(offset, initial));
   if (offset > 0) {
     const msg::PullResponse* got = r.envelope()->body_as_PullResponse();
     if (got == nullptr || got->offset() != offset || got->version() != held_step ||
         ReplicaVersion(*got) != held_replica_version || incarnation != held_incarnation) {
-      ADAPS_ASSIGN_OR_RETURN(r, pull(0));
+      ADAPS_ASSIGN_OR_RETURN(r, pull(0, initial));
     }
   }
   const uint64_t end = offset + length;
@@ -179,7 +183,26 @@ absl::Status FusionTable::Declare(Tensor& t, absl::Span<float> values, bool* fus
                       r.payload().size() % sizeof(float) == 0 &&
                       r.payload().size() >= (end - from) * sizeof(float),
                   absl::StatusCode::kDataLoss, "bad initial pull of a fusion bucket");
-  std::memcpy(values.data(), r.payload().data() + (offset - from) * sizeof(float),
+  // A joiner of a keep_sum bucket starts from the servers' running sum, at the version of
+  // the answer above (no step completes while it declares, unless --backup_workers: then
+  // the declaration is asked again, as a moved bucket is).
+  const InMessage* start = &r;
+  InMessage sum;
+  if (membership_.rejoined() && JoinsFromSum(in.spec)) {
+    ADAPS_ASSIGN_OR_RETURN(sum, pull(offset, msg::PullFormat::Replica));
+    const msg::PullResponse* got = sum.envelope()->body_as_PullResponse();
+    ADAPS_RET_CHECK(got != nullptr && got->offset() == offset &&
+                        sum.payload().size() >= uint64_t{length} * sizeof(float),
+                    absl::StatusCode::kDataLoss, "bad running sum pull of a fusion bucket");
+    if (got->version() != resp->version()) {
+      return absl::UnavailableError(absl::StrCat(
+          "tensor '", t.spec.name, "': its fusion bucket stepped while this worker joined; "
+          "join again"));
+    }
+    start = &sum;
+  }
+  const uint64_t start_from = start == &r ? from : offset;
+  std::memcpy(values.data(), start->payload().data() + (offset - start_from) * sizeof(float),
               uint64_t{length} * sizeof(float));
   {
     absl::MutexLock lock(&b->mu);

@@ -46,6 +46,12 @@ inline msg::PullFormat ReplicaFormat(PullFormat p) {
 // changes applied to it; a dense answer is the whole value, and a replica would be a copy
 // of the tensor that nothing reads.
 inline bool KeepsReplica(PullFormat p) { return p != PullFormat::kDense; }
+// Whether a worker that joins takes this tensor's starting values from the servers' running
+// sum (TensorSpec::keep_sum; a Replica pull) rather than its initial pull: recompressed
+// pulls' initial pull is that sum already.
+inline bool JoinsFromSum(const TensorSpec& spec) {
+  return spec.keep_sum && spec.pull != PullFormat::kRecompressed;
+}
 // The version of the replica such an answer holds (a Replica answer's `version` is the
 // slice's step).
 inline uint64_t ReplicaVersion(const msg::PullResponse& r) {

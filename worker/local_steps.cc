@@ -70,21 +70,21 @@ absl::Status LocalSteps::Declare(const TensorSpec& spec, absl::Span<float> value
         "there (a trainer on a GPU copies its parameters every H steps)"));
   }
   const bool running = spec.pull == PullFormat::kRecompressed;
-  const bool nesterov = options_.outer == LocalStepsOptions::Outer::kNesterov;
-  if (worker_->rejoined() && (!running || nesterov)) {
-    // Only the running sum of recompressed pulls is the model on the servers (and a joiner
-    // has no outer momentum): anything else would train from its own start, offset for good.
+  if (worker_->rejoined() && options_.outer == LocalStepsOptions::Outer::kNesterov) {
+    // The servers keep the running sum of the means, every anchor with the average outer
+    // step; with Nesterov's each worker's anchor also holds its own momentum's steps.
     return absl::FailedPreconditionError(absl::StrCat(
-        "local steps: this worker joined a running job (or registered again into it), whose "
-        "servers hold the model only as the running sum of recompressed pulls with the "
-        "average outer step; '", spec.name, "' ",
-        running ? "has the Nesterov outer step (each worker's own momentum)"
-                : "is not pulled recompressed",
-        ": it would train from its own start, offset from the others for good. Declare every "
-        "tensor with PullFormat::kRecompressed and Outer::kAverage, or restart the whole job "
-        "with the new worker count"));
+        "local steps: this worker joined a running job (or registered again into it) with "
+        "the Nesterov outer step: the servers keep the running sum of the exchanges' means, "
+        "which is every worker's anchor only with Outer::kAverage; '", spec.name,
+        "' would start without the others' outer momentum, offset from them for good. Use "
+        "Outer::kAverage, or restart the whole job with the new worker count"));
   }
-  if (absl::Status st = worker_->Declare(spec, values); !st.ok()) return st;
+  // The servers keep every anchor (the running sum of the means added to the declared
+  // values): a worker that joins starts from it (recompressed pulls answer nothing else).
+  TensorSpec kept = spec;
+  kept.keep_sum = true;
+  if (absl::Status st = worker_->Declare(kept, values); !st.ok()) return st;
   TensorState t;
   t.running = running;
   if (running) t.replica.assign(values.begin(), values.end());

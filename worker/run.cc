@@ -105,6 +105,26 @@ absl::StatusOr<std::vector<InMessage>> Runner::PullDense(const Tensor& t,
   return out;
 }
 
+absl::StatusOr<std::vector<InMessage>> Runner::PullSums(const Tensor& t,
+                                                        const std::vector<size_t>& slices,
+                                                        std::vector<InMessage>* pulls) {
+  auto version = [](const InMessage& m) { return m.envelope()->body_as_PullResponse()->version(); };
+  constexpr int kTries = 5;
+  for (int attempt = 1;; ++attempt) {
+    ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> sums,
+                           PullDense(t, slices, "running sum pull", msg::PullFormat::Replica));
+    bool same = true;
+    for (size_t k = 0; k < slices.size(); ++k) same = same && version(sums[k]) == version((*pulls)[k]);
+    if (same) return sums;
+    if (attempt == kTries) {
+      return absl::UnavailableError(absl::StrCat(
+          "tensor '", t.spec.name, "': the job stepped between each of ", kTries,
+          " pulls of its parameters and of the servers' running sum; join again"));
+    }
+    ADAPS_ASSIGN_OR_RETURN(*pulls, PullDense(t, slices, "initial pull", ReplicaFormat(t.spec.pull)));
+  }
+}
+
 std::vector<size_t> Runner::StaleSlices(Tensor& t) {
   const std::vector<uint64_t> now = links_.Incarnations();
   std::vector<size_t> stale;

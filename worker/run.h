@@ -75,6 +75,13 @@ class Runner {
                                                    const char* why,
                                                    msg::PullFormat format = msg::PullFormat::Dense);
 
+  // A joiner's running sums of `slices` (Replica pulls of a TensorSpec::keep_sum tensor),
+  // each at the version of its initial pull in `pulls`: when the job stepped between the
+  // two, both are asked again (kUnavailable after a few tries). Call it with no lock held.
+  absl::StatusOr<std::vector<InMessage>> PullSums(const Tensor& t,
+                                                  const std::vector<size_t>& slices,
+                                                  std::vector<InMessage>* pulls);
+
   // A tensor with its own slices (a bucket's internal one included), once its initial pull
   // set their steps: AnnounceSeen tells a restarted server what this worker saw of them.
   void Track(Tensor* t);

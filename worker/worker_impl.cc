@@ -152,7 +152,7 @@ absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
           return msg::CreateDeclareSlice(
               fbb, m.key, fbb.CreateString(t.spec.name), m.info.length, t.spec.bin_size, rank == 0,
               fbb.CreateString(membership_->Secret()), 0, WirePullFormat(t.spec.pull),
-              t.spec.pull_bin_divisor);
+              t.spec.pull_bin_divisor, t.spec.keep_sum);
         },
         init).status());
   }
@@ -169,16 +169,23 @@ absl::Status Worker::Impl::DeclareSlices(Tensor& t, absl::Span<float> values) {
   }
   ADAPS_ASSIGN_OR_RETURN(std::vector<InMessage> pulls,
                          runner_->PullDense(t, all, "initial pull", ReplicaFormat(t.spec.pull)));
+  // A worker that joined with TensorSpec::keep_sum starts from the servers' running sum,
+  // while its replica of the pulls is the step's mean, as every worker's.
+  std::vector<InMessage> sums;
+  if (membership_->rejoined() && JoinsFromSum(t.spec)) {
+    ADAPS_ASSIGN_OR_RETURN(sums, runner_->PullSums(t, all, &pulls));
+  }
   absl::MutexLock lock(&t.mu);
   for (size_t i = 0; i < t.meta.size(); ++i) {
     const SliceInfo& info = t.meta[i].info;
     SliceRt& rt = t.slices[i];
-    std::memcpy(values.data() + info.offset, pulls[i].payload().data(), pulls[i].payload().size());
+    const InMessage& start = sums.empty() ? pulls[i] : sums[i];
+    std::memcpy(values.data() + info.offset, start.payload().data(), start.payload().size());
     if (t.in_place != nullptr) {
       rt.SetReplica(info.length, values.data() + info.offset);
     } else if (KeepsReplica(t.spec.pull)) {
       rt.SetReplica(info.length);
-      std::memcpy(rt.replica.data(), values.data() + info.offset, info.length * sizeof(float));
+      std::memcpy(rt.replica.data(), pulls[i].payload().data(), info.length * sizeof(float));
     } else {
       rt.SetReplica(0);
     }
@@ -208,6 +215,10 @@ absl::Status Worker::Impl::Declare(const TensorSpec& spec, absl::Span<float> val
   if (Find(spec.name).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name, "' declared twice"));
   }
+  ADAPS_RET_CHECK(!(spec.keep_sum && spec.pull_in_place), absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("tensor '", spec.name, "': keep_sum is for local mode's update "
+                               "exchange, whose trainer steps its parameters itself; "
+                               "pull_in_place is for one that only reads them"));
   ADAPS_RET_CHECK(!absl::StartsWith(spec.name, kFusionPrefix), absl::StatusCode::kInvalidArgument,
                   absl::StrCat("tensor names starting with '", kFusionPrefix, "' are reserved"));
   std::unique_ptr<Tensor> tensor;

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <future>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -260,65 +261,91 @@ TEST(Elastic, AJobGrowsFromTwoToFourWorkersWithEveryReplicaTheServersAndNothingL
 }
 
 // A C++ trainer's local steps (LocalSteps, servers running mean): a worker that joins a
-// running job takes the servers' running sum of the means when its tensor is pulled
-// recompressed, the others' anchor bit for bit, and exchanges on with them; declaring it with
-// another pull (the servers then hold only each exchange's mean) is refused, saying why.
-TEST(Elastic, AWorkerJoiningLocalStepsStartsFromTheRunningSumOfRecompressedPulls) {
-  ClusterOptions options = Elastic(1, 2);
-  options.server_args = {"--optimizer=mean"};
-  LocalCluster cluster(options);
-  ASSERT_FALSE(cluster.scheduler_address().empty());
-  TensorSpec spec{"w", {static_cast<int64_t>(kBig)}, 100, Compression::kAdaComp};
-  spec.pull = PullFormat::kRecompressed;
-  struct Member {
-    std::unique_ptr<Worker> worker;
-    std::unique_ptr<LocalSteps> steps;
-    std::vector<float> params = std::vector<float>(kBig, 0.5f);
-  };
-  auto start = [&](Member& m) {
-    auto w = Worker::Create(Options(cluster.scheduler_address()));
-    ASSERT_TRUE(w.ok()) << w.status();
-    m.worker = *std::move(w);
-    auto steps = LocalSteps::Create(m.worker.get(), {});
-    ASSERT_TRUE(steps.ok()) << steps.status();
-    m.steps = *std::move(steps);
-  };
-  auto exchange = [&](Member& m, int who, int e) {
-    for (size_t i = 0; i < kBig; ++i) m.params[i] += 0.01f * Grad(who, e, i, 0);
-    absl::Status st = m.steps->Exchange("w", absl::MakeSpan(m.params)).get();
-    ASSERT_TRUE(st.ok()) << "worker " << who << " exchange " << e << ": " << st;
-  };
-  Member first, joiner;
-  ASSERT_NO_FATAL_FAILURE(start(first));
-  ASSERT_TRUE(first.steps->Declare(spec, absl::MakeSpan(first.params)).ok());
-  for (int e = 0; e < 3; ++e) ASSERT_NO_FATAL_FAILURE(exchange(first, 0, e));
-  ASSERT_NO_FATAL_FAILURE(start(joiner));
-  ASSERT_TRUE(joiner.worker->rejoined());
-  TensorSpec exact = spec;
-  exact.pull = PullFormat::kSparse;
-  absl::Status refused = joiner.steps->Declare(exact, absl::MakeSpan(joiner.params));
-  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
-  EXPECT_THAT(std::string(refused.message()), HasSubstr("is not pulled recompressed"));
-  ASSERT_TRUE(joiner.steps->Declare(spec, absl::MakeSpan(joiner.params)).ok());
-  auto anchors_equal = [&](const char* when) {
-    absl::StatusOr<absl::Span<const float>> a = first.steps->Anchor("w");
-    absl::StatusOr<absl::Span<const float>> b = joiner.steps->Anchor("w");
-    ASSERT_TRUE(a.ok() && b.ok());
-    for (size_t i = 0; i < kBig; ++i) ASSERT_EQ((*a)[i], (*b)[i]) << when << ", element " << i;
-  };
-  ASSERT_NO_FATAL_FAILURE(anchors_equal("at the join"));
-  // (The joiner's start is the job's, moved by three exchanges.)
-  EXPECT_GT(kBig - std::count(joiner.params.begin(), joiner.params.end(), 0.5f), kBig / 100);
-  for (int e = 3; e < 5; ++e) {
-    std::thread other([&] { exchange(joiner, 1, e); });
-    exchange(first, 0, e);
-    other.join();
+// running job takes the servers' running sum of the means, the others' anchor bit for bit,
+// and exchanges on with them, whatever the pull: recompressed (the sum is the slice itself)
+// or exact (the servers keep it beside the step's mean, TensorSpec::keep_sum), for a tensor
+// split over both servers and one fused into a bucket. With the Nesterov outer step (each
+// worker's anchor holds its own momentum's steps) a joiner is refused, saying why.
+TEST(Elastic, AWorkerJoiningLocalStepsStartsFromTheServersRunningSum) {
+  for (PullFormat pull : {PullFormat::kRecompressed, PullFormat::kSparse, PullFormat::kDense}) {
+    SCOPED_TRACE(static_cast<int>(pull));
+    ClusterOptions options = Elastic(1, 3);
+    options.server_args = {"--optimizer=mean"};
+    LocalCluster cluster(options);
+    ASSERT_FALSE(cluster.scheduler_address().empty());
+    struct Member {
+      std::unique_ptr<Worker> worker;
+      std::unique_ptr<LocalSteps> steps;
+      std::map<std::string, std::vector<float>> params;
+    };
+    const std::map<std::string, size_t> sizes = {{"w", kBig}, {"s", kSmall}};
+    auto start = [&](Member& m, LocalStepsOptions::Outer outer) {
+      auto w = Worker::Create(Options(cluster.scheduler_address()));
+      ASSERT_TRUE(w.ok()) << w.status();
+      m.worker = *std::move(w);
+      LocalStepsOptions o;
+      o.outer = outer;
+      auto steps = LocalSteps::Create(m.worker.get(), o);
+      ASSERT_TRUE(steps.ok()) << steps.status();
+      m.steps = *std::move(steps);
+      for (const auto& [name, n] : sizes) m.params[name].assign(n, 0.5f);
+    };
+    auto declare = [&](Member& m) {
+      for (auto& [name, values] : m.params) {
+        TensorSpec spec{name, {static_cast<int64_t>(values.size())}, 100, Compression::kAdaComp};
+        spec.pull = pull;
+        absl::Status st = m.steps->Declare(spec, absl::MakeSpan(values));
+        if (!st.ok()) return st;
+      }
+      return absl::OkStatus();
+    };
+    auto exchange = [&](Member& m, int who, int e) {
+      for (auto& [name, values] : m.params) {
+        for (size_t i = 0; i < values.size(); ++i) values[i] += 0.01f * Grad(who, e, i, 0);
+        absl::Status st = m.steps->Exchange(name, absl::MakeSpan(values)).get();
+        ASSERT_TRUE(st.ok()) << "worker " << who << " exchange " << e << " " << name << ": " << st;
+      }
+    };
+    Member first, nesterov, joiner;
+    ASSERT_NO_FATAL_FAILURE(start(first, LocalStepsOptions::Outer::kAverage));
+    ASSERT_TRUE(declare(first).ok());
+    for (int e = 0; e < 3; ++e) ASSERT_NO_FATAL_FAILURE(exchange(first, 0, e));
+    ASSERT_NO_FATAL_FAILURE(start(nesterov, LocalStepsOptions::Outer::kNesterov));
+    ASSERT_TRUE(nesterov.worker->rejoined());
+    absl::Status refused = declare(nesterov);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    EXPECT_THAT(std::string(refused.message()), HasSubstr("Outer::kAverage"));
+    EXPECT_TRUE(nesterov.worker->Stop().ok());
+    ASSERT_NO_FATAL_FAILURE(start(joiner, LocalStepsOptions::Outer::kAverage));
+    ASSERT_TRUE(joiner.worker->rejoined());
+    ASSERT_TRUE(declare(joiner).ok());
+    auto anchors_equal = [&](const char* when) {
+      for (const auto& [name, n] : sizes) {
+        absl::StatusOr<absl::Span<const float>> a = first.steps->Anchor(name);
+        absl::StatusOr<absl::Span<const float>> b = joiner.steps->Anchor(name);
+        ASSERT_TRUE(a.ok() && b.ok());
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ((*a)[i], (*b)[i]) << when << ", " << name << " element " << i;
+        }
+      }
+    };
+    ASSERT_NO_FATAL_FAILURE(anchors_equal("at the join"));
+    // (The joiner's start is the job's, moved by three exchanges.)
+    for (const auto& [name, values] : joiner.params) {
+      EXPECT_GT(values.size() - std::count(values.begin(), values.end(), 0.5f),
+                values.size() / 100) << name;
+    }
+    for (int e = 3; e < 5; ++e) {
+      std::thread other([&] { exchange(joiner, 1, e); });
+      exchange(first, 0, e);
+      other.join();
+    }
+    ASSERT_NO_FATAL_FAILURE(anchors_equal("two exchanges later"));
+    EXPECT_TRUE(joiner.worker->Stop().ok());
+    EXPECT_TRUE(first.worker->Stop().ok());
+    std::string why;
+    EXPECT_TRUE(cluster.AllExitCleanly(absl::Seconds(10), &why)) << why;
   }
-  ASSERT_NO_FATAL_FAILURE(anchors_equal("two exchanges later"));
-  EXPECT_TRUE(joiner.worker->Stop().ok());
-  EXPECT_TRUE(first.worker->Stop().ok());
-  std::string why;
-  EXPECT_TRUE(cluster.AllExitCleanly(absl::Seconds(10), &why)) << why;
 }
 
 TEST(Elastic, AWorkerBeyondTheBoundIsRefusedWithTheReason) {

@@ -343,57 +343,66 @@ def job_with_a_joiner(cluster, h, join, **kwargs):
     return last, result
 
 
-@pytest.mark.parametrize("h", [1, 3])
-def test_a_worker_joining_a_local_mode_job_is_refused_before_it_trains_offset(cluster, h):
-    """In local mode with exact pulls (the default below 8 workers) the servers hold each
-    exchange's mean change, not the model: a worker that joined a running job would start
-    from its own (or rank 0's initial) values and stay offset from the others for good
-    (measured before the refusal: 0.22 at H = 1 and 0.60 at H = 3, constant over every later
-    exchange). It is refused, naming what works, before it declares its tensors, and the
-    job's own workers finish without waiting for it."""
+@pytest.mark.parametrize("h,kwargs,why", [
+    (1, {"compression": "dense"}, 'exchange="gradient"'),
+    (3, {"outer": "nesterov"}, "outer='nesterov'"),
+])
+def test_a_worker_joining_a_local_mode_job_whose_servers_lack_the_model_is_refused(
+        cluster, h, kwargs, why):
+    """Where the servers do not hold the model (the gradient exchange: each step's mean
+    gradient only; DiLoCo's outer momentum: each worker's own), a worker that joined a
+    running job would start from its own (or rank 0's initial) values and stay offset from
+    the others for good: it is refused, naming what works, before it declares its tensors,
+    and the job's own workers finish without waiting for it."""
     def join(w, joined, result):
-        wrapped(w, local_steps=h)
+        wrapped(w, local_steps=h, **kwargs)
 
-    _, result = job_with_a_joiner(cluster, h, join)
-    assert result.get("error") is not None, "the joiner was let train in local mode"
+    _, result = job_with_a_joiner(cluster, h, join, **kwargs)
+    assert result.get("error") is not None, "the joiner was let train offset"
     assert "joined a running job" in result["error"] and "server mode" in result["error"]
-    assert 'pull="recompressed"' in result["error"]
+    assert why in result["error"], result["error"]
 
 
-@pytest.mark.parametrize("h", [1, 3])
-def test_a_worker_joining_a_local_mode_job_with_recompressed_pulls_trains_where_the_others_are(
-        cluster, h):
-    """With pull="recompressed" the servers keep the running sum of the exchanges' means, so
-    a worker that joins a running local-mode job starts where every replica is (the job's
+@pytest.mark.parametrize("h,pull", [(1, "recompressed"), (3, "recompressed"), (1, "sparse"),
+                                    (3, "sparse"), (3, "dense")])
+def test_a_worker_joining_a_local_mode_job_trains_where_the_others_are(cluster, h, pull):
+    """The servers keep the running sum of the exchanges' means (the slice itself with
+    pull="recompressed"; beside the step's mean with exact pulls, TensorSpec::keep_sum), so a
+    worker that joins a running local-mode job starts where every replica is (the job's
     initial parameters plus that sum) and trains on with the others: after two more
     exchanges its model is theirs, to float rounding (a joiner that started from its own
-    values stayed 0.22 off at H = 1, 0.60 at H = 3: the refusal's measurement above)."""
+    values stayed 0.22 off at H = 1, 0.60 at H = 3; exact pulls were refused for that
+    before the servers kept the sum beside them)."""
     import warnings
 
     def join(w, joined, result):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            p, opt = wrapped(w, local_steps=h, pull="recompressed")
+            p, opt = wrapped(w, local_steps=h, pull=pull)
         result["warned"] = any("joined a running local-mode job" in str(x.message)
                                for x in caught)
+        result["start"] = p.detach().clone()
         joined.set()
         result["last"] = train(p, opt, w.rank, 2 * h, first=2 * h)[-1]
 
-    last, result = job_with_a_joiner(cluster, h, join, pull="recompressed")
+    last, result = job_with_a_joiner(cluster, h, join, pull=pull)
     assert "error" not in result, result["error"]
     assert result["warned"]
+    assert float((result["start"] - start_values()).abs().max()) > 0.05, \
+        "the joiner started from the job's start, not where the job is"
     off = float((result["last"] - last[0]).abs().max())
     assert off < 1e-4, off
 
 
-def test_launch_join_adds_a_worker_to_a_local_mode_job_with_recompressed_pulls(tmp_path):
+@pytest.mark.parametrize("pull", ["recompressed", "sparse"])
+def test_launch_join_adds_a_worker_to_a_local_mode_job(tmp_path, pull):
     """As users launch it: a local-mode job (adaps.launch -n 2 --max-workers 3
-    --server-optimizer mean --pull recompressed) that adaps.launch --join adds a worker to: the
-    joiner is let in (warned), starts where the job's replicas are (moved from the job's
-    start) rather than from that start, trains and leaves; everyone exits 0."""
+    --server-optimizer mean, pulls recompressed or exact) that adaps.launch --join adds a
+    worker to: the joiner is let in (warned), starts where the job's replicas are (moved from
+    the job's start) rather than from that start, trains and leaves; everyone exits 0."""
     address_file = str(tmp_path / "address")
     script = os.path.join(HERE, "local_join_worker.py")
-    common = ["--server-optimizer", "mean", "--pull", "recompressed"]
+    common = ["--server-optimizer", "mean", "--pull", pull]
     _, (code, out), (job_code, job_out) = launch_and_join(
         ["-n", "2", "--max-workers", "3"] + common + [script, "400", address_file],
         address_file, ["-n", "1"] + common + [script, "40"], timeout=TIMEOUT)
@@ -415,23 +424,31 @@ def test_launch_join_adds_a_worker_to_a_local_mode_job_with_recompressed_pulls(t
 
 
 def test_launch_says_at_start_when_a_local_mode_jobs_joiners_would_be_refused(monkeypatch):
-    """An elastic local-mode job whose pulls are exact (the default below 8 workers) would
-    refuse every joiner: adaps.launch says so when it starts the job, naming --pull."""
+    """An elastic local-mode job whose servers would not hold the model (the gradient
+    exchange, the default when every layer is sent dense; DiLoCo's outer momentum) would
+    refuse every joiner: adaps.launch says so when it starts the job."""
     import types
     from adaps import launch
-    monkeypatch.delenv("ADAPS_PULL", raising=False)
+    for name in ("ADAPS_EXCHANGE", "ADAPS_COMPRESSION", "ADAPS_OUTER"):
+        monkeypatch.delenv(name, raising=False)
 
     def job(**kw):
-        a = dict(pull=None, workers=2, nodes=1, server_optimizer="mean")
+        a = dict(pull=None, workers=2, nodes=1, server_optimizer="mean", exchange=None,
+                 compression=None)
         a.update(kw)
         return types.SimpleNamespace(**a)
+    assert not launch._local_joins_refused(job())  # AdaComp: the update exchange
+    assert not launch._local_joins_refused(job(pull="sparse"))
+    assert not launch._local_joins_refused(job(compression="conv:dense"))
+    assert launch._local_joins_refused(job(compression="dense"))
+    assert launch._local_joins_refused(job(exchange="gradient"))
+    assert not launch._local_joins_refused(job(compression="dense", exchange="update"))
+    assert not launch._local_joins_refused(job(server_optimizer="adam", compression="dense"))
+    monkeypatch.setenv("ADAPS_OUTER", "nesterov")
     assert launch._local_joins_refused(job())
-    assert launch._local_joins_refused(job(workers=8, pull="sparse"))
-    assert not launch._local_joins_refused(job(pull="recompressed"))
-    assert not launch._local_joins_refused(job(workers=4, nodes=2))  # 8 workers in all
-    assert not launch._local_joins_refused(job(server_optimizer="adam"))
-    monkeypatch.setenv("ADAPS_PULL", "recompressed")
-    assert not launch._local_joins_refused(job())
+    monkeypatch.delenv("ADAPS_OUTER")
+    monkeypatch.setenv("ADAPS_COMPRESSION", "dense")
+    assert launch._local_joins_refused(job())
 
 
 def test_a_worker_leaving_between_exchanges_holds_up_nobody(cluster):

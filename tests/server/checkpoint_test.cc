@@ -345,11 +345,40 @@ TEST(CheckpointFormat, BytesFollowTheDocumentedLayoutSoOldFilesStayReadable) {
   EXPECT_EQ((*old)[0].params, r.params);
   // A flag this code does not know is refused, not dropped.
   std::vector<uint8_t> unknown(expected.begin(), expected.end() - 4);
-  unknown[flags_at] = 3;
+  unknown[flags_at] = 1 | 8;  // (bits 1 and 2 are the running sum's)
   Append<uint32_t>(unknown, Crc32(unknown));
   EXPECT_EQ(DecodeCheckpoint(unknown, "x").status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(Crc32(std::vector<uint8_t>{'1', '2', '3', '4', '5', '6', '7', '8', '9'}),
             0xCBF43926u);  // the standard CRC-32 check value
+}
+
+// Shard::KeepSum: a slice that keeps the running sum writes flag bit 1 and the sum after
+// the residue; one that lost it, bit 2 and an empty sum; one that keeps none, neither (its
+// bytes as before).
+TEST(CheckpointFormat, ARunningSumRoundTripsKeptOrLost) {
+  SliceRecord kept = Record(1, "k");
+  kept.keep_sum = true;
+  kept.sum = {7.5f, -0.25f};
+  SliceRecord lost = Record(2, "l");
+  lost.keep_sum = true;
+  lost.sum_lost = true;
+  const SliceRecord none = Record(3, "n");
+  const std::vector<uint8_t> bytes = EncodeCheckpoint({kept, lost, none});
+  auto out = DecodeCheckpoint(bytes, "x");
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 3u);
+  EXPECT_TRUE((*out)[0].keep_sum);
+  EXPECT_FALSE((*out)[0].sum_lost);
+  EXPECT_EQ((*out)[0].sum, kept.sum);
+  EXPECT_EQ((*out)[0].residue, kept.residue);
+  EXPECT_TRUE((*out)[1].keep_sum);
+  EXPECT_TRUE((*out)[1].sum_lost);
+  EXPECT_TRUE((*out)[1].sum.empty());
+  EXPECT_FALSE((*out)[2].keep_sum);
+  EXPECT_EQ((*out)[2].params, none.params);
+  // A kept sum adds its count and 2 floats; a lost one its count (0).
+  EXPECT_EQ(bytes.size(),
+            EncodeCheckpoint({none, none, none}).size() + (8 + 2 * sizeof(float)) + 8);
 }
 
 TEST(CheckpointFormat, DecodeGivesBackEveryRecordInOrder) {

@@ -156,7 +156,23 @@ struct Scenario {
   int die_at = 0;
   bool bucket = false;
   OptimizerConfig optimizer = Sgd();
+  // Both shards keep the running sum (Shard::KeepSum): after every step a Replica pull of
+  // each must be the worker's anchor (the initial values plus each mean it pulled, added
+  // in float32), bit for bit.
+  bool keep_sum = false;
 };
+
+// A Replica pull's answer as floats.
+std::vector<float> ReplicaOf(Shard& shard) {
+  auto a = shard.AnswerPull(Shard::Pull{"r", 1, 0, 0, Shard::Format::kReplica});
+  EXPECT_TRUE(a.ok()) << a.status();
+  if (!a.ok()) return {};
+  EXPECT_EQ(a->format, Shard::Format::kReplica);
+  EXPECT_EQ(a->version, shard.version());
+  std::vector<float> out(a->payload->size() / sizeof(float));
+  std::memcpy(out.data(), a->payload->data(), a->payload->size());
+  return out;
+}
 
 // Drives one shard through `run` with a sparse puller, and a twin fed the same pushes with
 // a dense puller (its steps are full passes); the replica must be the parameters, and the
@@ -178,6 +194,12 @@ std::vector<Shard::Format> ExpectReplicaFollowsTheParameters(const Scenario& run
   std::vector<Pusher> pushers;
   for (int w = 0; w < run.workers; ++w) pushers.emplace_back(table);
   Replica replica{init, 0};
+  std::vector<float> anchor = init;  // run.keep_sum
+  if (run.keep_sum) {
+    shard.KeepSum();
+    twin.KeepSum();
+    ExpectSameFloats(ReplicaOf(shard), anchor, -1);  // before any step: the initial values
+  }
   std::set<int> live;
   for (int w = 0; w < run.workers; ++w) live.insert(w);
   std::vector<Shard::Format> formats;
@@ -210,6 +232,11 @@ std::vector<Shard::Format> ExpectReplicaFollowsTheParameters(const Scenario& run
     EXPECT_TRUE(replica.Apply(*answer)) << step;
     EXPECT_EQ(replica.version, shard.version());
     ExpectSameFloats(replica.values, shard.params(), step);
+    if (run.keep_sum) {
+      for (size_t i = 0; i < anchor.size(); ++i) anchor[i] += replica.values[i];
+      ExpectSameFloats(ReplicaOf(shard), anchor, step);
+      ExpectSameFloats(ReplicaOf(twin), anchor, step);
+    }
   }
   return formats;
 }
@@ -232,6 +259,24 @@ TEST(ShardSparse, MeanAnswersAreTheStepsMeanWithZerosWhereNoWorkerSent) {
   const auto formats = ExpectReplicaFollowsTheParameters(run);
   // AdaComp pushes: forwarding them (sign bits) is smaller than the merged list (floats).
   EXPECT_EQ(Count(formats, Shard::Format::kForwarded), formats.size() - 1);
+}
+
+// Local mode's update exchange with exact pulls: a mean shard keeping the running sum
+// (DeclareSlice.keep_sum) answers a Replica pull with every worker's anchor, bit for bit,
+// whether its steps are tracked (sparse: the sum changes where the step did) or full passes
+// (the twin), for a plain slice and a bucket, and with a worker that dies mid-step.
+TEST(ShardSparse, ARunningSumIsEveryWorkersAnchorBitForBit) {
+  for (const bool bucket : {false, true}) {
+    SCOPED_TRACE(bucket ? "bucket" : "plain slice");
+    Scenario run;
+    run.optimizer = Mean();
+    run.keep_sum = true;
+    run.bucket = bucket;
+    run.steps = 30;
+    run.dies = 1;
+    run.die_at = 11;
+    ExpectReplicaFollowsTheParameters(run);
+  }
 }
 
 TEST(ShardSparse, ABucketsAnswersKeepEveryMemberBitForBit) {

@@ -424,6 +424,65 @@ TEST(Shard, ARunningMeanAddsEachStepsMeanAndItsRecompressedPullsFollowTheSum) {
   for (uint32_t i = 0; i < kLen; ++i) EXPECT_NEAR(back->params()[i], sum[i] + g0[i], 1e-4f);
 }
 
+std::vector<float> SumOf(Shard& s) {
+  auto a = s.AnswerPull({"r", 1, 0, 0, Shard::Format::kReplica});
+  EXPECT_TRUE(a.ok()) << a.status();
+  return a.ok() ? Floats(a->payload) : std::vector<float>{};
+}
+
+absl::StatusCode SumCode(Shard& s) {
+  return s.AnswerPull({"r", 1, 0, 0, Shard::Format::kReplica}).status().code();
+}
+
+// One worker's mean step of `push` at the shard's version.
+void MeanStep(Shard& s, const std::vector<float>& push, uint64_t step) {
+  ASSERT_TRUE(AddPushBytes(s, 0, step, Dense(push)).ok());
+  ASSERT_TRUE(s.CompleteStepIfReady({0}, Kind(OptimizerKind::kMean)));
+}
+
+// The running sum (Shard::KeepSum; its arithmetic, bit for bit against the workers' anchors,
+// is tests/server/shard_sparse_test.cc's): kept in checkpoints, and refused rather than
+// answered wrong once it cannot be the sum of every step's mean.
+TEST(Shard, ARunningSumIsCheckpointedAndRefusedOnceItMissesAStep) {
+  Shard s = Make();
+  s.KeepSum();
+  EXPECT_TRUE(s.keeps_sum());
+  s.Initialize(Raw({1, 2, 3, 4}));
+  MeanStep(s, {1, 1, 1, 1}, 0);
+  MeanStep(s, {0.5f, 0, 0, -1}, 1);
+  EXPECT_EQ(std::vector<float>(s.params().begin(), s.params().end()),
+            (std::vector<float>{0.5f, 0, 0, -1}));  // the slice: the step's mean
+  EXPECT_EQ(SumOf(s), (std::vector<float>{2.5f, 3, 4, 4}));
+  // Restored from its record: the sum goes on where the workers are.
+  const SliceRecord r = s.ToRecord();
+  EXPECT_TRUE(r.keep_sum);
+  auto back = Shard::FromRecord(r);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(SumOf(*back), (std::vector<float>{2.5f, 3, 4, 4}));
+  MeanStep(*back, {1, 1, 1, 1}, 2);
+  EXPECT_EQ(SumOf(*back), (std::vector<float>{3.5f, 4, 5, 5}));
+  // Restored, and the workers had gone on two steps after the checkpoint: those means are
+  // not in it.
+  auto skipped = Shard::FromRecord(r);
+  ASSERT_TRUE(skipped.ok());
+  MeanStep(*skipped, {1, 1, 1, 1}, 4);
+  EXPECT_EQ(SumCode(*skipped), absl::StatusCode::kFailedPrecondition);
+  auto still = Shard::FromRecord(skipped->ToRecord());
+  ASSERT_TRUE(still.ok());
+  EXPECT_EQ(SumCode(*still), absl::StatusCode::kFailedPrecondition) << "lost, checkpointed";
+  // Asked to keep the sum after it stepped (or restored without it): the means are gone.
+  Shard late = Make();
+  MeanStep(late, {1, 1, 1, 1}, 0);
+  late.KeepSum();
+  EXPECT_EQ(SumCode(late), absl::StatusCode::kFailedPrecondition);
+  // A slice that keeps none answers a Replica pull as before (the published replica).
+  Shard plain = Make();
+  plain.Initialize(Raw({1, 2, 3, 4}));
+  EXPECT_FALSE(plain.keeps_sum());
+  EXPECT_FALSE(plain.ToRecord().keep_sum);
+  EXPECT_EQ(SumOf(plain), (std::vector<float>{1, 2, 3, 4}));
+}
+
 TEST(Shard, CheckpointRecordRoundTripsEveryPartOfTheState) {
   Shard s = Make();
   s.Initialize(Raw({1, 2, 3, 4}));

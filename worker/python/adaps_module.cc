@@ -244,7 +244,7 @@ std::unique_ptr<PyWorker> CreateWorker(const std::string& scheduler, const std::
 void Declare(PyWorker& self, const std::string& name, py::object values,
              std::optional<std::vector<int64_t>> shape, uint32_t bin_size,
              const std::string& compression, double topk_fraction, const std::string& pull,
-             bool fuse, uint32_t pull_bin_divisor, int device) {
+             bool fuse, uint32_t pull_bin_divisor, int device, bool keep_sum) {
   Borrowed v = Borrow(values, /*writable=*/true, "declare: values");
   TensorSpec spec;
   spec.name = name;
@@ -257,6 +257,7 @@ void Declare(PyWorker& self, const std::string& name, py::object values,
   spec.fuse = fuse;
   spec.pull_bin_divisor = pull_bin_divisor;
   spec.device = device;
+  spec.keep_sum = keep_sum;
   Worker& worker = self.get();
   absl::Status status;
   {
@@ -412,7 +413,7 @@ void DefineModule(py::module_& m) {
       .def("declare", &Declare, py::arg("name"), py::arg("values"), py::arg("shape") = py::none(),
            py::arg("bin_size") = 500, py::arg("compression") = "adacomp",
            py::arg("topk_fraction") = 0.001, py::arg("pull") = "dense", py::arg("fuse") = true,
-           py::arg("pull_bin_divisor") = 1, py::arg("device") = -1)
+           py::arg("pull_bin_divisor") = 1, py::arg("device") = -1, py::arg("keep_sum") = false)
       .def("push_pull", &PushPull, py::arg("name"), py::arg("grad"), py::arg("out"))
       .def("push_pull_device", &PushPullDevice, py::arg("name"), py::arg("grad"),
            py::arg("out"), py::arg("stream") = 0, py::arg("keep") = py::list(),

@@ -52,11 +52,12 @@ class LocalSteps {
   LocalSteps& operator=(const LocalSteps&) = delete;
 
   // Worker::Declare (collective; rank 0's values become everyone's), and `values` as they
-  // come back become the tensor's anchor. With PullFormat::kRecompressed the servers keep
-  // the running sum of the means added to these values (the model; with kAverage every
-  // anchor is that sum), so a worker that joined a running job starts from it; a joiner
-  // declaring any other pull, or with kNesterov (its momentum would be its own), gets
-  // kFailedPrecondition saying why, and nothing is declared.
+  // come back become the tensor's anchor. The servers keep the running sum of the means
+  // added to these values (TensorSpec::keep_sum, set here; with kRecompressed that sum is
+  // the slice itself): with kAverage every anchor is that sum, bit for bit, and a worker that
+  // joined a running job starts from it. A joiner with kNesterov (the others' anchors hold
+  // their outer momentum's steps) gets kFailedPrecondition saying why, and nothing is
+  // declared.
   absl::Status Declare(const TensorSpec& spec, absl::Span<float> values);
 
   // Collective (every worker, every declared tensor, at the same exchange): pushes

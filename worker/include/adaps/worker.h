@@ -121,6 +121,14 @@ struct TensorSpec {
   // With servers running `mean` (local mode), a tensor pulled recompressed is the running
   // sum of the steps' means added to its initial values (server/shard.h, set_running_mean).
   uint32_t pull_bin_divisor = 1;
+  // With servers running `mean` and a dense or sparse pull (local mode's update exchange,
+  // where each pull is the step's exact mean and every worker adds it to its replica): the
+  // servers also keep the running sum of the means added to the initial values (one more
+  // float per element there), and a worker that joins the running job gets that sum from
+  // Declare instead of the step's mean: where every replica is. (Recompressed pulls hold
+  // that sum anyway; ignored for them and on other servers.) adaps::LocalSteps and
+  // adaps.torch's local mode set it. Not with pull_in_place.
+  bool keep_sum = false;
   // Whether this tensor may be fused with other small ones (WorkerOptions::
   // fusion_threshold_bytes). false for a tensor not given every step, e.g. one only declared
   // to broadcast rank 0's values: a bucket waits for all its members.

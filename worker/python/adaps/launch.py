@@ -101,13 +101,20 @@ def _compression_arg(text):
 
 
 def _local_joins_refused(a):
-    """Whether adaps.torch would refuse this elastic job's joiners: local mode with pulls that
-    are not recompressed (--pull, else ADAPS_PULL, else the default: recompressed from 8
-    workers)."""
-    pull = a.pull or os.environ.get("ADAPS_PULL")
-    if pull is None:
-        pull = "recompressed" if a.workers * a.nodes >= _RECOMPRESSED_FROM_WORKERS else "sparse"
-    return a.server_optimizer == "mean" and pull != "recompressed"
+    """Whether adaps.torch would refuse this elastic job's joiners: local mode whose servers
+    do not keep the model, i.e. the gradient exchange (--exchange, else ADAPS_EXCHANGE, else
+    the default: gradient when every layer is sent dense) or DiLoCo's outer momentum
+    (ADAPS_OUTER=nesterov, each worker's own)."""
+    if a.server_optimizer != "mean":
+        return False
+    exchange = getattr(a, "exchange", None) or os.environ.get("ADAPS_EXCHANGE")
+    if exchange is None:
+        parsed = _parse_compression(getattr(a, "compression", None) or
+                                    os.environ.get("ADAPS_COMPRESSION") or "adacomp")
+        names = list(parsed.values()) if isinstance(parsed, dict) else [parsed]
+        every_layer = not isinstance(parsed, dict) or len(parsed) == len(_LAYER_TYPES)
+        exchange = "gradient" if every_layer and all(n == "dense" for n in names) else "update"
+    return exchange == "gradient" or os.environ.get("ADAPS_OUTER", "average") == "nesterov"
 
 
 # Flags that reach adaps.torch.DistributedOptimizer's defaults through the environment.
@@ -529,9 +536,10 @@ def main(argv=None):
                 if _local_joins_refused(a):
                     sys.stderr.write(
                         "adaps.launch: note: in local mode (--server-optimizer mean) "
-                        "adaps.torch lets a worker join only with recompressed pulls (its "
-                        "servers then keep the model): start the job and the joiners with "
-                        "--pull recompressed (the default from 8 workers), or joiners are "
+                        "adaps.torch lets a worker join only the update exchange (the "
+                        "default with a compressor) with the average outer step: its "
+                        "servers then keep the model; with --exchange gradient (the "
+                        "default when dense) or ADAPS_OUTER=nesterov, joiners are "
                         "refused\n")
                 sys.stderr.flush()
         if a.checkpoint_dir:

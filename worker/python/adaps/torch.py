@@ -477,14 +477,14 @@ def _decide(settings, optimizer, entries, mode, server_kind, compressing):
 def _check_local_join(exchange, settings):
     """A worker that joined a running local-mode job (or registered again into it after a
     restart) starts where every replica is, the job's initial parameters (rank 0's broadcast)
-    plus the servers' running sum of the exchanges' means, when every tensor is pulled
-    recompressed (the servers keep that sum only then; the default from 8 workers) and the
-    outer step is the mean itself. Anything else: the servers hold each exchange's mean
-    change, not the model, and the joiner would train from its own start, offset from the
-    others for good: refused (RuntimeError), saying why."""
-    not_running = [e.name for e in exchange.entries
-                   if not exchange._running(exchange.entry_pull(e))]
-    if not not_running and settings.outer == "average":
+    plus the servers' running sum of the exchanges' means, when the servers keep that sum for
+    every tensor (the update exchange's: compressed local mode, exchange="update") and the
+    outer step is the mean itself. Anything else (exchange="gradient", where the servers hold
+    only each step's mean gradient; outer="nesterov", whose momentum is each worker's own; a
+    row_sparse table, stepped by each worker's optimizer): the joiner would train from its own
+    start, offset from the others for good: refused (RuntimeError), saying why."""
+    held = [e.name for e in exchange.entries if not exchange.joinable(e)]
+    if not held and settings.outer == "average":
         warnings.warn(
             "adaps.torch: this worker joined a running local-mode job: it starts where "
             "every replica is (the job's initial parameters plus the servers' running sum of "
@@ -494,17 +494,20 @@ def _check_local_join(exchange, settings):
         return
     why = ("outer=%r (DiLoCo's momentum is each worker's own state)" % settings.outer
            if settings.outer != "average" else
-           "tensors not pulled recompressed: %s%s" % (", ".join(not_running[:3]),
-                                                     ", ..." if len(not_running) > 3 else ""))
+           "the servers do not hold %s%s (%s)" % (
+               ", ".join(held[:3]), ", ..." if len(held) > 3 else "",
+               "exchange=\"gradient\": each step's mean gradient only"
+               if settings.exchange == "gradient" else
+               "row_sparse tables, which each worker's optimizer steps"))
     raise RuntimeError(
         "adaps.torch: this worker joined a running job (or registered again into it after a "
         "restart) whose servers run --optimizer=mean (local mode), where the servers hold the "
-        "model only as the running sum of recompressed pulls (pull=\"recompressed\", the "
-        "default from 8 workers, with outer=\"average\"); here %s. It would train from its "
+        "model only as the running sum of the update exchange's means (compressed local "
+        "mode, exchange=\"update\", with outer=\"average\"); here %s. It would train from its "
         "own start, offset from the others for good. Workers can join such a job with "
-        "pull=\"recompressed\" (adaps.launch --pull recompressed) or in server mode (the "
-        "servers hold the parameters and a joiner pulls them); else restart the whole job "
-        "with the new worker count, from a checkpoint, as torchrun does" % why)
+        "exchange=\"update\" and outer=\"average\", or in server mode (the servers hold the "
+        "parameters and a joiner pulls them); else restart the whole job with the new worker "
+        "count, from a checkpoint, as torchrun does" % why)
 
 
 def _make_exchange(settings, worker, optimizer, entries, backward_passes_per_step, bins_from):

@@ -169,6 +169,18 @@ class Exchange:
         # Local mode, recompressed: the servers answer the running sum of the steps' means.
         return pull == "recompressed"
 
+    def _keeps_sum(self, e, pull):
+        # Whether the servers keep e's running sum beside exact pulls of the step's mean
+        # (TensorSpec::keep_sum), for a worker that joins: the update exchange's.
+        return False
+
+    def joinable(self, e):
+        """Whether a worker that joins a running job can start e where every replica is:
+        the servers hold e's model (server mode, or the running sum of local mode's update
+        exchange)."""
+        pull = self.entry_pull(e)
+        return self._running(pull) or self._keeps_sum(e, pull)
+
     def declare(self, pull_bin_divisor):
         """Declares every tensor (collective, in order)."""
         for e in self.entries:
@@ -182,11 +194,13 @@ class Exchange:
         # A row_sparse table is exchanged before the optimizer's step, the update exchange's
         # tensors after it: a fusion bucket holding both would wait for itself.
         running = self._running(pull)
+        keep_sum = self._keeps_sum(e, pull)
         device = self._device_of(e, pull) if _device_path_off is None else -1
         declare = functools.partial(
             self.worker.declare, e.name, e.buf, shape=shape, bin_size=e.bin_size,
             compression=e.compression, topk_fraction=e.topk_fraction, pull=pull,
-            fuse=not e.row_sparse, pull_bin_divisor=pull_bin_divisor if running else 1)
+            fuse=not e.row_sparse, pull_bin_divisor=pull_bin_divisor if running else 1,
+            keep_sum=keep_sum)
         try:
             declare(device=device)
         except adaps.Error as err:
@@ -211,11 +225,12 @@ class Exchange:
                 replica = host_f32(shape, e.param)
                 e.replica = replica.numpy()
                 e.replica[...] = e.buf
-            if self.worker.rejoined:
-                # A worker that joined a running job: every replica is the job's start (its
-                # parameters now, from rank 0's broadcast) plus the sum; so is its own.
-                with torch.no_grad():
-                    e.param.add_(torch.from_numpy(e.buf).view(e.param.shape).to(e.param))
+        if (running or keep_sum) and self.worker.rejoined:
+            # A worker that joined a running job: every replica is the job's start (its
+            # parameters now, from rank 0's broadcast) plus the servers' running sum (what
+            # its declaration brought); so is its own.
+            with torch.no_grad():
+                e.param.add_(torch.from_numpy(e.buf).view(e.param.shape).to(e.param))
 
     def _device_of(self, e, pull):
         """The device e is declared on, or -1: host memory. The worker library's device path

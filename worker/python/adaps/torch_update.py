@@ -228,6 +228,12 @@ class UpdateExchange(Exchange):
         self.bins = LateBins(bins_from, worker, optimizer) if bins_from is not None else None
         self.row_sparse = RowSparse([e for e in self.entries if e.row_sparse], worker)
 
+    def _keeps_sum(self, e, pull):
+        # Every replica adds each exchange's exact mean: the servers keep their sum too, which
+        # a worker that joins starts from (a row_sparse table is stepped on the mean gradient
+        # by each worker's own optimizer: the servers do not hold it).
+        return not e.row_sparse and not self._running(pull)
+
     def declare(self, pull_bin_divisor):
         super().declare(pull_bin_divisor)
         fixed = {e.name: RECOMPRESSED_PUSH_DIVISOR for e in self.entries
