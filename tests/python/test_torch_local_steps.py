@@ -279,6 +279,7 @@ def test_launch_local_steps_reaches_a_script_that_reads_no_environment():
 @pytest.mark.parametrize("h, named, expected", [
     (4, {}, {"fc.weight": 125, "fc.bias": 125}),       # the default bin 500 / H
     (16, {}, {"fc.weight": 31, "fc.bias": 31}),
+    (64, {}, {"fc.weight": 25, "fc.bias": 25}),      # ... down to 25 (not 7)
     (1, {}, {"fc.weight": 500, "fc.bias": 500}),       # every step: the default bin
     (4, {"bin_size": 400}, {"fc.weight": 400, "fc.bias": 400}),  # a bin named is kept
     (4, {"bin_sizes": {"fc.weight": 300}}, {"fc.weight": 300, "fc.bias": 125}),

@@ -176,9 +176,9 @@ left the model, and the outer momentum (loaded into any rank). A failed exchange
 model where the last exchange put it (the local steps since are lost). AdaComp's bin
 shrinks with H (each exchange sends H steps' change, and what a residue holds back waits
 whole exchanges): unless a bin size is named (bin_size, bin_sizes), a tensor at the default
-bin is declared at bin_size / H (500 / H; its pushes and recompressed pulls follow from it as
-at H = 1), convolutions keeping theirs; at the undivided bin the transformer lost 4.5% at
-H = 4 (docs/local-steps.md). DiLoCo's Nesterov outer step (tuned
+bin is declared at bin_size / H (500 / H, down to 25; its pushes and recompressed pulls follow
+from it as at H = 1), convolutions keeping theirs; at the undivided bin the transformer lost
+4.5% at H = 4 (docs/local-steps.md). DiLoCo's Nesterov outer step (tuned
 at H in the hundreds) was worse at every H <= 16 measured.
 
 Gradient accumulation: with the gradient exchange (server mode, and local mode with dense
@@ -238,6 +238,10 @@ _PULL_BIN_DIVISOR = 10
 # 90x in all after step 300, exact pulls -0.0% at 26x; docs/accuracy.md). Below it the exact
 # pull costs at most about 3 pushes against 2, not worth the delay.
 _RECOMPRESSED_FROM_WORKERS = adaps._RECOMPRESSED_FROM_WORKERS
+# Local steps: the default bin divided by H stops here (H > 20 at the bin of 500): at
+# H = 64 500 / H = 7 pushed every element at 16 workers (at a quarter of it), while 25 ended
+# the transformers below dense over 3,072 steps at 4 and 16 workers (docs/local-steps.md).
+LOCAL_STEPS_MIN_BIN = 25
 
 
 def pull_bin_divisor(workers):
@@ -447,10 +451,13 @@ def _decide(settings, optimizer, entries, mode, server_kind, compressing):
         if settings.local_steps > 1 and e.bin_default:
             # Local steps: an exchange sends H steps' change, and what a residue holds back
             # waits whole exchanges, so the default bin is divided by H (convolutions and
-            # named bins are kept). The transformer at H = 16 over 1,024 steps: +1.2% against
-            # dense at 4 workers, -2.1% at 16, where the undivided bin lost 4-16% over 320
-            # steps (docs/local-steps.md).
-            e.bin_size = max(1, e.bin_size // settings.local_steps)
+            # named bins are kept), down to LOCAL_STEPS_MIN_BIN. The transformer at H = 16
+            # over 1,024 steps: +1.2% against dense at 4 workers, -2.1% at 16, where the
+            # undivided bin lost 4-16% over 320 steps; at H = 64 over 3,072 steps the bin of
+            # 25 ended 1.8% and 8.8% below dense at 4 and 16 workers, where 500 / 64 = 7 would
+            # push every element at 16 workers (pushed at a quarter of it: docs/local-steps.md).
+            e.bin_size = max(min(e.bin_size, LOCAL_STEPS_MIN_BIN),
+                             e.bin_size // settings.local_steps)
     _choose_compression(entries, optimizer, settings.compression, settings.compression_named,
                         settings.topk_fraction)
     correction, pull = False, settings.pull
