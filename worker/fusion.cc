@@ -184,8 +184,8 @@ absl::Status FusionTable::Declare(Tensor& t, absl::Span<float> values, bool* fus
                       r.payload().size() >= (end - from) * sizeof(float),
                   absl::StatusCode::kDataLoss, "bad initial pull of a fusion bucket");
   // A joiner of a keep_sum bucket starts from the servers' running sum, at the version of
-  // the answer above (no step completes while it declares, unless --backup_workers: then
-  // the declaration is asked again, as a moved bucket is).
+  // the answer above (the bucket's server counts the joiner from its declaration, so no
+  // step completes in between unless --backup_workers lets one: kUnavailable, join again).
   const InMessage* start = &r;
   InMessage sum;
   if (membership_.rejoined() && JoinsFromSum(in.spec)) {
