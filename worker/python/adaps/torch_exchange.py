@@ -175,9 +175,9 @@ class Exchange:
         return False
 
     def joinable(self, e):
-        """Whether a worker that joins a running job can start e where every replica is:
-        the servers hold e's model (server mode, or the running sum of local mode's update
-        exchange)."""
+        """Local mode: whether a worker that joins a running job can start e where every
+        replica is, the servers holding e's model as the running sum of the update
+        exchange's means (adaps.torch._check_local_join)."""
         pull = self.entry_pull(e)
         return self._running(pull) or self._keeps_sum(e, pull)
 
