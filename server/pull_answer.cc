@@ -16,6 +16,17 @@ std::shared_ptr<std::vector<uint8_t>> ReusableBytes(std::shared_ptr<std::vector<
   return std::make_shared<std::vector<uint8_t>>();
 }
 
+SliceAnswer ReplicaAnswer(absl::Span<const float> values, uint64_t version, uint64_t base) {
+  auto bytes = std::make_shared<std::vector<uint8_t>>(values.size() * sizeof(float));
+  if (!values.empty()) std::memcpy(bytes->data(), values.data(), bytes->size());
+  SliceAnswer answer;
+  answer.payload = std::move(bytes);
+  answer.format = AnswerFormat::kReplica;
+  answer.version = version;
+  answer.base = base;
+  return answer;
+}
+
 SliceAnswer DenseAnswer::Answer(const SliceNow& now) {
   if (version_ != now.version || !bytes_) {
     std::shared_ptr<std::vector<uint8_t>> bytes = ReusableBytes(bytes_);

@@ -94,6 +94,10 @@ struct StepResult {
 // `bytes` if nobody else holds it (to overwrite it in place), else a new buffer.
 std::shared_ptr<std::vector<uint8_t>> ReusableBytes(std::shared_ptr<std::vector<uint8_t>>& bytes);
 
+// A Replica answer: `values` copied as dense float32 (not cached), at `version`, `base` the
+// version of the state they hold.
+SliceAnswer ReplicaAnswer(absl::Span<const float> values, uint64_t version, uint64_t base);
+
 // The dense answer: the parameters as float32 at the current version, encoded once per
 // version; the same bytes for every puller.
 class DenseAnswer {

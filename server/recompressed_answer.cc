@@ -160,14 +160,8 @@ absl::StatusOr<SliceAnswer> RecompressedAnswer::Answer(const SlicePull& pull,
 }
 
 SliceAnswer RecompressedAnswer::Replica(const SliceNow& now) const {
-  auto bytes = std::make_shared<std::vector<uint8_t>>(published_.size() * sizeof(float));
-  std::memcpy(bytes->data(), published_.data(), bytes->size());
-  SliceAnswer answer;
-  answer.payload = std::move(bytes);
-  answer.format = AnswerFormat::kReplica;
-  answer.version = now.version;  // the step, as a dense answer says it
-  answer.base = version_;        // the version of the published state it holds
-  return answer;
+  // The step, as a dense answer says it; the version of the published state it holds.
+  return ReplicaAnswer(published_, now.version, version_);
 }
 
 }  // namespace adaps

@@ -13,17 +13,6 @@
 
 namespace adaps {
 
-namespace {
-
-// Whether a declared slice keeps the running sum of its steps' means (Shard::KeepSum): asked
-// for, on servers running `mean`, with pulls that do not hold that sum as the slice itself.
-bool KeepsSum(const msg::DeclareSlice& d, const OptimizerConfig& optimizer) {
-  return d.keep_sum() && optimizer.kind == OptimizerKind::kMean &&
-         d.pull_format() != msg::PullFormat::Recompressed;
-}
-
-}  // namespace
-
 absl::Status ValidateServerConfig(const ServerConfig& c) {
   ADAPS_RET_CHECK(!c.scheduler.empty(), absl::StatusCode::kInvalidArgument,
                   "no scheduler address");
@@ -313,28 +302,9 @@ void Server::OnDeclare(InMessage& in) {
     return ReplyError(in, st);
   }
   if (env->sender_rank() < members_.num_workers()) CountWorker(env->sender_rank());
-  if (d->pull_format() == msg::PullFormat::Recompressed && config_.backup_workers > 0) {
-    return ReplyError(in, absl::FailedPreconditionError(absl::StrCat(
-                              "recompressed pulls of '", d->name() ? d->name()->str() : "",
-                              "' cannot follow a straggler's replica, which skips the versions "
-                              "that completed without it (the servers run --backup_workers=",
-                              config_.backup_workers, "): declare it with pull=dense or "
-                              "pull=sparse")));
-  }
-  if (d->pull_format() == msg::PullFormat::Sparse) {
-    absl::Status sparse = config_.sync ? SparseStepAllowed(optimizer_)
-                                       : absl::FailedPreconditionError(
-                                             "the servers run asynchronously (--sync=false)");
-    if (!sparse.ok()) {
-      return ReplyError(in, absl::FailedPreconditionError(absl::StrCat(
-                                "sparse pulls of '", d->name() ? d->name()->str() : "",
-                                "' need servers whose step changes only what the workers sent "
-                                "(--optimizer=mean, sum, or sgd without weight decay, in sync "
-                                "mode), but ", sparse.message(),
-                                ": declare it with pull=dense, or pull=recompressed")));
-    }
-  }
-  const bool bucket = d->segments() != nullptr && d->segments()->size() > 0;
+  absl::StatusOr<DeclareWork> work = DeclarationWork(
+      *d, DeclarationRules{optimizer_, config_.sync, config_.backup_workers, config_.pull_bin_size});
+  if (!work.ok()) return ReplyError(in, work.status());
   // A new key's size is checked here (the memory budget is this thread's); its initial values
   // only by the engine thread that will own the slice (a 25M-float slice is a 100 MB scan,
   // which must not hold up every socket): a refused declaration there leaves no shard, and
@@ -347,8 +317,7 @@ void Server::OnDeclare(InMessage& in) {
                                 "slice of ", d->length(), " elements exceeds --max_slice_elements ",
                                 config_.max_slice_elements)));
     }
-    const uint64_t cost = uint64_t{d->length()} *
-                          (kSliceBytesPerElement + (KeepsSum(*d, optimizer_) ? sizeof(float) : 0));
+    const uint64_t cost = SliceBudgetBytes(d->length(), work->keep_sum);
     if (memory_used_ + cost > memory_budget_) {
       return ReplyError(in, absl::ResourceExhaustedError(absl::StrCat(
                                 "slice of ", d->length(), " elements (", cost,
@@ -358,27 +327,8 @@ void Server::OnDeclare(InMessage& in) {
     memory_used_ += cost;
     checkpoints_->SliceDeclared(absl::Now());
   }
-  DeclareWork work;
-  work.key = d->key();
-  work.name = d->name() ? d->name()->str() : "";
-  work.length = d->length();
-  // The shard's bin size is its downlink's (pushes carry their own in every update).
-  work.pull_bin_divisor = std::max<uint32_t>(1, d->pull_bin_divisor());
-  work.bin_size = PullBinSize(d->bin_size(), config_.pull_bin_size, work.pull_bin_divisor);
-  work.has_init = d->has_init();
-  work.sparse_pulls = d->pull_format() == msg::PullFormat::Sparse;
-  // (A running mean: only a mean server's slices; others step their parameters already.)
-  work.recompressed_pulls = d->pull_format() == msg::PullFormat::Recompressed &&
-                            optimizer_.kind == OptimizerKind::kMean;
-  work.keep_sum = KeepsSum(*d, optimizer_);
-  if (bucket) {
-    for (const msg::Segment* seg : *d->segments()) {
-      work.segments.push_back(WireSegment{seg->length(), seg->bin_size()});
-    }
-    work.downlink_bin_cap = config_.pull_bin_size;  // per member, at publishing
-  }
-  const int owner = engine_->AssignOwner(work.key);
-  Route(std::move(in), owner, std::move(work));
+  const int owner = engine_->AssignOwner(work->key);
+  Route(std::move(in), owner, *std::move(work));
 }
 
 void Server::Route(InMessage in, int owner, EngineWork work) {
@@ -575,8 +525,7 @@ absl::Status Server::InstallSlices(std::vector<SliceRecord> records, const Hyper
             [](const Shard& a, const Shard& b) { return a.key() < b.key(); });
   memory_used_ = 0;
   for (Shard& shard : loaded) {
-    memory_used_ += uint64_t{shard.length()} *
-                    (kSliceBytesPerElement + (shard.keeps_sum() ? sizeof(float) : 0));
+    memory_used_ += SliceBudgetBytes(shard.length(), shard.keeps_sum());
     log_.get()->info("slice '{}' restored at step {}", shard.name(), shard.version());
     engine_->Adopt(std::move(shard));  // before any worker message: the queues keep order
   }

@@ -3,7 +3,8 @@
 // routes pushes and pulls to them (docs/architecture.md). Membership (registering,
 // heartbeats, re-registering, forged views) is common/cluster_client's, the live workers of a
 // step server/step_members', checkpoints server/checkpoint_policy's (when and what; the
-// format is server/checkpoint.h); this class is the wiring and the I/O thread's checks.
+// format is server/checkpoint.h, a declaration's checks server/declaration's); this class is
+// the wiring and the I/O thread's checks.
 //
 // Owns one Transport: a ROUTER for workers and a DEALER to the scheduler, and one Engine
 // (server/engine.h): the engine threads own the slices and do all the work on them; the
@@ -40,6 +41,7 @@
 #include "common/transport.h"
 #include "server/server_metrics.h"
 #include "server/checkpoint_policy.h"
+#include "server/declaration.h"
 #include "server/engine.h"
 #include "server/step_members.h"
 #include "server/shard.h"
@@ -113,8 +115,6 @@ class TransportSink final : public EngineSink {
  private:
   Transport* const transport_;
 };
-// What one slice element is budgeted at against ServerConfig::max_memory (8 floats).
-inline constexpr uint64_t kSliceBytesPerElement = 32;
 
 class Server {
  public:

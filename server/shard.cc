@@ -428,15 +428,7 @@ absl::StatusOr<Shard::Answer> Shard::SumAnswer() const {
         "only after it stepped): a worker cannot join this job where the others are; restart "
         "the whole job from a checkpoint with the new worker count"));
   }
-  const std::vector<float>& sum = sum_.empty() ? params_ : sum_;  // (empty: no step yet)
-  auto bytes = std::make_shared<std::vector<uint8_t>>(sum.size() * sizeof(float));
-  std::memcpy(bytes->data(), sum.data(), bytes->size());
-  Answer answer;
-  answer.payload = std::move(bytes);
-  answer.format = Format::kReplica;
-  answer.version = version_;
-  answer.base = version_;
-  return answer;
+  return ReplicaAnswer(sum_.empty() ? params_ : sum_, version_, version_);  // (empty: no step yet)
 }
 
 void Shard::Hold(Pull pull) {
