@@ -62,11 +62,13 @@ def train(p, opt, rank, steps, first=0):
     return out
 
 
-def reference(w, steps, h, outer, compression):
+def reference(w, steps, h, outer, compression, exchanges=None, lr_at=None):
     """The update exchange written out with the worker API alone: torch's Adam on this
-    worker's gradients, and every h-th step the change since the last exchange is pushed and
-    the model becomes where the last exchange left it plus the mean change (outer="average")
-    or DiLoCo's Nesterov step on it (lr 0.7, momentum 0.9). p after each step."""
+    worker's gradients, and every h-th step (or after the steps numbered in `exchanges`,
+    counted from 1) the change since the last exchange is pushed and the model becomes where
+    the last exchange left it plus the mean change (outer="average") or DiLoCo's Nesterov
+    step on it (lr 0.7, momentum 0.9); Adam's lr at step s lr_at(s) (0.05). p after each
+    step."""
     p = nn.Parameter(start_values())
     opt = torch.optim.Adam([p], lr=0.05)
     change = np.zeros(N, dtype=np.float32)
@@ -75,10 +77,12 @@ def reference(w, steps, h, outer, compression):
     w.close_fusion_buckets()
     anchor, momentum, out = p.detach().clone(), torch.zeros(N), []
     for s in range(steps):
+        if lr_at is not None:
+            opt.param_groups[0]["lr"] = lr_at(s)
         opt.zero_grad()
         (p * gradient(p, w.rank, s)).sum().backward()
         opt.step()
-        if (s + 1) % h == 0:
+        if (s + 1 in exchanges) if exchanges is not None else (s + 1) % h == 0:
             with torch.no_grad():
                 torch.sub(p, anchor, out=torch.from_numpy(change))
                 w.push_pull("p", change, mean).wait()
@@ -116,6 +120,40 @@ def test_local_steps_are_the_update_exchange_every_h_steps_bit_for_bit(cluster, 
     for s in range(steps):
         # Equal replicas after an exchange; each worker's own model between.
         assert torch.equal(got[0][s], got[1][s]) == ((s + 1) % h == 0), s
+
+
+@pytest.mark.parametrize("phases,lr_at,exchanges", [
+    ("2@4,3", None, [2, 4, 7, 10]),
+    # The lr falls to 0.02 <= 0.05 / 2 at step 4 (counted from 0): the interval that begins
+    # there is the second phase's.
+    ("1@lr/2,3", lambda s: 0.05 if s < 4 else 0.02, [1, 2, 3, 4, 7, 10]),
+    # Its peak is the highest lr so far: a warm-up (0.01, 0.03, 0.05) is not a fall.
+    ("2@lr/2,4", lambda s: min(0.05, 0.01 + 0.02 * s) if s < 6 else 0.02, [2, 4, 6, 10]),
+])
+def test_local_steps_phases_exchange_every_h_of_each_phase_bit_for_bit(cluster, phases, lr_at,
+                                                                       exchanges):
+    # local_steps="H@END,...,H": every H steps until END (a step, or where the lr is at most
+    # its peak / K), then the next phase's H; bit for bit the update exchange written out
+    # with those exchanges.
+    steps = 10
+
+    def ours(w):
+        p, opt = wrapped(w, local_steps=phases)
+        out = []
+        for s in range(steps):
+            if lr_at is not None:
+                opt.optimizer.param_groups[0]["lr"] = lr_at(s)
+            out += train(p, opt, w.rank, 1, first=s)
+        return out
+    got = run_ranks(mean_cluster(cluster), 2, ours, timeout=TIMEOUT)
+    want = run_ranks(mean_cluster(cluster), 2,
+                     lambda w: reference(w, steps, None, "average", "adacomp", exchanges,
+                                         lr_at), timeout=TIMEOUT)
+    for rank in range(2):
+        for s in range(steps):
+            assert torch.equal(got[rank][s], want[rank][s]), (rank, s)
+    for s in range(steps):
+        assert torch.equal(got[0][s], got[1][s]) == (s + 1 in exchanges), s
 
 
 class CountingWorker:
@@ -171,28 +209,44 @@ def test_only_every_h_th_step_sends_and_the_replicas_meet_there(cluster, own_upd
             assert torch.allclose(r0[2][s], r1[2][s], atol=1e-5), s
 
 
-def test_state_dict_keeps_the_local_steps_the_anchor_and_the_outer_momentum(cluster):
-    # A run saved 2 steps after an exchange (H = 4, outer Nesterov) and resumed on a new
-    # cluster from the model and each rank's state_dict() goes on bit for bit as the run
-    # that was not stopped: the steps since the exchange, where it left the model (the
-    # changes since are sent at the next one) and the outer momentum are kept.
-    h, saved_at, steps = 4, 6, 12
+@pytest.mark.parametrize("h,outer,saved_at,since", [
+    (4, "nesterov", 6, 2), ("2@4,3", "average", 5, 1), ("2@lr/2,3", "average", 5, 1)])
+def test_state_dict_keeps_the_local_steps_the_anchor_and_the_outer_momentum(cluster, h, outer,
+                                                                           saved_at, since):
+    # A run saved after `saved_at` steps (`since` after an exchange; H = 4 with outer
+    # Nesterov, or phases: 2 until step 4 then 3, or 2 until the lr halves, which it does at
+    # step 4, then 3) and resumed on a new cluster from the model and each rank's
+    # state_dict() goes on bit for bit as the run that was not stopped: the steps since the
+    # exchange, the phase (the H of the interval saved in), where the exchange left the model
+    # (the changes since are sent at the next one) and the outer momentum are kept.
+    steps = 12
+
+    def lr(opt, s):
+        if isinstance(h, str) and "lr" in h:
+            opt.optimizer.param_groups[0]["lr"] = 0.05 if s < 4 else 0.02
+
+    def steps_from(p, opt, w, first, last):
+        out = []
+        for s in range(first, last):
+            lr(opt, s)
+            out += train(p, opt, w.rank, 1, first=s)
+        return out
 
     def straight(w):
-        p, opt = wrapped(w, local_steps=h, outer="nesterov")
-        train(p, opt, w.rank, saved_at)
+        p, opt = wrapped(w, local_steps=h, outer=outer)
+        steps_from(p, opt, w, 0, saved_at)
         saved = (p.detach().clone(), copy.deepcopy(opt.state_dict()))
-        return saved, train(p, opt, w.rank, steps - saved_at, first=saved_at)
+        return saved, steps_from(p, opt, w, saved_at, steps)
     run = run_ranks(mean_cluster(cluster), 2, straight, timeout=TIMEOUT)
-    assert run[0][0][1]["adaps"]["local_steps"]["step"] == saved_at % h
+    assert run[0][0][1]["adaps"]["local_steps"]["step"] == since
 
     def resumed(w):
         (model, state), _ = run[w.rank]
-        p, opt = wrapped(w, local_steps=h, outer="nesterov")
+        p, opt = wrapped(w, local_steps=h, outer=outer)
         with torch.no_grad():
             p.copy_(model)  # (every rank's model is its own between exchanges)
         opt.load_state_dict(state)
-        return train(p, opt, w.rank, steps - saved_at, first=saved_at)
+        return steps_from(p, opt, w, saved_at, steps)
     again = run_ranks(mean_cluster(cluster), 2, resumed, timeout=TIMEOUT)
     for rank in range(2):
         for a, b in zip(run[rank][1], again[rank]):
@@ -215,10 +269,15 @@ def test_a_checkpoint_of_other_local_steps_is_refused_before_anything_is_loaded(
     assert run_ranks(mean_cluster(cluster), 2, rank, timeout=TIMEOUT) == [(0, 0)] * 2
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
-def test_a_bad_local_steps_is_refused(bad):
+@pytest.mark.parametrize("bad,why", [
+    (0, "must be an int >= 1"), (-1, "must be an int >= 1"), (1.5, "must be an int >= 1"),
+    ("2", "must be an int >= 1"), (True, "must be an int >= 1"),
+    ("4@6,8", "not a positive multiple of 4 steps"), ("4@8,2@8,1", "not a positive multiple"),
+    ("4@8", "phases are H@END"), ("4@lr/1,8", "phases are H@END"), ("4@lr/x,8", "H@END"),
+    ("0@8,4", "phases are H@END"), ("4,8", "must be an int >= 1")])
+def test_a_bad_local_steps_is_refused(bad, why):
     m = nn.Linear(2, 2)
-    with pytest.raises(ValueError, match="local_steps must be an int >= 1"):
+    with pytest.raises(ValueError, match=why):
         adaps.torch.DistributedOptimizer(torch.optim.Adam(m.parameters()), m, object(),
                                          server_optimizer="mean", local_steps=bad)
 
@@ -364,6 +423,18 @@ def test_a_worker_joining_a_local_mode_job_whose_servers_lack_the_model_is_refus
     assert why in result["error"], result["error"]
 
 
+def test_a_worker_joining_a_job_with_local_steps_phases_is_refused(cluster):
+    """A joiner's steps count from its own first: with phases it cannot tell which one the
+    job is in, and is refused, saying what to give it instead."""
+    def join(w, joined, result):
+        wrapped(w, local_steps="2@lr/2,4")
+
+    _, result = job_with_a_joiner(cluster, 2, join)
+    assert result.get("error") is not None, "the joiner was let in"
+    assert "cannot tell which phase" in result["error"], result["error"]
+    assert "local_steps=4" in result["error"], result["error"]
+
+
 @pytest.mark.parametrize("h,pull", [(1, "recompressed"), (3, "recompressed"), (1, "sparse"),
                                     (3, "sparse"), (3, "dense")])
 def test_a_worker_joining_a_local_mode_job_trains_where_the_others_are(cluster, h, pull):
@@ -430,7 +501,7 @@ def test_launch_says_at_start_when_a_local_mode_jobs_joiners_would_be_refused(mo
     refuse every joiner: adaps.launch says so when it starts the job."""
     import types
     from adaps import launch
-    for name in ("ADAPS_EXCHANGE", "ADAPS_COMPRESSION", "ADAPS_OUTER"):
+    for name in ("ADAPS_EXCHANGE", "ADAPS_COMPRESSION", "ADAPS_OUTER", "ADAPS_LOCAL_STEPS"):
         monkeypatch.delenv(name, raising=False)
 
     def job(**kw):
@@ -450,6 +521,11 @@ def test_launch_says_at_start_when_a_local_mode_jobs_joiners_would_be_refused(mo
     monkeypatch.delenv("ADAPS_OUTER")
     monkeypatch.setenv("ADAPS_COMPRESSION", "dense")
     assert launch._local_joins_refused(job())
+    monkeypatch.delenv("ADAPS_COMPRESSION")
+    monkeypatch.setenv("ADAPS_LOCAL_STEPS", "4@lr/2,64")  # phases: a joiner counts its own
+    assert launch._local_joins_refused(job())
+    monkeypatch.setenv("ADAPS_LOCAL_STEPS", "64")
+    assert not launch._local_joins_refused(job())
 
 
 def test_a_worker_leaving_between_exchanges_holds_up_nobody(cluster):

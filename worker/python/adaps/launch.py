@@ -73,6 +73,7 @@ times, default 3): it restores its shard and the workers resume it. Without
 """
 import argparse
 import os
+import re
 import shutil
 import signal
 import socket
@@ -84,6 +85,15 @@ import time
 
 from adaps import _COMPRESSIONS, _LAYER_TYPES, _RECOMPRESSED_FROM_WORKERS, _parse_compression
 from adaps import rendezvous
+
+
+def _local_steps_arg(text):
+    """--local-steps: H >= 1, or phases H@STEP,...,H (adaps.torch checks their lengths)."""
+    if not re.fullmatch(r"[1-9][0-9]*|([1-9][0-9]*@[1-9][0-9]*,)+[1-9][0-9]*", text):
+        raise argparse.ArgumentTypeError(
+            "%r: give H >= 1 (exchange every H steps) or phases H@STEP,...,H (every H steps "
+            "until STEP, the last H to the end), e.g. 4@1536,64" % (text,))
+    return text
 
 
 def _compression_arg(text):
@@ -104,7 +114,8 @@ def _local_joins_refused(a):
     """Whether adaps.torch would refuse this elastic job's joiners: local mode whose servers
     do not keep the model, i.e. the gradient exchange (--exchange, else ADAPS_EXCHANGE, else
     the default: gradient when every layer is sent dense) or DiLoCo's outer momentum
-    (ADAPS_OUTER=nesterov, each worker's own)."""
+    (ADAPS_OUTER=nesterov, each worker's own), and local_steps phases (a joiner's steps
+    count from its own first)."""
     if a.server_optimizer != "mean":
         return False
     exchange = getattr(a, "exchange", None) or os.environ.get("ADAPS_EXCHANGE")
@@ -114,7 +125,8 @@ def _local_joins_refused(a):
         names = list(parsed.values()) if isinstance(parsed, dict) else [parsed]
         every_layer = not isinstance(parsed, dict) or len(parsed) == len(_LAYER_TYPES)
         exchange = "gradient" if every_layer and all(n == "dense" for n in names) else "update"
-    return exchange == "gradient" or os.environ.get("ADAPS_OUTER", "average") == "nesterov"
+    return exchange == "gradient" or os.environ.get("ADAPS_OUTER", "average") == "nesterov" \
+        or "@" in str(getattr(a, "local_steps", None) or os.environ.get("ADAPS_LOCAL_STEPS", ""))
 
 
 # Flags that reach adaps.torch.DistributedOptimizer's defaults through the environment.
@@ -157,7 +169,8 @@ _TORCH_FLAGS = (
      dict(choices=("exact", "off"))),
     ("--local-steps", "ADAPS_LOCAL_STEPS", "update exchange: exchange every H steps, each "
      "worker stepping on its own between (default 1; ADAPS_OUTER=nesterov for DiLoCo's outer "
-     "step)", dict(type=int)),
+     "step), or phases H@STEP,...,H: every H steps until STEP, e.g. 4@1536,64",
+     dict(type=_local_steps_arg)),
 )
 
 
@@ -539,8 +552,8 @@ def main(argv=None):
                         "adaps.torch lets a worker join only the update exchange (the "
                         "default with a compressor) with the average outer step: its "
                         "servers then keep the model; with --exchange gradient (the "
-                        "default when dense) or ADAPS_OUTER=nesterov, joiners are "
-                        "refused\n")
+                        "default when dense), ADAPS_OUTER=nesterov or --local-steps "
+                        "phases (H@STEP,...), joiners are refused\n")
                 sys.stderr.flush()
         if a.checkpoint_dir:
             os.makedirs(a.checkpoint_dir, exist_ok=True)

@@ -389,11 +389,12 @@ def _decide(settings, optimizer, entries, mode, server_kind, compressing):
                          "--optimizer=mean, adaps.launch --server-optimizer mean): in "
                          "server mode the servers run the optimizer on the gradients")
     update = exchange == "update"
-    if (settings.local_steps > 1 or settings.outer != "average") and not update:
+    phases = _settings.local_phases(settings.local_steps)
+    if (phases != [(1, None)] or settings.outer != "average") and not update:
         # The gradient exchange (server mode, dense pushes in local mode) sends every
         # step's gradient: there is no local step to take.
         raise ValueError(
-            "adaps.torch: local_steps=%d, outer=%r need local mode's update exchange: "
+            "adaps.torch: local_steps=%s, outer=%r need local mode's update exchange: "
             "servers running --optimizer=mean (adaps.launch --server-optimizer mean) and "
             "exchange=\"update\" (the default with a compressor; with "
             "compression=\"dense\" name it); this optimizer is in %s mode with "
@@ -446,9 +447,9 @@ def _decide(settings, optimizer, entries, mode, server_kind, compressing):
         # optimizer steps on their mean, as DDP's does (docs/accuracy.md). Not with local
         # steps: that would exchange every step; the table goes with the rest.
         e.row_sparse = e.row_sparse and settings.row_sparse == "exact" and update and \
-            settings.local_steps == 1 and \
+            phases == [(1, None)] and \
             _compressed(_kind_compression(settings.compression, e.kind))
-        if settings.local_steps > 1 and e.bin_default:
+        if phases[0][0] > 1 and e.bin_default:
             # Local steps: an exchange sends H steps' change, and what a residue holds back
             # waits whole exchanges, so the default bin is divided by H (convolutions and
             # named bins are kept), down to LOCAL_STEPS_MIN_BIN. The transformer at H = 16
@@ -456,8 +457,9 @@ def _decide(settings, optimizer, entries, mode, server_kind, compressing):
             # undivided bin lost 4-16% over 320 steps; at H = 64 over 3,072 steps the bin of
             # 25 ended 1.8% and 8.8% below dense at 4 and 16 workers, where 500 / 64 = 7 would
             # push every element at 16 workers (pushed at a quarter of it: docs/local-steps.md).
+            # With phases, the first phase's H.
             e.bin_size = max(min(e.bin_size, LOCAL_STEPS_MIN_BIN),
-                             e.bin_size // settings.local_steps)
+                             e.bin_size // phases[0][0])
     _choose_compression(entries, optimizer, settings.compression, settings.compression_named,
                         settings.topk_fraction)
     correction, pull = False, settings.pull
@@ -489,7 +491,18 @@ def _check_local_join(exchange, settings):
     outer step is the mean itself. Anything else (exchange="gradient", where the servers hold
     only each step's mean gradient; outer="nesterov", whose momentum is each worker's own; a
     row_sparse table, stepped by each worker's optimizer): the joiner would train from its own
-    start, offset from the others for good: refused (RuntimeError), saying why."""
+    start, offset from the others for good: refused (RuntimeError), saying why. So are
+    local_steps phases ("4@1536,64"): the joiner counts its steps from its own first, not
+    from the job's, and would take the job's phase for the first."""
+    phases = _settings.local_phases(settings.local_steps)
+    if len(phases) > 1:
+        raise RuntimeError(
+            "adaps.torch: this worker joined a running job with local_steps=%r: its steps "
+            "count from its own first, so it cannot tell which phase the job is in. Give "
+            "the joiner the H the job exchanges at now (local_steps=%d once the job is in "
+            "its last phase: each worker pushes once an exchange whatever its H), or restart "
+            "the whole job from a checkpoint (state_dict() keeps the phase)"
+            % (settings.local_steps, phases[-1][0]))
     held = [e.name for e in exchange.entries if not exchange.joinable(e)]
     if not held and settings.outer == "average":
         warnings.warn(

@@ -46,25 +46,40 @@ def wait_all(entries):
     return error
 
 
-def checked_local_steps(part, entries, local_steps):
-    """A checkpoint's local-steps part, checked: (steps since the last exchange, {name:
-    anchor}, {name: outer momentum}), or None without one."""
+def checked_local_steps(part, entries, phases):
+    """A checkpoint's local-steps part, checked against local_steps' phases ([(H, end),
+    ...]): (steps since the last exchange, (steps taken, phase, peak lr) or None where not
+    saved, {name: anchor}, {name: outer momentum}), or None without one."""
     if part is None:
         return None
     shapes = {e.name: e.param.shape for e in entries}
     try:
         step = part["step"]
+        phased = (part["steps"], part["phase"], float(part["peak_lr"])) \
+            if "phase" in part else None
         anchor = {n: v.detach().clone() for n, v in part.get("anchor", {}).items()}
         momentum = {n: v.detach().to(torch.float32).clone()
                     for n, v in part.get("outer_momentum", {}).items()}
-    except (KeyError, TypeError, AttributeError) as err:
-        raise ValueError("adaps.torch: the checkpoint's local_steps part is not the step, "
-                         "anchor and outer_momentum that state_dict() writes (%r)"
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ValueError("adaps.torch: the checkpoint's local_steps part is not the steps, "
+                         "phase, anchor and outer_momentum that state_dict() writes (%r)"
                          % (err,)) from None
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < local_steps:
+    if phased is None and len(phases) > 1:
+        raise ValueError("adaps.torch: the checkpoint does not say which phase of "
+                         "local_steps it was saved in: resume with the local_steps it was "
+                         "saved with")
+    if phased is not None and not (
+            all(isinstance(v, int) and not isinstance(v, bool) for v in phased[:2]) and
+            0 <= phased[1] < len(phases) and phased[0] >= 0):
+        raise ValueError("adaps.torch: the checkpoint was saved in phase %r of local_steps "
+                         "after %r steps, which these %d phases do not have: resume with "
+                         "the local_steps it was saved with" % (phased[1], phased[0],
+                                                                len(phases)))
+    h = phases[phased[1] if phased is not None else 0][0]
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < h:
         raise ValueError("adaps.torch: the checkpoint was saved %r steps after an exchange, "
                          "which local_steps=%d does not reach: resume with the "
-                         "local_steps it was saved with" % (step, local_steps))
+                         "local_steps it was saved with" % (step, h))
     for n, v in list(anchor.items()) + list(momentum.items()):
         if n not in shapes or v.numel() != shapes[n].numel():
             raise ValueError("adaps.torch: the checkpoint's local_steps part holds '%s' "
@@ -76,7 +91,7 @@ def checked_local_steps(part, entries, local_steps):
                          "but holds no anchor for %s" % (step, ", ".join(missing)))
     anchor = {n: v.reshape(shapes[n]) for n, v in anchor.items()}
     momentum = {n: v.reshape(shapes[n]) for n, v in momentum.items()}
-    return step, anchor, momentum
+    return step, phased, anchor, momentum
 
 
 def _turn_device_path_off(err):
@@ -297,7 +312,7 @@ class Exchange:
     def check_state(self, extra):
         """Checks a checkpoint's "adaps" part before anything is loaded; what
         load_checked() takes."""
-        checked_local_steps(extra.get("local_steps"), self.entries, 1)
+        checked_local_steps(extra.get("local_steps"), self.entries, [(1, None)])
         return None
 
     def load_checked(self, checked):

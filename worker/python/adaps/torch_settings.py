@@ -35,7 +35,7 @@ warns once.
                                                              second moment, else "off"
   bin_schedule         ADAPS_BIN_SCHEDULE (--bin-schedule)   "auto"
   row_sparse           ADAPS_ROW_SPARSE (--row-sparse)       "exact"
-  local_steps          ADAPS_LOCAL_STEPS (--local-steps)     1
+  local_steps          ADAPS_LOCAL_STEPS (--local-steps)     1 (or phases, "4@lr/2,64")
   outer                ADAPS_OUTER                           "average"
 
 What each one does is in adaps.torch's module docstring. The settings that depend on the
@@ -50,7 +50,7 @@ import warnings
 import adaps
 from adaps import torch_server_hyper as _hyper
 
-__all__ = ["Settings", "resolve_mode"]
+__all__ = ["Settings", "local_phases", "resolve_mode"]
 
 COMPRESSIONS = adaps._COMPRESSIONS
 PULLS = ("dense", "recompressed", "sparse")
@@ -78,7 +78,7 @@ _SPEC = (
     ("own_updates", "ADAPS_OWN_UPDATES", None, str),
     ("bin_schedule", "ADAPS_BIN_SCHEDULE", "auto", str),
     ("row_sparse", "ADAPS_ROW_SPARSE", "exact", str),
-    ("local_steps", "ADAPS_LOCAL_STEPS", 1, int),
+    ("local_steps", "ADAPS_LOCAL_STEPS", 1, lambda v: _local_steps_env(v)),
     ("outer", "ADAPS_OUTER", "average", str),
 )
 NAMES = tuple(s[0] for s in _SPEC)
@@ -145,6 +145,78 @@ def servers_agree(worker, server_kind, mode):
     return reported
 
 
+def local_phases(local_steps):
+    """local_steps as its phases, [(H, end), ..., (H, None)]: exchange every H steps until
+    `end`, the last H to the end. An int H is [(H, None)]. A string of phases H@END,...,H
+    ends each phase at a step (END a number of steps taken: "4@1536,64" is [(4, ("step",
+    1536)), (64, None)]) or where the learning rate has fallen (END "lr/K": at the first
+    exchange where the lr of the optimizer's first group is at most its peak / K; "4@lr/2,64"
+    is [(4, ("lr", 2.0)), (64, None)]); docs/local-steps.md, "An H that grows". A phase that
+    ends at a step must last a multiple of its H (it ends at an exchange). ValueError for
+    anything else."""
+    if isinstance(local_steps, int) and not isinstance(local_steps, bool):
+        if local_steps < 1:
+            raise ValueError("adaps.torch: local_steps must be an int >= 1 (1: exchange every "
+                             "step) or phases like \"4@lr/2,64\", got %r" % (local_steps,))
+        return [(local_steps, None)]
+    if not isinstance(local_steps, str) or "@" not in local_steps:
+        raise ValueError("adaps.torch: local_steps must be an int >= 1 (1: exchange every "
+                         "step) or phases like \"4@lr/2,64\", got %r" % (local_steps,))
+    phases, start = [], 0
+    parts = local_steps.replace(" ", "").split(",")
+    for k, part in enumerate(parts):
+        h, at, end = part.partition("@")
+        last = k == len(parts) - 1
+        lr = _factor(end[3:]) if end.startswith("lr/") else None
+        if not h.isdigit() or int(h) < 1 or bool(at) == last or \
+                (at and not end.isdigit() and lr is None):
+            raise ValueError(
+                "adaps.torch: local_steps=%r: phases are H@END,...,H (exchange every H steps "
+                "until END, the last H to the end; END a step, or lr/K: where the learning "
+                "rate is at most its peak / K, K > 1), e.g. \"4@lr/2,64\" or \"4@1536,64\""
+                % (local_steps,))
+        h = int(h)
+        if last:
+            phases.append((h, None))
+        elif lr is not None:
+            phases.append((h, ("lr", lr)))
+        else:
+            end = int(end)
+            if end <= start or (end - start) % h:
+                raise ValueError(
+                    "adaps.torch: local_steps=%r: the phase %d@%d is not a positive multiple "
+                    "of %d steps long (it runs from step %d): each phase ends at an exchange"
+                    % (local_steps, h, end, h, start))
+            phases.append((h, ("step", end)))
+            start = end
+    return phases
+
+
+def phase_over(end, steps, lr, peak_lr):
+    """Whether a phase's `end` (local_phases) is reached after `steps` steps, the learning
+    rate now `lr` and at most `peak_lr` so far."""
+    if end is None:
+        return False
+    if end[0] == "step":
+        return steps >= end[1]
+    return lr <= peak_lr / end[1]
+
+
+def _factor(text):
+    try:
+        k = float(text)
+    except ValueError:
+        return None
+    return k if 1 < k < float("inf") else None
+
+
+def _local_steps_env(text):
+    """ADAPS_LOCAL_STEPS: H, or phases (checked with the rest)."""
+    if "@" in text:
+        return text
+    return int(text)
+
+
 def _choice(name, value, choices, spelled):
     if value is not None and value not in choices:
         raise ValueError("adaps.torch: unknown %s %r (%s)" % (name, value, spelled))
@@ -194,10 +266,7 @@ class Settings:
         _choice("own_updates", self.own_updates, OWN_UPDATES, "share, all, estimate or off")
         _choice("bin_schedule", self.bin_schedule, BIN_SCHEDULES, "auto or off")
         _choice("row_sparse", self.row_sparse, ROW_SPARSE, "exact or off")
-        if isinstance(self.local_steps, bool) or not isinstance(self.local_steps, int) or \
-                self.local_steps < 1:
-            raise ValueError("adaps.torch: local_steps must be an int >= 1 (1: exchange every "
-                             "step), got %r" % (self.local_steps,))
+        local_phases(self.local_steps)  # raises for anything else
         _choice("outer", self.outer, OUTERS, "average or nesterov")
 
     def replace(self, _stacklevel=2, **overrides):

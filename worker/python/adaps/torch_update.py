@@ -21,6 +21,7 @@ from adaps import torch_bins as _bins
 from adaps import torch_moments as _moments
 from adaps.torch_exchange import (Entry, Exchange, checked_local_steps, host_f32,
                                   wait_all)
+from adaps.torch_settings import local_phases, phase_over
 
 # outer="nesterov": DiLoCo's outer optimizer (SGD with Nesterov momentum on the mean of the
 # workers' changes over local_steps steps), at DiLoCo's learning rate and momentum.
@@ -216,8 +217,12 @@ class UpdateExchange(Exchange):
 
     def __init__(self, worker, optimizer, entries, settings, bins_from=None):
         super().__init__(worker, optimizer, entries, settings)
-        self.local_steps, self.outer = settings.local_steps, settings.outer
+        self.phases = local_phases(settings.local_steps)  # [(H, end), ..., (H, None)]
+        self.local_steps, self.outer = self.phases[0][0], settings.outer  # H now
         self.local_step = 0         # steps taken since the last exchange
+        self.steps = 0              # steps taken since the first (the phases' count)
+        self.phase = 0              # the phase in force (self.phases[self.phase])
+        self.peak_lr = 0.0          # the first group's highest learning rate so far
         self.outer_momentum = {}    # outer="nesterov": {name: float32 buffer}
         self._had_grad = set()      # the entries that got a gradient since the last exchange
         self._warned_no_grad = False
@@ -259,6 +264,7 @@ class UpdateExchange(Exchange):
                         e.snap = torch.empty_like(e.param)
                     e.snap.copy_(e.param)
             self._had_grad = set()
+            self._next_phase()
         # Parameters this worker's backward did not reach in any step since the last
         # exchange: its optimizer skipped them (see the warning in _exchange).
         if not self._warned_no_grad:
@@ -280,11 +286,24 @@ class UpdateExchange(Exchange):
             if self.bins is not None:
                 self.bins.after_step(self.entries, self.local_step)
         self.local_step += 1
+        self.steps += 1
         if self.local_step < self.local_steps:
             return result  # a local step: nothing sent until the local_steps-th
         self.local_step = 0
         self._exchange()
         return result
+
+    def _next_phase(self):
+        # At the first step of an interval: local_steps' next phase once this one's end is
+        # reached (a step count, or the learning rate at most its peak / K: every worker
+        # steps the same schedule, so they move on at the same exchange).
+        group = self.optimizer.param_groups[0]
+        lr = float(group["lr"])
+        self.peak_lr = max(self.peak_lr, lr, float(group.get("initial_lr", 0.0)))
+        while self.phase + 1 < len(self.phases) and \
+                phase_over(self.phases[self.phase][1], self.steps, lr, self.peak_lr):
+            self.phase += 1
+        self.local_steps = self.phases[self.phase][0]
 
     def _exchange(self):
         no_grad = None if self._warned_no_grad else \
@@ -374,13 +393,15 @@ class UpdateExchange(Exchange):
     def state_part(self):
         part = super().state_part()
         part["bin_schedule"] = self.bins.schedule.state_dict() if self.bins else None
-        if self.local_steps > 1 or self.outer != "average":
-            # Local steps: the steps since the last exchange, where it left the model (the
-            # changes since are sent at the next one), and the outer momentum.
+        if self.phases != [(1, None)] or self.outer != "average":
+            # Local steps: the steps since the last exchange and since the first (the
+            # phases'), where the last exchange left the model (the changes since are sent
+            # at the next one), and the outer momentum.
             anchor = {e.name: e.snap.clone() for e in self.entries
                       if self.local_step and e.snap is not None}
             part["local_steps"] = {
-                "step": self.local_step, "anchor": anchor,
+                "step": self.local_step, "steps": self.steps, "phase": self.phase,
+                "peak_lr": self.peak_lr, "anchor": anchor,
                 "outer_momentum": {n: b.clone() for n, b in self.outer_momentum.items()}}
         return part
 
@@ -395,7 +416,7 @@ class UpdateExchange(Exchange):
         else:
             bins = None
         return bins, checked_local_steps(extra.get("local_steps"), self.entries,
-                                         self.local_steps)
+                                         self.phases)
 
     def load_checked(self, checked):
         bins, local = checked
@@ -404,7 +425,10 @@ class UpdateExchange(Exchange):
         if local is not None:
             # (Any rank's: the counter and the outer momentum are the same on every rank, and
             # the anchor goes with the model that is loaded, rank 0's as a rule.)
-            self.local_step, anchor, self.outer_momentum = local
+            self.local_step, phased, anchor, self.outer_momentum = local
+            if phased is not None:
+                self.steps, self.phase, self.peak_lr = phased
+                self.local_steps = self.phases[self.phase][0]
             for e in self.entries:
                 if e.name in anchor:
                     e.snap = anchor[e.name].to(device=e.param.device, dtype=e.param.dtype)
