@@ -165,7 +165,12 @@ of the parameters, the momentum b). H = 1 with outer="average" is the update exc
 every step, bit for bit. Between exchanges each worker's model is where the last exchange
 left it (the replica, plus its share of its own residue with own_updates) plus its own
 local steps, so the replicas differ there; rank 0 evaluates and saves its own. Make the
-number of steps a multiple of H, or the last steps stay each worker's own. With local
+number of steps a multiple of H, or the last steps stay each worker's own. local_steps may
+also be phases, "H@END,...,H": every H steps until END, then the next phase's H, END a step
+count ("4@1536,64") or "lr/K", the first exchange where the first param group's lr is at
+most its highest so far / K ("4@lr/2,64"; every worker must step the same lr schedule);
+state_dict() keeps the phase; a worker that joins is refused (docs/local-steps.md, "An H
+that grows"). With local
 steps, a large embedding is not exchanged as its gradient's nonzeros (row_sparse: that
 would exchange every step) but through the update exchange like the rest;
 second_moment="global" keeps each local step's denominator at the global batch's
