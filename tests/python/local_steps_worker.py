@@ -17,5 +17,5 @@ for step in range(6):
     if wire > last:
         sent.append(step + 1)
     last = wire
-print("LOCAL local_steps=%d outer=%s sent_after=%s" % (opt.local_steps, opt.outer, sent))
+print("LOCAL local_steps=%s outer=%s sent_after=%s" % (opt.local_steps, opt.outer, sent))
 opt.worker.stop()

@@ -327,11 +327,20 @@ def test_a_large_embedding_goes_through_the_update_exchange_with_local_steps(clu
     assert run_ranks(mean_cluster(cluster), 2, rank, timeout=TIMEOUT) == [False] * 2
 
 
-def test_launch_local_steps_reaches_a_script_that_reads_no_environment():
-    code, out = run_launch(["-n", "2", "--local-steps", "3",
+@pytest.mark.parametrize("flag,sent", [("3", [3, 6]), ("2@2,4", [2, 6]),
+                                       ("2@lr/2,4", [2, 4, 6])])
+def test_launch_local_steps_reaches_a_script_that_reads_no_environment(flag, sent):
+    code, out = run_launch(["-n", "2", "--local-steps", flag,
                             os.path.join(HERE, "local_steps_worker.py")], timeout=TIMEOUT)
     assert code == 0, out
-    assert out.count("LOCAL local_steps=3 outer=average sent_after=[3, 6]") == 2, out
+    assert out.count("LOCAL local_steps=%s outer=average sent_after=%s" % (flag, sent)) == 2, out
+
+
+@pytest.mark.parametrize("flag", ["0", "4@", "4@lr,8", "4,8", "x"])
+def test_launch_refuses_a_bad_local_steps_before_starting_anything(flag):
+    code, out = run_launch(["-n", "2", "--local-steps", flag,
+                            os.path.join(HERE, "local_steps_worker.py")], timeout=TIMEOUT)
+    assert code == 2 and "--local-steps" in out and "H@END" in out, out
 
 
 

@@ -88,11 +88,13 @@ from adaps import rendezvous
 
 
 def _local_steps_arg(text):
-    """--local-steps: H >= 1, or phases H@STEP,...,H (adaps.torch checks their lengths)."""
-    if not re.fullmatch(r"[1-9][0-9]*|([1-9][0-9]*@[1-9][0-9]*,)+[1-9][0-9]*", text):
+    """--local-steps: H >= 1, or phases H@END,...,H (adaps.torch checks the rest)."""
+    end = r"([1-9][0-9]*|lr/[0-9]*\.?[0-9]+)"
+    if not re.fullmatch(r"[1-9][0-9]*|([1-9][0-9]*@%s,)+[1-9][0-9]*" % end, text):
         raise argparse.ArgumentTypeError(
-            "%r: give H >= 1 (exchange every H steps) or phases H@STEP,...,H (every H steps "
-            "until STEP, the last H to the end), e.g. 4@1536,64" % (text,))
+            "%r: give H >= 1 (exchange every H steps) or phases H@END,...,H (every H steps "
+            "until END, a step or lr/K: where the learning rate is at most its peak / K; the "
+            "last H to the end), e.g. 4@lr/2,64" % (text,))
     return text
 
 
@@ -169,7 +171,8 @@ _TORCH_FLAGS = (
      dict(choices=("exact", "off"))),
     ("--local-steps", "ADAPS_LOCAL_STEPS", "update exchange: exchange every H steps, each "
      "worker stepping on its own between (default 1; ADAPS_OUTER=nesterov for DiLoCo's outer "
-     "step), or phases H@STEP,...,H: every H steps until STEP, e.g. 4@1536,64",
+     "step), or phases H@END,...,H: every H steps until END, a step or lr/K (the learning "
+     "rate at most its peak / K), e.g. 4@lr/2,64",
      dict(type=_local_steps_arg)),
 )
 
@@ -553,7 +556,7 @@ def main(argv=None):
                         "default with a compressor) with the average outer step: its "
                         "servers then keep the model; with --exchange gradient (the "
                         "default when dense), ADAPS_OUTER=nesterov or --local-steps "
-                        "phases (H@STEP,...), joiners are refused\n")
+                        "phases (H@END,...), joiners are refused\n")
                 sys.stderr.flush()
         if a.checkpoint_dir:
             os.makedirs(a.checkpoint_dir, exist_ok=True)
