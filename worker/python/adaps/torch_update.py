@@ -264,7 +264,8 @@ class UpdateExchange(Exchange):
                         e.snap = torch.empty_like(e.param)
                     e.snap.copy_(e.param)
             self._had_grad = set()
-            self._next_phase()
+            if len(self.phases) > 1:
+                self._next_phase()  # (reads the lr: not on every step of a single H)
         # Parameters this worker's backward did not reach in any step since the last
         # exchange: its optimizer skipped them (see the warning in _exchange).
         if not self._warned_no_grad:
