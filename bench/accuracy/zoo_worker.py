@@ -36,8 +36,11 @@ def main():
     ap.add_argument("--schedule", default="recipe", choices=zoo_models.SCHEDULES,
                     help="constant: the peak learning rate after the recipe's warm-up, "
                          "never decayed")
+    ap.add_argument("--test-size", type=int, default=zoo_models.IMAGE_TEST_SIZE,
+                    help="score the image models on the first this many test images")
     a = ap.parse_args()
     zoo_models.SCHEDULE = a.schedule
+    zoo_models.IMAGE_TEST_SIZE = a.test_size
     if a.text:
         zoo_models.TEXT_FILES = [a.text]
     if "OMP_NUM_THREADS" in os.environ:
