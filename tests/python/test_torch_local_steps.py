@@ -39,12 +39,14 @@ def start_values():
 
 def wrapped(w, **kwargs):
     """(p, opt): one parameter of N elements at start_values(), Adam at lr 0.05, AdaComp at
-    bin size 50, torch's own second moment and no own share or bin schedule unless given."""
+    bin size 50 pulled exactly (as reference() does; with local steps the default pull is
+    recompressed), torch's own second moment and no own share or bin schedule unless
+    given."""
     p, m = one_parameter(N)
     with torch.no_grad():
         p.copy_(start_values())
-    for k, v in (("compression", "adacomp"), ("bin_size", 50), ("second_moment", "local"),
-                 ("own_updates", "off"), ("bin_schedule", "off")):
+    for k, v in (("compression", "adacomp"), ("bin_size", 50), ("pull", "sparse"),
+                 ("second_moment", "local"), ("own_updates", "off"), ("bin_schedule", "off")):
         kwargs.setdefault(k, v)
     opt = adaps.torch.DistributedOptimizer(torch.optim.Adam([p], lr=0.05), m, w,
                                            server_optimizer="mean", **kwargs)

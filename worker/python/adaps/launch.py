@@ -36,11 +36,12 @@ the running job while fewer than M are live; `python3 -m adaps.launch --join ADD
 --server-optimizer OPT script.py` starts K more copies of the script into the job whose
 scheduler is at ADDRESS (the job's launch prints it when started with --max-workers; give
 the job's --server-optimizer and torch flags again). A joined worker takes the servers' current
-parameters and takes part from the next step on (local mode, --server-optimizer mean: only
-with --pull recompressed, the default from 8 workers, where the servers keep the model as
-the running sum of the means; adaps.torch refuses a joiner otherwise, saying why). The
-servers' steps average over the live workers: scaling the learning rate with their number
-is the script's choice (adaps.Worker.live_workers says how many there are).
+parameters and takes part from the next step on (local mode, --server-optimizer mean: where
+the servers keep the model as the running sum of the workers' mean updates, the update
+exchange with the average outer step and one H; adaps.torch refuses a joiner otherwise,
+saying why, and launch says so at start). The servers' steps average over the live
+workers: scaling the learning rate with their number is the script's choice
+(adaps.Worker.live_workers says how many there are).
 
 Worker restarts: with --worker-restarts K, every worker gets a stable ADAPS_IDENTITY, and a
 worker that exits with an error is started again (up to K times in all, as torchrun's
@@ -83,7 +84,7 @@ import tempfile
 import threading
 import time
 
-from adaps import _COMPRESSIONS, _LAYER_TYPES, _RECOMPRESSED_FROM_WORKERS, _parse_compression
+from adaps import _COMPRESSIONS, _LAYER_TYPES, _parse_compression
 from adaps import rendezvous
 
 
@@ -141,7 +142,7 @@ _TORCH_FLAGS = (
      "servers' step allows it, else dense; recompressed in local mode: the servers "
      "recompress the running sum of the workers' mean updates at the bin size / 10: about "
      "two pushes' bytes at any worker count, for a little delay; the default of local "
-     "mode's compressed updates from 8 workers on)",
+     "mode's compressed updates from 8 workers on, and from 2 with --local-steps)",
      dict(choices=("sparse", "dense", "recompressed"))),
     ("--bin-size", "ADAPS_BIN_SIZE", "AdaComp bin size of non-conv layers (default 500)",
      dict(type=int)),

@@ -64,8 +64,8 @@ either, what the servers' --optimizer is, from the cluster view; mean -> local m
 sgd/momentum/nesterov/adam -> server mode, checked against the torch optimizer and against
 what the servers run; sum is refused), compression (ADAPS_COMPRESSION, "adacomp"; the dict form there as
 "TYPE:NAME,...", e.g. "embedding:topk,conv:dense"), pull (ADAPS_PULL: in local mode
-"sparse", and "recompressed" from 8 workers on for the update exchange's compressed tensors
-(rank 0 decides from the job's workers); "sparse" with servers running plain SGD without
+"sparse", and "recompressed" from 8 workers on (with local_steps other than 1 from 2) for the
+update exchange's compressed tensors (rank 0 decides from the job's workers); "sparse" with servers running plain SGD without
 weight decay, else "dense"; "recompressed" in local mode, with the update exchange only: the servers keep the running sum
 of the steps' mean updates and recompress its change at each AdaComp tensor's bin size divided
 by 10, one message for every replica, about 2 pushes' bytes at any number of workers where an
@@ -183,8 +183,10 @@ shrinks with H (each exchange sends H steps' change, and what a residue holds ba
 whole exchanges): unless a bin size is named (bin_size, bin_sizes), a tensor at the default
 bin is declared at bin_size / H (500 / H, down to 25; its pushes and recompressed pulls follow
 from it as at H = 1), convolutions keeping theirs; at the undivided bin the transformer lost
-4.5% at H = 4 (docs/local-steps.md). DiLoCo's Nesterov outer step (tuned
-at H in the hundreds) was worse at every H <= 16 measured.
+4.5% at H = 4 (docs/local-steps.md). The pulls default to recompressed from 2 workers on
+(pushed at a quarter of the bin): at 4 workers exact pulls of pushes at the bin cost the
+transformer 4.1% where recompressed ones held it. DiLoCo's Nesterov outer step (tuned at
+H in the hundreds) was worse at every H <= 16 measured.
 
 Gradient accumulation: with the gradient exchange (server mode, and local mode with dense
 pushes) each backward pass pushes what it produced, so a second pass before step() is an
@@ -643,12 +645,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         broadcast_optimizer_state(optimizer, self.worker)
         if settings.pull is None and effective.exchange == "update" and compressing:
             # Where the exact pull carries the others' pushes (W - 1 of them) and the
-            # recompressed one about two, the recompressed one is the default. Rank 0
-            # decides from the job's workers; a worker that joins later takes its decision
-            # (every worker must declare a tensor's pulls alike).
+            # recompressed one about two, the recompressed one is the default; with local
+            # steps at any number of workers from 2 (its pushes at a quarter of the bin held
+            # the transformer at 4 workers where exact pulls of pushes at the bin lost 4.1%,
+            # at about the same bytes: docs/local-steps.md). Rank 0 decides from the job's
+            # workers; a worker that joins later takes its decision (every worker must
+            # declare a tensor's pulls alike).
+            local = _settings.local_phases(effective.local_steps) != [(1, None)]
+            workers = self.worker.num_workers
             self.settings = effective.effective(pull=broadcast_object(
-                "recompressed" if self.worker.num_workers >= _RECOMPRESSED_FROM_WORKERS
-                else "sparse", self.worker))
+                "recompressed" if workers >= _RECOMPRESSED_FROM_WORKERS or
+                (local and workers >= 2) else "sparse", self.worker))
         super().__init__(optimizer.param_groups, optimizer.defaults)
         self._bind()
         self._synchronized = False
