@@ -65,8 +65,8 @@ sgd/momentum/nesterov/adam -> server mode, checked against the torch optimizer a
 what the servers run; sum is refused), compression (ADAPS_COMPRESSION, "adacomp"; the dict form there as
 "TYPE:NAME,...", e.g. "embedding:topk,conv:dense"), pull (ADAPS_PULL: in local mode
 "sparse", and "recompressed" from 8 workers on (with local_steps other than 1 from 2) for the
-update exchange's compressed tensors (rank 0 decides from the job's workers); "sparse" with servers running plain SGD without
-weight decay, else "dense"; "recompressed" in local mode, with the update exchange only: the servers keep the running sum
+update exchange's compressed tensors (rank 0 decides from the job's workers); "sparse" with
+servers running plain SGD without weight decay, else "dense"; "recompressed" in local mode, with the update exchange only: the servers keep the running sum
 of the steps' mean updates and recompress its change at each AdaComp tensor's bin size divided
 by 10, one message for every replica, about 2 pushes' bytes at any number of workers where an
 exact pull carries W - 1 pushes (at 16 workers 8x fewer pull bytes), for the delay of what
