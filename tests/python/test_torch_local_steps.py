@@ -64,13 +64,13 @@ def train(p, opt, rank, steps, first=0):
     return out
 
 
-def reference(w, steps, h, outer, compression, exchanges=None, lr_at=None):
+def reference(w, steps, h, outer, compression, exchanges=None, lr_at=None, bins_at=None):
     """The update exchange written out with the worker API alone: torch's Adam on this
     worker's gradients, and every h-th step (or after the steps numbered in `exchanges`,
     counted from 1) the change since the last exchange is pushed and the model becomes where
     the last exchange left it plus the mean change (outer="average") or DiLoCo's Nesterov
-    step on it (lr 0.7, momentum 0.9); Adam's lr at step s lr_at(s) (0.05). p after each
-    step."""
+    step on it (lr 0.7, momentum 0.9); Adam's lr at step s lr_at(s) (0.05); the push bin
+    from step s on bins_at[s] (50). p after each step."""
     p = nn.Parameter(start_values())
     opt = torch.optim.Adam([p], lr=0.05)
     change = np.zeros(N, dtype=np.float32)
@@ -81,6 +81,8 @@ def reference(w, steps, h, outer, compression, exchanges=None, lr_at=None):
     for s in range(steps):
         if lr_at is not None:
             opt.param_groups[0]["lr"] = lr_at(s)
+        if bins_at and s in bins_at:
+            w.set_bin_size("p", bins_at[s])
         opt.zero_grad()
         (p * gradient(p, w.rank, s)).sum().backward()
         opt.step()
@@ -124,23 +126,28 @@ def test_local_steps_are_the_update_exchange_every_h_steps_bit_for_bit(cluster, 
         assert torch.equal(got[0][s], got[1][s]) == ((s + 1) % h == 0), s
 
 
-@pytest.mark.parametrize("phases,lr_at,exchanges", [
-    ("2@4,3", None, [2, 4, 7, 10]),
+@pytest.mark.parametrize("phases,lr_at,exchanges,phase_bins,bins_at", [
+    ("2@4,3", None, [2, 4, 7, 10], "keep", None),
+    # phase_bins="scale": the second phase pushes at the bin 50 * 2 / 3 (from its first step,
+    # 4 counted from 0).
+    ("2@4,3", None, [2, 4, 7, 10], "scale", {4: 33}),
     # The lr falls to 0.02 <= 0.05 / 2 at step 4 (counted from 0): the interval that begins
     # there is the second phase's.
-    ("1@lr/2,3", lambda s: 0.05 if s < 4 else 0.02, [1, 2, 3, 4, 7, 10]),
+    ("1@lr/2,3", lambda s: 0.05 if s < 4 else 0.02, [1, 2, 3, 4, 7, 10], "keep", None),
+    ("1@lr/2,3", lambda s: 0.05 if s < 4 else 0.02, [1, 2, 3, 4, 7, 10], "scale", {4: 16}),
     # Its peak is the highest lr so far: a warm-up (0.01, 0.03, 0.05) is not a fall.
-    ("2@lr/2,4", lambda s: min(0.05, 0.01 + 0.02 * s) if s < 6 else 0.02, [2, 4, 6, 10]),
+    ("2@lr/2,4", lambda s: min(0.05, 0.01 + 0.02 * s) if s < 6 else 0.02, [2, 4, 6, 10],
+     "keep", None),
 ])
-def test_local_steps_phases_exchange_every_h_of_each_phase_bit_for_bit(cluster, phases, lr_at,
-                                                                       exchanges):
+def test_local_steps_phases_exchange_every_h_of_each_phase_bit_for_bit(
+        cluster, phases, lr_at, exchanges, phase_bins, bins_at):
     # local_steps="H@END,...,H": every H steps until END (a step, or where the lr is at most
     # its peak / K), then the next phase's H; bit for bit the update exchange written out
-    # with those exchanges.
+    # with those exchanges, and with phase_bins="scale" the bins set at the switch.
     steps = 10
 
     def ours(w):
-        p, opt = wrapped(w, local_steps=phases)
+        p, opt = wrapped(w, local_steps=phases, phase_bins=phase_bins)
         out = []
         for s in range(steps):
             if lr_at is not None:
@@ -150,12 +157,61 @@ def test_local_steps_phases_exchange_every_h_of_each_phase_bit_for_bit(cluster, 
     got = run_ranks(mean_cluster(cluster), 2, ours, timeout=TIMEOUT)
     want = run_ranks(mean_cluster(cluster), 2,
                      lambda w: reference(w, steps, None, "average", "adacomp", exchanges,
-                                         lr_at), timeout=TIMEOUT)
+                                         lr_at, bins_at), timeout=TIMEOUT)
     for rank in range(2):
         for s in range(steps):
             assert torch.equal(got[rank][s], want[rank][s]), (rank, s)
     for s in range(steps):
         assert torch.equal(got[0][s], got[1][s]) == (s + 1 in exchanges), s
+
+
+class BinsSet:
+    """A worker that records each set_bin_size (name, bin) with the push_pulls before it."""
+
+    def __init__(self, w):
+        self._w, self.pushes, self.bins = w, 0, []
+
+    def push_pull(self, *args):
+        self.pushes += 1
+        return self._w.push_pull(*args)
+
+    def set_bin_size(self, name, size):
+        self.bins.append((self.pushes, name, size))
+        return self._w.set_bin_size(name, size)
+
+    def __getattr__(self, name):
+        return getattr(self._w, name)
+
+
+@pytest.mark.parametrize("phase_bins,pull,bin_schedule,expected", [
+    ("keep", "sparse", "off", []),
+    ("scale", "sparse", "off", [(2, 200)]),
+    # Recompressed pulls push at a quarter of the bin from the start, then a quarter of the
+    # phase's.
+    ("keep", "recompressed", "off", [(0, 100)]),
+    ("scale", "recompressed", "off", [(0, 100), (2, 50)]),
+    # The bin schedule's divisor (2 while the lr is at most 3/4 of its recent mean: 0.03
+    # against 0.05) on top: 400 * 2 / 4 / 2 once the lr falls at step 4, the phase's 200
+    # before (and after, once the mean has followed: the first two settings compared).
+    ("scale", "sparse", "auto", [(2, 200), (2, 100)]),
+])
+def test_phase_bins_scale_follows_each_phases_h_on_the_pushes(cluster, phase_bins, pull,
+                                                              bin_schedule, expected):
+    # local_steps="2@4,4" at bin 400: the second phase (from step 4 on, after 2 exchanges)
+    # pushes at 400 * 2 / 4 with phase_bins="scale"; "keep" leaves the first phase's bin.
+    def rank(w):
+        spy = BinsSet(w)
+        p, opt = wrapped(spy, local_steps="2@4,4", phase_bins=phase_bins, pull=pull,
+                         bin_size=400, bin_schedule=bin_schedule)
+        if bin_schedule == "auto":
+            opt._exchange.bins.schedule.start_step = 0
+        for s in range(8):
+            opt.optimizer.param_groups[0]["lr"] = 0.05 if s < 4 or bin_schedule == "off" \
+                else 0.03
+            train(p, opt, w.rank, 1, first=s)
+        got = [(pushes, size) for pushes, name, size in spy.bins if name == "p"]
+        return got[:2] if bin_schedule == "auto" else got
+    assert run_ranks(mean_cluster(cluster), 2, rank, timeout=TIMEOUT) == [expected] * 2
 
 
 class CountingWorker:
@@ -211,16 +267,18 @@ def test_only_every_h_th_step_sends_and_the_replicas_meet_there(cluster, own_upd
             assert torch.allclose(r0[2][s], r1[2][s], atol=1e-5), s
 
 
-@pytest.mark.parametrize("h,outer,saved_at,since", [
-    (4, "nesterov", 6, 2), ("2@4,3", "average", 5, 1), ("2@lr/2,3", "average", 5, 1)])
-def test_state_dict_keeps_the_local_steps_the_anchor_and_the_outer_momentum(cluster, h, outer,
-                                                                           saved_at, since):
+@pytest.mark.parametrize("h,outer,saved_at,since,phase_bins", [
+    (4, "nesterov", 6, 2, "keep"), ("2@4,3", "average", 5, 1, "keep"),
+    ("2@lr/2,3", "average", 5, 1, "keep"), ("2@4,3", "average", 5, 1, "scale")])
+def test_state_dict_keeps_the_local_steps_the_anchor_and_the_outer_momentum(
+        cluster, h, outer, saved_at, since, phase_bins):
     # A run saved after `saved_at` steps (`since` after an exchange; H = 4 with outer
     # Nesterov, or phases: 2 until step 4 then 3, or 2 until the lr halves, which it does at
     # step 4, then 3) and resumed on a new cluster from the model and each rank's
     # state_dict() goes on bit for bit as the run that was not stopped: the steps since the
     # exchange, the phase (the H of the interval saved in), where the exchange left the model
-    # (the changes since are sent at the next one) and the outer momentum are kept.
+    # (the changes since are sent at the next one) and the outer momentum are kept; with
+    # phase_bins="scale" the phase's push bins are set at load, before its next exchange.
     steps = 12
 
     def lr(opt, s):
@@ -235,7 +293,7 @@ def test_state_dict_keeps_the_local_steps_the_anchor_and_the_outer_momentum(clus
         return out
 
     def straight(w):
-        p, opt = wrapped(w, local_steps=h, outer=outer)
+        p, opt = wrapped(w, local_steps=h, outer=outer, phase_bins=phase_bins)
         steps_from(p, opt, w, 0, saved_at)
         saved = (p.detach().clone(), copy.deepcopy(opt.state_dict()))
         return saved, steps_from(p, opt, w, saved_at, steps)
@@ -244,7 +302,7 @@ def test_state_dict_keeps_the_local_steps_the_anchor_and_the_outer_momentum(clus
 
     def resumed(w):
         (model, state), _ = run[w.rank]
-        p, opt = wrapped(w, local_steps=h, outer=outer)
+        p, opt = wrapped(w, local_steps=h, outer=outer, phase_bins=phase_bins)
         with torch.no_grad():
             p.copy_(model)  # (every rank's model is its own between exchanges)
         opt.load_state_dict(state)

@@ -18,14 +18,15 @@ from conftest import run_launch
 VALUES = {"server_optimizer": "mean", "compression": "adacomp", "pull": "sparse",
           "bin_size": 250, "conv_bin_size": 25, "topk_fraction": 0.01, "lr": 0.02,
           "exchange": "update", "second_moment": "local", "own_updates": "all",
-          "bin_schedule": "off", "row_sparse": "off", "local_steps": 2, "outer": "nesterov"}
+          "bin_schedule": "off", "row_sparse": "off", "local_steps": 2,
+          "phase_bins": "scale", "outer": "nesterov"}
 ENV = {"ADAPS_" + k.upper(): str(v) for k, v in VALUES.items()}
 # adaps.launch's flag of each (outer has none: ADAPS_OUTER is set by hand).
 FLAGS = ["--server-optimizer", "mean", "--compression", "adacomp", "--pull", "sparse",
          "--bin-size", "250", "--conv-bin-size", "25", "--topk-fraction", "0.01",
          "--lr", "0.02", "--exchange", "update", "--second-moment", "local",
          "--own-updates", "all", "--bin-schedule", "off", "--row-sparse", "off",
-         "--local-steps", "2"]
+         "--local-steps", "2", "--phase-bins", "scale"]
 
 
 @pytest.fixture
@@ -54,8 +55,8 @@ def test_the_object_the_environment_and_replace_resolve_alike(clean_env):
 def test_defaults_and_checks(clean_env):
     s = adaps.torch.Settings()
     assert (s.compression, s.bin_size, s.conv_bin_size, s.topk_fraction, s.second_moment,
-            s.bin_schedule, s.row_sparse, s.local_steps, s.outer) == \
-        ("adacomp", 500, 50, 0.001, "global", "auto", "exact", 1, "average")
+            s.bin_schedule, s.row_sparse, s.local_steps, s.phase_bins, s.outer) == \
+        ("adacomp", 500, 50, 0.001, "global", "auto", "exact", 1, "keep", "average")
     assert s.pull is None and s.exchange is None and s.own_updates is None
     with pytest.raises(TypeError, match="'bin_szie'"):
         adaps.torch.Settings(bin_szie=3)
@@ -67,6 +68,8 @@ def test_defaults_and_checks(clean_env):
         adaps.torch.Settings(pull="sometimes")
     with pytest.raises(ValueError, match="local_steps must be an int >= 1"):
         adaps.torch.Settings(local_steps=0)
+    with pytest.raises(ValueError, match="unknown phase_bins 'follow' \\(keep or scale\\)"):
+        adaps.torch.Settings(phase_bins="follow")
     with pytest.raises(ValueError, match="local mode needs servers with --optimizer=mean"):
         adaps.torch.Settings(mode="local", server_optimizer="sgd")
     clean_env.setenv("ADAPS_BIN_SIZE", "big")
@@ -140,7 +143,7 @@ def test_every_channel_reaches_the_optimizer_alike_and_rank_0_says_so_once(tmp_p
         assert ("compression=adacomp, pull=sparse, bin_size=250, conv_bin_size=25, "
                 "topk_fraction=0.01, server_optimizer=mean, lr=0.02") in said[0], said
         assert ("second_moment=local, own_updates=all, bin_schedule=off, row_sparse=off, "
-                "local_steps=2, outer=nesterov") in said[0], said
+                "local_steps=2, phase_bins=scale, outer=nesterov") in said[0], said
         runs[how] = (effective[0], said[0])
     assert len(set(runs.values())) == 1, runs
     assert runs["kwargs"][0].endswith("lr=0.02"), runs

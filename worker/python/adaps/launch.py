@@ -10,10 +10,10 @@ servers on 127.0.0.1, then N copies of `script.py` with this environment:
   ADAPS_SERVER_OPTIMIZER  the servers' --optimizer (adaps.torch picks its mode from it)
   ADAPS_COMPRESSION, ADAPS_PULL, ADAPS_BIN_SIZE, ADAPS_CONV_BIN_SIZE,
   ADAPS_TOPK_FRACTION, ADAPS_LR, ADAPS_EXCHANGE, ADAPS_SECOND_MOMENT, ADAPS_OWN_UPDATES,
-  ADAPS_BIN_SCHEDULE, ADAPS_ROW_SPARSE
+  ADAPS_BIN_SCHEDULE, ADAPS_ROW_SPARSE, ADAPS_LOCAL_STEPS, ADAPS_PHASE_BINS
                           --compression, --pull, --bin-size, --conv-bin-size,
                           --topk-fraction, --lr, --exchange, --second-moment, --own-updates,
-                          --bin-schedule, --row-sparse,
+                          --bin-schedule, --row-sparse, --local-steps, --phase-bins,
                           each only when given: the defaults of
                           adaps.torch.DistributedOptimizer (an argument the script passes
                           explicitly wins, with a warning when it differs)
@@ -175,6 +175,9 @@ _TORCH_FLAGS = (
      "step), or phases H@END,...,H: every H steps until END, a step or lr/K (the learning "
      "rate at most its peak / K), e.g. 4@lr/2,64",
      dict(type=_local_steps_arg)),
+    ("--phase-bins", "ADAPS_PHASE_BINS", "with --local-steps phases: keep (the default: every "
+     "phase pushes at the first phase's AdaComp bins) or scale (each phase's bins times the "
+     "first phase's H / its own)", dict(choices=("keep", "scale"))),
 )
 
 

@@ -36,6 +36,7 @@ warns once.
   bin_schedule         ADAPS_BIN_SCHEDULE (--bin-schedule)   "auto"
   row_sparse           ADAPS_ROW_SPARSE (--row-sparse)       "exact"
   local_steps          ADAPS_LOCAL_STEPS (--local-steps)     1 (or phases, "4@lr/2,64")
+  phase_bins           ADAPS_PHASE_BINS (--phase-bins)       "keep" (or "scale")
   outer                ADAPS_OUTER                           "average"
 
 What each one does is in adaps.torch's module docstring. The settings that depend on the
@@ -60,6 +61,7 @@ OWN_UPDATES = ("share", "all", "off", "estimate")
 BIN_SCHEDULES = ("auto", "off")
 ROW_SPARSE = ("exact", "off")
 OUTERS = ("average", "nesterov")
+PHASE_BINS = ("keep", "scale")
 
 # (name, environment variable or None, default, conversion of the environment's string)
 _SPEC = (
@@ -79,6 +81,7 @@ _SPEC = (
     ("bin_schedule", "ADAPS_BIN_SCHEDULE", "auto", str),
     ("row_sparse", "ADAPS_ROW_SPARSE", "exact", str),
     ("local_steps", "ADAPS_LOCAL_STEPS", 1, lambda v: _local_steps_env(v)),
+    ("phase_bins", "ADAPS_PHASE_BINS", "keep", str),
     ("outer", "ADAPS_OUTER", "average", str),
 )
 NAMES = tuple(s[0] for s in _SPEC)
@@ -267,6 +270,7 @@ class Settings:
         _choice("bin_schedule", self.bin_schedule, BIN_SCHEDULES, "auto or off")
         _choice("row_sparse", self.row_sparse, ROW_SPARSE, "exact or off")
         local_phases(self.local_steps)  # raises for anything else
+        _choice("phase_bins", self.phase_bins, PHASE_BINS, "keep or scale")
         _choice("outer", self.outer, OUTERS, "average or nesterov")
 
     def replace(self, _stacklevel=2, **overrides):
@@ -314,7 +318,7 @@ class Settings:
                                          if isinstance(c, dict) else c))
         for name in ("pull", "bin_size", "conv_bin_size", "topk_fraction", "server_optimizer",
                      "lr", "momentum_correction", "second_moment", "own_updates",
-                     "bin_schedule", "row_sparse", "local_steps", "outer"):
+                     "bin_schedule", "row_sparse", "local_steps", "phase_bins", "outer"):
             parts.append("%s=%s" % (name, getattr(self, name)))
         if self.bin_sizes:
             parts.append("bin_sizes=%s" % ",".join("%s:%s" % kv

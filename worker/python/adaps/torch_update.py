@@ -119,15 +119,18 @@ RECOMPRESSED_PUSH_DIVISOR = 4
 
 class LateBins:
     """bin_schedule="auto" (adaps.torch_bins): after the optimizer's step, before the push,
-    every AdaComp tensor's bin but a convolution's follows the schedule's divisor."""
+    every AdaComp tensor's bin but a convolution's follows the schedule's divisor
+    (UpdateExchange.set_push_bins sets them)."""
 
     def __init__(self, start_step, worker, optimizer):
         self.schedule = _bins.BinSchedule(start_step)
         self.worker = worker
         self.optimizer = optimizer
-        self.fixed = {}  # {name: the bin's own divisor} (UpdateExchange.declare)
+        self.scale = (1, 1)  # the phase's bins against the declared (UpdateExchange)
 
     def after_step(self, entries, local_step):
+        """Measures the residues' delay now and then and records the learning rate; True
+        when the schedule's divisor changed (the bins are to be set again)."""
         # The residues' delay is measured now and then: the unsent mass against this
         # step's update (e.snap is where the last exchange left the parameters).
         steps = optimizer_steps(self.optimizer)
@@ -139,18 +142,15 @@ class LateBins:
                         continue
                     r = np.zeros(e.buf.shape, np.float32)
                     self.worker.residue(e.name, r)
-                    residue_mass += float(np.abs(r).sum())
+                    # (On the declared bins: phase_bins="scale" makes them finer.)
+                    residue_mass += float(np.abs(r).sum()) * self.scale[1] / self.scale[0]
                     update_mass += float((e.param.detach().float() - e.snap.float())
                                          .abs().sum())
             self.schedule.measured(residue_mass, update_mass, local_step + 1)
         before = self.schedule.divisor
         divisor = self.schedule.update(max(g["lr"] for g in self.optimizer.param_groups),
                                        steps)
-        if divisor != before:
-            for e in entries:
-                if e.adacomp and e.kind != "conv":
-                    total = min(_bins.MAX_TOTAL_DIVISOR, divisor * self.fixed.get(e.name, 1))
-                    self.worker.set_bin_size(e.name, max(1, e.bin_size // total))
+        return divisor != before
 
 
 class RowSparse:
@@ -231,6 +231,12 @@ class UpdateExchange(Exchange):
         self.own = OwnUpdates(settings.own_updates, worker, self.moments) \
             if settings.own_updates != "off" else None
         self.bins = LateBins(bins_from, worker, optimizer) if bins_from is not None else None
+        # phase_bins="scale": each phase pushes at the bins times the first phase's H / its
+        # own (first, now); set_push_bins.
+        self.scale_bins = settings.phase_bins == "scale" and len(self.phases) > 1
+        self.bin_scale = (1, 1)
+        self.fixed = {}             # {name: the bin's own divisor} (recompressed pulls)
+        self._push_bins = {}        # {name: the push bin last set} (absent: the declared)
         self.row_sparse = RowSparse([e for e in self.entries if e.row_sparse], worker)
 
     def _keeps_sum(self, e, pull):
@@ -241,14 +247,28 @@ class UpdateExchange(Exchange):
 
     def declare(self, pull_bin_divisor):
         super().declare(pull_bin_divisor)
-        fixed = {e.name: RECOMPRESSED_PUSH_DIVISOR for e in self.entries
-                 if e.adacomp and e.kind != "conv" and self.entry_pull(e) == "recompressed"}
-        for e in self.entries:
-            if e.name in fixed:
-                self.worker.set_bin_size(e.name, max(1, e.bin_size // fixed[e.name]))
+        self.fixed = {e.name: RECOMPRESSED_PUSH_DIVISOR for e in self.entries
+                      if e.adacomp and e.kind != "conv" and
+                      self.entry_pull(e) == "recompressed"}
         if self.bins is not None:
-            self.bins.fixed = fixed
-            self.bins.schedule.fixed_divisor = RECOMPRESSED_PUSH_DIVISOR if fixed else 1
+            self.bins.schedule.fixed_divisor = RECOMPRESSED_PUSH_DIVISOR if self.fixed else 1
+        self.set_push_bins()
+
+    def set_push_bins(self):
+        """Every non-convolution AdaComp tensor's push bin (Worker.set_bin_size, where it
+        changed): the declared bin, scaled with the phase's H (phase_bins="scale": the first
+        phase's H / this one's), divided by the recompressed pulls' divisor and the bin
+        schedule's (together at most torch_bins.MAX_TOTAL_DIVISOR)."""
+        divisor = self.bins.schedule.divisor if self.bins is not None else 1
+        first, now = self.bin_scale
+        for e in self.entries:
+            if not e.adacomp or e.kind == "conv":
+                continue
+            total = min(_bins.MAX_TOTAL_DIVISOR, divisor * self.fixed.get(e.name, 1))
+            size = max(1, e.bin_size * first // now // total)
+            if self._push_bins.get(e.name, e.bin_size) != size:
+                self.worker.set_bin_size(e.name, size)
+                self._push_bins[e.name] = size
 
     def step(self, owner, grad_scaler, synchronized):
         owner._synchronized = False
@@ -284,8 +304,8 @@ class UpdateExchange(Exchange):
             finally:
                 if restore is not None:
                     restore()
-            if self.bins is not None:
-                self.bins.after_step(self.entries, self.local_step)
+            if self.bins is not None and self.bins.after_step(self.entries, self.local_step):
+                self.set_push_bins()
         self.local_step += 1
         self.steps += 1
         if self.local_step < self.local_steps:
@@ -304,7 +324,15 @@ class UpdateExchange(Exchange):
         while self.phase + 1 < len(self.phases) and \
                 phase_over(self.phases[self.phase][1], self.steps, lr, self.peak_lr):
             self.phase += 1
+        self._enter_phase()
+
+    def _enter_phase(self):
         self.local_steps = self.phases[self.phase][0]
+        if self.scale_bins and self.bin_scale != (self.phases[0][0], self.local_steps):
+            self.bin_scale = (self.phases[0][0], self.local_steps)
+            if self.bins is not None:
+                self.bins.scale = self.bin_scale
+            self.set_push_bins()
 
     def _exchange(self):
         no_grad = None if self._warned_no_grad else \
@@ -429,7 +457,7 @@ class UpdateExchange(Exchange):
             self.local_step, phased, anchor, self.outer_momentum = local
             if phased is not None:
                 self.steps, self.phase, self.peak_lr = phased
-                self.local_steps = self.phases[self.phase][0]
+                self._enter_phase()
             for e in self.entries:
                 if e.name in anchor:
                     e.snap = anchor[e.name].to(device=e.param.device, dtype=e.param.dtype)
