@@ -134,7 +134,8 @@ def test_local_steps_are_the_update_exchange_every_h_steps_bit_for_bit(cluster, 
     # The lr falls to 0.02 <= 0.05 / 2 at step 4 (counted from 0): the interval that begins
     # there is the second phase's.
     ("1@lr/2,3", lambda s: 0.05 if s < 4 else 0.02, [1, 2, 3, 4, 7, 10], "keep", None),
-    ("1@lr/2,3", lambda s: 0.05 if s < 4 else 0.02, [1, 2, 3, 4, 7, 10], "scale", {4: 16}),
+    # (50 / 3 = 16 stops at 25, as the default bin divided by H does.)
+    ("1@lr/2,3", lambda s: 0.05 if s < 4 else 0.02, [1, 2, 3, 4, 7, 10], "scale", {4: 25}),
     # Its peak is the highest lr so far: a warm-up (0.01, 0.03, 0.05) is not a fall.
     ("2@lr/2,4", lambda s: min(0.05, 0.01 + 0.02 * s) if s < 6 else 0.02, [2, 4, 6, 10],
      "keep", None),

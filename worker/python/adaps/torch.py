@@ -227,7 +227,7 @@ from adaps.torch_exchange import Entry, GradientExchange, ServerExchange
 from adaps.torch_settings import Settings, resolve_mode
 from adaps.torch_settings import servers_agree as _servers_agree
 from adaps.torch_settings import setting as _setting  # noqa: F401 (adaps.hf)
-from adaps.torch_update import UpdateExchange
+from adaps.torch_update import LOCAL_STEPS_MIN_BIN, UpdateExchange
 from adaps.torch_update import optimizer_steps as _optimizer_steps  # noqa: F401
 
 __all__ = ["DistributedOptimizer", "Settings", "broadcast_parameters",
@@ -251,10 +251,6 @@ _PULL_BIN_DIVISOR = 10
 # 90x in all after step 300, exact pulls -0.0% at 26x; docs/accuracy.md). Below it the exact
 # pull costs at most about 3 pushes against 2, not worth the delay.
 _RECOMPRESSED_FROM_WORKERS = adaps._RECOMPRESSED_FROM_WORKERS
-# Local steps: the default bin divided by H stops here (H > 20 at the bin of 500): at
-# H = 64 500 / H = 7 pushed every element at 16 workers (at a quarter of it), while 25 ended
-# the transformers below dense over 3,072 steps at 4 and 16 workers (docs/local-steps.md).
-LOCAL_STEPS_MIN_BIN = 25
 
 
 def pull_bin_divisor(workers):

@@ -116,6 +116,12 @@ class OwnUpdates:
 # docs/accuracy.md). Exact pulls (below 8 workers by default) keep the declared bins.
 RECOMPRESSED_PUSH_DIVISOR = 4
 
+# Local steps: the default bin divided by H stops here (H > 20 at the bin of 500), and so
+# does a phase's (phase_bins="scale"): at H = 64 500 / H = 7 pushed every element at 16
+# workers (at a quarter of it), while 25 ended the transformers below dense over 3,072 steps
+# at 4 and 16 workers (docs/local-steps.md).
+LOCAL_STEPS_MIN_BIN = 25
+
 
 class LateBins:
     """bin_schedule="auto" (adaps.torch_bins): after the optimizer's step, before the push,
@@ -256,16 +262,19 @@ class UpdateExchange(Exchange):
 
     def set_push_bins(self):
         """Every non-convolution AdaComp tensor's push bin (Worker.set_bin_size, where it
-        changed): the declared bin, scaled with the phase's H (phase_bins="scale": the first
-        phase's H / this one's), divided by the recompressed pulls' divisor and the bin
-        schedule's (together at most torch_bins.MAX_TOTAL_DIVISOR)."""
+        changed): the declared bin, scaled with the phase's H (phase_bins="scale": times the
+        first phase's H / this one's, down to LOCAL_STEPS_MIN_BIN), divided by the
+        recompressed pulls' divisor and the bin schedule's (together at most
+        torch_bins.MAX_TOTAL_DIVISOR)."""
         divisor = self.bins.schedule.divisor if self.bins is not None else 1
         first, now = self.bin_scale
         for e in self.entries:
             if not e.adacomp or e.kind == "conv":
                 continue
+            size = e.bin_size if first == now else \
+                max(min(e.bin_size, LOCAL_STEPS_MIN_BIN), e.bin_size * first // now)
             total = min(_bins.MAX_TOTAL_DIVISOR, divisor * self.fixed.get(e.name, 1))
-            size = max(1, e.bin_size * first // now // total)
+            size = max(1, size // total)
             if self._push_bins.get(e.name, e.bin_size) != size:
                 self.worker.set_bin_size(e.name, size)
                 self._push_bins[e.name] = size
