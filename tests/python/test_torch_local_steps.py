@@ -199,11 +199,13 @@ class BinsSet:
 def test_phase_bins_scale_follows_each_phases_h_on_the_pushes(cluster, phase_bins, pull,
                                                               bin_schedule, expected):
     # local_steps="2@4,4" at bin 400: the second phase (from step 4 on, after 2 exchanges)
-    # pushes at 400 * 2 / 4 with phase_bins="scale"; "keep" leaves the first phase's bin.
+    # pushes at 400 * 2 / 4 with phase_bins="scale" (the default); "keep" leaves the first
+    # phase's bin.
     def rank(w):
         spy = BinsSet(w)
-        p, opt = wrapped(spy, local_steps="2@4,4", phase_bins=phase_bins, pull=pull,
-                         bin_size=400, bin_schedule=bin_schedule)
+        kwargs = {"phase_bins": phase_bins} if phase_bins == "keep" else {}
+        p, opt = wrapped(spy, local_steps="2@4,4", pull=pull, bin_size=400,
+                         bin_schedule=bin_schedule, **kwargs)
         if bin_schedule == "auto":
             opt._exchange.bins.schedule.start_step = 0
         for s in range(8):

@@ -19,14 +19,14 @@ VALUES = {"server_optimizer": "mean", "compression": "adacomp", "pull": "sparse"
           "bin_size": 250, "conv_bin_size": 25, "topk_fraction": 0.01, "lr": 0.02,
           "exchange": "update", "second_moment": "local", "own_updates": "all",
           "bin_schedule": "off", "row_sparse": "off", "local_steps": 2,
-          "phase_bins": "scale", "outer": "nesterov"}
+          "phase_bins": "keep", "outer": "nesterov"}
 ENV = {"ADAPS_" + k.upper(): str(v) for k, v in VALUES.items()}
 # adaps.launch's flag of each (outer has none: ADAPS_OUTER is set by hand).
 FLAGS = ["--server-optimizer", "mean", "--compression", "adacomp", "--pull", "sparse",
          "--bin-size", "250", "--conv-bin-size", "25", "--topk-fraction", "0.01",
          "--lr", "0.02", "--exchange", "update", "--second-moment", "local",
          "--own-updates", "all", "--bin-schedule", "off", "--row-sparse", "off",
-         "--local-steps", "2", "--phase-bins", "scale"]
+         "--local-steps", "2", "--phase-bins", "keep"]
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_defaults_and_checks(clean_env):
     s = adaps.torch.Settings()
     assert (s.compression, s.bin_size, s.conv_bin_size, s.topk_fraction, s.second_moment,
             s.bin_schedule, s.row_sparse, s.local_steps, s.phase_bins, s.outer) == \
-        ("adacomp", 500, 50, 0.001, "global", "auto", "exact", 1, "keep", "average")
+        ("adacomp", 500, 50, 0.001, "global", "auto", "exact", 1, "scale", "average")
     assert s.pull is None and s.exchange is None and s.own_updates is None
     with pytest.raises(TypeError, match="'bin_szie'"):
         adaps.torch.Settings(bin_szie=3)
@@ -143,7 +143,7 @@ def test_every_channel_reaches_the_optimizer_alike_and_rank_0_says_so_once(tmp_p
         assert ("compression=adacomp, pull=sparse, bin_size=250, conv_bin_size=25, "
                 "topk_fraction=0.01, server_optimizer=mean, lr=0.02") in said[0], said
         assert ("second_moment=local, own_updates=all, bin_schedule=off, row_sparse=off, "
-                "local_steps=2, phase_bins=scale, outer=nesterov") in said[0], said
+                "local_steps=2, phase_bins=keep, outer=nesterov") in said[0], said
         runs[how] = (effective[0], said[0])
     assert len(set(runs.values())) == 1, runs
     assert runs["kwargs"][0].endswith("lr=0.02"), runs

@@ -175,9 +175,9 @@ _TORCH_FLAGS = (
      "step), or phases H@END,...,H: every H steps until END, a step or lr/K (the learning "
      "rate at most its peak / K), e.g. 4@lr/2,64",
      dict(type=_local_steps_arg)),
-    ("--phase-bins", "ADAPS_PHASE_BINS", "with --local-steps phases: keep (the default: every "
-     "phase pushes at the first phase's AdaComp bins) or scale (each phase's bins times the "
-     "first phase's H / its own)", dict(choices=("keep", "scale"))),
+    ("--phase-bins", "ADAPS_PHASE_BINS", "with --local-steps phases: scale (the default: each "
+     "phase pushes at the AdaComp bins times the first phase's H / its own, down to 25) or "
+     "keep (every phase at the first phase's bins)", dict(choices=("scale", "keep"))),
 )
 
 

@@ -80,7 +80,7 @@ second_moment (ADAPS_SECOND_MOMENT, "global" or "local", see below), own_updates
 (ADAPS_OWN_UPDATES, "share", "all", "estimate" or "off"; unset: "share" for optimizers with a second moment, see below),
 bin_schedule (ADAPS_BIN_SCHEDULE, "auto" or "off", see below), row_sparse (ADAPS_ROW_SPARSE,
 "exact" or "off", see below), local_steps (ADAPS_LOCAL_STEPS, 1), phase_bins
-(ADAPS_PHASE_BINS, "keep" or "scale") and outer (ADAPS_OUTER, "average" or "nesterov";
+(ADAPS_PHASE_BINS, "scale" or "keep") and outer (ADAPS_OUTER, "average" or "nesterov";
 "Local steps" below). An explicit argument that overrides a
 different exported value warns once. Together they are one adaps.torch.Settings
 (adaps.torch_settings has the table of their variables and defaults), resolved and checked
@@ -171,12 +171,12 @@ also be phases, "H@END,...,H": every H steps until END, then the next phase's H,
 count ("4@1536,64") or "lr/K", the first exchange where the first param group's lr is at
 most its highest so far / K ("4@lr/2,64"; every worker must step the same lr schedule);
 state_dict() keeps the phase; a worker that joins is refused (docs/local-steps.md, "An H
-that grows"). With phases, phase_bins="scale" pushes each phase at the AdaComp bins times the
-first phase's H / its own (4@896,16 at bin 2000: 2000 in the first phase, 500 after; divided
-as below for recompressed pulls and the bin schedule; convolutions keep theirs), so that a
-longer interval's larger change is selected as finely a step as the first phase's; "keep"
-(the default) pushes every phase at the first phase's bins, and a longer H then sends less
-a step (docs/local-steps.md, "Push bins that follow the phase's H"). With local
+that grows"). With phases, phase_bins="scale" (the default) pushes each phase at the AdaComp
+bins times the first phase's H / its own, down to 25 (4@896,16 at bin 2000: 2000 in the
+first phase, 500 after; at the default bin each phase's 500 / H, as local_steps=H alone
+declares; divided as below for recompressed pulls and the bin schedule; convolutions keep
+theirs); "keep" pushes every phase at the first phase's bins (docs/local-steps.md, "Push
+bins that follow the phase's H"). With local
 steps, a large embedding is not exchanged as its gradient's nonzeros (row_sparse: that
 would exchange every step) but through the update exchange like the rest;
 second_moment="global" keeps each local step's denominator at the global batch's
@@ -688,7 +688,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     bin_schedule = _read_only("bin_schedule", '"auto" or "off"')
     row_sparse = _read_only("row_sparse", '"exact" or "off"')
     local_steps = _read_only("local_steps", "the update exchange every local_steps steps")
-    phase_bins = _read_only("phase_bins", '"keep" or "scale" (push bins with phases)')
+    phase_bins = _read_only("phase_bins", '"scale" or "keep" (push bins with phases)')
     outer = _read_only("outer", '"average" or "nesterov"')
     momentum_correction = _read_only("momentum_correction", "DGC's, in server mode")
 

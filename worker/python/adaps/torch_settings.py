@@ -36,7 +36,7 @@ warns once.
   bin_schedule         ADAPS_BIN_SCHEDULE (--bin-schedule)   "auto"
   row_sparse           ADAPS_ROW_SPARSE (--row-sparse)       "exact"
   local_steps          ADAPS_LOCAL_STEPS (--local-steps)     1 (or phases, "4@lr/2,64")
-  phase_bins           ADAPS_PHASE_BINS (--phase-bins)       "keep" (or "scale")
+  phase_bins           ADAPS_PHASE_BINS (--phase-bins)       "scale" (or "keep")
   outer                ADAPS_OUTER                           "average"
 
 What each one does is in adaps.torch's module docstring. The settings that depend on the
@@ -81,7 +81,7 @@ _SPEC = (
     ("bin_schedule", "ADAPS_BIN_SCHEDULE", "auto", str),
     ("row_sparse", "ADAPS_ROW_SPARSE", "exact", str),
     ("local_steps", "ADAPS_LOCAL_STEPS", 1, lambda v: _local_steps_env(v)),
-    ("phase_bins", "ADAPS_PHASE_BINS", "keep", str),
+    ("phase_bins", "ADAPS_PHASE_BINS", "scale", str),
     ("outer", "ADAPS_OUTER", "average", str),
 )
 NAMES = tuple(s[0] for s in _SPEC)
