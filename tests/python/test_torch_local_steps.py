@@ -217,6 +217,26 @@ def test_phase_bins_scale_follows_each_phases_h_on_the_pushes(cluster, phase_bin
     assert run_ranks(mean_cluster(cluster), 2, rank, timeout=TIMEOUT) == [expected] * 2
 
 
+@pytest.mark.parametrize("phases,lr_fall,said", [
+    ("2@4,4", False, "local_steps phase 2 of 2 from step 4: an exchange every 4 steps, "
+                     "the push bins x 2/4 (phase_bins=scale)"),
+    ("2@lr/1.5,4", True, "local_steps phase 2 of 2 from step 4: an exchange every 4 steps, "
+                         "the push bins x 2/4 (phase_bins=scale); the lr 0.03 is at most "
+                         "its peak 0.05 / 1.5"),
+])
+def test_rank_0_says_when_a_phase_begins(cluster, capsys, phases, lr_fall, said):
+    # A phase changes the job's traffic: rank 0 says once, on stderr, when and why (the
+    # other ranks say nothing; the lines before the switch say nothing of it).
+    def rank(w):
+        p, opt = wrapped(w, local_steps=phases, bin_size=400)
+        for s in range(8):
+            opt.optimizer.param_groups[0]["lr"] = 0.03 if lr_fall and s >= 4 else 0.05
+            train(p, opt, w.rank, 1, first=s)
+    run_ranks(mean_cluster(cluster), 2, rank, timeout=TIMEOUT)
+    lines = [x for x in capsys.readouterr().err.splitlines() if "local_steps phase" in x]
+    assert lines == ["adaps.torch: " + said]
+
+
 class CountingWorker:
     """A worker that counts push_pull calls and passes everything on."""
 

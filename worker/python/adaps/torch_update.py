@@ -12,6 +12,7 @@ change goes out through the compressor, every replica adds the workers' mean cha
   GlobalMoments   second_moment="global": the step's denominator is the global batch's
                   estimated second moment (adaps.torch_moments)
 """
+import sys
 import warnings
 
 import numpy as np
@@ -330,10 +331,24 @@ class UpdateExchange(Exchange):
         group = self.optimizer.param_groups[0]
         lr = float(group["lr"])
         self.peak_lr = max(self.peak_lr, lr, float(group.get("initial_lr", 0.0)))
+        was = self.phase
         while self.phase + 1 < len(self.phases) and \
                 phase_over(self.phases[self.phase][1], self.steps, lr, self.peak_lr):
             self.phase += 1
         self._enter_phase()
+        if self.phase != was and self.worker.rank == 0:
+            # The job's traffic changes here: said once, where the settings' line was.
+            end = self.phases[self.phase - 1][1]
+            h0, h = self.phases[0][0], self.local_steps
+            sys.stderr.write(
+                "adaps.torch: local_steps phase %d of %d from step %d: an exchange every %d "
+                "steps%s%s\n" % (
+                    self.phase + 1, len(self.phases), self.steps, h,
+                    ", the push bins x %d/%d (phase_bins=scale)" % (h0, h)
+                    if self.scale_bins and h != h0 else "",
+                    "; the lr %.3g is at most its peak %.3g / %g" % (lr, self.peak_lr, end[1])
+                    if end[0] == "lr" else ""))
+            sys.stderr.flush()
 
     def _enter_phase(self):
         self.local_steps = self.phases[self.phase][0]
