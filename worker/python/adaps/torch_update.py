@@ -133,11 +133,11 @@ class LateBins:
         self.schedule = _bins.BinSchedule(start_step)
         self.worker = worker
         self.optimizer = optimizer
-        self.scale = (1, 1)  # the phase's bins against the declared (UpdateExchange)
 
-    def after_step(self, entries, local_step):
+    def after_step(self, entries, local_step, scale=(1, 1)):
         """Measures the residues' delay now and then and records the learning rate; True
-        when the schedule's divisor changed (the bins are to be set again)."""
+        when the schedule's divisor changed (the bins are to be set again). scale: the
+        phase's push bins against the declared, (first phase's H, this phase's)."""
         # The residues' delay is measured now and then: the unsent mass against this
         # step's update (e.snap is where the last exchange left the parameters).
         steps = optimizer_steps(self.optimizer)
@@ -150,7 +150,7 @@ class LateBins:
                     r = np.zeros(e.buf.shape, np.float32)
                     self.worker.residue(e.name, r)
                     # (On the declared bins: phase_bins="scale" makes them finer.)
-                    residue_mass += float(np.abs(r).sum()) * self.scale[1] / self.scale[0]
+                    residue_mass += float(np.abs(r).sum()) * scale[1] / scale[0]
                     update_mass += float((e.param.detach().float() - e.snap.float())
                                          .abs().sum())
             self.schedule.measured(residue_mass, update_mass, local_step + 1)
@@ -314,7 +314,8 @@ class UpdateExchange(Exchange):
             finally:
                 if restore is not None:
                     restore()
-            if self.bins is not None and self.bins.after_step(self.entries, self.local_step):
+            if self.bins is not None and \
+                    self.bins.after_step(self.entries, self.local_step, self.bin_scale):
                 self.set_push_bins()
         self.local_step += 1
         self.steps += 1
@@ -354,8 +355,6 @@ class UpdateExchange(Exchange):
         self.local_steps = self.phases[self.phase][0]
         if self.scale_bins and self.bin_scale != (self.phases[0][0], self.local_steps):
             self.bin_scale = (self.phases[0][0], self.local_steps)
-            if self.bins is not None:
-                self.bins.scale = self.bin_scale
             self.set_push_bins()
 
     def _exchange(self):
