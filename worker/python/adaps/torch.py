@@ -171,13 +171,13 @@ also be phases, "H@END,...,H": every H steps until END, then the next phase's H,
 count ("4@1536,64") or "lr/K", the first exchange where the first param group's lr is at
 most its highest so far / K ("4@lr/2,64"; every worker must step the same lr schedule);
 state_dict() keeps the phase; a worker that joins is refused; rank 0 says on stderr when a
-phase begins, at which step and why (docs/local-steps.md, "An H that grows"). With phases, phase_bins="scale" (the default) pushes each phase at the AdaComp
-bins times the first phase's H / its own, down to 25 (4@896,16 at bin 2000: 2000 in the
-first phase, 500 after; at the default bin each phase's 500 / H, as local_steps=H alone
-declares; divided as below for recompressed pulls and the bin schedule; convolutions keep
-theirs); "keep" pushes every phase at the first phase's bins (docs/local-steps.md, "Push
-bins that follow the phase's H"). With local
-steps, a large embedding is not exchanged as its gradient's nonzeros (row_sparse: that
+phase begins, at which step and why (docs/local-steps.md, "An H that grows"). With phases,
+phase_bins="scale" (the default) pushes each phase at the AdaComp bins times the first
+phase's H / its own, down to 25 (4@896,16 at bin 2000: 2000 in the first phase, 500 after;
+at the default bin each phase's 500 / H, as local_steps=H alone declares; divided as below
+for recompressed pulls and the bin schedule; convolutions keep theirs); "keep" pushes every
+phase at the first phase's bins (docs/local-steps.md, "Push bins that follow the phase's
+H"). With local steps, a large embedding is not exchanged as its gradient's nonzeros (row_sparse: that
 would exchange every step) but through the update exchange like the rest;
 second_moment="global" keeps each local step's denominator at the global batch's
 estimated second moment (what H steps of the global batch would have), own_updates still
