@@ -177,8 +177,8 @@ phase's H / its own, down to 25 (4@896,16 at bin 2000: 2000 in the first phase, 
 at the default bin each phase's 500 / H, as local_steps=H alone declares; divided as below
 for recompressed pulls and the bin schedule; convolutions keep theirs); "keep" pushes every
 phase at the first phase's bins (docs/local-steps.md, "Push bins that follow the phase's
-H"). With local steps, a large embedding is not exchanged as its gradient's nonzeros (row_sparse: that
-would exchange every step) but through the update exchange like the rest;
+H"). With local steps, a large embedding is not exchanged as its gradient's nonzeros
+(row_sparse: that would exchange every step) but through the update exchange like the rest;
 second_moment="global" keeps each local step's denominator at the global batch's
 estimated second moment (what H steps of the global batch would have), own_updates still
 adds this worker's share of its residue at each exchange, and bin_schedule still counts the
