@@ -159,15 +159,30 @@ def run_one(a, model, system, seed):
                          % (model, system, seed, rc, time.time() - start, log, tail))
     with open(out) as f:
         r = json.load(f)
-    print("%-6s %-15s seed %d  %s %.4f  push %6.1fx  pull %6.1fx  %5.0f s" % (
+    bits = bits_per_param_step(r)
+    print("%-6s %-15s seed %d  %s %.4f  push %6.1fx  pull %6.1fx  %s%5.0f s" % (
         model, system, seed, r["metric"], r["final"], ratio(r, "push"), ratio(r, "pull"),
-        r["seconds"]), flush=True)
+        "" if bits is None else "%.4f bits/param/step in all (%.0fx below dense)  "
+        % (bits, 64 / bits), r["seconds"]), flush=True)
     return r
 
 
 def ratio(r, what):
+    """Against the same exchanges sent dense (with local_steps=H, H times fewer than dense
+    training's: bits_per_param_step is the figure to compare across H)."""
     t = r["traffic"]
     return t[what + "_dense"] / max(1, t[what + "_wire"])
+
+
+def bits_per_param_step(r):
+    """Rank 0's wire bytes pushed and pulled (headers included) as bits per trained
+    parameter per step of the run: dense training's is 64 (32 each way). None for a JSON
+    without the parameter count."""
+    t, layers = r["traffic"], r.get("by_layer")
+    params = sum(d["params"] for d in layers.values()) if layers else 0
+    if not params or not r["steps"]:
+        return None
+    return 8.0 * (t["push_wire"] + t["pull_wire"]) / (params * r["steps"])
 
 
 def total_ratio(r):
