@@ -162,7 +162,7 @@ def run_one(a, model, system, seed):
     bits = bits_per_param_step(r)
     print("%-6s %-15s seed %d  %s %.4f  push %6.1fx  pull %6.1fx  %s%5.0f s" % (
         model, system, seed, r["metric"], r["final"], ratio(r, "push"), ratio(r, "pull"),
-        "" if bits is None else "%.4f bits/param/step in all (%.0fx below dense)  "
+        "" if not bits else "%.4f bits/param/step in all (%.0fx below dense)  "
         % (bits, 64 / bits), r["seconds"]), flush=True)
     return r
 
