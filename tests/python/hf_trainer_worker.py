@@ -3,10 +3,11 @@ config) trained on a character-level text with the Hugging Face Trainer, through
 (or, with --single, with plain transformers.Trainer in one process: the reference).
 
     hf_trainer_worker.py OUT [--single] [--lora] [--batch B] [--epochs E] [--accum A]
-        [--compression NAME] [--own-updates off]
+        [--compression NAME] [--own-updates off] [--eval-steps N]
 
 Writes OUT/rank<r>.json: the held-out loss before and after training, a checksum of the
-model's parameters (all, base, trained), the indices the train sampler gave (in order), and
+model's parameters (all, base, trained; right after train(); at each evaluation, with
+--eval-steps), the indices the train sampler gave (in order), and
 what adaps exchanged. Rank 0's Trainer writes OUT/trainer (model, checkpoints); every other
 rank is pointed at OUT/trainer-rank<r> (which must stay empty)."""
 import argparse
@@ -103,6 +104,16 @@ def checksum(named):
     return h.hexdigest()
 
 
+class EvaluatedChecksums(transformers.TrainerCallback):
+    """The checksum of the model at each evaluation."""
+
+    def __init__(self):
+        self.checksums = []
+
+    def on_evaluate(self, args, state, control, model=None, **kwargs):
+        self.checksums.append(checksum(list(model.named_parameters())))
+
+
 def collate(batch):
     return {k: torch.stack([b[k] for b in batch]) for k in batch[0]}
 
@@ -121,6 +132,7 @@ def main():
     ap.add_argument("--own-updates", default=None)
     ap.add_argument("--save-steps", type=int, default=16)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--eval-steps", type=int, default=0, help="evaluate every N steps")
     a = ap.parse_args()
 
     if a.single:
@@ -154,15 +166,19 @@ def main():
         num_train_epochs=a.epochs, gradient_accumulation_steps=a.accum, learning_rate=a.lr,
         warmup_steps=4, lr_scheduler_type="cosine", weight_decay=0.01,
         max_grad_norm=a.max_grad_norm, logging_steps=8, save_strategy="steps",
-        save_steps=a.save_steps, save_total_limit=2, eval_strategy="no", report_to="none",
+        save_steps=a.save_steps, save_total_limit=2, report_to="none",
+        eval_strategy="steps" if a.eval_steps else "no", eval_steps=a.eval_steps or None,
         use_cpu=True, disable_tqdm=True, seed=a.seed, dataloader_num_workers=0)
+    evaluated = EvaluatedChecksums()
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=held_out,
-                      data_collator=collate, **extra)
+                      data_collator=collate, callbacks=[evaluated], **extra)
     # Every rank evaluates the same held-out set on its replica (the initial one after the
     # broadcast is only known once the optimizer exists: evaluate rank 0's start model here,
     # which is everyone's after the broadcast).
     start = trainer.evaluate()["eval_loss"]
+    evaluated.checksums = []  # (the start's)
     trainer.train()
+    after_train = checksum(list(trainer.model.named_parameters()))
     final = trainer.evaluate()["eval_loss"]
     trainer.save_model(os.path.join(out_dir, "final"))
     model = trainer.model
@@ -177,6 +193,7 @@ def main():
                               if not p.requires_grad),
         "trained_names": [n for n, p in named if p.requires_grad],
         "seen": train.seen, "len_train": len(train),
+        "eval_checksums": evaluated.checksums, "after_train_checksum": after_train,
         "log_history": trainer.state.log_history if rank == 0 else [],
     }
     if not a.single:

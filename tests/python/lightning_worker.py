@@ -5,8 +5,9 @@ baseline: the same samples, the same global batch, the same number of steps).
 Trains a small MLP on a Fashion-MNIST subset with AdamW and a StepLR schedule, logs
 val_acc with sync_dist=True, keeps a ModelCheckpoint on it, then runs trainer.test(). Each
 rank writes OUT/rank<R>.json: its rank and world size, the SHA-256 of its final
-parameters, the training samples it saw in each epoch, its own and the synchronized validation accuracy,
-the test accuracy, the learning rates per epoch, the steps taken. A checkpoint_io plugin
+parameters and of those it validated each time, the training samples it saw in each epoch,
+its own and the synchronized validation accuracy, the test accuracy, the learning rates per
+epoch, the steps taken. A checkpoint_io plugin
 records in OUT/saved-rank<R>.txt every checkpoint this rank wrote."""
 import argparse
 import gzip
@@ -51,7 +52,7 @@ class MLP(L.LightningModule):
         self.net = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
         self.lr = lr
         self.check_mean_grads = check_mean_grads
-        self.seen, self.lrs, self.mean_grad_checks = [], [], 0
+        self.seen, self.lrs, self.mean_grad_checks, self.val_shas = [], [], 0, []
         self.val_correct = self.val_total = 0
 
     def forward(self, x):
@@ -87,6 +88,8 @@ class MLP(L.LightningModule):
         self.val_correct = self.val_total = 0
 
     def validation_step(self, batch, batch_idx):
+        if batch_idx == 0 and not self.trainer.sanity_checking:
+            self.val_shas.append(param_sha(self))  # the model this rank validates
         c, n = self._acc(batch, "val_acc")
         self.val_correct += int(c)
         self.val_total += n
@@ -137,6 +140,7 @@ def main():
     ap.add_argument("--single", action="store_true", help="one process, no adaps")
     ap.add_argument("--workers", type=int, default=2, help="with --single: the batch scale")
     ap.add_argument("--strategy-kwargs", default="{}", help="JSON, to AdapsStrategy")
+    ap.add_argument("--check-val-every", type=int, default=1, help="epochs between validations")
     a = ap.parse_args()
     torch.set_num_threads(1)
     L.seed_everything(0, verbose=False)
@@ -157,6 +161,7 @@ def main():
     io = RecordingIO(a.out)
     trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=1, max_epochs=a.epochs,
                         accumulate_grad_batches=a.accumulate, gradient_clip_val=a.clip,
+                        check_val_every_n_epoch=a.check_val_every,
                         callbacks=[ckpt], plugins=[io], logger=False,
                         enable_progress_bar=False, enable_model_summary=False,
                         default_root_dir=a.out)
@@ -171,7 +176,7 @@ def main():
               "seen": [sorted(e) for e in model.seen],
               "val_acc_synced": val_synced, "val_acc_own": val_own, "test_acc": float(test),
               "lrs": model.lrs, "global_step": trainer.global_step,
-              "mean_grad_checks": model.mean_grad_checks,
+              "mean_grad_checks": model.mean_grad_checks, "val_shas": model.val_shas,
               "best_model_path": ckpt.best_model_path, "last_model_path": ckpt.last_model_path}
     with open(os.path.join(a.out, "rank%d.json" % rank), "w") as f:
         json.dump(record, f)

@@ -100,6 +100,25 @@ def test_trainer_two_workers_matches_one_process(tmp_path):
     assert type(args) is transformers.TrainingArguments
 
 
+@pytest.mark.parametrize("eval_steps,evaluations", [(0, 1), (18, 4)])
+def test_local_steps_evaluate_and_end_on_one_model(tmp_path, eval_steps, evaluations):
+    # local_steps=5 over 48 steps, evaluated every 18 (and at the end, as the Trainer does)
+    # or not during training: 48 is not a multiple of 5, nor 18, and DDP's replicas are the
+    # same at both. Before each evaluation and when train() ends the steps since the last
+    # exchange are exchanged: every rank evaluates and keeps the same model.
+    out = str(tmp_path / "adaps")
+    _launch(out, ["--own-updates", "off", "--local-steps", "5"],
+            ["--batch", "8", "--eval-steps", str(eval_steps)])
+    r0, r1 = _results(out)
+    assert r0["steps"] == r1["steps"] == 48
+    # (With the evaluate() after train().)
+    assert len(r0["eval_checksums"]) == evaluations
+    assert r0["eval_checksums"] == r1["eval_checksums"]
+    assert r0["after_train_checksum"] == r1["after_train_checksum"] == r0["checksum"]
+    assert r0["final_eval_loss"] == r1["final_eval_loss"]
+    assert r0["final_eval_loss"] < r0["start_eval_loss"] - 1.0
+
+
 def test_lora_two_workers(tmp_path):
     peft = pytest.importorskip("peft")
     out = str(tmp_path / "lora")

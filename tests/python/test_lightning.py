@@ -102,6 +102,20 @@ def test_manual_optimization_with_one_optimizer(tmp_path):
     assert r0["test_acc"] >= MIN_ACC
 
 
+def test_local_steps_end_and_validate_on_one_model(tmp_path):
+    # local_steps=5 over 96 steps (3 epochs of 32), validated after epoch 2 only (step 64):
+    # neither is a multiple of 5, and DDP's replicas are the same at both. The strategy
+    # exchanges the steps since the last exchange before validating (every rank validates
+    # the same model) and when training ends (every rank keeps the same model).
+    kwargs = {"own_updates": "off", "local_steps": 5}
+    (r0, r1), _ = launch(tmp_path, "--check-val-every", "2",
+                         "--strategy-kwargs", json.dumps(kwargs))
+    assert r0["global_step"] == r1["global_step"] == 3 * (TRAIN // 2 // 64 + 1)
+    assert len(r0["val_shas"]) == 1 and r0["val_shas"] == r1["val_shas"]
+    assert r0["sha256"] == r1["sha256"]
+    assert r0["test_acc"] == r1["test_acc"] >= MIN_ACC - 0.05
+
+
 # -- the collectives, 2 ranks in threads ------------------------------------------------
 def test_reduce_all_gather_broadcast_on_two_ranks(cluster):
     address = cluster(2, server_args=["--optimizer=mean"]).address

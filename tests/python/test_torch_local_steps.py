@@ -166,6 +166,54 @@ def test_local_steps_phases_exchange_every_h_of_each_phase_bit_for_bit(
         assert torch.equal(got[0][s], got[1][s]) == (s + 1 in exchanges), s
 
 
+@pytest.mark.parametrize("h,now_at,exchanges,pending,bins_at", [
+    (4, 6, [4, 6, 10], True, None),   # two steps into an interval: sent, then 4 more
+    (4, 8, [4, 8, 12], False, None),  # right after an exchange: nothing to send
+    # Phases: the interval after it is the phase's H (pushed at its bin, 50 * 2 / 3).
+    ("2@4,3", 5, [2, 4, 5, 8], True, {4: 33}),
+])
+def test_exchange_now_sends_the_local_steps_since_the_last_exchange(cluster, h, now_at,
+                                                                    exchanges, pending,
+                                                                    bins_at):
+    # The end of a run whose steps are not a multiple of H (or of a phase's, which falls
+    # where the lr says): exchange_now() (collective) sends what the steps since the last
+    # exchange changed, so every replica is the same there, as under DDP; the next interval
+    # counts from it. Bit for bit the update exchange written out with those exchanges.
+    steps = now_at + 4
+
+    def ours(w):
+        p, opt = wrapped(w, local_steps=h)
+        out = train(p, opt, w.rank, now_at)
+        before = w.traffic("p")["push_wire_bytes"]
+        sent = opt.exchange_now()
+        after = w.traffic("p")["push_wire_bytes"]
+        out[-1] = p.detach().clone()
+        again = opt.exchange_now()  # nothing since: no exchange
+        assert w.traffic("p")["push_wire_bytes"] == after
+        return out + train(p, opt, w.rank, steps - now_at, first=now_at), \
+            (sent, after > before, again)
+    got = run_ranks(mean_cluster(cluster), 2, ours, timeout=TIMEOUT)
+    want = run_ranks(mean_cluster(cluster), 2,
+                     lambda w: reference(w, steps, None, "average", "adacomp", exchanges,
+                                         bins_at=bins_at), timeout=TIMEOUT)
+    for rank in range(2):
+        assert got[rank][1] == (pending, pending, False), got[rank][1]
+        for s in range(steps):
+            assert torch.equal(got[rank][0][s], want[rank][s]), (rank, s)
+    for s in range(steps):
+        assert torch.equal(got[0][0][s], got[1][0][s]) == (s + 1 in exchanges), s
+
+
+def test_exchange_now_without_local_steps_sends_nothing(cluster):
+    # Every step exchanged already (local_steps=1, or server mode): nothing pending.
+    def rank(w):
+        p, opt = wrapped(w)
+        train(p, opt, w.rank, 3)
+        before = w.traffic("p")["push_wire_bytes"]
+        return opt.exchange_now(), w.traffic("p")["push_wire_bytes"] == before
+    assert run_ranks(mean_cluster(cluster), 2, rank, timeout=TIMEOUT) == [(False, True)] * 2
+
+
 class BinsSet:
     """A worker that records each set_bin_size (name, bin) with the push_pulls before it."""
 

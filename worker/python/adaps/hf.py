@@ -29,7 +29,10 @@ What the Trainer then does (docs/huggingface.md):
   - gradient_accumulation_steps: the micro-batches but the last run inside
     DistributedOptimizer.no_sync(), as DDP's; with the gradient exchange the step's mean is
     synchronized before clipping (with the update exchange each worker clips its own
-    gradient, as on one machine).
+    gradient, as on one machine);
+  - local_steps=H: the steps since the last exchange are exchanged before every evaluate()
+    and when train() ends (DistributedOptimizer.exchange_now), so every rank evaluates and
+    keeps the same model, whatever the number of steps.
 
 Refused with an error naming what to do instead: servers not running --optimizer=mean
 (server mode), a torch.distributed job (torchrun/accelerate launch with DDP), DeepSpeed and
@@ -236,6 +239,24 @@ class Trainer(transformers.Trainer):
         if grad_norm is None:
             self._adaps_synchronize()
         return super()._get_grad_norm(model, grad_norm)
+
+    # -- local steps: the job's model where it is evaluated and where training ends ----------
+    def train(self, *args, **kwargs):
+        out = super().train(*args, **kwargs)
+        # A run whose steps are not a multiple of local_steps' H ends with every replica the
+        # same (what trainer.save_model() saves on rank 0 is the job's model, as under DDP).
+        self._adaps_exchange_now()
+        return out
+
+    def evaluate(self, *args, **kwargs):
+        # Every rank evaluates the same model (every rank evaluates, as the Trainer does
+        # during training): the local steps since the last exchange are exchanged first.
+        self._adaps_exchange_now()
+        return super().evaluate(*args, **kwargs)
+
+    def _adaps_exchange_now(self):
+        if self._adaps_optimizer is not None:
+            self._adaps_optimizer.exchange_now()
 
     # -- data -------------------------------------------------------------------------------
     def _get_train_sampler(self, train_dataset=None):

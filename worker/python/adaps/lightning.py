@@ -18,11 +18,14 @@ world size are the worker's; every DataLoader gets a DistributedSampler over the
 wraps the optimizer in DistributedOptimizer in local mode (schedulers keep working: they
 share param_groups); accumulate_grad_batches runs the passes but the last under no_sync()
 (DDP's way); a gradient exchange synchronizes right after backward so gradient clipping
-clips the mean gradient; barrier, broadcast (from rank 0), reduce (mean, sum, max, min;
-self.log(sync_dist=True), EarlyStopping and ModelCheckpoint decisions) and all_gather go
-through small dense tensors on the servers; checkpoints are written by rank 0 only. The
-worker is stopped when the process exits (or by close()), so trainer.test() may follow
-trainer.fit(). One trainer.fit() per process: its tensors stay declared on the servers.
+clips the mean gradient; with local_steps=H the steps since the last exchange are
+exchanged before each validation and when training ends
+(DistributedOptimizer.exchange_now), so every rank validates and keeps the same model;
+barrier, broadcast (from rank 0), reduce (mean, sum, max, min; self.log(sync_dist=True),
+EarlyStopping and ModelCheckpoint decisions) and all_gather go through small dense tensors
+on the servers; checkpoints are written by rank 0 only. The worker is stopped when the
+process exits (or by close()), so trainer.test() may follow trainer.fit(). One
+trainer.fit() per process: its tensors stay declared on the servers.
 
 What it refuses, at setup, with what to do instead: servers that run an optimizer (server
 mode): start them with --server-optimizer mean; several optimizers (e.g. a GAN's manual
@@ -295,6 +298,23 @@ class AdapsStrategy(ParallelStrategy):
             parts.append(torch.frombuffer(bytearray(b), dtype=torch.uint8).view(t.dtype)
                          .view(t.shape) if b else torch.zeros_like(t))
         return torch.stack(parts).to(tensor.device)
+
+    # -- local steps: the job's model where it is evaluated and where training ends ----------
+    def on_validation_start(self):
+        # Every rank validates the same model, as under DDP: the local steps since the last
+        # exchange (local_steps=H) are exchanged first (collective: every rank validates at
+        # the same step). Nothing to send otherwise.
+        self._exchange_now()
+        super().on_validation_start()
+
+    def on_train_end(self):
+        # A run whose steps are not a multiple of H ends with every replica the same.
+        self._exchange_now()
+        super().on_train_end()
+
+    def _exchange_now(self):
+        for opt in self._wrapped:
+            opt.exchange_now()
 
     # -- the end ----------------------------------------------------------------------------
     def teardown(self):

@@ -152,47 +152,48 @@ copy of the parameters (the averaged estimate of mu^2; RMSprop two, Adagrad four
 keeps their first moment, and Adagrad's global sum), and with own_updates="estimate" one more
 (the workers' agreement, element by element).
 
-Local steps (local_steps=H, the update exchange only; DiLoCo, SparseLoCo): step() runs this
-worker's torch optimizer on its own gradient every step, and exchanges only every H-th step:
-the steps between send nothing and wait for nothing. The exchange sends the change of the
-parameters since the last one (H steps' worth) through the same compressor with error
-feedback (AdaComp's residue then holds back part of H steps' change, and is SparseLoCo's
-error feedback), and every replica becomes where the last exchange left it plus the outer
-step of the workers' mean change: that mean itself with outer="average" (the default:
-outer SGD at learning rate 1 without momentum), or DiLoCo's outer SGD with Nesterov
-momentum (learning rate 0.7, momentum 0.9: b = 0.9 b + mean, change = 0.7 (mean + 0.9 b)),
-applied alike on every worker to the same mean, so the replicas stay equal (one more copy
-of the parameters, the momentum b). H = 1 with outer="average" is the update exchange of
-every step, bit for bit. Between exchanges each worker's model is where the last exchange
-left it (the replica, plus its share of its own residue with own_updates) plus its own
-local steps, so the replicas differ there; rank 0 evaluates and saves its own. Make the
-number of steps a multiple of H, or the last steps stay each worker's own. local_steps may
-also be phases, "H@END,...,H": every H steps until END, then the next phase's H, END a step
-count ("4@1536,64") or "lr/K", the first exchange where the first param group's lr is at
-most its highest so far / K ("4@lr/2,64"; every worker must step the same lr schedule);
+Local steps (local_steps=H, the update exchange only; DiLoCo, SparseLoCo): step() runs
+this worker's torch optimizer on its own gradient every step, and exchanges only every
+H-th step: the steps between send nothing and wait for nothing. The exchange sends the
+change of the parameters since the last one (H steps' worth) through the same compressor
+with error feedback (AdaComp's residue then holds back part of H steps' change, and is
+SparseLoCo's error feedback), and every replica becomes where the last exchange left it
+plus the outer step of the workers' mean change: that mean itself with outer="average"
+(the default: outer SGD at learning rate 1 without momentum), or DiLoCo's outer SGD with
+Nesterov momentum (learning rate 0.7, momentum 0.9: b = 0.9 b + mean, change = 0.7 (mean +
+0.9 b)), applied alike on every worker to the same mean, so the replicas stay equal (one
+more copy of the parameters, the momentum b). H = 1 with outer="average" is the update
+exchange of every step, bit for bit. Between exchanges each worker's model is where the
+last exchange left it (the replica, plus its share of its own residue with own_updates)
+plus its own local steps, so the replicas differ there; rank 0 evaluates and saves its
+own. Make the number of steps a multiple of H, or call exchange_now() (collective) at the
+end: else the last steps stay each worker's own. local_steps may also be phases,
+"H@END,...,H": every H steps until END, then the next phase's H, END a step count
+("4@1536,64") or "lr/K", the first exchange where the first param group's lr is at most
+its highest so far / K ("4@lr/2,64"; every worker must step the same lr schedule);
 state_dict() keeps the phase; a worker that joins is refused; rank 0 says on stderr when a
 phase begins, at which step and why (docs/local-steps.md, "An H that grows"). With phases,
 phase_bins="scale" (the default) pushes each phase at the AdaComp bins times the first
 phase's H / its own, down to 25 (4@896,16 at bin 2000: 2000 in the first phase, 500 after;
 at the default bin each phase's 500 / H, as local_steps=H alone declares; divided as below
-for recompressed pulls and the bin schedule; convolutions keep theirs); "keep" pushes every
-phase at the first phase's bins (docs/local-steps.md, "Push bins that follow the phase's
-H"). With local steps, a large embedding is not exchanged as its gradient's nonzeros
-(row_sparse: that would exchange every step) but through the update exchange like the rest;
-second_moment="global" keeps each local step's denominator at the global batch's
+for recompressed pulls and the bin schedule; convolutions keep theirs); "keep" pushes
+every phase at the first phase's bins (docs/local-steps.md, "Push bins that follow the
+phase's H"). With local steps, a large embedding is not exchanged as its gradient's
+nonzeros (row_sparse: that would exchange every step) but through the update exchange like
+the rest; second_moment="global" keeps each local step's denominator at the global batch's
 estimated second moment (what H steps of the global batch would have), own_updates still
-adds this worker's share of its residue at each exchange, and bin_schedule still counts the
-optimizer's (local) steps. state_dict() keeps the steps since the last exchange, where it
-left the model, and the outer momentum (loaded into any rank). A failed exchange leaves the
-model where the last exchange put it (the local steps since are lost). AdaComp's bin
+adds this worker's share of its residue at each exchange, and bin_schedule still counts
+the optimizer's (local) steps. state_dict() keeps the steps since the last exchange, where
+it left the model, and the outer momentum (loaded into any rank). A failed exchange leaves
+the model where the last exchange put it (the local steps since are lost). AdaComp's bin
 shrinks with H (each exchange sends H steps' change, and what a residue holds back waits
-whole exchanges): unless a bin size is named (bin_size, bin_sizes), a tensor at the default
-bin is declared at bin_size / H (500 / H, down to 25; its pushes and recompressed pulls follow
-from it as at H = 1), convolutions keeping theirs; at the undivided bin the transformer lost
-4.5% at H = 4 (docs/local-steps.md). The pulls default to recompressed from 2 workers on
-(pushed at a quarter of the bin): at 4 workers exact pulls of pushes at the bin cost the
-transformer 4.1% where recompressed ones held it. DiLoCo's Nesterov outer step (tuned at
-H in the hundreds) was worse at every H <= 16 measured.
+whole exchanges): unless a bin size is named (bin_size, bin_sizes), a tensor at the
+default bin is declared at bin_size / H (500 / H, down to 25; its pushes and recompressed
+pulls follow from it as at H = 1), convolutions keeping theirs; at the undivided bin the
+transformer lost 4.5% at H = 4 (docs/local-steps.md). The pulls default to recompressed
+from 2 workers on (pushed at a quarter of the bin): at 4 workers exact pulls of pushes at
+the bin cost the transformer 4.1% where recompressed ones held it. DiLoCo's Nesterov outer
+step (tuned at H in the hundreds) was worse at every H <= 16 measured.
 
 Gradient accumulation: with the gradient exchange (server mode, and local mode with dense
 pushes) each backward pass pushes what it produced, so a second pass before step() is an
@@ -813,6 +814,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._check_unfrozen()
         result = self._exchange.step(self, grad_scaler, self._synchronized)
         return loss if closure is not None else result
+
+    def exchange_now(self):
+        """Local steps: sends now what the steps since the last exchange changed, as the next
+        exchange would have, and waits for it, so every worker's model is the same (what
+        DDP's always is); the next interval counts from here. Collective: every worker calls
+        it after the same step. Call it at the end of training, before the model is
+        evaluated or saved, when the number of steps is not a multiple of H (with phases it
+        rarely is); adaps.lightning and adaps.hf call it there. Returns whether it
+        exchanged: False when the last step did (or without local steps: every step
+        exchanges). Raises adaps.Error when the cluster fails (the model is then where the
+        last exchange left it, as for a failed step)."""
+        return self._exchange.exchange_now()
 
     def pull_parameters(self):
         """Server mode: loads the servers' parameters as of their last completed step into

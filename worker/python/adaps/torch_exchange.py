@@ -294,6 +294,11 @@ class Exchange:
     def pull_parameters(self):
         """Local mode: nothing to do (the servers hold no parameters)."""
 
+    def exchange_now(self):
+        """Whether an exchange was pending and is now done: never here (every step
+        exchanges); UpdateExchange's local steps."""
+        return False
+
     # -- state_dict() ---------------------------------------------------------------------
     def state_part(self):
         residues, velocity, held = {}, {}, {}

@@ -325,6 +325,16 @@ class UpdateExchange(Exchange):
         self._exchange()
         return result
 
+    def exchange_now(self):
+        # The steps since the last exchange (local_step of them, the same on every worker:
+        # they all step alike), sent now; the next interval counts from here. Nothing when
+        # the last step exchanged.
+        if self.local_step == 0:
+            return False
+        self.local_step = 0
+        self._exchange()
+        return True
+
     def _next_phase(self):
         # At the first step of an interval: local_steps' next phase once this one's end is
         # reached (a step count, or the learning rate at most its peak / K: every worker
