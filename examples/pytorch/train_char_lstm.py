@@ -134,10 +134,12 @@ def main():
         opt.step()
         running += loss.item()
         if step % a.log_every == 0:
+            opt.exchange_now()  # local steps: every worker evaluates the job's model
             print("step %5d  train loss %.3f  held-out bits/char %.3f  (%.1f s)" %
                   (step, running / a.log_every, held_out_bpc(model, valid, a.seq_len),
                    time.time() - start), flush=True)
             running = 0.0
+    opt.exchange_now()
     bpc = held_out_bpc(model, valid, a.seq_len)
     if rank == 0:
         print("sample: %r" % sample(model, itos, stoi), flush=True)

@@ -150,6 +150,10 @@ def main():
                 done = True
                 break
         progress.close()
+        # With local steps (adaps.launch --local-steps H) every worker's model is its own
+        # between exchanges: this exchanges the steps since the last one, so every worker
+        # evaluates the job's model (collective; nothing to do without local steps).
+        opt.exchange_now()
         acc = evaluate(model, x_test, y_test)
         print("epoch %d  step %d  test accuracy %.4f" % (epoch + 1, step, acc), flush=True)
         if done:
