@@ -205,7 +205,7 @@ def test_exchange_now_sends_the_local_steps_since_the_last_exchange(cluster, h, 
 
 
 def test_exchange_now_without_local_steps_sends_nothing(cluster):
-    # Every step exchanged already (local_steps=1, or server mode): nothing pending.
+    # Every step exchanged already (local_steps=1): nothing pending, nothing sent.
     def rank(w):
         p, opt = wrapped(w)
         train(p, opt, w.rank, 3)
